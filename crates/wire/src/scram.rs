@@ -1,0 +1,330 @@
+//! Server-side SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL speaks it, without channel
+//! binding (offered only over TLS, which this listener does not terminate yet).
+//!
+//! The exchange is an explicit state machine: [`ServerExchange::new`] takes the client-first
+//! message and yields server-first; [`ServerExchange::finish`] checks client-final and yields
+//! server-final. Comparisons of keys are constant-time.
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+pub const MECHANISM: &str = "SCRAM-SHA-256";
+/// PostgreSQL's default iteration count for new verifiers.
+pub const DEFAULT_ITERATIONS: u32 = 4096;
+const NONCE_LEN: usize = 18;
+
+/// Why an exchange failed. `BadProof` is a wrong password; the others are broken clients.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScramError {
+    #[error("malformed SCRAM message: {0}")]
+    Malformed(&'static str),
+    #[error("channel binding is not supported on this connection")]
+    ChannelBinding,
+    #[error("password authentication failed")]
+    BadProof,
+    #[error("invalid SCRAM secret: {0}")]
+    BadSecret(&'static str),
+}
+
+/// A stored SCRAM verifier: what the server keeps instead of the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Verifier {
+    pub iterations: u32,
+    pub salt: Vec<u8>,
+    pub stored_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Verifier(<redacted>)")
+    }
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts any key length");
+    m.update(data);
+    m.finalize().into_bytes().into()
+}
+
+/// PBKDF2-HMAC-SHA-256 of the password: the costly step, which callers should run off the
+/// async worker threads and cache.
+pub fn salted_password(password: &str, salt: &[u8], iterations: u32) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    pbkdf2::pbkdf2::<Hmac<Sha256>>(password.as_bytes(), salt, iterations, &mut out)
+        .expect("HMAC accepts any key length");
+    out
+}
+
+impl Verifier {
+    /// Builds a verifier from a plain password with a fresh random salt.
+    pub fn from_password(password: &str) -> Verifier {
+        let mut salt = vec![0u8; 16];
+        rand::thread_rng().fill_bytes(&mut salt);
+        Self::from_password_with_salt(password, salt, DEFAULT_ITERATIONS)
+    }
+
+    pub fn from_password_with_salt(password: &str, salt: Vec<u8>, iterations: u32) -> Verifier {
+        let salted = salted_password(password, &salt, iterations);
+        let client_key = hmac(&salted, b"Client Key");
+        Verifier {
+            iterations,
+            salt,
+            stored_key: Sha256::digest(client_key).into(),
+            server_key: hmac(&salted, b"Server Key"),
+        }
+    }
+
+    /// Parses PostgreSQL's text form: `SCRAM-SHA-256$<iter>:<salt>$<StoredKey>:<ServerKey>`.
+    pub fn parse(s: &str) -> Result<Verifier, ScramError> {
+        let rest = s
+            .strip_prefix("SCRAM-SHA-256$")
+            .ok_or(ScramError::BadSecret("must start with SCRAM-SHA-256$"))?;
+        let (params, keys) = rest
+            .split_once('$')
+            .ok_or(ScramError::BadSecret("missing '$' before the keys"))?;
+        let (iter, salt) = params
+            .split_once(':')
+            .ok_or(ScramError::BadSecret("missing ':' after the iteration count"))?;
+        let (stored, server) = keys
+            .split_once(':')
+            .ok_or(ScramError::BadSecret("missing ':' between the keys"))?;
+        let iterations: u32 = iter
+            .parse()
+            .map_err(|_| ScramError::BadSecret("iteration count is not a number"))?;
+        if iterations == 0 {
+            return Err(ScramError::BadSecret("iteration count must be positive"));
+        }
+        let salt = B64
+            .decode(salt)
+            .map_err(|_| ScramError::BadSecret("salt is not base64"))?;
+        let key = |k: &str| -> Result<[u8; 32], ScramError> {
+            B64.decode(k)
+                .ok()
+                .and_then(|v| <[u8; 32]>::try_from(v).ok())
+                .ok_or(ScramError::BadSecret("keys must be 32 bytes of base64"))
+        };
+        Ok(Verifier {
+            iterations,
+            salt,
+            stored_key: key(stored)?,
+            server_key: key(server)?,
+        })
+    }
+
+    pub fn to_text(&self) -> String {
+        format!(
+            "SCRAM-SHA-256${}:{}${}:{}",
+            self.iterations,
+            B64.encode(&self.salt),
+            B64.encode(self.stored_key),
+            B64.encode(self.server_key)
+        )
+    }
+
+    /// A verifier no password matches, used for unknown users so that the exchange looks the
+    /// same as for a real user and does not reveal which user names exist.
+    pub fn mock(seed: &[u8]) -> Verifier {
+        let salt = Sha256::digest(seed)[..16].to_vec();
+        let mut stored_key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut stored_key);
+        Verifier {
+            iterations: DEFAULT_ITERATIONS,
+            salt,
+            stored_key,
+            server_key: stored_key,
+        }
+    }
+}
+
+/// A server exchange between server-first and client-final.
+pub struct ServerExchange {
+    verifier: Verifier,
+    gs2_header: String,
+    client_first_bare: String,
+    server_first: String,
+    nonce: String,
+}
+
+/// Outcome of a successful exchange.
+pub struct Authenticated {
+    /// `server-final-message`, to send in AuthenticationSASLFinal.
+    pub server_final: String,
+    /// The client's ClientKey, recovered from its proof; lets Shoal authenticate upstream as
+    /// the client without knowing the password.
+    pub client_key: [u8; 32],
+}
+
+fn attr<'a>(part: Option<&'a str>, name: char) -> Result<&'a str, ScramError> {
+    let part = part.ok_or(ScramError::Malformed("missing attribute"))?;
+    let mut chars = part.chars();
+    if chars.next() != Some(name) || chars.next() != Some('=') {
+        return Err(ScramError::Malformed("unexpected attribute"));
+    }
+    Ok(&part[2..])
+}
+
+impl ServerExchange {
+    /// Starts an exchange from the client-first message; returns the server-first message.
+    pub fn new(client_first: &[u8], verifier: Verifier) -> Result<(Self, String), ScramError> {
+        let mut server_nonce = [0u8; NONCE_LEN];
+        rand::thread_rng().fill_bytes(&mut server_nonce);
+        Self::with_nonce(client_first, verifier, &B64.encode(server_nonce))
+    }
+
+    /// As [`ServerExchange::new`] with a given server nonce (for test vectors).
+    pub fn with_nonce(
+        client_first: &[u8],
+        verifier: Verifier,
+        server_nonce: &str,
+    ) -> Result<(Self, String), ScramError> {
+        let msg = std::str::from_utf8(client_first)
+            .map_err(|_| ScramError::Malformed("client-first is not UTF-8"))?;
+        let (cb_flag, rest) = msg
+            .split_once(',')
+            .ok_or(ScramError::Malformed("missing GS2 header"))?;
+        match cb_flag {
+            "n" | "y" => {}
+            _ if cb_flag.starts_with("p=") => return Err(ScramError::ChannelBinding),
+            _ => return Err(ScramError::Malformed("bad channel binding flag")),
+        }
+        let (authzid, bare) = rest
+            .split_once(',')
+            .ok_or(ScramError::Malformed("missing GS2 header"))?;
+        if !authzid.is_empty() {
+            return Err(ScramError::Malformed("authorization identity not supported"));
+        }
+        let mut parts = bare.split(',');
+        let _user = attr(parts.next(), 'n')?; // PostgreSQL uses the startup user instead
+        let client_nonce = attr(parts.next(), 'r')?;
+        if client_nonce.is_empty() || !client_nonce.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        {
+            return Err(ScramError::Malformed("invalid client nonce"));
+        }
+        if parts.next().is_some() {
+            return Err(ScramError::Malformed("unsupported SCRAM extension"));
+        }
+        let nonce = format!("{client_nonce}{server_nonce}");
+        let server_first = format!(
+            "r={nonce},s={},i={}",
+            B64.encode(&verifier.salt),
+            verifier.iterations
+        );
+        let ex = ServerExchange {
+            verifier,
+            gs2_header: format!("{cb_flag},{authzid},"),
+            client_first_bare: bare.to_owned(),
+            server_first: server_first.clone(),
+            nonce,
+        };
+        Ok((ex, server_first))
+    }
+
+    /// Checks the client-final message and returns server-final on success.
+    pub fn finish(self, client_final: &[u8]) -> Result<Authenticated, ScramError> {
+        let msg = std::str::from_utf8(client_final)
+            .map_err(|_| ScramError::Malformed("client-final is not UTF-8"))?;
+        let (without_proof, proof) = msg
+            .rsplit_once(",p=")
+            .ok_or(ScramError::Malformed("missing proof"))?;
+        let mut parts = without_proof.split(',');
+        let cb = attr(parts.next(), 'c')?;
+        if B64.decode(cb).ok().as_deref() != Some(self.gs2_header.as_bytes()) {
+            return Err(ScramError::Malformed("channel binding data does not match"));
+        }
+        if attr(parts.next(), 'r')? != self.nonce {
+            return Err(ScramError::Malformed("nonce does not match"));
+        }
+        let proof: [u8; 32] = B64
+            .decode(proof)
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .ok_or(ScramError::Malformed("proof is not 32 bytes of base64"))?;
+        let auth_message = format!(
+            "{},{},{}",
+            self.client_first_bare, self.server_first, without_proof
+        );
+        let signature = hmac(&self.verifier.stored_key, auth_message.as_bytes());
+        let mut client_key = [0u8; 32];
+        for i in 0..32 {
+            client_key[i] = proof[i] ^ signature[i];
+        }
+        let stored: [u8; 32] = Sha256::digest(client_key).into();
+        if !bool::from(stored.ct_eq(&self.verifier.stored_key)) {
+            return Err(ScramError::BadProof);
+        }
+        let server_signature = hmac(&self.verifier.server_key, auth_message.as_bytes());
+        Ok(Authenticated {
+            server_final: format!("v={}", B64.encode(server_signature)),
+            client_key,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // RFC 7677 section 3.
+    const CLIENT_FIRST: &str = "n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
+    const SERVER_NONCE: &str = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
+    const CLIENT_FINAL: &str = "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
+
+    fn rfc_verifier() -> Verifier {
+        let salt = B64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
+        Verifier::from_password_with_salt("pencil", salt, 4096)
+    }
+
+    #[test]
+    fn rfc7677_vector() {
+        let (ex, server_first) =
+            ServerExchange::with_nonce(CLIENT_FIRST.as_bytes(), rfc_verifier(), SERVER_NONCE)
+                .unwrap();
+        assert_eq!(
+            server_first,
+            "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+        );
+        let done = ex.finish(CLIENT_FINAL.as_bytes()).unwrap();
+        assert_eq!(
+            done.server_final,
+            "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+        );
+        let stored: [u8; 32] = Sha256::digest(done.client_key).into();
+        assert_eq!(stored, rfc_verifier().stored_key);
+    }
+
+    #[test]
+    fn wrong_password_fails() {
+        let salt = B64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
+        let wrong = Verifier::from_password_with_salt("pencil2", salt, 4096);
+        let (ex, _) =
+            ServerExchange::with_nonce(CLIENT_FIRST.as_bytes(), wrong, SERVER_NONCE).unwrap();
+        assert_eq!(
+            ex.finish(CLIENT_FINAL.as_bytes()).err(),
+            Some(ScramError::BadProof)
+        );
+    }
+
+    #[test]
+    fn verifier_text_round_trip() {
+        let v = rfc_verifier();
+        assert_eq!(Verifier::parse(&v.to_text()).unwrap(), v);
+        assert!(Verifier::parse("SCRAM-SHA-256$x:abc$a:b").is_err());
+        assert!(Verifier::parse("md5abc").is_err());
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        let v = rfc_verifier;
+        assert!(ServerExchange::new(b"garbage", v()).is_err());
+        assert!(ServerExchange::new(b"p=tls-server-end-point,,n=,r=x", v()).is_err());
+        assert!(ServerExchange::new(b"n,,n=,r=", v()).is_err());
+        assert!(ServerExchange::new(&[0xff, 0xfe], v()).is_err());
+        let (ex, _) = ServerExchange::new(CLIENT_FIRST.as_bytes(), v()).unwrap();
+        assert!(ex.finish(b"c=biws,r=wrong,p=AAAA").is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! SQLSTATE codes Shoal sends in its own ErrorResponses, named as in PostgreSQL's appendix A.
+
+pub const PROTOCOL_VIOLATION: &str = "08P01";
+pub const CONNECTION_FAILURE: &str = "08006";
+pub const CONNECTION_EXCEPTION: &str = "08000";
+pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+pub const INVALID_AUTHORIZATION: &str = "28000";
+pub const INVALID_PASSWORD: &str = "28P01";
+pub const INVALID_CATALOG_NAME: &str = "3D000";
+pub const TOO_MANY_CONNECTIONS: &str = "53300";
+pub const QUERY_CANCELED: &str = "57014";
+pub const ADMIN_SHUTDOWN: &str = "57P01";
+pub const CANNOT_CONNECT_NOW: &str = "57P03";
+pub const INVALID_PARAMETER_VALUE: &str = "22023";
+pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
+pub const INTERNAL_ERROR: &str = "XX000";
