@@ -1,1 +1,81 @@
-fn main(){}
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use shoal::config::Config;
+
+/// Shoal: a PostgreSQL connection pooler.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML). Without it Shoal runs on its embedded default: one pool in
+    /// front of PostgreSQL at 127.0.0.1:5432 (see `scripts/quickstart`).
+    #[arg(short, long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration file and explain any error with its line.
+    CheckConfig { file: PathBuf },
+    /// Print the embedded default configuration.
+    DefaultConfig,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::CheckConfig { file }) => {
+            let c = Config::from_file(&file)?;
+            println!(
+                "{}: OK ({} database(s), {} user(s))",
+                file.display(),
+                c.databases.len(),
+                c.users.len()
+            );
+            return Ok(());
+        }
+        Some(Command::DefaultConfig) => {
+            print!("{}", shoal::config::EMBEDDED_DEFAULT);
+            return Ok(());
+        }
+        None => {}
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+    let config = match &cli.config {
+        Some(path) => Config::from_file(path)?,
+        None => {
+            tracing::info!("no --config given: using the embedded default configuration");
+            Config::embedded_default()?
+        }
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if config.server.worker_threads > 0 {
+        rt.worker_threads(config.server.worker_threads);
+    }
+    let rt = rt.enable_all().build().context("starting the runtime")?;
+    rt.block_on(async {
+        let stop = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) =
+                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+            else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = int.recv() => tracing::info!("SIGINT received"),
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+            }
+        };
+        shoal::run::serve(config, stop).await
+    })?;
+    Ok(())
+}

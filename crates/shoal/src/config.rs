@@ -1,0 +1,513 @@
+//! The TOML configuration: its schema, defaults, validation with line numbers, and the
+//! embedded default used when no file is given.
+//!
+//! Every key is documented in `docs/configuration.md`; keep the two in step.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use shoal_wire::{md5, scram::Verifier};
+
+/// The configuration used when `shoal` starts without `--config`: one pool in front of a
+/// local PostgreSQL on port 5432, for trying Shoal out. `scripts/quickstart` starts exactly
+/// that PostgreSQL.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../../config/default.toml");
+
+/// A configuration problem, located in the file so the operator can fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}:{line}:{column}: {message}")]
+    Syntax {
+        origin: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{origin}:{line}: {message}")]
+    Invalid {
+        origin: String,
+        line: usize,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    Transaction,
+    Session,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AuthMethod {
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+    #[serde(rename = "md5")]
+    Md5,
+    #[serde(rename = "trust")]
+    Trust,
+}
+
+/// Listener and process-wide settings (`[server]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    pub listen: Vec<SocketAddr>,
+    pub unix_socket_dir: Option<PathBuf>,
+    pub listen_backlog: u32,
+    pub max_client_conn: usize,
+    pub client_login_timeout: f64,
+    pub max_packet_size: usize,
+    pub shutdown_timeout: f64,
+    pub tcp_keepalive: bool,
+    pub tcp_keepalive_idle: f64,
+    pub tcp_keepalive_interval: f64,
+    pub worker_threads: usize,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            listen: vec!["127.0.0.1:6432".parse().expect("valid literal")],
+            unix_socket_dir: None,
+            listen_backlog: 4096,
+            max_client_conn: 10_000,
+            client_login_timeout: 60.0,
+            max_packet_size: 256 * 1024 * 1024,
+            shutdown_timeout: 30.0,
+            tcp_keepalive: true,
+            tcp_keepalive_idle: 300.0,
+            tcp_keepalive_interval: 30.0,
+            worker_threads: 0,
+        }
+    }
+}
+
+/// Defaults for every pool (`[pool]`); databases and users may override some of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSection {
+    pub pool_mode: PoolMode,
+    pub pool_size: usize,
+    pub min_pool_size: usize,
+    pub max_client_conn: usize,
+    pub server_idle_timeout: f64,
+    pub server_lifetime: f64,
+    pub server_connect_timeout: f64,
+    pub query_wait_timeout: f64,
+    pub server_reset_query: String,
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        PoolSection {
+            pool_mode: PoolMode::Transaction,
+            pool_size: 20,
+            min_pool_size: 0,
+            max_client_conn: 0,
+            server_idle_timeout: 600.0,
+            server_lifetime: 3600.0,
+            server_connect_timeout: 5.0,
+            query_wait_timeout: 120.0,
+            server_reset_query: "DISCARD ALL".into(),
+        }
+    }
+}
+
+/// An upstream database clients can name (`[databases.NAME]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSection {
+    #[serde(default = "default_host")]
+    pub host: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    pub dbname: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+    pub min_pool_size: Option<usize>,
+    pub max_client_conn: Option<usize>,
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    5432
+}
+
+/// A user clients log in as (`[users.NAME]`), with the credentials Shoal checks and the
+/// credentials it uses upstream.
+#[derive(Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UserSection {
+    pub password: Option<String>,
+    pub password_env: Option<String>,
+    pub secret: Option<String>,
+    pub auth_method: Option<AuthMethod>,
+    pub server_user: Option<String>,
+    pub server_password: Option<String>,
+    pub server_password_env: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: ServerSection,
+    #[serde(default)]
+    pool: PoolSection,
+    #[serde(default)]
+    databases: BTreeMap<String, DatabaseSection>,
+    #[serde(default)]
+    users: BTreeMap<String, UserSection>,
+}
+
+impl std::fmt::Debug for UserSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserSection")
+            .field("auth_method", &self.auth_method)
+            .field("server_user", &self.server_user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How Shoal checks a client's password. Secrets are kept only in the form the method needs.
+#[derive(Clone)]
+pub enum ClientAuth {
+    Scram(Verifier),
+    /// The stored MD5 secret (`md5` + hex).
+    Md5(String),
+    Trust,
+}
+
+/// A user after validation: credentials resolved, environment variables read.
+#[derive(Clone)]
+pub struct User {
+    pub name: String,
+    pub auth: ClientAuth,
+    pub server_user: String,
+    pub server_password: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .field("server_user", &self.server_user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A database after validation.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+    pub min_pool_size: Option<usize>,
+    pub max_client_conn: Option<usize>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerSection,
+    pub pool: PoolSection,
+    pub databases: BTreeMap<String, Database>,
+    pub users: BTreeMap<String, User>,
+}
+
+/// Settings of one (database, user) pool, with overrides applied.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub mode: PoolMode,
+    pub size: usize,
+    pub min_size: usize,
+    pub max_client_conn: usize,
+    pub idle_timeout: Duration,
+    pub lifetime: Duration,
+    pub connect_timeout: Duration,
+    pub wait_timeout: Duration,
+    pub reset_query: String,
+}
+
+pub fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string(), &|k| std::env::var(k).ok())
+    }
+
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        Self::parse(EMBEDDED_DEFAULT, "<embedded default>", &|k| {
+            std::env::var(k).ok()
+        })
+    }
+
+    /// Parses and validates `text`; `env` looks up environment variables named by `*_env`
+    /// keys (a parameter so tests need not touch the process environment).
+    pub fn parse(
+        text: &str,
+        origin: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let (line, column) = e
+                .span()
+                .map(|s| line_col(text, s.start))
+                .unwrap_or((1, 1));
+            ConfigError::Syntax {
+                origin: origin.to_owned(),
+                line,
+                column,
+                message: e.message().to_owned(),
+            }
+        })?;
+        let invalid = |section: &str, message: String| ConfigError::Invalid {
+            origin: origin.to_owned(),
+            line: section_line(text, section),
+            message,
+        };
+        let s = &raw.server;
+        if s.listen.is_empty() && s.unix_socket_dir.is_none() {
+            return Err(invalid(
+                "server",
+                "nothing to listen on: set server.listen or server.unix_socket_dir".into(),
+            ));
+        }
+        if s.max_packet_size < 1024 {
+            return Err(invalid(
+                "server",
+                "server.max_packet_size must be at least 1024 bytes".into(),
+            ));
+        }
+        for (key, v) in [
+            ("client_login_timeout", s.client_login_timeout),
+            ("shutdown_timeout", s.shutdown_timeout),
+            ("server_idle_timeout", raw.pool.server_idle_timeout),
+            ("server_lifetime", raw.pool.server_lifetime),
+            ("server_connect_timeout", raw.pool.server_connect_timeout),
+            ("query_wait_timeout", raw.pool.query_wait_timeout),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid("server", format!("{key} must be a number of seconds ≥ 0")));
+            }
+        }
+        if raw.pool.pool_size == 0 {
+            return Err(invalid("pool", "pool.pool_size must be at least 1".into()));
+        }
+        let mut databases = BTreeMap::new();
+        for (name, d) in raw.databases {
+            let section = format!("databases.{name}");
+            if d.pool_size == Some(0) {
+                return Err(invalid(&section, format!("{section}.pool_size must be at least 1")));
+            }
+            databases.insert(
+                name.clone(),
+                Database {
+                    dbname: d.dbname.unwrap_or_else(|| name.clone()),
+                    name,
+                    host: d.host,
+                    port: d.port,
+                    pool_mode: d.pool_mode,
+                    pool_size: d.pool_size,
+                    min_pool_size: d.min_pool_size,
+                    max_client_conn: d.max_client_conn,
+                },
+            );
+        }
+        let mut users = BTreeMap::new();
+        for (name, u) in raw.users {
+            let section = format!("users.{name}");
+            let user = resolve_user(&name, u, env).map_err(|m| invalid(&section, m))?;
+            users.insert(name, user);
+        }
+        Ok(Config {
+            server: raw.server,
+            pool: raw.pool,
+            databases,
+            users,
+        })
+    }
+
+    /// Effective settings for the pool serving `user` on `db`: user overrides database, which
+    /// overrides `[pool]`.
+    pub fn pool_settings(&self, db: &Database, user: &User) -> PoolSettings {
+        let p = &self.pool;
+        PoolSettings {
+            mode: user.pool_mode.or(db.pool_mode).unwrap_or(p.pool_mode),
+            size: user.pool_size.or(db.pool_size).unwrap_or(p.pool_size),
+            min_size: db.min_pool_size.unwrap_or(p.min_pool_size),
+            max_client_conn: db.max_client_conn.unwrap_or(p.max_client_conn),
+            idle_timeout: secs(p.server_idle_timeout),
+            lifetime: secs(p.server_lifetime),
+            connect_timeout: secs(p.server_connect_timeout),
+            wait_timeout: secs(p.query_wait_timeout),
+            reset_query: p.server_reset_query.clone(),
+        }
+    }
+}
+
+fn resolve_user(
+    name: &str,
+    u: UserSection,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<User, String> {
+    let from_env = |var: &Option<String>, key: &str| -> Result<Option<String>, String> {
+        match var {
+            None => Ok(None),
+            Some(v) => env(v)
+                .map(Some)
+                .ok_or_else(|| format!("users.{name}.{key} names {v}, which is not set")),
+        }
+    };
+    let password = match (u.password.clone(), from_env(&u.password_env, "password_env")?) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "users.{name}: give either password or password_env, not both"
+            ))
+        }
+        (a, b) => a.or(b),
+    };
+    let method = u.auth_method.unwrap_or(AuthMethod::ScramSha256);
+    let auth = match (method, &password, &u.secret) {
+        (AuthMethod::Trust, _, _) => ClientAuth::Trust,
+        (_, Some(_), Some(_)) => {
+            return Err(format!(
+                "users.{name}: give either a password or a secret, not both"
+            ))
+        }
+        (_, None, None) => {
+            return Err(format!(
+                "users.{name}: no password, password_env or secret (or set auth_method = \"trust\")"
+            ))
+        }
+        (AuthMethod::ScramSha256, Some(p), None) => ClientAuth::Scram(Verifier::from_password(p)),
+        (AuthMethod::Md5, Some(p), None) => ClientAuth::Md5(md5::stored_secret(name, p)),
+        (AuthMethod::ScramSha256, None, Some(s)) => ClientAuth::Scram(
+            Verifier::parse(s).map_err(|e| format!("users.{name}.secret: {e}"))?,
+        ),
+        (AuthMethod::Md5, None, Some(s)) if md5::is_stored_secret(s) => {
+            ClientAuth::Md5(s.to_ascii_lowercase())
+        }
+        (AuthMethod::Md5, None, Some(_)) => {
+            return Err(format!(
+                "users.{name}.secret: md5 authentication needs an 'md5…' secret (35 characters)"
+            ))
+        }
+    };
+    let server_password = match (
+        u.server_password.clone(),
+        from_env(&u.server_password_env, "server_password_env")?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "users.{name}: give either server_password or server_password_env, not both"
+            ))
+        }
+        (a, b) => a.or(b).or(password),
+    };
+    Ok(User {
+        name: name.to_owned(),
+        auth,
+        server_user: u.server_user.unwrap_or_else(|| name.to_owned()),
+        server_password,
+        pool_mode: u.pool_mode,
+        pool_size: u.pool_size,
+    })
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+/// The line of a `[section]` header (1 if absent), so semantic errors point at the file.
+fn section_line(text: &str, section: &str) -> usize {
+    let quoted = section
+        .split_once('.')
+        .map(|(a, b)| format!("{a}.\"{b}\""))
+        .unwrap_or_default();
+    text.lines()
+        .position(|l| {
+            let t = l.trim();
+            t == format!("[{section}]") || (!quoted.is_empty() && t == format!("[{quoted}]"))
+        })
+        .map_or(1, |i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::parse(EMBEDDED_DEFAULT, "default", &no_env).unwrap();
+        assert!(!c.databases.is_empty());
+        assert!(!c.users.is_empty());
+    }
+
+    #[test]
+    fn syntax_errors_carry_line_and_column() {
+        let err = Config::parse("[server]\nlisten = [\"nope\"]\n", "f.toml", &no_env).unwrap_err();
+        let s = err.to_string();
+        assert!(s.starts_with("f.toml:2:"), "{s}");
+        let err = Config::parse("[pool]\nbogus = 1\n", "f.toml", &no_env).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn semantic_errors_point_at_the_section() {
+        let text = "[databases.app]\n\n[users.bob]\nauth_method = \"md5\"\n";
+        let err = Config::parse(text, "f.toml", &no_env).unwrap_err().to_string();
+        assert!(err.starts_with("f.toml:3:"), "{err}");
+        assert!(err.contains("no password"), "{err}");
+    }
+
+    #[test]
+    fn passwords_from_environment() {
+        let text = "[users.bob]\npassword_env = \"BOB_PW\"\n";
+        let env = |k: &str| (k == "BOB_PW").then(|| "pw".to_string());
+        let c = Config::parse(text, "f", &env).unwrap();
+        assert_eq!(c.users["bob"].server_password.as_deref(), Some("pw"));
+        assert!(Config::parse(text, "f", &no_env).is_err());
+    }
+
+    #[test]
+    fn overrides_layer() {
+        let text = "[pool]\npool_size = 7\n[databases.a]\npool_mode = \"session\"\n[users.u]\nauth_method = \"trust\"\npool_size = 3\n";
+        let c = Config::parse(text, "f", &no_env).unwrap();
+        let s = c.pool_settings(&c.databases["a"], &c.users["u"]);
+        assert_eq!(s.mode, PoolMode::Session);
+        assert_eq!(s.size, 3);
+        assert_eq!(c.databases["a"].dbname, "a");
+    }
+}

@@ -1,0 +1,24 @@
+//! Shoal, a PostgreSQL connection pooler. Module map:
+//!
+//! - [`config`]: the TOML configuration, its validation and the embedded default.
+//! - [`listener`]: TCP and Unix listening sockets and the accept loops.
+//! - [`net`]: the client transport seam (TCP, Unix; TLS later).
+//! - [`session`]: one client from handshake to close: authentication, login, and the
+//!   transaction-mode and session-mode loops around the relay.
+//! - [`params`]: client session parameters and how they are applied to servers.
+//! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
+//! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
+//! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
+//! - [`app`]: state shared by all sessions.
+//! - [`run`]: wiring it all together, with graceful shutdown.
+
+pub mod app;
+pub mod cancel;
+pub mod config;
+pub mod listener;
+pub mod net;
+pub mod params;
+pub mod pool;
+pub mod run;
+pub mod server;
+pub mod session;

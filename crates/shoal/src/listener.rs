@@ -1,0 +1,86 @@
+//! Listening sockets: TCP with a real backlog (tokio's default of 128 drops connections in a
+//! connect storm), `TCP_NODELAY` and keepalive on accepted sockets, and a Unix socket named
+//! the way libpq looks for it (`.s.PGSQL.<port>`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::app::App;
+use crate::net::ClientStream;
+
+pub fn bind_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    TcpListener::from_std(socket.into())
+}
+
+pub fn bind_unix(dir: &std::path::Path, port: u16, backlog: u32) -> std::io::Result<(UnixListener, PathBuf)> {
+    let path = dir.join(format!(".s.PGSQL.{port}"));
+    let _ = std::fs::remove_file(&path);
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&socket2::SockAddr::unix(&path)?)?;
+    socket.listen(backlog.min(i32::MAX as u32) as i32)?;
+    Ok((UnixListener::from_std(socket.into())?, path))
+}
+
+fn tune(stream: &tokio::net::TcpStream, app: &App) {
+    let _ = stream.set_nodelay(true);
+    let s = &app.config.server;
+    if s.tcp_keepalive {
+        let ka = TcpKeepalive::new()
+            .with_time(Duration::from_secs_f64(s.tcp_keepalive_idle.max(1.0)))
+            .with_interval(Duration::from_secs_f64(s.tcp_keepalive_interval.max(1.0)));
+        let _ = SockRef::from(stream).set_tcp_keepalive(&ka);
+    }
+}
+
+/// Accepts until shutdown; each client gets its own task.
+pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
+    let mut shutdown = app.shutdown.clone();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    tune(&stream, &app);
+                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Tcp(stream)));
+                }
+                Err(e) => {
+                    // Out of descriptors and similar: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
+    let mut shutdown = app.shutdown.clone();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Unix(stream)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}

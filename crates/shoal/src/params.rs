@@ -1,0 +1,219 @@
+//! Client session parameters: what a client asked for in its startup packet (including
+//! `options = '-c name=value ...'`), and the SQL that makes a server connection match them.
+
+use shoal_wire::startup::StartupMessage;
+
+/// What a startup packet asked for, split into routing keys and parameters to apply.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StartupRequest {
+    pub user: String,
+    pub database: String,
+    /// Parameters to hold on whichever server runs the client's queries: lower-cased names,
+    /// sorted, last value wins.
+    pub params: Vec<(String, String)>,
+    /// `_pq_.` protocol options we do not know, to list in NegotiateProtocolVersion.
+    pub unrecognized: Vec<String>,
+}
+
+/// A startup packet Shoal cannot serve, as a message for the client.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ParamError {
+    #[error("no PostgreSQL user name specified in startup packet")]
+    NoUser,
+    #[error("replication connections are not supported by Shoal")]
+    Replication,
+    #[error("invalid parameter name \"{0}\"")]
+    BadName(String),
+    #[error("unsupported command-line option \"{0}\" in options: only -c name=value and --name=value are accepted")]
+    BadOption(String),
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// Splits an `options` value the way PostgreSQL does: whitespace separates arguments and a
+/// backslash makes the next character literal.
+fn split_options(options: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = options.chars();
+    let mut in_word = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+                in_word = true;
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    out.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        out.push(cur);
+    }
+    out
+}
+
+fn parse_options(options: &str, params: &mut Vec<(String, String)>) -> Result<(), ParamError> {
+    let args = split_options(options);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let setting = if arg == "-c" {
+            it.next().ok_or_else(|| ParamError::BadOption(arg.clone()))?.as_str()
+        } else if let Some(s) = arg.strip_prefix("-c") {
+            s
+        } else if let Some(s) = arg.strip_prefix("--") {
+            s
+        } else {
+            return Err(ParamError::BadOption(arg.clone()));
+        };
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| ParamError::BadOption(arg.clone()))?;
+        params.push((name.replace('-', "_"), value.to_owned()));
+    }
+    Ok(())
+}
+
+impl StartupRequest {
+    pub fn from_startup(m: &StartupMessage) -> Result<StartupRequest, ParamError> {
+        let mut req = StartupRequest::default();
+        let mut params = Vec::new();
+        for (k, v) in &m.params {
+            match k.as_str() {
+                "user" => req.user = v.clone(),
+                "database" => req.database = v.clone(),
+                "replication" if !matches!(v.as_str(), "false" | "off" | "no" | "0") => {
+                    return Err(ParamError::Replication)
+                }
+                "replication" => {}
+                "options" => parse_options(v, &mut params)?,
+                k if k.starts_with("_pq_.") => req.unrecognized.push(k.to_owned()),
+                _ => params.push((k.clone(), v.clone())),
+            }
+        }
+        if req.user.is_empty() {
+            return Err(ParamError::NoUser);
+        }
+        if req.database.is_empty() {
+            req.database = req.user.clone();
+        }
+        for (name, value) in params {
+            if !valid_name(&name) {
+                return Err(ParamError::BadName(name));
+            }
+            let name = name.to_ascii_lowercase();
+            req.params.retain(|(n, _)| *n != name);
+            req.params.push((name, value));
+        }
+        req.params.sort();
+        Ok(req)
+    }
+}
+
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// SQL that resets a server's session parameters and applies `params`, using `set_config` so
+/// values are taken verbatim, as in a startup packet (`search_path = 'a, b'` stays two schemas).
+pub fn apply_sql(params: &[(String, String)]) -> String {
+    let mut sql = String::from("RESET ALL");
+    if !params.is_empty() {
+        sql.push_str("; SELECT ");
+        for (i, (k, v)) in params.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "pg_catalog.set_config({}, {}, false)",
+                quote_literal(k),
+                quote_literal(v)
+            ));
+        }
+    }
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(params: &[(&str, &str)]) -> StartupMessage {
+        StartupMessage {
+            major: 3,
+            minor: 0,
+            params: params
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn options_and_params_merge() {
+        let m = msg(&[
+            ("user", "u"),
+            ("application_name", "app"),
+            ("options", "-c search_path=a,\\ b --statement-timeout=5s -cDateStyle=ISO"),
+            ("_pq_.compression", "on"),
+        ]);
+        let r = StartupRequest::from_startup(&m).unwrap();
+        assert_eq!(r.database, "u");
+        assert_eq!(
+            r.params,
+            vec![
+                ("application_name".into(), "app".into()),
+                ("datestyle".into(), "ISO".into()),
+                ("search_path".into(), "a, b".into()),
+                ("statement_timeout".into(), "5s".into()),
+            ]
+        );
+        assert_eq!(r.unrecognized, vec!["_pq_.compression".to_string()]);
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_served() {
+        assert_eq!(
+            StartupRequest::from_startup(&msg(&[("database", "d")])),
+            Err(ParamError::NoUser)
+        );
+        assert_eq!(
+            StartupRequest::from_startup(&msg(&[("user", "u"), ("replication", "database")])),
+            Err(ParamError::Replication)
+        );
+        assert!(matches!(
+            StartupRequest::from_startup(&msg(&[("user", "u"), ("options", "-x")])),
+            Err(ParamError::BadOption(_))
+        ));
+        assert!(matches!(
+            StartupRequest::from_startup(&msg(&[("user", "u"), ("bad;name", "1")])),
+            Err(ParamError::BadName(_))
+        ));
+    }
+
+    #[test]
+    fn apply_sql_quotes_values() {
+        assert_eq!(apply_sql(&[]), "RESET ALL");
+        let sql = apply_sql(&[("application_name".into(), "it's".into())]);
+        assert_eq!(
+            sql,
+            "RESET ALL; SELECT pg_catalog.set_config('application_name', 'it''s', false)"
+        );
+    }
+}

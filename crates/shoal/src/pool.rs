@@ -1,0 +1,277 @@
+//! A pool of server connections for one (database, user) pair.
+//!
+//! Checkout takes a permit from a fair (FIFO) semaphore sized `pool_size`, then reuses the
+//! most recently returned idle connection or opens a new one. Holding a permit is what counts
+//! against the pool size, so waiting clients queue in arrival order and a timed-out wait gives
+//! a clear error. A background reaper closes connections idle too long or past their lifetime
+//! and keeps `min_pool_size` warm.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::config::PoolSettings;
+use crate::server::{ServerConn, ServerError, Upstream};
+
+/// Why no server connection could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("no server connection available in pool \"{pool}\" within {waited:?} (query_wait_timeout); all {size} are busy")]
+    WaitTimeout {
+        pool: String,
+        waited: Duration,
+        size: usize,
+    },
+    #[error("pool \"{pool}\": {source}")]
+    Server {
+        pool: String,
+        #[source]
+        source: ServerError,
+    },
+    #[error("pool \"{0}\" is shutting down")]
+    Closed(String),
+}
+
+/// Counters an operator needs, updated with relaxed atomics.
+#[derive(Default, Debug)]
+pub struct PoolStats {
+    pub clients: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub servers: AtomicUsize,
+    pub checkouts: AtomicU64,
+    pub wait_micros: AtomicU64,
+    pub connects: AtomicU64,
+    pub connect_failures: AtomicU64,
+}
+
+pub struct Pool {
+    /// `database/user`, for messages and logs.
+    pub name: String,
+    pub settings: PoolSettings,
+    pub upstream: Upstream,
+    permits: Arc<Semaphore>,
+    idle: Mutex<VecDeque<ServerConn>>,
+    /// Parameters a fresh server reports, learned from the first connection; sent to clients
+    /// at login when no server is needed to serve their startup parameters.
+    default_params: Mutex<Option<Arc<[(String, String)]>>>,
+    pub stats: PoolStats,
+}
+
+/// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
+/// broken or abandoned server is never reused) and frees the permit.
+pub struct Lease {
+    conn: Option<ServerConn>,
+    _permit: OwnedSemaphorePermit,
+    pool: Arc<Pool>,
+}
+
+impl std::ops::Deref for Lease {
+    type Target = ServerConn;
+    fn deref(&self) -> &ServerConn {
+        self.conn.as_ref().expect("a lease holds its connection until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lease {
+    fn deref_mut(&mut self) -> &mut ServerConn {
+        self.conn.as_mut().expect("a lease holds its connection until dropped")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.stats.servers.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(pool = %self.pool.name, server = conn.id, "discarding server connection");
+            tokio::spawn(conn.close());
+        }
+    }
+}
+
+impl Pool {
+    pub fn new(name: String, settings: PoolSettings, upstream: Upstream) -> Arc<Pool> {
+        let pool = Arc::new(Pool {
+            name,
+            permits: Arc::new(Semaphore::new(settings.size)),
+            settings,
+            upstream,
+            idle: Mutex::new(VecDeque::new()),
+            default_params: Mutex::new(None),
+            stats: PoolStats::default(),
+        });
+        tokio::spawn(reap(Arc::downgrade(&pool)));
+        pool
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, VecDeque<ServerConn>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn default_params(&self) -> Option<Arc<[(String, String)]>> {
+        self.default_params
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
+    pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
+        let started = Instant::now();
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+                let r = tokio::time::timeout(
+                    self.settings.wait_timeout,
+                    self.permits.clone().acquire_owned(),
+                )
+                .await;
+                self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+                match r {
+                    Err(_) => {
+                        return Err(CheckoutError::WaitTimeout {
+                            pool: self.name.clone(),
+                            waited: self.settings.wait_timeout,
+                            size: self.settings.size,
+                        })
+                    }
+                    Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
+                    Ok(Ok(p)) => p,
+                }
+            }
+        };
+        self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .wait_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        loop {
+            let candidate = self.lock_idle().pop_back();
+            let Some(mut conn) = candidate else { break };
+            if conn.is_stale() || conn.created.elapsed() >= self.settings.lifetime {
+                tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
+                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                tokio::spawn(conn.close());
+                continue;
+            }
+            return Ok(Lease {
+                conn: Some(conn),
+                _permit: permit,
+                pool: self.clone(),
+            });
+        }
+        let conn = self.connect().await?;
+        Ok(Lease {
+            conn: Some(conn),
+            _permit: permit,
+            pool: self.clone(),
+        })
+    }
+
+    async fn connect(&self) -> Result<ServerConn, CheckoutError> {
+        self.stats.connects.fetch_add(1, Ordering::Relaxed);
+        match ServerConn::connect(&self.upstream, self.settings.connect_timeout).await {
+            Ok(conn) => {
+                self.stats.servers.fetch_add(1, Ordering::Relaxed);
+                let mut defaults = self.default_params.lock().unwrap_or_else(|e| e.into_inner());
+                if defaults.is_none() {
+                    *defaults = Some(conn.params.clone().into());
+                }
+                tracing::debug!(pool = %self.name, server = conn.id, pid = conn.process_id, "server connected");
+                Ok(conn)
+            }
+            Err(source) => {
+                self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                Err(CheckoutError::Server {
+                    pool: self.name.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Returns a healthy, idle (status `I`, nothing pending) server to the pool.
+    pub fn checkin(&self, mut lease: Lease) {
+        let Some(mut conn) = lease.conn.take() else {
+            return;
+        };
+        conn.last_used = Instant::now();
+        if conn.created.elapsed() >= self.settings.lifetime {
+            self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+            tokio::spawn(conn.close());
+        } else {
+            self.lock_idle().push_back(conn);
+        }
+        // The permit is released when `lease` drops, after the connection is idle again, so
+        // the next waiter finds it.
+        drop(lease);
+    }
+
+    /// Closes idle servers past their idle timeout or lifetime (keeping `min_pool_size`) and
+    /// opens servers up to `min_pool_size`.
+    async fn maintain(self: &Arc<Self>) {
+        let now = Instant::now();
+        let expired: Vec<ServerConn> = {
+            let mut idle = self.lock_idle();
+            let total = self.stats.servers.load(Ordering::Relaxed);
+            let mut removable = total.saturating_sub(self.settings.min_size);
+            let mut keep = VecDeque::with_capacity(idle.len());
+            let mut out = Vec::new();
+            // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
+            while let Some(mut c) = idle.pop_front() {
+                let too_old = now.duration_since(c.created) >= self.settings.lifetime;
+                let too_idle = removable > 0
+                    && now.duration_since(c.last_used) >= self.settings.idle_timeout;
+                if too_old || too_idle || c.is_stale() {
+                    removable = removable.saturating_sub(1);
+                    out.push(c);
+                } else {
+                    keep.push_back(c);
+                }
+            }
+            *idle = keep;
+            out
+        };
+        for c in expired {
+            self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(pool = %self.name, server = c.id, "closing idle server connection");
+            c.close().await;
+        }
+        while self.stats.servers.load(Ordering::Relaxed) < self.settings.min_size {
+            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+                break;
+            };
+            match self.connect().await {
+                Ok(conn) => self.lock_idle().push_back(conn),
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, error = %e, "cannot open min_pool_size connection");
+                    break;
+                }
+            }
+            drop(permit);
+        }
+    }
+
+    /// Closes every idle server (shutdown).
+    pub async fn close_idle(&self) {
+        let idle: Vec<ServerConn> = self.lock_idle().drain(..).collect();
+        for c in idle {
+            self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+            c.close().await;
+        }
+    }
+}
+
+/// The reaper: one task per pool on a coarse one-second tick; it ends with the pool.
+async fn reap(pool: Weak<Pool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        pool.maintain().await;
+    }
+}

@@ -1,0 +1,53 @@
+//! Starting and stopping a Shoal process: bind every listener, accept until told to stop,
+//! then drain — running transactions may finish within `shutdown_timeout`.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::app::App;
+use crate::config::{secs, Config};
+use crate::listener;
+
+/// Serves until `stop` resolves, then shuts down gracefully. Fails only if a listener cannot
+/// be bound.
+pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+    let (tx, rx) = watch::channel(false);
+    let app = App::new(config, rx);
+    let s = &app.config.server;
+    let mut unix_paths = Vec::new();
+    for addr in &s.listen {
+        let l = listener::bind_tcp(*addr, s.listen_backlog).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+        })?;
+        tracing::info!(addr = %l.local_addr()?, "listening");
+        tokio::spawn(listener::accept_tcp(l, app.clone()));
+    }
+    if let Some(dir) = &s.unix_socket_dir {
+        let port = s.listen.first().map_or(6432, |a| a.port());
+        let (l, path) = listener::bind_unix(dir, port, s.listen_backlog).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
+        })?;
+        tracing::info!(path = %path.display(), "listening");
+        unix_paths.push(path);
+        tokio::spawn(listener::accept_unix(l, app.clone()));
+    }
+    stop.await;
+    let _ = tx.send(true);
+    let timeout = secs(app.config.server.shutdown_timeout);
+    tracing::info!(clients = app.clients.load(Ordering::Relaxed), ?timeout, "shutting down: no new connections; waiting for running transactions");
+    let deadline = tokio::time::Instant::now() + timeout;
+    while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for pool in app.pools() {
+        pool.close_idle().await;
+    }
+    for p in unix_paths {
+        let _ = std::fs::remove_file(p);
+    }
+    tracing::info!(remaining = app.clients.load(Ordering::Relaxed), "stopped");
+    Ok(())
+}

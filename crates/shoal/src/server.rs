@@ -1,0 +1,270 @@
+//! One connection to PostgreSQL: connect, authenticate as the configured upstream user, learn
+//! the server's parameters and cancel key, and run the small queries the pooler itself needs
+//! (parameter application, reset, rollback).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use shoal_wire::backend::{self, tag, AuthRequest, ErrorFields};
+use shoal_wire::{frontend, md5, Frame, FrameError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Largest message accepted from a server during login and pooler-issued queries; real results
+/// stream through the relay, which has its own bound.
+const SERVER_MAX_MESSAGE: usize = 1 << 30;
+
+/// Where and as whom to connect upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
+    pub user: String,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}:{}/{}", self.user, self.host, self.port, self.dbname)
+    }
+}
+
+/// Why talking to a server failed. `Db` carries PostgreSQL's own error so it can be shown to
+/// the client as is; the rest are transport problems.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("could not connect to server {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("timed out connecting to server {0}")]
+    ConnectTimeout(String),
+    #[error("server connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("server closed the connection unexpectedly")]
+    Closed,
+    #[error("server sent an invalid message: {0}")]
+    Protocol(String),
+    #[error("server asks for a password but none is configured for user \"{0}\"")]
+    NoPassword(String),
+    #[error("{}", .0.message)]
+    Db(ErrorFields),
+}
+
+impl From<FrameError> for ServerError {
+    fn from(e: FrameError) -> Self {
+        ServerError::Protocol(e.to_string())
+    }
+}
+
+static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A live, authenticated server connection.
+pub struct ServerConn {
+    pub id: u64,
+    pub stream: TcpStream,
+    /// Bytes read from the server and not yet handled.
+    pub buf: BytesMut,
+    pub addr: SocketAddr,
+    pub process_id: i32,
+    pub secret_key: i32,
+    /// Current values of the parameters the server reports (ParameterStatus), kept up to date.
+    pub params: Vec<(String, String)>,
+    /// Client parameters the pooler applied on this connection (sorted by name); compared with
+    /// the next client's to skip work when they match.
+    pub applied: Vec<(String, String)>,
+    pub created: Instant,
+    pub last_used: Instant,
+}
+
+impl ServerConn {
+    pub async fn connect(up: &Upstream, timeout: Duration) -> Result<ServerConn, ServerError> {
+        let addr_text = format!("{}:{}", up.host, up.port);
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(&addr_text)).await {
+            Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
+            Ok(Err(source)) => {
+                return Err(ServerError::Connect {
+                    addr: addr_text,
+                    source,
+                })
+            }
+            Ok(Ok(s)) => s,
+        };
+        stream.set_nodelay(true)?;
+        let addr = stream.peer_addr()?;
+        let now = Instant::now();
+        let mut conn = ServerConn {
+            id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
+            stream,
+            buf: BytesMut::with_capacity(8192),
+            addr,
+            process_id: 0,
+            secret_key: 0,
+            params: Vec::new(),
+            applied: Vec::new(),
+            created: now,
+            last_used: now,
+        };
+        match tokio::time::timeout(timeout, conn.login(up)).await {
+            Err(_) => Err(ServerError::ConnectTimeout(addr_text)),
+            Ok(r) => r.map(|_| conn),
+        }
+    }
+
+    async fn login(&mut self, up: &Upstream) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        frontend::startup(
+            &mut out,
+            &[("user", &up.user), ("database", &up.dbname)],
+        );
+        self.stream.write_all(&out).await?;
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                tag::AUTHENTICATION => {
+                    out.clear();
+                    let password = || {
+                        up.password
+                            .as_deref()
+                            .ok_or_else(|| ServerError::NoPassword(up.user.clone()))
+                    };
+                    match backend::parse_auth(frame.body())? {
+                        AuthRequest::Ok => continue,
+                        AuthRequest::Cleartext => frontend::password(&mut out, password()?),
+                        AuthRequest::Md5 { salt } => {
+                            let stored = md5::stored_secret(&up.user, password()?);
+                            frontend::password(&mut out, &md5::salted_response(&stored, salt));
+                        }
+                        AuthRequest::Sasl { mechanisms } => {
+                            if !mechanisms.contains(&"SCRAM-SHA-256") {
+                                return Err(ServerError::Protocol(format!(
+                                    "server offers no supported SASL mechanism ({mechanisms:?})"
+                                )));
+                            }
+                            let s = ScramSha256::new(
+                                password()?.as_bytes(),
+                                ChannelBinding::unsupported(),
+                            );
+                            frontend::sasl_initial_response(&mut out, "SCRAM-SHA-256", s.message());
+                            scram = Some(s);
+                        }
+                        AuthRequest::SaslContinue(data) => {
+                            let s = scram.as_mut().ok_or_else(|| {
+                                ServerError::Protocol("SASL continue before SASL start".into())
+                            })?;
+                            s.update(data).map_err(|e| ServerError::Protocol(e.to_string()))?;
+                            frontend::sasl_response(&mut out, s.message());
+                        }
+                        AuthRequest::SaslFinal(data) => {
+                            let s = scram.as_mut().ok_or_else(|| {
+                                ServerError::Protocol("SASL final before SASL start".into())
+                            })?;
+                            s.finish(data).map_err(|e| {
+                                ServerError::Protocol(format!("server SCRAM signature: {e}"))
+                            })?;
+                            continue;
+                        }
+                        AuthRequest::Other(code) => {
+                            return Err(ServerError::Protocol(format!(
+                                "unsupported authentication request {code}"
+                            )))
+                        }
+                    }
+                    self.stream.write_all(&out).await?;
+                }
+                tag::BACKEND_KEY_DATA => {
+                    (self.process_id, self.secret_key) =
+                        backend::parse_backend_key_data(frame.body())?;
+                }
+                tag::READY_FOR_QUERY => return Ok(()),
+                _ => self.observe(&frame)?,
+            }
+        }
+    }
+
+    /// Reads one whole message, for the pooler's own exchanges (not the relay).
+    pub async fn read_frame(&mut self) -> Result<Frame, ServerError> {
+        loop {
+            if let Some(f) = Frame::split(&mut self.buf, SERVER_MAX_MESSAGE)? {
+                return Ok(f);
+            }
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                return Err(ServerError::Closed);
+            }
+        }
+    }
+
+    /// Handles messages that may arrive at any time: parameter changes and errors.
+    pub fn observe(&mut self, frame: &Frame) -> Result<(), ServerError> {
+        match frame.tag() {
+            tag::PARAMETER_STATUS => {
+                let (name, value) = backend::parse_parameter_status(frame.body())?;
+                self.set_param(name, value);
+                Ok(())
+            }
+            tag::ERROR_RESPONSE => Err(ServerError::Db(backend::parse_error(frame.body())?)),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn set_param(&mut self, name: &str, value: &str) {
+        match self.params.iter_mut().find(|(k, _)| k == name) {
+            Some(slot) => value.clone_into(&mut slot.1),
+            None => self.params.push((name.to_owned(), value.to_owned())),
+        }
+    }
+
+    /// Runs a simple query whose results the pooler does not need, and fails on the first
+    /// ErrorResponse (after draining to ReadyForQuery so the connection stays usable).
+    pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        frontend::query(&mut out, sql);
+        self.stream.write_all(&out).await?;
+        let mut first_error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                tag::READY_FOR_QUERY => {
+                    return match first_error {
+                        Some(e) => Err(ServerError::Db(e)),
+                        None => Ok(()),
+                    }
+                }
+                tag::ERROR_RESPONSE => {
+                    let e = backend::parse_error(frame.body())?;
+                    if e.is_fatal() {
+                        return Err(ServerError::Db(e));
+                    }
+                    first_error.get_or_insert(e);
+                }
+                _ => {
+                    // Notices and row data of pooler queries are not for any client.
+                    if frame.tag() == tag::PARAMETER_STATUS {
+                        self.observe(&frame)?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// True when the server has closed the connection or sent something unsolicited (such as
+    /// a FATAL before terminating) while it sat idle in the pool: it must not be reused.
+    pub fn is_stale(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Sends Terminate and closes; errors are irrelevant at this point.
+    pub async fn close(mut self) {
+        let mut out = BytesMut::new();
+        frontend::terminate(&mut out);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
+    }
+}

@@ -1,0 +1,107 @@
+//! Client authentication against the configured users: SCRAM-SHA-256, MD5 or trust.
+
+use bytes::BytesMut;
+use rand::RngCore;
+use shoal_wire::backend;
+use shoal_wire::frontend::{self, tag};
+use shoal_wire::scram::{ScramError, ServerExchange, MECHANISM};
+use shoal_wire::{md5, sqlstate, Frame};
+use subtle::ConstantTimeEq;
+
+use super::SessionError;
+use crate::config::{ClientAuth, User};
+use crate::net::ClientStream;
+
+/// Authentication messages are small; a larger one is an attack or a bug.
+const MAX_AUTH_MESSAGE: usize = 8192;
+
+async fn read_password_message(stream: &ClientStream) -> Result<Frame, SessionError> {
+    let mut buf = BytesMut::with_capacity(512);
+    loop {
+        if let Some(f) = Frame::split(&mut buf, MAX_AUTH_MESSAGE)
+            .map_err(|e| SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))?
+        {
+            if f.tag() != tag::PASSWORD {
+                return Err(SessionError::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!(
+                        "expected a password message, got message type '{}'",
+                        f.tag() as char
+                    ),
+                ));
+            }
+            if !buf.is_empty() {
+                return Err(SessionError::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "unexpected data after the password message",
+                ));
+            }
+            return Ok(f);
+        }
+        if stream.read_buf(&mut buf).await? == 0 {
+            return Err(SessionError::ClientGone);
+        }
+    }
+}
+
+fn auth_failed(user: &str) -> SessionError {
+    SessionError::fatal(
+        sqlstate::INVALID_PASSWORD,
+        format!("password authentication failed for user \"{user}\""),
+    )
+}
+
+fn malformed(e: impl std::fmt::Display) -> SessionError {
+    SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string())
+}
+
+/// Runs the exchange the user's method calls for and sends AuthenticationOk on success.
+pub async fn authenticate(stream: &mut ClientStream, user: &User) -> Result<(), SessionError> {
+    let mut out = BytesMut::new();
+    match &user.auth {
+        ClientAuth::Trust => {}
+        ClientAuth::Md5(stored) => {
+            let mut salt = [0u8; 4];
+            rand::thread_rng().fill_bytes(&mut salt);
+            backend::authentication_md5(&mut out, salt);
+            stream.write_all(&out).await?;
+            let f = read_password_message(stream).await?;
+            let given = frontend::parse_password(f.body()).map_err(malformed)?;
+            let expected = md5::salted_response(stored, salt);
+            if !bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+                return Err(auth_failed(&user.name));
+            }
+        }
+        ClientAuth::Scram(verifier) => {
+            backend::authentication_sasl(&mut out, &[MECHANISM]);
+            stream.write_all(&out).await?;
+            let f = read_password_message(stream).await?;
+            let (mechanism, client_first) =
+                frontend::parse_sasl_initial(f.body()).map_err(malformed)?;
+            if mechanism != MECHANISM {
+                return Err(SessionError::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!("client selected an invalid SASL authentication mechanism \"{mechanism}\""),
+                ));
+            }
+            let (exchange, server_first) =
+                ServerExchange::new(client_first, verifier.clone()).map_err(malformed)?;
+            out.clear();
+            backend::authentication_sasl_continue(&mut out, server_first.as_bytes());
+            stream.write_all(&out).await?;
+            let f = read_password_message(stream).await?;
+            let done = match exchange.finish(f.body()) {
+                Ok(done) => done,
+                Err(ScramError::BadProof) => return Err(auth_failed(&user.name)),
+                Err(e) => return Err(malformed(e)),
+            };
+            out.clear();
+            backend::authentication_sasl_final(&mut out, done.server_final.as_bytes());
+            stream.write_all(&out).await?;
+        }
+    }
+    out.clear();
+    backend::authentication_ok(&mut out);
+    stream.write_all(&out).await?;
+    Ok(())
+}

@@ -1,0 +1,535 @@
+//! One client connection from accept to close: handshake, authentication, login, then the
+//! pooling loop of its pool mode.
+//!
+//! Transaction mode: the client holds no server (and no buffer) while idle; a server is checked
+//! out when a message needing one arrives and goes back at the transaction boundary. Session
+//! mode: the client keeps one server for its lifetime, reset on exit.
+
+mod auth;
+mod handshake;
+mod relay;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use shoal_wire::backend::{self, ErrorFields, Severity};
+use shoal_wire::frame::next_frame_len;
+use shoal_wire::frontend::tag as fe;
+use shoal_wire::{sqlstate, FrameError};
+
+use crate::app::App;
+use crate::cancel::{CancelTarget, Registration};
+use crate::config::PoolMode;
+use crate::net::ClientStream;
+use crate::params::{apply_sql, StartupRequest};
+use crate::pool::{CheckoutError, Lease, Pool};
+use crate::server::ServerError;
+use relay::{Flow, RelayEnd};
+
+/// Why a session ended abnormally. `Fatal` is reported to the client before closing.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client closed the connection")]
+    ClientGone,
+    #[error("client I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{message}")]
+    Fatal {
+        code: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Quiet(&'static str),
+    #[error("invalid frontend message type {}", *.0 as char)]
+    UnknownMessage(u8),
+    #[error("server protocol error: {0}")]
+    ServerProtocol(String),
+}
+
+impl SessionError {
+    pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
+        SessionError::Fatal {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn from_frame(e: FrameError) -> Self {
+        let code = match e {
+            FrameError::TooLarge { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        };
+        SessionError::fatal(code, e.to_string())
+    }
+
+    fn server_protocol(e: FrameError) -> Self {
+        SessionError::ServerProtocol(e.to_string())
+    }
+
+    /// The error to show the client, if it should get one.
+    fn client_message(&self) -> Option<(&'static str, String)> {
+        match self {
+            SessionError::Fatal { code, message } => Some((code, message.clone())),
+            SessionError::UnknownMessage(_) => {
+                Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
+            }
+            SessionError::ServerProtocol(_) => Some((sqlstate::CONNECTION_FAILURE, self.to_string())),
+            _ => None,
+        }
+    }
+}
+
+async fn send_error(
+    stream: &mut ClientStream,
+    severity: Severity,
+    code: &str,
+    message: &str,
+    hint: Option<&str>,
+) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    backend::error_response(&mut out, severity, code, message, hint);
+    stream.write_all(&out).await
+}
+
+/// Serves one accepted connection to its end. Never panics on client input; every failure
+/// is logged with the connection id and, where the protocol allows, reported to the client.
+pub async fn serve(app: Arc<App>, mut stream: ClientStream) {
+    let id = app.next_conn_id();
+    let (_guard, clients) = app.client_guard();
+    let peer = stream.peer();
+    tracing::debug!(conn = id, %peer, "client connected");
+    let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
+    let login = tokio::time::timeout(login_timeout, login(&app, &mut stream, clients)).await;
+    let result = match login {
+        Err(_) => Err(SessionError::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            "client did not finish logging in within client_login_timeout",
+        )),
+        Ok(Ok(None)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(Some(done))) => {
+            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
+            let mut session = Session {
+                id,
+                app: app.clone(),
+                stream,
+                cbuf: BytesMut::new(),
+                cancel: done.cancel,
+                params: done.params,
+                skip_until_sync: false,
+                lost: None,
+                _pool_client: done.pool_client,
+                pool: done.pool,
+            };
+            let r = match done.lease {
+                Some(lease) => session.run_session_mode(lease).await,
+                None => session.run_transaction_mode().await,
+            };
+            stream = session.stream;
+            r
+        }
+    };
+    match result {
+        Ok(()) | Err(SessionError::ClientGone) => {
+            tracing::debug!(conn = id, "client disconnected")
+        }
+        Err(e) => {
+            tracing::info!(conn = id, %peer, error = %e, "closing client connection");
+            if let Some((code, message)) = e.client_message() {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    send_error(&mut stream, Severity::Fatal, code, &message, None),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// A logged-in client, ready for its pool mode's loop.
+struct LoggedIn {
+    pool: Arc<Pool>,
+    pool_client: PoolClient,
+    params: Vec<(String, String)>,
+    cancel: Registration,
+    /// The server a session-mode client keeps.
+    lease: Option<Lease>,
+}
+
+fn checkout_error(e: &CheckoutError) -> (&'static str, String) {
+    match e {
+        CheckoutError::WaitTimeout { .. } => (sqlstate::QUERY_CANCELED, e.to_string()),
+        CheckoutError::Server {
+            source: ServerError::Db(fields),
+            pool,
+        } => (
+            known_code(&fields.code),
+            format!("pool \"{pool}\": server refused the connection: {}", fields.message),
+        ),
+        CheckoutError::Server { .. } => (sqlstate::CONNECTION_FAILURE, e.to_string()),
+        CheckoutError::Closed(_) => (sqlstate::ADMIN_SHUTDOWN, e.to_string()),
+    }
+}
+
+/// Maps a server's SQLSTATE onto one of ours (error codes are `&'static str` so that no
+/// allocation is needed to report them); unknown ones become a connection failure.
+fn known_code(code: &str) -> &'static str {
+    [
+        sqlstate::INVALID_PASSWORD,
+        sqlstate::INVALID_AUTHORIZATION,
+        sqlstate::INVALID_CATALOG_NAME,
+        sqlstate::TOO_MANY_CONNECTIONS,
+        sqlstate::CANNOT_CONNECT_NOW,
+        sqlstate::ADMIN_SHUTDOWN,
+        sqlstate::INVALID_PARAMETER_VALUE,
+        sqlstate::FEATURE_NOT_SUPPORTED,
+    ]
+    .into_iter()
+    .find(|c| *c == code)
+    .unwrap_or(sqlstate::CONNECTION_FAILURE)
+}
+
+/// Applies the client's parameters to a server if they differ from what it has.
+async fn prepare_server(lease: &mut Lease, params: &[(String, String)]) -> Result<(), ServerError> {
+    if lease.applied != params {
+        lease.applied.clear();
+        lease.simple_query(&apply_sql(params)).await?;
+        lease.applied = params.to_vec();
+    }
+    Ok(())
+}
+
+fn cancel_target(lease: &Lease) -> CancelTarget {
+    CancelTarget {
+        addr: lease.addr,
+        process_id: lease.process_id,
+        secret_key: lease.secret_key,
+    }
+}
+
+async fn login(
+    app: &Arc<App>,
+    stream: &mut ClientStream,
+    clients: usize,
+) -> Result<Option<LoggedIn>, SessionError> {
+    let Some(startup) = handshake::read_startup(stream, app).await? else {
+        return Ok(None);
+    };
+    let req = StartupRequest::from_startup(&startup)
+        .map_err(|e| SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
+    let mut out = BytesMut::new();
+    if startup.minor > 0 || !req.unrecognized.is_empty() {
+        let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
+        backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
+        stream.write_all(&out).await?;
+    }
+    if app.shutting_down() {
+        return Err(SessionError::fatal(sqlstate::CANNOT_CONNECT_NOW, "Shoal is shutting down"));
+    }
+    let max = app.config.server.max_client_conn;
+    if clients > max {
+        return Err(SessionError::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!("too many client connections: server.max_client_conn ({max}) reached"),
+        ));
+    }
+    let user = app.config.users.get(&req.user).ok_or_else(|| {
+        SessionError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!("user \"{}\" is not configured in Shoal", req.user),
+        )
+    })?;
+    auth::authenticate(stream, user).await?;
+    let db = app.config.databases.get(&req.database).ok_or_else(|| {
+        SessionError::fatal(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("database \"{}\" does not exist in Shoal's configuration", req.database),
+        )
+    })?;
+    let pool = app.pool_for(db, user);
+    let per_pool = pool.settings.max_client_conn;
+    let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
+    let pool_client = PoolClient(pool.clone());
+    if per_pool > 0 && n > per_pool {
+        return Err(SessionError::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!(
+                "too many client connections for pool \"{}\": max_client_conn ({per_pool}) reached",
+                pool.name
+            ),
+        ));
+    }
+    let session_mode = pool.settings.mode == PoolMode::Session;
+    let defaults = pool.default_params();
+    let mut lease = None;
+    let reported: Vec<(String, String)> = match defaults {
+        Some(d) if !session_mode && req.params.is_empty() => d.to_vec(),
+        _ => {
+            let mut l = pool.checkout().await.map_err(|e| {
+                let (code, message) = checkout_error(&e);
+                SessionError::fatal(code, message)
+            })?;
+            prepare_server(&mut l, &req.params).await.map_err(|e| match e {
+                ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
+                e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
+            })?;
+            let p = l.params.clone();
+            if session_mode {
+                lease = Some(l);
+            } else {
+                pool.checkin(l);
+            }
+            p
+        }
+    };
+    let cancel = app
+        .cancels
+        .register(lease.as_ref().map(|l: &Lease| l.process_id));
+    out.clear();
+    for (k, v) in &reported {
+        backend::parameter_status(&mut out, k, v);
+    }
+    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key);
+    backend::ready_for_query(&mut out, b'I');
+    stream.write_all(&out).await?;
+    Ok(Some(LoggedIn {
+        pool_client,
+        pool,
+        params: req.params,
+        cancel,
+        lease,
+    }))
+}
+
+/// Counts a logged-in client against its pool for as long as it lives.
+struct PoolClient(Arc<Pool>);
+
+impl Drop for PoolClient {
+    fn drop(&mut self) {
+        self.0.stats.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What the buffered client messages call for while no server is held.
+enum Idle {
+    /// Need more bytes before anything can be decided.
+    NeedMore,
+    /// The next message needs a server.
+    NeedServer,
+    Terminate,
+}
+
+pub struct Session {
+    id: u64,
+    app: Arc<App>,
+    stream: ClientStream,
+    /// Client bytes not yet forwarded. Released (capacity 0) while the client is idle.
+    cbuf: BytesMut,
+    pool: Arc<Pool>,
+    _pool_client: PoolClient,
+    cancel: Registration,
+    params: Vec<(String, String)>,
+    /// An error was reported for an extended-protocol batch; drop messages up to its Sync.
+    skip_until_sync: bool,
+    /// The server died while this client was inside a transaction; report it on the next
+    /// message.
+    lost: Option<String>,
+}
+
+impl Session {
+    async fn run_transaction_mode(&mut self) -> Result<(), SessionError> {
+        let mut shutdown = self.app.shutdown.clone();
+        loop {
+            match self.handle_idle_messages().await? {
+                Idle::Terminate => return Ok(()),
+                Idle::NeedServer => {}
+                Idle::NeedMore => {
+                    if self.cbuf.is_empty() {
+                        // Idle: hold no buffer.
+                        self.cbuf = BytesMut::new();
+                        if *shutdown.borrow_and_update() {
+                            return Err(SessionError::fatal(
+                                sqlstate::ADMIN_SHUTDOWN,
+                                "terminating connection because Shoal is shutting down",
+                            ));
+                        }
+                        tokio::select! {
+                            r = self.stream.readable() => r?,
+                            _ = shutdown.changed() => continue,
+                        }
+                    } else {
+                        self.stream.readable().await?;
+                    }
+                    relay::reserve_for_next(&mut self.cbuf, 0);
+                    match self.stream.try_read_buf(&mut self.cbuf) {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    continue;
+                }
+            }
+            if let Some(msg) = self.lost.take() {
+                self.fail_unit(sqlstate::CONNECTION_FAILURE, &msg).await?;
+                continue;
+            }
+            let mut lease = match self.pool.checkout().await {
+                Ok(l) => l,
+                Err(e) => {
+                    let (code, message) = checkout_error(&e);
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, error = %e, "checkout failed");
+                    self.fail_unit(code, &message).await?;
+                    continue;
+                }
+            };
+            if let Err(e) = prepare_server(&mut lease, &self.params).await {
+                tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
+                drop(lease);
+                self.fail_unit(sqlstate::CONNECTION_FAILURE, &format!("server connection failed: {e}"))
+                    .await?;
+                continue;
+            }
+            self.cancel.slot.set(Some(cancel_target(&lease))).await;
+            let mut flow = Flow::default();
+            let end = self.relay(&mut lease, &mut flow, true).await;
+            self.cancel.slot.set(None).await;
+            match end {
+                Ok(RelayEnd::Boundary) => self.pool.checkin(lease),
+                Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
+                    self.abandon(lease, &flow, false).await;
+                    return Ok(());
+                }
+                Ok(RelayEnd::ServerLost(fatal)) => {
+                    drop(lease);
+                    self.report_server_loss(&flow, fatal).await?;
+                }
+                Err(e) => {
+                    self.abandon(lease, &flow, false).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
+        self.cancel.slot.set(Some(cancel_target(&lease))).await;
+        let mut flow = Flow::default();
+        let end = self.relay(&mut lease, &mut flow, false).await;
+        self.cancel.slot.set(None).await;
+        match end {
+            Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
+                self.abandon(lease, &flow, true).await;
+                Ok(())
+            }
+            Ok(RelayEnd::ServerLost(fatal)) => {
+                drop(lease);
+                match fatal {
+                    // Already passed on to the client by the relay.
+                    Some(_) => Err(SessionError::ClientGone),
+                    None => Err(SessionError::fatal(
+                        sqlstate::CONNECTION_FAILURE,
+                        "server closed the connection unexpectedly",
+                    )),
+                }
+            }
+            Err(e) => {
+                self.abandon(lease, &flow, true).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Handles buffered messages that need no server: Terminate, a lone Sync, stray copy
+    /// messages, and messages of a batch whose error was already reported.
+    async fn handle_idle_messages(&mut self) -> Result<Idle, SessionError> {
+        let max = self.app.config.server.max_packet_size;
+        let mut out = BytesMut::new();
+        let result = loop {
+            let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? else {
+                break Idle::NeedMore;
+            };
+            match self.cbuf[0] {
+                fe::TERMINATE => break Idle::Terminate,
+                fe::SYNC | fe::QUERY | fe::FUNCTION_CALL if self.skip_until_sync => {
+                    self.skip_until_sync = false;
+                    backend::ready_for_query(&mut out, b'I');
+                }
+                fe::SYNC if self.lost.is_none() => backend::ready_for_query(&mut out, b'I'),
+                fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {}
+                _ if self.skip_until_sync => {}
+                _ => break Idle::NeedServer,
+            }
+            self.cbuf.advance(n);
+        };
+        if !out.is_empty() {
+            self.stream.write_all(&out).await?;
+        }
+        Ok(result)
+    }
+
+    /// Reports an error for the client's current unit of work (a Query, or an extended batch
+    /// up to its Sync) that could not reach a server; the client can go on afterwards.
+    async fn fail_unit(&mut self, code: &str, message: &str) -> Result<(), SessionError> {
+        send_error(&mut self.stream, Severity::Error, code, message, None).await?;
+        self.skip_until_sync = true;
+        Ok(())
+    }
+
+    /// The server died under a transaction-mode client: tell the client with an ERROR (not a
+    /// FATAL: its connection to Shoal is fine), answer the ReadyForQuery it still expects, and
+    /// let it go on.
+    async fn report_server_loss(
+        &mut self,
+        flow: &Flow,
+        fatal: Option<ErrorFields>,
+    ) -> Result<(), SessionError> {
+        let (code, detail) = match &fatal {
+            Some(f) => (known_code(&f.code), f.message.as_str()),
+            None => (sqlstate::CONNECTION_FAILURE, "server closed the connection unexpectedly"),
+        };
+        let message = format!("server connection lost: {detail}; the transaction was rolled back");
+        tracing::warn!(conn = self.id, pool = %self.pool.name, %message);
+        if flow.pending > 0 || flow.unsynced || flow.copy_in {
+            let mut out = BytesMut::new();
+            backend::error_response(&mut out, Severity::Error, code, &message, None);
+            for _ in 0..flow.pending {
+                backend::ready_for_query(&mut out, b'I');
+            }
+            self.skip_until_sync = flow.unsynced;
+            self.stream.write_all(&out).await?;
+        } else if flow.status != b'I' {
+            self.lost = Some(message);
+        }
+        Ok(())
+    }
+
+    /// The client left (or broke the protocol) while holding a server: make the server clean
+    /// before anyone else gets it, or close it.
+    async fn abandon(&self, mut lease: Lease, flow: &Flow, reset: bool) {
+        if flow.pending > 0 || flow.copy_in || flow.unsynced {
+            // A query may still be running: stop it, and do not reuse the connection.
+            let target = cancel_target(&lease);
+            drop(lease);
+            tokio::spawn(crate::cancel::forward(target));
+            return;
+        }
+        let clean = async {
+            if flow.status != b'I' {
+                lease.simple_query("ROLLBACK").await?;
+            }
+            if reset && !self.pool.settings.reset_query.is_empty() {
+                lease.applied.clear();
+                lease.simple_query(&self.pool.settings.reset_query).await?;
+            }
+            Ok::<(), ServerError>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(5), clean).await {
+            Ok(Ok(())) => self.pool.checkin(lease),
+            _ => tracing::debug!(conn = self.id, "server not reusable after client left"),
+        }
+    }
+}
+

@@ -1,0 +1,65 @@
+# Shared shell helpers: installing prerequisites and running throwaway PostgreSQL clusters.
+# PostgreSQL refuses to run as root, so as root its programs run as the `postgres` user.
+
+pg_bindir() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/initdb" ] && echo "$d"; done | sort -V | tail -n 1
+}
+
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+ensure_packages() {
+  local missing=()
+  [ -n "$(pg_bindir)" ] || missing+=(postgresql postgresql-contrib)
+  command -v psql >/dev/null || missing+=(postgresql-client)
+  command -v cc >/dev/null || missing+=(build-essential)
+  command -v curl >/dev/null || missing+=(curl)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+ensure_rust() {
+  if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  if ! command -v cargo >/dev/null; then
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+}
+
+pg_port_busy() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# start_throwaway_pg DATADIR PORT [extra postgres -c settings...]
+start_throwaway_pg() {
+  local data=$1 port=$2; shift 2
+  local bin; bin=$(pg_bindir)
+  mkdir -p "$data"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$data"
+  local pwfile="$data.pw"
+  echo postgres > "$pwfile"; chmod 644 "$pwfile"
+  as_pg "$bin/initdb" -D "$data/db" -U postgres --pwfile="$pwfile" -A scram-sha-256 >/dev/null
+  rm -f "$pwfile"
+  local opts="-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$data"
+  for o in "$@"; do opts="$opts -c $o"; done
+  as_pg "$bin/pg_ctl" -D "$data/db" -o "$opts" -l "$data/log" -w start >/dev/null
+}
+
+stop_throwaway_pg() {
+  local bin; bin=$(pg_bindir)
+  as_pg "$bin/pg_ctl" -D "$1/db" -m fast stop >/dev/null 2>&1 || true
+  rm -rf "$1"
+}
+
+# psql_admin DATADIR PORT args... : psql as the postgres superuser
+psql_admin() {
+  local data=$1 port=$2; shift 2
+  PGPASSWORD=postgres psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 "$@"
+}
