@@ -257,7 +257,9 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string(), &|k| std::env::var(k).ok())
+        Self::parse(&text, &path.display().to_string(), &|k| {
+            std::env::var(k).ok()
+        })
     }
 
     pub fn embedded_default() -> Result<Config, ConfigError> {
@@ -274,10 +276,7 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let (line, column) = e
-                .span()
-                .map(|s| line_col(text, s.start))
-                .unwrap_or((1, 1));
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
             ConfigError::Syntax {
                 origin: origin.to_owned(),
                 line,
@@ -312,7 +311,10 @@ impl Config {
             ("query_wait_timeout", raw.pool.query_wait_timeout),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(invalid("server", format!("{key} must be a number of seconds ≥ 0")));
+                return Err(invalid(
+                    "server",
+                    format!("{key} must be a number of seconds ≥ 0"),
+                ));
             }
         }
         if raw.pool.pool_size == 0 {
@@ -322,7 +324,10 @@ impl Config {
         for (name, d) in raw.databases {
             let section = format!("databases.{name}");
             if d.pool_size == Some(0) {
-                return Err(invalid(&section, format!("{section}.pool_size must be at least 1")));
+                return Err(invalid(
+                    &section,
+                    format!("{section}.pool_size must be at least 1"),
+                ));
             }
             databases.insert(
                 name.clone(),
@@ -383,7 +388,10 @@ fn resolve_user(
                 .ok_or_else(|| format!("users.{name}.{key} names {v}, which is not set")),
         }
     };
-    let password = match (u.password.clone(), from_env(&u.password_env, "password_env")?) {
+    let password = match (
+        u.password.clone(),
+        from_env(&u.password_env, "password_env")?,
+    ) {
         (Some(_), Some(_)) => {
             return Err(format!(
                 "users.{name}: give either password or password_env, not both"
@@ -406,9 +414,9 @@ fn resolve_user(
         }
         (AuthMethod::ScramSha256, Some(p), None) => ClientAuth::Scram(Verifier::from_password(p)),
         (AuthMethod::Md5, Some(p), None) => ClientAuth::Md5(md5::stored_secret(name, p)),
-        (AuthMethod::ScramSha256, None, Some(s)) => ClientAuth::Scram(
-            Verifier::parse(s).map_err(|e| format!("users.{name}.secret: {e}"))?,
-        ),
+        (AuthMethod::ScramSha256, None, Some(s)) => {
+            ClientAuth::Scram(Verifier::parse(s).map_err(|e| format!("users.{name}.secret: {e}"))?)
+        }
         (AuthMethod::Md5, None, Some(s)) if md5::is_stored_secret(s) => {
             ClientAuth::Md5(s.to_ascii_lowercase())
         }
@@ -487,7 +495,9 @@ mod tests {
     #[test]
     fn semantic_errors_point_at_the_section() {
         let text = "[databases.app]\n\n[users.bob]\nauth_method = \"md5\"\n";
-        let err = Config::parse(text, "f.toml", &no_env).unwrap_err().to_string();
+        let err = Config::parse(text, "f.toml", &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("f.toml:3:"), "{err}");
         assert!(err.contains("no password"), "{err}");
     }

@@ -25,7 +25,11 @@ pub fn bind_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> 
     TcpListener::from_std(socket.into())
 }
 
-pub fn bind_unix(dir: &std::path::Path, port: u16, backlog: u32) -> std::io::Result<(UnixListener, PathBuf)> {
+pub fn bind_unix(
+    dir: &std::path::Path,
+    port: u16,
+    backlog: u32,
+) -> std::io::Result<(UnixListener, PathBuf)> {
     let path = dir.join(format!(".s.PGSQL.{port}"));
     let _ = std::fs::remove_file(&path);
     let socket = Socket::new(Domain::UNIX, Type::STREAM, None)?;

@@ -65,9 +65,10 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async {
         let stop = async {
             use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut int), Ok(mut term)) =
-                (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
-            else {
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
                 return std::future::pending().await;
             };
             tokio::select! {

@@ -74,7 +74,9 @@ fn parse_options(options: &str, params: &mut Vec<(String, String)>) -> Result<()
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let setting = if arg == "-c" {
-            it.next().ok_or_else(|| ParamError::BadOption(arg.clone()))?.as_str()
+            it.next()
+                .ok_or_else(|| ParamError::BadOption(arg.clone()))?
+                .as_str()
         } else if let Some(s) = arg.strip_prefix("-c") {
             s
         } else if let Some(s) = arg.strip_prefix("--") {
@@ -170,7 +172,10 @@ mod tests {
         let m = msg(&[
             ("user", "u"),
             ("application_name", "app"),
-            ("options", "-c search_path=a,\\ b --statement-timeout=5s -cDateStyle=ISO"),
+            (
+                "options",
+                "-c search_path=a,\\ b --statement-timeout=5s -cDateStyle=ISO",
+            ),
             ("_pq_.compression", "on"),
         ]);
         let r = StartupRequest::from_startup(&m).unwrap();

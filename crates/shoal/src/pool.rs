@@ -72,13 +72,17 @@ pub struct Lease {
 impl std::ops::Deref for Lease {
     type Target = ServerConn;
     fn deref(&self) -> &ServerConn {
-        self.conn.as_ref().expect("a lease holds its connection until dropped")
+        self.conn
+            .as_ref()
+            .expect("a lease holds its connection until dropped")
     }
 }
 
 impl std::ops::DerefMut for Lease {
     fn deref_mut(&mut self) -> &mut ServerConn {
-        self.conn.as_mut().expect("a lease holds its connection until dropped")
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until dropped")
     }
 }
 
@@ -176,7 +180,10 @@ impl Pool {
         match ServerConn::connect(&self.upstream, self.settings.connect_timeout).await {
             Ok(conn) => {
                 self.stats.servers.fetch_add(1, Ordering::Relaxed);
-                let mut defaults = self.default_params.lock().unwrap_or_else(|e| e.into_inner());
+                let mut defaults = self
+                    .default_params
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 if defaults.is_none() {
                     *defaults = Some(conn.params.clone().into());
                 }
@@ -223,8 +230,8 @@ impl Pool {
             // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
             while let Some(mut c) = idle.pop_front() {
                 let too_old = now.duration_since(c.created) >= self.settings.lifetime;
-                let too_idle = removable > 0
-                    && now.duration_since(c.last_used) >= self.settings.idle_timeout;
+                let too_idle =
+                    removable > 0 && now.duration_since(c.last_used) >= self.settings.idle_timeout;
                 if too_old || too_idle || c.is_stale() {
                     removable = removable.saturating_sub(1);
                     out.push(c);

@@ -19,9 +19,8 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     let s = &app.config.server;
     let mut unix_paths = Vec::new();
     for addr in &s.listen {
-        let l = listener::bind_tcp(*addr, s.listen_backlog).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-        })?;
+        let l = listener::bind_tcp(*addr, s.listen_backlog)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
         tracing::info!(addr = %l.local_addr()?, "listening");
         tokio::spawn(listener::accept_tcp(l, app.clone()));
     }
@@ -37,7 +36,11 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     stop.await;
     let _ = tx.send(true);
     let timeout = secs(app.config.server.shutdown_timeout);
-    tracing::info!(clients = app.clients.load(Ordering::Relaxed), ?timeout, "shutting down: no new connections; waiting for running transactions");
+    tracing::info!(
+        clients = app.clients.load(Ordering::Relaxed),
+        ?timeout,
+        "shutting down: no new connections; waiting for running transactions"
+    );
     let deadline = tokio::time::Instant::now() + timeout;
     while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

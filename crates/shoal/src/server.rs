@@ -30,7 +30,11 @@ pub struct Upstream {
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}:{}/{}", self.user, self.host, self.port, self.dbname)
+        write!(
+            f,
+            "{}@{}:{}/{}",
+            self.user, self.host, self.port, self.dbname
+        )
     }
 }
 
@@ -119,10 +123,7 @@ impl ServerConn {
 
     async fn login(&mut self, up: &Upstream) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
-        frontend::startup(
-            &mut out,
-            &[("user", &up.user), ("database", &up.dbname)],
-        );
+        frontend::startup(&mut out, &[("user", &up.user), ("database", &up.dbname)]);
         self.stream.write_all(&out).await?;
         let mut scram: Option<ScramSha256> = None;
         loop {
@@ -159,7 +160,8 @@ impl ServerConn {
                             let s = scram.as_mut().ok_or_else(|| {
                                 ServerError::Protocol("SASL continue before SASL start".into())
                             })?;
-                            s.update(data).map_err(|e| ServerError::Protocol(e.to_string()))?;
+                            s.update(data)
+                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
                             frontend::sasl_response(&mut out, s.message());
                         }
                         AuthRequest::SaslFinal(data) => {

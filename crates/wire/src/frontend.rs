@@ -73,7 +73,11 @@ pub fn parse_sasl_initial(body: &[u8]) -> Result<(&str, &[u8]), FrameError> {
     let mut r = Reader::new(body);
     let mech = r.cstr()?;
     let len = r.i32()?;
-    let data = if len < 0 { &[][..] } else { r.bytes(len as usize)? };
+    let data = if len < 0 {
+        &[][..]
+    } else {
+        r.bytes(len as usize)?
+    };
     Ok((mech, data))
 }
 

@@ -87,9 +87,9 @@ impl Verifier {
         let (params, keys) = rest
             .split_once('$')
             .ok_or(ScramError::BadSecret("missing '$' before the keys"))?;
-        let (iter, salt) = params
-            .split_once(':')
-            .ok_or(ScramError::BadSecret("missing ':' after the iteration count"))?;
+        let (iter, salt) = params.split_once(':').ok_or(ScramError::BadSecret(
+            "missing ':' after the iteration count",
+        ))?;
         let (stored, server) = keys
             .split_once(':')
             .ok_or(ScramError::BadSecret("missing ':' between the keys"))?;
@@ -196,13 +196,14 @@ impl ServerExchange {
             .split_once(',')
             .ok_or(ScramError::Malformed("missing GS2 header"))?;
         if !authzid.is_empty() {
-            return Err(ScramError::Malformed("authorization identity not supported"));
+            return Err(ScramError::Malformed(
+                "authorization identity not supported",
+            ));
         }
         let mut parts = bare.split(',');
         let _user = attr(parts.next(), 'n')?; // PostgreSQL uses the startup user instead
         let client_nonce = attr(parts.next(), 'r')?;
-        if client_nonce.is_empty() || !client_nonce.bytes().all(|b| (0x21..=0x7e).contains(&b))
-        {
+        if client_nonce.is_empty() || !client_nonce.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err(ScramError::Malformed("invalid client nonce"));
         }
         if parts.next().is_some() {

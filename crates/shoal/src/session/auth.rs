@@ -81,7 +81,9 @@ pub async fn authenticate(stream: &mut ClientStream, user: &User) -> Result<(), 
             if mechanism != MECHANISM {
                 return Err(SessionError::fatal(
                     sqlstate::PROTOCOL_VIOLATION,
-                    format!("client selected an invalid SASL authentication mechanism \"{mechanism}\""),
+                    format!(
+                        "client selected an invalid SASL authentication mechanism \"{mechanism}\""
+                    ),
                 ));
             }
             let (exchange, server_first) =

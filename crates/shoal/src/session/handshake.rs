@@ -20,10 +20,17 @@ pub async fn read_startup(
         let len = loop {
             if buf.first() == Some(&TLS_HANDSHAKE_BYTE) {
                 // A direct-TLS client (sslnegotiation=direct) cannot read a plain error.
-                return Err(SessionError::Quiet("client started TLS directly; TLS is not enabled"));
+                return Err(SessionError::Quiet(
+                    "client started TLS directly; TLS is not enabled",
+                ));
             }
             match startup::startup_len(&buf) {
-                Err(e) => return Err(SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string())),
+                Err(e) => {
+                    return Err(SessionError::fatal(
+                        sqlstate::PROTOCOL_VIOLATION,
+                        e.to_string(),
+                    ))
+                }
                 Ok(Some(n)) => break n,
                 Ok(None) => {}
             }
@@ -65,9 +72,17 @@ pub async fn read_startup(
                 return Ok(Some(m));
             }
             Err(e @ startup::StartupError::UnsupportedProtocol { .. }) => {
-                return Err(SessionError::fatal(sqlstate::FEATURE_NOT_SUPPORTED, e.to_string()))
+                return Err(SessionError::fatal(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    e.to_string(),
+                ))
             }
-            Err(e) => return Err(SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string())),
+            Err(e) => {
+                return Err(SessionError::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    e.to_string(),
+                ))
+            }
         }
     }
 }

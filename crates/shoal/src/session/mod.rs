@@ -36,10 +36,7 @@ pub enum SessionError {
     #[error("client I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("{message}")]
-    Fatal {
-        code: &'static str,
-        message: String,
-    },
+    Fatal { code: &'static str, message: String },
     #[error("{0}")]
     Quiet(&'static str),
     #[error("invalid frontend message type {}", *.0 as char)]
@@ -75,7 +72,9 @@ impl SessionError {
             SessionError::UnknownMessage(_) => {
                 Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
             }
-            SessionError::ServerProtocol(_) => Some((sqlstate::CONNECTION_FAILURE, self.to_string())),
+            SessionError::ServerProtocol(_) => {
+                Some((sqlstate::CONNECTION_FAILURE, self.to_string()))
+            }
             _ => None,
         }
     }
@@ -166,7 +165,10 @@ fn checkout_error(e: &CheckoutError) -> (&'static str, String) {
             pool,
         } => (
             known_code(&fields.code),
-            format!("pool \"{pool}\": server refused the connection: {}", fields.message),
+            format!(
+                "pool \"{pool}\": server refused the connection: {}",
+                fields.message
+            ),
         ),
         CheckoutError::Server { .. } => (sqlstate::CONNECTION_FAILURE, e.to_string()),
         CheckoutError::Closed(_) => (sqlstate::ADMIN_SHUTDOWN, e.to_string()),
@@ -226,7 +228,10 @@ async fn login(
         stream.write_all(&out).await?;
     }
     if app.shutting_down() {
-        return Err(SessionError::fatal(sqlstate::CANNOT_CONNECT_NOW, "Shoal is shutting down"));
+        return Err(SessionError::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            "Shoal is shutting down",
+        ));
     }
     let max = app.config.server.max_client_conn;
     if clients > max {
@@ -245,7 +250,10 @@ async fn login(
     let db = app.config.databases.get(&req.database).ok_or_else(|| {
         SessionError::fatal(
             sqlstate::INVALID_CATALOG_NAME,
-            format!("database \"{}\" does not exist in Shoal's configuration", req.database),
+            format!(
+                "database \"{}\" does not exist in Shoal's configuration",
+                req.database
+            ),
         )
     })?;
     let pool = app.pool_for(db, user);
@@ -271,10 +279,12 @@ async fn login(
                 let (code, message) = checkout_error(&e);
                 SessionError::fatal(code, message)
             })?;
-            prepare_server(&mut l, &req.params).await.map_err(|e| match e {
-                ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
-                e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
-            })?;
+            prepare_server(&mut l, &req.params)
+                .await
+                .map_err(|e| match e {
+                    ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
+                    e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
+                })?;
             let p = l.params.clone();
             if session_mode {
                 lease = Some(l);
@@ -388,8 +398,11 @@ impl Session {
             if let Err(e) = prepare_server(&mut lease, &self.params).await {
                 tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
                 drop(lease);
-                self.fail_unit(sqlstate::CONNECTION_FAILURE, &format!("server connection failed: {e}"))
-                    .await?;
+                self.fail_unit(
+                    sqlstate::CONNECTION_FAILURE,
+                    &format!("server connection failed: {e}"),
+                )
+                .await?;
                 continue;
             }
             self.cancel.slot.set(Some(cancel_target(&lease))).await;
@@ -488,7 +501,10 @@ impl Session {
     ) -> Result<(), SessionError> {
         let (code, detail) = match &fatal {
             Some(f) => (known_code(&f.code), f.message.as_str()),
-            None => (sqlstate::CONNECTION_FAILURE, "server closed the connection unexpectedly"),
+            None => (
+                sqlstate::CONNECTION_FAILURE,
+                "server closed the connection unexpectedly",
+            ),
         };
         let message = format!("server connection lost: {detail}; the transaction was rolled back");
         tracing::warn!(conn = self.id, pool = %self.pool.name, %message);
@@ -532,4 +548,3 @@ impl Session {
         }
     }
 }
-

@@ -118,10 +118,16 @@ enum ServerScan {
     Fatal(ErrorFields),
 }
 
-fn scan_server(lease: &mut Lease, ready: &mut usize, flow: &mut Flow) -> Result<ServerScan, SessionError> {
+fn scan_server(
+    lease: &mut Lease,
+    ready: &mut usize,
+    flow: &mut Flow,
+) -> Result<ServerScan, SessionError> {
     loop {
         let buf = &lease.buf[*ready..];
-        let Some(n) = next_frame_len(buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)? else {
+        let Some(n) =
+            next_frame_len(buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
+        else {
             return Ok(ServerScan::Ok);
         };
         let body = &buf[5..n];

@@ -1,0 +1,463 @@
+//! Test harness: a real throwaway PostgreSQL cluster per test binary, real Shoal processes,
+//! and a raw protocol client for the cases client libraries cannot express.
+#![allow(dead_code)]
+
+pub mod raw;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// Passwords of the roles the cluster is created with.
+pub const APP_PASSWORD: &str = "app-secret";
+pub const MD5_PASSWORD: &str = "md5-secret";
+pub const PLAIN_PASSWORD: &str = "plain-secret";
+
+pub struct Pg {
+    pub port: u16,
+    pub dir: PathBuf,
+    bin: PathBuf,
+}
+
+fn pg_bindir() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed under /usr/lib/postgresql (apt-get install postgresql)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    dirs.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop().expect("no PostgreSQL server binaries found")
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+/// Runs a PostgreSQL program, as the `postgres` user when we are root.
+fn pg_command(program: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+static CLUSTERS: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn stop_clusters() {
+    let clusters = CLUSTERS.lock().map(|c| c.clone()).unwrap_or_default();
+    for (bin, dir) in clusters {
+        let _ = pg_command(&bin.join("pg_ctl"))
+            .args(["-D"])
+            .arg(dir.join("db"))
+            .args(["-m", "immediate", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+impl Pg {
+    /// Creates and starts a cluster on `port` with SCRAM authentication and the test roles.
+    pub fn start_on(port: u16) -> Pg {
+        let bin = pg_bindir();
+        let dir = tempfile::Builder::new()
+            .prefix("shoal-test-pg")
+            .tempdir_in("/tmp")
+            .expect("temp dir")
+            .keep();
+        if is_root() {
+            Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .expect("chown");
+        }
+        let pwfile = dir.join("pw");
+        std::fs::write(&pwfile, "postgres\n").unwrap();
+        if is_root() {
+            Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&pwfile)
+                .status()
+                .unwrap();
+        }
+        let out = pg_command(&bin.join("initdb"))
+            .arg("-D")
+            .arg(dir.join("db"))
+            .args(["-U", "postgres", "-A", "scram-sha-256", "--no-sync"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .output()
+            .expect("initdb runs");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let hba = "host all md5user 127.0.0.1/32 md5\n\
+                   host all plainuser 127.0.0.1/32 password\n\
+                   host all all 127.0.0.1/32 scram-sha-256\n";
+        std::fs::write(dir.join("db/pg_hba.conf"), hba).unwrap();
+        CLUSTERS.lock().unwrap().push((bin.clone(), dir.clone()));
+        static REGISTER: OnceLock<()> = OnceLock::new();
+        REGISTER.get_or_init(|| {
+            // SAFETY: registering a plain extern "C" function with atexit.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::atexit(stop_clusters)
+            };
+        });
+        let pg = Pg { port, dir, bin };
+        pg.pg_ctl_start();
+        pg.psql_admin(&format!(
+            "CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}' SUPERUSER;
+             SET password_encryption = 'md5';
+             CREATE ROLE md5user LOGIN PASSWORD '{MD5_PASSWORD}';
+             CREATE ROLE plainuser LOGIN PASSWORD '{PLAIN_PASSWORD}';
+             RESET password_encryption;"
+        ));
+        pg.psql_admin("CREATE DATABASE app OWNER app");
+        pg
+    }
+
+    pub fn pg_ctl_start(&self) {
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            self.port,
+            self.dir.display()
+        );
+        let out = pg_command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("db"))
+            .args(["-o", &opts, "-l"])
+            .arg(self.dir.join("log"))
+            .args(["-w", "start"])
+            .output()
+            .expect("pg_ctl runs");
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn stop(&self) {
+        let _ = pg_command(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("db"))
+            .args(["-m", "fast", "-w", "stop"])
+            .output();
+    }
+
+    /// Runs SQL as the superuser through psql.
+    pub fn psql_admin(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .env("PGPASSWORD", "postgres")
+            .args([
+                "-X",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .expect("psql runs");
+        assert!(
+            out.status.success(),
+            "psql failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A fresh database owned by `app`, so tests can count their own server connections.
+    pub fn create_database(&self, name: &str) {
+        self.psql_admin(&format!("CREATE DATABASE {name} OWNER app"));
+    }
+
+    /// Number of server backends connected to `db`.
+    pub fn backends(&self, db: &str) -> usize {
+        self.psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND backend_type = 'client backend'"
+        ))
+        .parse()
+        .unwrap()
+    }
+
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
+    }
+}
+
+/// The cluster shared by all tests of one test binary.
+pub fn pg() -> &'static Pg {
+    static PG: OnceLock<Pg> = OnceLock::new();
+    PG.get_or_init(|| Pg::start_on(free_port()))
+}
+
+static DB_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique database name for one test.
+pub fn unique_db(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        DB_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A running Shoal process, killed on drop.
+pub struct Shoal {
+    child: Child,
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<Vec<String>>>,
+    pub config_dir: tempfile::TempDir,
+}
+
+/// Config text with a `[databases.NAME]` pointing at the test cluster, a trust user `raw`
+/// (upstream as `app`) for raw-protocol tests, and the SCRAM user `app`. `extra` is appended.
+pub fn base_config(pg: &Pg, dbs: &[&str], extra: &str) -> String {
+    let mut c = String::from("[server]\nlisten = [\"127.0.0.1:0\"]\n");
+    if !extra.contains("[pool]") {
+        c.push_str("[pool]\nquery_wait_timeout = 10\n");
+    }
+    c.push_str(extra);
+    c.push('\n');
+    for db in dbs {
+        c.push_str(&format!(
+            "[databases.{db}]\nhost = \"127.0.0.1\"\nport = {}\n",
+            pg.port
+        ));
+    }
+    if !extra.contains("[users.app]") {
+        c.push_str(&format!("[users.app]\npassword = \"{APP_PASSWORD}\"\n"));
+    }
+    if !extra.contains("[users.raw]") {
+        c.push_str(&format!(
+            "[users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n"
+        ));
+    }
+    c
+}
+
+impl Shoal {
+    pub fn start(config: &str) -> Shoal {
+        Self::start_with_env(config, &[])
+    }
+
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Shoal {
+        let config_dir = tempfile::tempdir().unwrap();
+        let path = config_dir.path().join("shoal.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+        cmd.arg("--config")
+            .arg(&path)
+            .env("SHOAL_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("shoal starts");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel::<Result<SocketAddr, String>>();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        for (stream, tx) in [
+            (
+                Box::new(stdout) as Box<dyn std::io::Read + Send>,
+                tx.clone(),
+            ),
+            (Box::new(stderr), tx),
+        ] {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let plain = strip_ansi(&line);
+                    if plain.contains("listening") {
+                        if let Some(a) = plain.split("addr=").nth(1) {
+                            if let Ok(addr) = a.trim().parse() {
+                                let _ = tx.send(Ok(addr));
+                            }
+                        }
+                    }
+                    if plain.contains("Error") || plain.contains("error:") {
+                        let _ = tx.send(Err(plain.clone()));
+                    }
+                    log.lock().unwrap().push(plain);
+                }
+                let _ = tx.send(Err("shoal exited".into()));
+            });
+        }
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(a)) => a,
+            other => {
+                let _ = child.kill();
+                panic!(
+                    "shoal did not start: {other:?}; log: {:?}",
+                    log.lock().unwrap()
+                );
+            }
+        };
+        Shoal {
+            child,
+            addr,
+            log,
+            config_dir,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// libpq-style connection string for `user`/`db` through this Shoal.
+    pub fn conninfo(&self, user: &str, password: &str, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
+            self.port()
+        )
+    }
+
+    pub async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        self.connect_as("app", APP_PASSWORD, db).await
+    }
+
+    pub async fn connect_as(&self, user: &str, password: &str, db: &str) -> tokio_postgres::Client {
+        self.try_connect(&self.conninfo(user, password, db))
+            .await
+            .unwrap_or_else(|e| panic!("connect through shoal: {e:?}"))
+    }
+
+    pub async fn try_connect(
+        &self,
+        conninfo: &str,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        Ok(client)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child process.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.child.id() as i32, sig)
+        };
+    }
+
+    /// Waits for the process to exit, returning whether it exited successfully.
+    pub fn wait(&mut self, timeout: Duration) -> Option<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.success());
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+}
+
+impl Drop for Shoal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for n in chars.by_ref() {
+                if n.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Direct connection to the test cluster as `app`.
+pub async fn direct(db: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
+            pg().port
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("direct connection");
+    tokio::spawn(conn);
+    client
+}
+
+/// SQLSTATE of a tokio-postgres error, or a description if it has none.
+pub fn code(e: &tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no sqlstate: {e}"))
+}
+
+/// Waits for `cond` to hold, polling; panics with `what` after `timeout`. For conditions in
+/// another process (PostgreSQL's view of connections) that offer nothing to await.
+pub async fn eventually(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
