@@ -6,7 +6,7 @@
 //! a clear error. A background reaper closes connections idle too long or past their lifetime
 //! and keeps `min_pool_size` warm.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -16,6 +16,9 @@ use tokio::time::Instant;
 
 use crate::config::PoolSettings;
 use crate::server::{ServerConn, ServerError, Upstream};
+
+/// Distinct startup-parameter sets remembered per pool; past it the cache starts over.
+const LOGIN_PARAMS_CACHE: usize = 256;
 
 /// Why no server connection could be had.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +61,9 @@ pub struct Pool {
     /// Parameters a fresh server reports, learned from the first connection; sent to clients
     /// at login when no server is needed to serve their startup parameters.
     default_params: Mutex<Option<Arc<[(String, String)]>>>,
+    /// What a server reported after applying a given set of client startup parameters, so
+    /// later logins with the same set need no server at all.
+    login_params: Mutex<HashMap<Vec<(String, String)>, Arc<[(String, String)]>>>,
     pub stats: PoolStats,
 }
 
@@ -105,6 +111,7 @@ impl Pool {
             upstream,
             idle: Mutex::new(VecDeque::new()),
             default_params: Mutex::new(None),
+            login_params: Mutex::new(HashMap::new()),
             stats: PoolStats::default(),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));
@@ -120,6 +127,27 @@ impl Pool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The ParameterStatus values to report to a client logging in with `params`, if known.
+    pub fn login_params(&self, params: &[(String, String)]) -> Option<Arc<[(String, String)]>> {
+        if params.is_empty() {
+            return self.default_params();
+        }
+        let cache = self.login_params.lock().unwrap_or_else(|e| e.into_inner());
+        cache.get(params).cloned()
+    }
+
+    pub fn remember_login_params(
+        &self,
+        params: &[(String, String)],
+        reported: &[(String, String)],
+    ) {
+        let mut cache = self.login_params.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= LOGIN_PARAMS_CACHE {
+            cache.clear();
+        }
+        cache.insert(params.to_vec(), reported.into());
     }
 
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.

@@ -270,10 +270,9 @@ async fn login(
         ));
     }
     let session_mode = pool.settings.mode == PoolMode::Session;
-    let defaults = pool.default_params();
     let mut lease = None;
-    let reported: Vec<(String, String)> = match defaults {
-        Some(d) if !session_mode && req.params.is_empty() => d.to_vec(),
+    let reported: Vec<(String, String)> = match pool.login_params(&req.params) {
+        Some(known) if !session_mode => known.to_vec(),
         _ => {
             let mut l = pool.checkout().await.map_err(|e| {
                 let (code, message) = checkout_error(&e);
@@ -286,6 +285,7 @@ async fn login(
                     e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
                 })?;
             let p = l.params.clone();
+            pool.remember_login_params(&req.params, &p);
             if session_mode {
                 lease = Some(l);
             } else {

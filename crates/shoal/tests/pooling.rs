@@ -1,0 +1,259 @@
+//! Pool behaviour: sharing, growth and shrinking, limits, waiting, and session mode.
+
+mod common;
+
+use std::time::Duration;
+
+use common::raw::Raw;
+use common::*;
+use futures_util::future::join_all;
+
+fn shoal_for(db: &str, extra: &str) -> Shoal {
+    pg().create_database(db);
+    Shoal::start(&base_config(pg(), &[db], extra))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_clients_share_three_servers_without_mixing_results() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 3\n");
+    let clients = join_all((0..50).map(|_| shoal.connect(&db))).await;
+    let work = clients.iter().enumerate().map(|(i, c)| async move {
+        for j in 0..20 {
+            let v = (i * 1000 + j) as i32;
+            let tx_sql = format!("BEGIN; SELECT {v}; COMMIT");
+            let got: Vec<String> = c
+                .simple_query(&tx_sql)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                got,
+                vec![v.to_string()],
+                "client {i} got another client's result"
+            );
+            let row = c
+                .query_typed(
+                    "SELECT $1::int + 0",
+                    &[(&v, tokio_postgres::types::Type::INT4)],
+                )
+                .await
+                .unwrap();
+            assert_eq!(row[0].get::<_, i32>(0), v);
+        }
+    });
+    join_all(work).await;
+    assert!(pg().backends(&db) <= 3, "pool_size 3 is a hard cap");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_grows_on_demand_and_shrinks_when_idle() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(
+        &db,
+        "[pool]\npool_size = 4\nmin_pool_size = 1\nserver_idle_timeout = 1\n",
+    );
+    let clients = join_all((0..4).map(|_| shoal.connect(&db))).await;
+    // Four concurrent transactions need four servers.
+    for c in &clients {
+        c.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    assert_eq!(pg().backends(&db), 4);
+    for c in &clients {
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    // After server_idle_timeout the pool shrinks to min_pool_size.
+    eventually(
+        "pool shrinks to min_pool_size",
+        Duration::from_secs(15),
+        || pg().backends(&db) == 1,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_pool_size_is_kept_warm_and_lifetime_retires_servers() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\nmin_pool_size = 2\nserver_lifetime = 1\n");
+    let c = shoal.connect(&db).await;
+    eventually(
+        "min_pool_size servers open",
+        Duration::from_secs(15),
+        || pg().backends(&db) >= 2,
+    )
+    .await;
+    let first: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // server_lifetime = 1 s: the server is replaced; new pids appear.
+    let mut replaced = false;
+    for _ in 0..100 {
+        let p: i32 = c
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if p != first {
+            let alive = pg().psql_admin(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {first}"
+            ));
+            if alive == "0" {
+                replaced = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        replaced,
+        "a server past server_lifetime is closed and replaced"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_pool_gives_a_clear_error_after_query_wait_timeout() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nquery_wait_timeout = 0.5\n");
+    let holder = shoal.connect(&db).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = shoal.connect(&db).await;
+    let err = waiter.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(code(&err), "57014");
+    let msg = err.as_db_error().unwrap().message().to_string();
+    assert!(msg.contains(&format!("{db}/app")), "names the pool: {msg}");
+    assert!(msg.contains("query_wait_timeout"), "{msg}");
+    // The waiter's connection is still usable once the holder commits.
+    holder.batch_execute("COMMIT").await.unwrap();
+    let rows = waiter.simple_query("SELECT 2").await.unwrap();
+    assert!(!rows.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_client_conn_limits_name_the_limit() {
+    let db = unique_db("pool");
+    pg().create_database(&db);
+    let config = base_config(pg(), &[&db], "[server]\nmax_client_conn = 2\n")
+        .replacen("[server]\nlisten = [\"127.0.0.1:0\"]\n", "", 1)
+        .replacen("[server]\n", "[server]\nlisten = [\"127.0.0.1:0\"]\n", 1);
+    let shoal = Shoal::start(&config);
+    let _a = shoal.connect(&db).await;
+    let _b = shoal.connect(&db).await;
+    let err = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
+        .await
+        .err()
+        .expect("third client refused");
+    assert_eq!(code(&err), "53300");
+    assert!(
+        format!("{err:?}").contains("max_client_conn (2)"),
+        "{err:?}"
+    );
+
+    let db2 = unique_db("pool");
+    pg().create_database(&db2);
+    let config = base_config(pg(), &[], "")
+        + &format!(
+            "[databases.{db2}]\nport = {}\nmax_client_conn = 1\n",
+            pg().port
+        );
+    let shoal = Shoal::start(&config);
+    let _a = shoal.connect(&db2).await;
+    let err = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db2))
+        .await
+        .err()
+        .expect("second client of the pool refused");
+    assert_eq!(code(&err), "53300");
+    assert!(
+        format!("{err:?}").contains(&format!("pool \\\"{db2}/app\\\"")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_state_does_not_leak_to_the_next_client() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_mode = \"session\"\npool_size = 1\n");
+    let a = shoal.connect(&db).await;
+    let pid_a: i32 = a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    a.batch_execute(
+        "SET search_path = leaked; SET statement_timeout = 4321; CREATE TEMP TABLE tmp_a (x int); PREPARE p AS SELECT 1; BEGIN; CREATE TABLE public.leaked_tx (x int)",
+    )
+    .await
+    .unwrap();
+    drop(a);
+    let b = shoal.connect(&db).await;
+    let pid_b: i32 = b
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pid_a, pid_b, "the same server is reused");
+    let row = b
+        .query_one(
+            "SELECT current_setting('search_path'), current_setting('statement_timeout'), \
+             (SELECT count(*) FROM pg_prepared_statements), to_regclass('tmp_a') IS NULL, \
+             to_regclass('public.leaked_tx') IS NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "\"$user\", public");
+    assert_eq!(row.get::<_, String>(1), "0");
+    // tokio-postgres' own statement is the only one.
+    assert_eq!(row.get::<_, i64>(2), 1);
+    assert!(row.get::<_, bool>(3), "temp table dropped");
+    assert!(
+        row.get::<_, bool>(4),
+        "the open transaction was rolled back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_listener_serves_clients() {
+    let db = unique_db("pool");
+    pg().create_database(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = base_config(pg(), &[&db], "").replacen(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!(
+            "listen = [\"127.0.0.1:{port}\"]\nunix_socket_dir = \"{}\"",
+            dir.path().display()
+        ),
+        1,
+    );
+    let _shoal = Shoal::start(&config);
+    let (c, conn) = tokio_postgres::connect(
+        &format!(
+            "host={} port={port} user=app password={APP_PASSWORD} dbname={db}",
+            dir.path().display()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let v: i32 = c.query_one("SELECT 5", &[]).await.unwrap().get(0);
+    assert_eq!(v, 5);
+    // And raw TCP still works next to it.
+    let mut r = Raw::login(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        "raw",
+        &db,
+        &[],
+    )
+    .await;
+    assert_eq!(r.simple("SELECT 6").await.unwrap(), vec!["6"]);
+}
