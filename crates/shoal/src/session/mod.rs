@@ -345,7 +345,7 @@ pub struct Session {
     skip_until_sync: bool,
     /// The server died while this client was inside a transaction; report it on the next
     /// message.
-    lost: Option<String>,
+    lost: Option<(&'static str, String)>,
 }
 
 impl Session {
@@ -382,8 +382,8 @@ impl Session {
                     continue;
                 }
             }
-            if let Some(msg) = self.lost.take() {
-                self.fail_unit(sqlstate::CONNECTION_FAILURE, &msg).await?;
+            if let Some((code, msg)) = self.lost.take() {
+                self.fail_unit(code, &msg).await?;
                 continue;
             }
             let mut lease = match self.pool.checkout().await {
@@ -517,7 +517,7 @@ impl Session {
             self.skip_until_sync = flow.unsynced;
             self.stream.write_all(&out).await?;
         } else if flow.status != b'I' {
-            self.lost = Some(message);
+            self.lost = Some((code, message));
         }
         Ok(())
     }

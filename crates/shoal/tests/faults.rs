@@ -1,0 +1,278 @@
+//! Failures: cancels, dying servers, vanishing clients, an upstream that is down, shutdown.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::raw::{self, Raw};
+use common::*;
+
+fn shoal_for(db: &str, extra: &str) -> Shoal {
+    pg().create_database(db);
+    Shoal::start(&base_config(pg(), &[db], extra))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_running_query() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "");
+    let c = shoal.connect(&db).await;
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move {
+        let r = c.simple_query("SELECT pg_sleep(30)").await;
+        (r.map(|_| ()), c)
+    });
+    // Wait until the query is running in PostgreSQL, then cancel it.
+    eventually("pg_sleep running", Duration::from_secs(10), || {
+        pg().psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
+        )) == "1"
+    })
+    .await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&r.unwrap_err()), "57014");
+    // The connection goes on.
+    c.simple_query("SELECT 1").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stress_never_hits_the_wrong_query() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 4\n");
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    // Bystanders are never cancelled: any 57014 they see is a cancel delivered to the wrong
+    // query.
+    let mut bystanders = Vec::new();
+    for _ in 0..6 {
+        let c = shoal.connect(&db).await;
+        let wrong = wrong.clone();
+        bystanders.push(tokio::spawn(async move {
+            for _ in 0..150 {
+                match c.simple_query("SELECT pg_sleep(0.001)").await {
+                    Ok(_) => {}
+                    Err(e) if code(&e) == "57014" => {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => panic!("bystander failed: {e:?}"),
+                }
+            }
+        }));
+    }
+    // Targets run short queries while cancels race their completion; some close mid-way.
+    let mut targets = Vec::new();
+    for t in 0..10 {
+        let shoal_conn = shoal.conninfo("app", APP_PASSWORD, &db);
+        let cancelled = cancelled.clone();
+        targets.push(tokio::spawn(async move {
+            for round in 0..6 {
+                let (c, conn) = tokio_postgres::connect(&shoal_conn, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                let conn_task = tokio::spawn(conn);
+                let token = c.cancel_token();
+                let canceller = tokio::spawn(async move {
+                    for _ in 0..5 {
+                        let _ = token.cancel_query(tokio_postgres::NoTls).await;
+                    }
+                });
+                for _ in 0..5 {
+                    match c.simple_query("SELECT pg_sleep(0.002)").await {
+                        Ok(_) => {}
+                        Err(e) if code(&e) == "57014" => {
+                            cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) if e.is_closed() => break,
+                        Err(e) => panic!("target failed: {e:?}"),
+                    }
+                }
+                if (t + round) % 3 == 0 {
+                    conn_task.abort();
+                }
+                drop(c);
+                canceller.await.unwrap();
+            }
+        }));
+    }
+    for t in targets {
+        t.await.unwrap();
+    }
+    for b in bystanders {
+        b.await.unwrap();
+    }
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "a cancel reached another client's query"
+    );
+    assert!(
+        cancelled.load(Ordering::Relaxed) > 0,
+        "some cancels did land"
+    );
+    // Shoal is alive and serving.
+    let c = shoal.connect(&db).await;
+    c.simple_query("SELECT 1").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_server_mid_transaction_gives_an_error_and_the_client_goes_on() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "");
+    let c = shoal.connect(&db).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    pg().psql_admin(&format!("SELECT pg_terminate_backend({pid})"));
+    let err = c.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(code(&err), "57P01", "{err:?}");
+    assert!(format!("{err:?}").contains("rolled back"));
+    // A new transaction works, on a new server.
+    let pid2: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(pid, pid2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_idle_server_is_not_reused() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let c = shoal.connect(&db).await;
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    pg().psql_admin(&format!("SELECT pg_terminate_backend({pid})"));
+    eventually("backend gone", Duration::from_secs(10), || {
+        pg().backends(&db) == 0
+    })
+    .await;
+    let pid2: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(pid, pid2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_killed_mid_transaction_is_rolled_back_before_reuse() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nquery_wait_timeout = 5\n");
+    let setup = shoal.connect(&db).await;
+    setup.batch_execute("CREATE TABLE t (x int)").await.unwrap();
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    r.simple("BEGIN").await.unwrap();
+    r.simple("INSERT INTO t VALUES (1)").await.unwrap();
+    r.simple("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    drop(r);
+    // The next client gets the (only) server with nothing of the dead client's transaction.
+    setup
+        .batch_execute("SET lock_timeout = '3s'")
+        .await
+        .unwrap();
+    let n: i64 = setup
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+    // A client killed while its query runs: the query is cancelled and the server closed, so
+    // the pool of one is usable again well before pg_sleep(60) would end.
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut b = BytesMut::new();
+    raw::query(&mut b, "SELECT pg_sleep(60)");
+    r.send(&b).await;
+    eventually("pg_sleep running", Duration::from_secs(10), || {
+        pg().psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query LIKE 'SELECT pg_sleep(60)%' AND state = 'active'"
+        )) == "1"
+    })
+    .await;
+    drop(r);
+    let v: i32 = setup.query_one("SELECT 7", &[]).await.unwrap().get(0);
+    assert_eq!(v, 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_at_start_then_up() {
+    let port = free_port();
+    let config = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[pool]\nserver_connect_timeout = 2\n\
+         [databases.app]\nport = {port}\n[users.app]\npassword = \"{APP_PASSWORD}\"\n"
+    );
+    let shoal = Shoal::start(&config);
+    let err = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, "app"))
+        .await
+        .err()
+        .expect("no upstream yet");
+    assert!(code(&err).starts_with("08"), "{err:?}");
+    assert!(
+        format!("{err:?}").contains("could not connect to server"),
+        "{err:?}"
+    );
+    let second = Pg::start_on(port);
+    let c = shoal.connect("app").await;
+    c.simple_query("SELECT 1").await.unwrap();
+    second.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_transactions_finish() {
+    let db = unique_db("fault");
+    pg().create_database(&db);
+    let config = base_config(pg(), &[&db], "").replacen(
+        "listen = [\"127.0.0.1:0\"]\n",
+        "listen = [\"127.0.0.1:0\"]\nshutdown_timeout = 20\n",
+        1,
+    );
+    let mut shoal = Shoal::start(&config);
+    let busy = shoal.connect(&db).await;
+    let idle = shoal.connect(&db).await;
+    busy.batch_execute("CREATE TABLE t (x int); BEGIN; INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    shoal.signal(libc::SIGTERM);
+    // The idle client is told and closed.
+    eventually("idle client closed", Duration::from_secs(10), || {
+        idle.is_closed()
+    })
+    .await;
+    // The listener is gone.
+    assert!(shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
+        .await
+        .is_err());
+    // The running transaction can still finish.
+    busy.batch_execute("INSERT INTO t VALUES (2); COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(
+        shoal.wait(Duration::from_secs(15)),
+        Some(true),
+        "exits cleanly once drained"
+    );
+    let d = direct(&db).await;
+    let n: i64 = d
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+}
