@@ -237,11 +237,7 @@ async fn upstream_down_at_start_then_up() {
 async fn graceful_shutdown_lets_transactions_finish() {
     let db = unique_db("fault");
     pg().create_database(&db);
-    let config = base_config(pg(), &[&db], "").replacen(
-        "listen = [\"127.0.0.1:0\"]\n",
-        "listen = [\"127.0.0.1:0\"]\nshutdown_timeout = 20\n",
-        1,
-    );
+    let config = with_server_keys(&base_config(pg(), &[&db], ""), "shutdown_timeout = 20");
     let mut shoal = Shoal::start(&config);
     let busy = shoal.connect(&db).await;
     let idle = shoal.connect(&db).await;

@@ -139,9 +139,7 @@ async fn exhausted_pool_gives_a_clear_error_after_query_wait_timeout() {
 async fn max_client_conn_limits_name_the_limit() {
     let db = unique_db("pool");
     pg().create_database(&db);
-    let config = base_config(pg(), &[&db], "[server]\nmax_client_conn = 2\n")
-        .replacen("[server]\nlisten = [\"127.0.0.1:0\"]\n", "", 1)
-        .replacen("[server]\n", "[server]\nlisten = [\"127.0.0.1:0\"]\n", 1);
+    let config = with_server_keys(&base_config(pg(), &[&db], ""), "max_client_conn = 2");
     let shoal = Shoal::start(&config);
     let _a = shoal.connect(&db).await;
     let _b = shoal.connect(&db).await;

@@ -273,6 +273,15 @@ pub fn base_config(pg: &Pg, dbs: &[&str], extra: &str) -> String {
     c
 }
 
+/// Adds `[server]` keys to a config made by [`base_config`].
+pub fn with_server_keys(config: &str, keys: &str) -> String {
+    config.replacen(
+        "listen = [\"127.0.0.1:0\"]\n",
+        &format!("listen = [\"127.0.0.1:0\"]\n{keys}\n"),
+        1,
+    )
+}
+
 impl Shoal {
     pub fn start(config: &str) -> Shoal {
         Self::start_with_env(config, &[])
