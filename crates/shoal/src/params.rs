@@ -1,7 +1,14 @@
 //! Client session parameters: what a client asked for in its startup packet (including
 //! `options = '-c name=value ...'`), and the SQL that makes a server connection match them.
 
+use std::sync::Arc;
+
 use shoal_wire::startup::StartupMessage;
+
+/// Session parameters as (name, value) pairs.
+pub type Params = Vec<(String, String)>;
+/// Parameters shared between many clients without copying.
+pub type SharedParams = Arc<[(String, String)]>;
 
 /// What a startup packet asked for, split into routing keys and parameters to apply.
 #[derive(Debug, Default, PartialEq, Eq)]

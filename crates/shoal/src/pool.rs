@@ -15,6 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::PoolSettings;
+use crate::params::{Params, SharedParams};
 use crate::server::{ServerConn, ServerError, Upstream};
 
 /// Distinct startup-parameter sets remembered per pool; past it the cache starts over.
@@ -58,12 +59,9 @@ pub struct Pool {
     pub upstream: Upstream,
     permits: Arc<Semaphore>,
     idle: Mutex<VecDeque<ServerConn>>,
-    /// Parameters a fresh server reports, learned from the first connection; sent to clients
-    /// at login when no server is needed to serve their startup parameters.
-    default_params: Mutex<Option<Arc<[(String, String)]>>>,
-    /// What a server reported after applying a given set of client startup parameters, so
-    /// later logins with the same set need no server at all.
-    login_params: Mutex<HashMap<Vec<(String, String)>, Arc<[(String, String)]>>>,
+    /// What a server reported after applying a given set of client startup parameters (the
+    /// empty set: a fresh server), so later logins with the same set need no server at all.
+    login_params: Mutex<HashMap<Params, SharedParams>>,
     pub stats: PoolStats,
 }
 
@@ -110,7 +108,6 @@ impl Pool {
             settings,
             upstream,
             idle: Mutex::new(VecDeque::new()),
-            default_params: Mutex::new(None),
             login_params: Mutex::new(HashMap::new()),
             stats: PoolStats::default(),
         });
@@ -122,18 +119,8 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn default_params(&self) -> Option<Arc<[(String, String)]>> {
-        self.default_params
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
     /// The ParameterStatus values to report to a client logging in with `params`, if known.
-    pub fn login_params(&self, params: &[(String, String)]) -> Option<Arc<[(String, String)]>> {
-        if params.is_empty() {
-            return self.default_params();
-        }
+    pub fn login_params(&self, params: &[(String, String)]) -> Option<SharedParams> {
         let cache = self.login_params.lock().unwrap_or_else(|e| e.into_inner());
         cache.get(params).cloned()
     }
@@ -208,12 +195,8 @@ impl Pool {
         match ServerConn::connect(&self.upstream, self.settings.connect_timeout).await {
             Ok(conn) => {
                 self.stats.servers.fetch_add(1, Ordering::Relaxed);
-                let mut defaults = self
-                    .default_params
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                if defaults.is_none() {
-                    *defaults = Some(conn.params.clone().into());
+                if self.login_params(&[]).is_none() {
+                    self.remember_login_params(&[], &conn.params);
                 }
                 tracing::debug!(pool = %self.name, server = conn.id, pid = conn.process_id, "server connected");
                 Ok(conn)

@@ -220,8 +220,7 @@ async fn upstream_down_at_start_then_up() {
     let err = shoal
         .try_connect(&shoal.conninfo("app", APP_PASSWORD, "app"))
         .await
-        .err()
-        .expect("no upstream yet");
+        .expect_err("no upstream yet");
     assert!(code(&err).starts_with("08"), "{err:?}");
     assert!(
         format!("{err:?}").contains("could not connect to server"),

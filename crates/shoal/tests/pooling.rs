@@ -146,8 +146,7 @@ async fn max_client_conn_limits_name_the_limit() {
     let err = shoal
         .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
         .await
-        .err()
-        .expect("third client refused");
+        .expect_err("third client refused");
     assert_eq!(code(&err), "53300");
     assert!(
         format!("{err:?}").contains("max_client_conn (2)"),
@@ -166,8 +165,7 @@ async fn max_client_conn_limits_name_the_limit() {
     let err = shoal
         .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db2))
         .await
-        .err()
-        .expect("second client of the pool refused");
+        .expect_err("second client of the pool refused");
     assert_eq!(code(&err), "53300");
     assert!(
         format!("{err:?}").contains(&format!("pool \\\"{db2}/app\\\"")),

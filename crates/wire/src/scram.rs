@@ -159,7 +159,7 @@ pub struct Authenticated {
     pub client_key: [u8; 32],
 }
 
-fn attr<'a>(part: Option<&'a str>, name: char) -> Result<&'a str, ScramError> {
+fn attr(part: Option<&str>, name: char) -> Result<&str, ScramError> {
     let part = part.ok_or(ScramError::Malformed("missing attribute"))?;
     let mut chars = part.chars();
     if chars.next() != Some(name) || chars.next() != Some('=') {
