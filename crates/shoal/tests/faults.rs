@@ -271,3 +271,38 @@ async fn graceful_shutdown_lets_transactions_finish() {
         .get(0);
     assert_eq!(n, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_queries_on_a_dying_server_are_answered_once_and_not_rerun() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "");
+    let setup = shoal.connect(&db).await;
+    setup.batch_execute("CREATE TABLE t (x int)").await.unwrap();
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut b = BytesMut::new();
+    raw::query(&mut b, "SELECT pg_sleep(30)");
+    raw::query(&mut b, "INSERT INTO t VALUES (1)");
+    r.send(&b).await;
+    eventually("pg_sleep running", Duration::from_secs(10), || {
+        pg().psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
+        )) == "1"
+    })
+    .await;
+    pg().psql_admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)'"
+    ));
+    let msgs = r.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(
+        tags, "TEZ",
+        "RowDescription came before the sleep; then the error"
+    );
+    assert_eq!(msgs[1].code(), "57P01");
+    let second: String = r.until_ready().await.iter().map(|m| m.tag).collect();
+    assert_eq!(
+        second, "Z",
+        "the second query's ReadyForQuery, without running it"
+    );
+    assert_eq!(r.simple("SELECT count(*) FROM t").await.unwrap(), vec!["0"]);
+}

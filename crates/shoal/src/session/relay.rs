@@ -163,27 +163,43 @@ fn scan_server(
 
 impl Session {
     /// Relays until the transaction boundary (when `release` is set), the client leaves, or
-    /// the server fails. Leftover client bytes (a partial message) stay in `self.cbuf`.
+    /// the server fails. Leftover client bytes (a partial message) stay in `self.cbuf`; when
+    /// the server fails, client messages already counted against it are dropped with it (the
+    /// client gets an error for them instead of seeing them run twice).
     pub(super) async fn relay(
         &mut self,
         lease: &mut Lease,
         flow: &mut Flow,
         release: bool,
     ) -> Result<RelayEnd, SessionError> {
-        let max = self.app.config.server.max_packet_size;
         let mut c_ready = 0usize;
+        let end = self.relay_loop(lease, flow, release, &mut c_ready).await;
+        if let Ok(RelayEnd::ServerLost(_)) = end {
+            self.cbuf.advance(c_ready);
+        }
+        end
+    }
+
+    async fn relay_loop(
+        &mut self,
+        lease: &mut Lease,
+        flow: &mut Flow,
+        release: bool,
+        c_ready: &mut usize,
+    ) -> Result<RelayEnd, SessionError> {
+        let max = self.app.config.server.max_packet_size;
         let mut s_ready = 0usize;
         let mut terminate = matches!(
-            scan_client(&self.cbuf, &mut c_ready, flow, max)?,
+            scan_client(&self.cbuf, c_ready, flow, max)?,
             ClientScan::Terminate
         );
         let mut fatal: Option<ErrorFields> = None;
         loop {
-            if c_ready > 0 {
-                match lease.stream.try_write(&self.cbuf[..c_ready]) {
+            if *c_ready > 0 {
+                match lease.stream.try_write(&self.cbuf[..*c_ready]) {
                     Ok(n) => {
                         self.cbuf.advance(n);
-                        c_ready -= n;
+                        *c_ready -= n;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => return Ok(RelayEnd::ServerLost(fatal)),
@@ -204,7 +220,7 @@ impl Session {
                     return Ok(RelayEnd::ServerLost(Some(e)));
                 }
             }
-            if c_ready == 0 && s_ready == 0 {
+            if *c_ready == 0 && s_ready == 0 {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
@@ -213,9 +229,9 @@ impl Session {
                 }
             }
             let read_server = s_ready < HIGH_WATER && fatal.is_none();
-            let read_client = c_ready < HIGH_WATER && !terminate;
+            let read_client = *c_ready < HIGH_WATER && !terminate;
             tokio::select! {
-                r = lease.stream.writable(), if c_ready > 0 => {
+                r = lease.stream.writable(), if *c_ready > 0 => {
                     if r.is_err() { return Ok(RelayEnd::ServerLost(fatal)); }
                 }
                 r = self.stream.writable(), if s_ready > 0 => {
@@ -246,11 +262,11 @@ impl Session {
                 }
                 r = self.stream.readable(), if read_client => {
                     if r.is_err() { return Ok(RelayEnd::ClientGone); }
-                    reserve_for_next(&mut self.cbuf, c_ready);
+                    reserve_for_next(&mut self.cbuf, *c_ready);
                     match self.stream.try_read_buf(&mut self.cbuf) {
                         Ok(0) => return Ok(RelayEnd::ClientGone),
                         Ok(_) => {
-                            if let ClientScan::Terminate = scan_client(&self.cbuf, &mut c_ready, flow, max)? {
+                            if let ClientScan::Terminate = scan_client(&self.cbuf, c_ready, flow, max)? {
                                 terminate = true;
                             }
                         }
