@@ -266,6 +266,87 @@ impl ServerExchange {
     }
 }
 
+/// The client side of an exchange, for tools that log in to PostgreSQL or Shoal (the load
+/// generator). The costly PBKDF2 step is a parameter so callers can cache it per salt.
+pub struct ClientExchange {
+    client_first_bare: String,
+    nonce: String,
+}
+
+/// What the client sends as client-final, and the server signature it must get back.
+pub struct ClientFinal {
+    pub message: String,
+    pub server_signature: [u8; 32],
+}
+
+impl ClientExchange {
+    /// Starts an exchange; returns the client-first message to send.
+    pub fn new() -> (ClientExchange, String) {
+        let mut raw = [0u8; NONCE_LEN];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let nonce = B64.encode(raw);
+        let bare = format!("n=,r={nonce}");
+        let first = format!("n,,{bare}");
+        (
+            ClientExchange {
+                client_first_bare: bare,
+                nonce,
+            },
+            first,
+        )
+    }
+
+    /// Answers server-first. `salted` maps (salt, iterations) to the salted password.
+    pub fn respond(
+        self,
+        server_first: &[u8],
+        salted: impl FnOnce(&[u8], u32) -> [u8; 32],
+    ) -> Result<ClientFinal, ScramError> {
+        let msg = std::str::from_utf8(server_first)
+            .map_err(|_| ScramError::Malformed("server-first is not UTF-8"))?;
+        let mut parts = msg.split(',');
+        let nonce = attr(parts.next(), 'r')?;
+        if !nonce.starts_with(&self.nonce) {
+            return Err(ScramError::Malformed("server nonce does not extend ours"));
+        }
+        let salt = B64
+            .decode(attr(parts.next(), 's')?)
+            .map_err(|_| ScramError::Malformed("salt is not base64"))?;
+        let iterations: u32 = attr(parts.next(), 'i')?
+            .parse()
+            .map_err(|_| ScramError::Malformed("bad iteration count"))?;
+        let salted = salted(&salt, iterations);
+        let client_key = hmac(&salted, b"Client Key");
+        let stored_key: [u8; 32] = Sha256::digest(client_key).into();
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
+        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let mut proof = [0u8; 32];
+        for i in 0..32 {
+            proof[i] = client_key[i] ^ signature[i];
+        }
+        let server_key = hmac(&salted, b"Server Key");
+        Ok(ClientFinal {
+            message: format!("{without_proof},p={}", B64.encode(proof)),
+            server_signature: hmac(&server_key, auth_message.as_bytes()),
+        })
+    }
+}
+
+/// Checks server-final against the expected signature (constant-time).
+pub fn verify_server_final(server_final: &[u8], expected: &[u8; 32]) -> Result<(), ScramError> {
+    let msg = std::str::from_utf8(server_final)
+        .map_err(|_| ScramError::Malformed("server-final is not UTF-8"))?;
+    let sig = B64
+        .decode(attr(Some(msg), 'v')?)
+        .map_err(|_| ScramError::Malformed("server signature is not base64"))?;
+    if bool::from(sig.as_slice().ct_eq(expected.as_slice())) {
+        Ok(())
+    } else {
+        Err(ScramError::BadProof)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +377,18 @@ mod tests {
         );
         let stored: [u8; 32] = Sha256::digest(done.client_key).into();
         assert_eq!(stored, rfc_verifier().stored_key);
+    }
+
+    #[test]
+    fn client_and_server_agree() {
+        let v = Verifier::from_password("hunter2");
+        let (client, first) = ClientExchange::new();
+        let (server, server_first) = ServerExchange::new(first.as_bytes(), v).unwrap();
+        let fin = client
+            .respond(server_first.as_bytes(), |salt, i| salted_password("hunter2", salt, i))
+            .unwrap();
+        let done = server.finish(fin.message.as_bytes()).unwrap();
+        verify_server_final(done.server_final.as_bytes(), &fin.server_signature).unwrap();
     }
 
     #[test]

@@ -1,0 +1,258 @@
+"""Shared pieces of Shoal's benchmark scripts: throwaway PostgreSQL, Shoal and PgBouncer
+processes, and process accounting from /proc.
+
+Everything runs on loopback. As root, PostgreSQL and PgBouncer (which both refuse to run as
+root) run as the `postgres` user.
+"""
+
+import base64
+import glob
+import hashlib
+import hmac
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_USER = "bench"
+BENCH_PASSWORD = "bench-pw"
+BENCH_DB = "bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def scram_verifier(password, salt=b"shoal-bench-salt", iterations=4096):
+    """A fixed SCRAM-SHA-256 verifier, given to PostgreSQL, PgBouncer and Shoal alike so that
+    neither pooler runs PBKDF2 per login (PgBouncer derives fresh keys per login from a
+    plain-text password) and PgBouncer can pass the client's SCRAM keys upstream."""
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored = hashlib.sha256(client_key).digest()
+    server = hmac.new(salted, b"Server Key", "sha256").digest()
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored)}:{b64(server)}"
+
+
+BENCH_SECRET = scram_verifier(BENCH_PASSWORD)
+
+
+def is_root():
+    return os.geteuid() == 0
+
+
+def as_pg(cmd):
+    return ["runuser", "-u", "postgres", "--"] + cmd if is_root() else cmd
+
+
+def pg_bindir():
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
+    if not dirs:
+        raise SystemExit("PostgreSQL is not installed (apt-get install postgresql)")
+    return dirs[-1]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout}s")
+
+
+def ensure_installed():
+    """Installs PgBouncer and matplotlib if they are missing (Debian / PyPI)."""
+    if not shutil.which("pgbouncer") and not os.path.exists("/usr/sbin/pgbouncer"):
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "pgbouncer"], check=True,
+                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        subprocess.run(["python3", "-m", "pip", "install", "-q", "matplotlib"], check=True)
+
+
+def build_shoal():
+    subprocess.run(["cargo", "build", "--release", "--bin", "shoal", "--bin", "loadgen"],
+                   cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release")
+
+
+class Workdir:
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="shoal-bench-", dir="/tmp")
+        os.chmod(self.path, 0o777)
+
+    def file(self, name, text, mode=0o644):
+        p = os.path.join(self.path, name)
+        with open(p, "w") as f:
+            f.write(text)
+        os.chmod(p, mode)
+        return p
+
+    def cleanup(self):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class Postgres:
+    """A throwaway cluster tuned for benchmarking (durability off)."""
+
+    def __init__(self, work, max_connections=1200):
+        self.bin = pg_bindir()
+        self.port = free_port()
+        self.data = os.path.join(work.path, "pg")
+        pw = work.file("pgpw", "postgres\n")
+        subprocess.run(as_pg([f"{self.bin}/initdb", "-D", self.data, "-U", "postgres",
+                              "-A", "scram-sha-256", f"--pwfile={pw}", "--no-sync"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+                f"-c unix_socket_directories={work.path} -c max_connections={max_connections} "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                "-c shared_buffers=512MB")
+        subprocess.run(as_pg([f"{self.bin}/pg_ctl", "-D", self.data, "-o", opts, "-l",
+                              os.path.join(work.path, "pg.log"), "-w", "start"]),
+                       check=True, stdout=subprocess.DEVNULL)
+        self.psql(f"CREATE ROLE {BENCH_USER} LOGIN PASSWORD '{BENCH_SECRET}'")
+        self.psql(f"CREATE DATABASE {BENCH_DB} OWNER {BENCH_USER}")
+
+    def psql(self, sql, user="postgres", password="postgres", db="postgres"):
+        out = subprocess.run(["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+                              "-p", str(self.port), "-U", user, "-d", db, "-c", sql],
+                             env=dict(os.environ, PGPASSWORD=password), check=True,
+                             capture_output=True, text=True)
+        return out.stdout.strip()
+
+    def stop(self):
+        subprocess.run(as_pg([f"{self.bin}/pg_ctl", "-D", self.data, "-m", "immediate", "stop"]),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class Proc:
+    """A pooler process whose CPU time and peak RSS we account."""
+
+    def __init__(self, name, popen, port, pid=None):
+        self.name, self.popen, self.port = name, popen, port
+        self.pid = pid or popen.pid
+
+    def cpu_seconds(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # utime and stime are fields 14 and 15 of stat; after the ')' split they are 11, 12.
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def status_kb(self, key):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        return 0
+
+    def rss_kb(self):
+        return self.status_kb("VmRSS")
+
+    def reset_peak(self):
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def peak_rss_kb(self):
+        return self.status_kb("VmHWM")
+
+    def stop(self):
+        for pid in {self.pid, self.popen.pid}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.popen.wait()
+
+
+def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0):
+    port = free_port()
+    cfg = work.file("shoal.toml", f"""
+[server]
+listen = ["127.0.0.1:{port}"]
+max_client_conn = 100000
+listen_backlog = 4096
+worker_threads = {workers}
+{extra_server}
+
+[pool]
+pool_mode = "{mode}"
+pool_size = {pool_size}
+query_wait_timeout = 120
+
+[databases.{BENCH_DB}]
+host = "127.0.0.1"
+port = {pg.port}
+
+[users.{BENCH_USER}]
+secret = "{BENCH_SECRET}"
+server_password = "{BENCH_PASSWORD}"
+""")
+    log = open(os.path.join(work.path, "shoal.log"), "w")
+    p = subprocess.Popen([os.path.join(release_dir, "shoal"), "--config", cfg],
+                         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, SHOAL_LOG="warn"))
+    wait_port(port)
+    return Proc("shoal", p, port)
+
+
+def start_pgbouncer(work, pg, pool_size, mode="transaction"):
+    port = free_port()
+    users = work.file("userlist.txt", f'"{BENCH_USER}" "{BENCH_SECRET}"\n', 0o644)
+    ini = work.file("pgbouncer.ini", f"""
+[databases]
+{BENCH_DB} = host=127.0.0.1 port={pg.port} dbname={BENCH_DB}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = {users}
+pool_mode = {mode}
+default_pool_size = {pool_size}
+max_client_conn = 100000
+max_db_connections = {pool_size}
+listen_backlog = 4096
+logfile = {work.path}/pgbouncer.log
+pidfile =
+log_connections = 0
+log_disconnections = 0
+""")
+    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    p = subprocess.Popen(as_pg([exe, ini]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    # runuser forks: account the pgbouncer process itself, not the wrapper.
+    return Proc("pgbouncer", p, port, pid=find_child(p.pid, "pgbouncer"))
+
+
+def find_child(parent, name, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                with open(stat) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            comm = text[text.index("(") + 1:text.rindex(")")]
+            ppid = int(text.rsplit(")", 1)[1].split()[1])
+            pid = int(stat.split("/")[2])
+            if comm == name and (ppid == parent or pid == parent):
+                return pid
+        time.sleep(0.05)
+    return parent

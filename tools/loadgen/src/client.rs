@@ -1,0 +1,326 @@
+//! A worker process: its share of the connections, each a task that logs in and then sends
+//! a query every interval.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use base64::Engine;
+use bytes::BytesMut;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use hdrhistogram::Histogram;
+use rand::Rng;
+use shoal_wire::backend::{self, AuthRequest};
+use shoal_wire::{frontend, md5, scram, Frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::{Args, Report};
+
+/// Connections per source address (each address has ~28k ephemeral ports towards one
+/// destination).
+const PER_SOURCE: usize = 10_000;
+
+#[derive(Default)]
+struct Stats {
+    attempted: AtomicU64,
+    connected: AtomicU64,
+    held: AtomicU64,
+    queries: AtomicU64,
+    errors: Mutex<BTreeMap<String, u64>>,
+    hist: Mutex<Option<Histogram<u64>>>,
+    salted: Mutex<HashMap<(Vec<u8>, u32), [u8; 32]>>,
+}
+
+impl Stats {
+    fn error(&self, what: String) {
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(what)
+            .or_insert(0) += 1;
+    }
+
+    fn report(&self, connect_done: Option<Duration>, final_hist: bool) -> Report {
+        let hist = if final_hist {
+            self.hist
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(encode_hist)
+        } else {
+            None
+        };
+        Report {
+            attempted: self.attempted.load(Ordering::Relaxed),
+            connected: self.connected.load(Ordering::Relaxed),
+            held: self.held.load(Ordering::Relaxed),
+            queries: self.queries.load(Ordering::Relaxed),
+            errors: self
+                .errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            connect_done_ms: connect_done.map(|d| d.as_millis() as u64),
+            hist,
+            done: final_hist,
+        }
+    }
+}
+
+fn encode_hist(h: &Histogram<u64>) -> String {
+    let mut buf = Vec::new();
+    let _ = V2Serializer::new().serialize(h, &mut buf);
+    base64::engine::general_purpose::STANDARD.encode(buf)
+}
+
+pub fn decode_hist(s: &str) -> anyhow::Result<Histogram<u64>> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s)?;
+    Ok(Deserializer::new().deserialize(&mut bytes.as_slice())?)
+}
+
+pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Result<()> {
+    let mine = args.connections / workers + usize::from(index < args.connections % workers);
+    let stats = Arc::new(Stats::default());
+    *stats.hist.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(Histogram::new_with_bounds(1, 60_000_000, 3)?);
+    let target: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
+        .await?
+        .next()
+        .context("target address")?;
+    let args = Arc::new(args);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let reporter = {
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                println!("{}", serde_json::to_string(&stats.report(None, false)).unwrap_or_default());
+            }
+        })
+    };
+    let per_worker_rate = args.connect_rate / workers as f64;
+    let mut tasks = Vec::with_capacity(mine);
+    for k in 0..mine {
+        if per_worker_rate > 0.0 {
+            let due = started + Duration::from_secs_f64(k as f64 / per_worker_rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let source = Ipv4Addr::new(
+            127,
+            args.source_octet,
+            (index + 1) as u8,
+            (k / PER_SOURCE + 1) as u8,
+        );
+        stats.attempted.fetch_add(1, Ordering::Relaxed);
+        tasks.push(tokio::spawn(connection(
+            args.clone(),
+            target,
+            source,
+            stats.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    // The connect phase ends when every attempt has logged in or failed.
+    while stats.connected.load(Ordering::Relaxed)
+        + stats.errors.lock().unwrap_or_else(|e| e.into_inner()).values().sum::<u64>()
+        < mine as u64
+        && started.elapsed() < Duration::from_secs(600)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let connect_done = started.elapsed();
+    tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    reporter.abort();
+    println!(
+        "{}",
+        serde_json::to_string(&stats.report(Some(connect_done), true))?
+    );
+    Ok(())
+}
+
+fn bound_socket(source: Ipv4Addr) -> std::io::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4()?;
+    set_bind_no_port(&socket);
+    socket.bind(SocketAddr::new(source.into(), 0))?;
+    Ok(socket)
+}
+
+/// Lets the kernel choose the source port at connect time, per destination, instead of at
+/// bind time: many more connections per source address.
+#[allow(unsafe_code)]
+fn set_bind_no_port(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a valid socket descriptor with a correctly sized int option.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+async fn connection(
+    args: Arc<Args>,
+    target: SocketAddr,
+    source: Ipv4Addr,
+    stats: Arc<Stats>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let stream = match bound_socket(source) {
+        Ok(s) => s.connect(target).await,
+        Err(e) => Err(e),
+    };
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(e) => return stats.error(format!("connect: {}", e.kind())),
+    };
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::new();
+    if let Err(e) = login(&args, &mut stream, &mut buf, &stats).await {
+        return stats.error(format!("login: {e}"));
+    }
+    stats.connected.fetch_add(1, Ordering::Relaxed);
+    stats.held.fetch_add(1, Ordering::Relaxed);
+    // Spread the queries: each connection starts at a random point of the interval.
+    let interval = Duration::from_secs_f64(args.interval.max(0.0));
+    let mut query = BytesMut::new();
+    frontend::query(&mut query, &args.query);
+    let mut next = Instant::now()
+        + interval.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+    buf = BytesMut::new();
+    loop {
+        if args.interval <= 0.0 {
+            let _ = stop.changed().await;
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = stop.changed() => break,
+        }
+        next += interval;
+        let t0 = Instant::now();
+        match run_query(&mut stream, &query, &mut buf).await {
+            Ok(None) => {
+                let us = t0.elapsed().as_micros() as u64;
+                stats.queries.fetch_add(1, Ordering::Relaxed);
+                if let Some(h) = stats.hist.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    let _ = h.record(us.max(1));
+                }
+            }
+            Ok(Some(code)) => stats.error(code),
+            Err(e) => {
+                stats.error(format!("query: {e}"));
+                break;
+            }
+        }
+        // An idle connection keeps no buffer.
+        buf = BytesMut::new();
+    }
+    stats.held.fetch_sub(1, Ordering::Relaxed);
+    let mut bye = BytesMut::new();
+    frontend::terminate(&mut bye);
+    let _ = stream.write_all(&bye).await;
+}
+
+async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result<Frame> {
+    loop {
+        if let Some(f) = Frame::split(buf, 1 << 26)? {
+            return Ok(f);
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(4096);
+        }
+        if stream.read_buf(buf).await? == 0 {
+            anyhow::bail!("closed");
+        }
+    }
+}
+
+/// Runs one simple query; returns the SQLSTATE of an error, if any.
+async fn run_query(
+    stream: &mut TcpStream,
+    query: &[u8],
+    buf: &mut BytesMut,
+) -> anyhow::Result<Option<String>> {
+    stream.write_all(query).await?;
+    let mut code = None;
+    loop {
+        let f = read_frame(stream, buf).await?;
+        match f.tag() {
+            b'Z' => return Ok(code),
+            b'E' => code = Some(backend::parse_error(f.body())?.code),
+            _ => {}
+        }
+    }
+}
+
+async fn login(
+    args: &Args,
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    stats: &Stats,
+) -> anyhow::Result<()> {
+    let mut out = BytesMut::new();
+    frontend::startup(&mut out, &[("user", &args.user), ("database", &args.dbname)]);
+    stream.write_all(&out).await?;
+    let mut exchange: Option<scram::ClientExchange> = None;
+    let mut expected_signature = None;
+    loop {
+        let f = read_frame(stream, buf).await?;
+        out.clear();
+        match f.tag() {
+            b'R' => match backend::parse_auth(f.body())? {
+                AuthRequest::Ok => continue,
+                AuthRequest::Cleartext => frontend::password(&mut out, &args.password),
+                AuthRequest::Md5 { salt } => {
+                    let stored = md5::stored_secret(&args.user, &args.password);
+                    frontend::password(&mut out, &md5::salted_response(&stored, salt));
+                }
+                AuthRequest::Sasl { .. } => {
+                    let (ex, first) = scram::ClientExchange::new();
+                    frontend::sasl_initial_response(&mut out, scram::MECHANISM, first.as_bytes());
+                    exchange = Some(ex);
+                }
+                AuthRequest::SaslContinue(data) => {
+                    let ex = exchange.take().context("SASL continue out of order")?;
+                    let fin = ex.respond(data, |salt, iters| {
+                        let key = (salt.to_vec(), iters);
+                        if let Some(v) = stats.salted.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+                            return *v;
+                        }
+                        let v = scram::salted_password(&args.password, salt, iters);
+                        stats.salted.lock().unwrap_or_else(|e| e.into_inner()).insert(key, v);
+                        v
+                    })?;
+                    frontend::sasl_response(&mut out, fin.message.as_bytes());
+                    expected_signature = Some(fin.server_signature);
+                }
+                AuthRequest::SaslFinal(data) => {
+                    let sig = expected_signature.context("SASL final out of order")?;
+                    scram::verify_server_final(data, &sig)?;
+                    continue;
+                }
+                AuthRequest::Other(n) => anyhow::bail!("unsupported auth request {n}"),
+            },
+            b'E' => anyhow::bail!("{}", backend::parse_error(f.body())?.code),
+            b'Z' => return Ok(()),
+            _ => continue,
+        }
+        stream.write_all(&out).await?;
+    }
+}
