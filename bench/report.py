@@ -111,7 +111,7 @@ def write_docs(meta, results, summary, quick):
     body = [START, "",
             f"Run of {meta['date']} (commit {meta['commit']}, {meta['cores']} cores, {meta['pgbouncer']}, "
             f"{meta['seconds']} s{', --quick' if quick else ''}; pool_size {meta['args']['pool_size']}, "
-            f"{meta['args']['duration']:g} s per run).", "",
+            f"{meta['args']['duration']} s per run).", "",
             "### Targets", "", summary, "", "### Plots", ""]
     body += [f"![{n}](bench/{n})" for n in names]
     body += ["", "### All runs", "", table(results), "", END]
