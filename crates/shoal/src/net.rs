@@ -1,16 +1,31 @@
 //! The client transport seam: TCP or Unix socket today, TLS or io_uring later, behind the few
-//! operations the session needs. Reads go into a caller-provided buffer only once the socket
-//! is readable, so an idle client holds no buffer at all.
+//! operations the session needs.
+//!
+//! Reads go through `poll_read`, which lets tokio forget a socket's readiness when a read
+//! returns less than the buffer could take: the next wait then costs no extra `read` that
+//! would only say "would block". An idle client holds no buffer: the session waits with
+//! [`ClientStream::readable`] and takes a buffer only when bytes are there.
 
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 pub enum ClientStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+/// Reads what is available into `buf`'s spare capacity (`Ready(Ok(0))` is end of stream).
+pub fn poll_read_buf<S: AsyncRead + Unpin>(
+    s: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
 }
 
 impl ClientStream {
@@ -22,24 +37,30 @@ impl ClientStream {
         }
     }
 
-    /// Reads what is available into `buf`; `Ok(0)` is end of stream, `WouldBlock` a spurious
-    /// wake-up.
-    pub fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+    pub fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
         match self {
-            ClientStream::Tcp(s) => s.try_read_buf(buf),
-            ClientStream::Unix(s) => s.try_read_buf(buf),
+            ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
+            ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
+        }
+    }
+
+    pub fn poll_write(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
+            ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
         }
     }
 
     /// Reads at least one byte (or EOF) into `buf`, waiting as needed.
-    pub async fn read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        loop {
-            self.readable().await?;
-            match self.try_read_buf(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                r => return r,
-            }
+    pub async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if buf.capacity() - buf.len() < 512 {
+            buf.reserve(4096);
         }
+        std::future::poll_fn(|cx| self.poll_read_buf(cx, buf)).await
     }
 
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
@@ -56,22 +77,6 @@ impl ClientStream {
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
             ClientStream::Unix(_) => "unix".into(),
-        }
-    }
-}
-
-impl ClientStream {
-    pub async fn writable(&self) -> io::Result<()> {
-        match self {
-            ClientStream::Tcp(s) => s.writable().await,
-            ClientStream::Unix(s) => s.writable().await,
-        }
-    }
-
-    pub fn try_write(&self, data: &[u8]) -> io::Result<usize> {
-        match self {
-            ClientStream::Tcp(s) => s.try_write(data),
-            ClientStream::Unix(s) => s.try_write(data),
         }
     }
 }

@@ -17,21 +17,29 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx);
     let s = &app.config.server;
-    let mut unix_paths = Vec::new();
+    // Bind everything before announcing anything, so "listening" means every listener is up.
+    let mut tcp = Vec::new();
     for addr in &s.listen {
         let l = listener::bind_tcp(*addr, s.listen_backlog)
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-        tracing::info!(addr = %l.local_addr()?, "listening");
-        tokio::spawn(listener::accept_tcp(l, app.clone()));
+        tcp.push(l);
     }
+    let mut unix_paths = Vec::new();
     if let Some(dir) = &s.unix_socket_dir {
-        let port = s.listen.first().map_or(6432, |a| a.port());
+        let port = tcp
+            .first()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(6432, |a| a.port());
         let (l, path) = listener::bind_unix(dir, port, s.listen_backlog).map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
         })?;
         tracing::info!(path = %path.display(), "listening");
         unix_paths.push(path);
         tokio::spawn(listener::accept_unix(l, app.clone()));
+    }
+    for l in tcp {
+        tracing::info!(addr = %l.local_addr()?, "listening");
+        tokio::spawn(listener::accept_tcp(l, app.clone()));
     }
     stop.await;
     let _ = tx.send(true);

@@ -258,7 +258,17 @@ impl ServerConn {
 
     /// True when the server has closed the connection or sent something unsolicited (such as
     /// a FATAL before terminating) while it sat idle in the pool: it must not be reused.
+    ///
+    /// Costs no system call in the usual case: reads drain the socket through `poll_read`,
+    /// which clears its readiness, so readiness here means something did arrive.
     pub fn is_stale(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if self.stream.poll_read_ready(&mut cx).is_pending() {
+            return false;
+        }
         let mut probe = [0u8; 1];
         !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }

@@ -385,7 +385,9 @@ mod tests {
         let (client, first) = ClientExchange::new();
         let (server, server_first) = ServerExchange::new(first.as_bytes(), v).unwrap();
         let fin = client
-            .respond(server_first.as_bytes(), |salt, i| salted_password("hunter2", salt, i))
+            .respond(server_first.as_bytes(), |salt, i| {
+                salted_password("hunter2", salt, i)
+            })
             .unwrap();
         let done = server.finish(fin.message.as_bytes()).unwrap();
         verify_server_final(done.server_final.as_bytes(), &fin.server_signature).unwrap();

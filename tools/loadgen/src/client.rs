@@ -101,7 +101,10 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                println!("{}", serde_json::to_string(&stats.report(None, false)).unwrap_or_default());
+                println!(
+                    "{}",
+                    serde_json::to_string(&stats.report(None, false)).unwrap_or_default()
+                );
             }
         })
     };
@@ -129,7 +132,12 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
     }
     // The connect phase ends when every attempt has logged in or failed.
     while stats.connected.load(Ordering::Relaxed)
-        + stats.errors.lock().unwrap_or_else(|e| e.into_inner()).values().sum::<u64>()
+        + stats
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum::<u64>()
         < mine as u64
         && started.elapsed() < Duration::from_secs(600)
     {
@@ -200,8 +208,7 @@ async fn connection(
     let interval = Duration::from_secs_f64(args.interval.max(0.0));
     let mut query = BytesMut::new();
     frontend::query(&mut query, &args.query);
-    let mut next = Instant::now()
-        + interval.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+    let mut next = Instant::now() + interval.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
     buf = BytesMut::new();
     loop {
         if args.interval <= 0.0 {
@@ -218,7 +225,12 @@ async fn connection(
             Ok(None) => {
                 let us = t0.elapsed().as_micros() as u64;
                 stats.queries.fetch_add(1, Ordering::Relaxed);
-                if let Some(h) = stats.hist.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                if let Some(h) = stats
+                    .hist
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                {
                     let _ = h.record(us.max(1));
                 }
             }
@@ -276,7 +288,10 @@ async fn login(
     stats: &Stats,
 ) -> anyhow::Result<()> {
     let mut out = BytesMut::new();
-    frontend::startup(&mut out, &[("user", &args.user), ("database", &args.dbname)]);
+    frontend::startup(
+        &mut out,
+        &[("user", &args.user), ("database", &args.dbname)],
+    );
     stream.write_all(&out).await?;
     let mut exchange: Option<scram::ClientExchange> = None;
     let mut expected_signature = None;
@@ -300,11 +315,20 @@ async fn login(
                     let ex = exchange.take().context("SASL continue out of order")?;
                     let fin = ex.respond(data, |salt, iters| {
                         let key = (salt.to_vec(), iters);
-                        if let Some(v) = stats.salted.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+                        if let Some(v) = stats
+                            .salted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&key)
+                        {
                             return *v;
                         }
                         let v = scram::salted_password(&args.password, salt, iters);
-                        stats.salted.lock().unwrap_or_else(|e| e.into_inner()).insert(key, v);
+                        stats
+                            .salted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(key, v);
                         v
                     })?;
                     frontend::sasl_response(&mut out, fin.message.as_bytes());

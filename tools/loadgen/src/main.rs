@@ -175,7 +175,10 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
             *errors.entry(k.clone()).or_insert(0) += v;
         }
     }
-    let connect_ms = latest.iter().map(|r| r.connect_done_ms).collect::<Option<Vec<_>>>();
+    let connect_ms = latest
+        .iter()
+        .map(|r| r.connect_done_ms)
+        .collect::<Option<Vec<_>>>();
     let connect_seconds = connect_ms.map(|v| v.into_iter().max().unwrap_or(0) as f64 / 1000.0);
     let connected: u64 = latest.iter().map(|r| r.connected).sum();
     let queries: u64 = latest.iter().map(|r| r.queries).sum();
@@ -191,7 +194,9 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
         connected,
         held_at_end: latest.iter().map(|r| r.held).sum(),
         connect_seconds,
-        connect_rate: connect_seconds.filter(|s| *s > 0.0).map(|s| connected as f64 / s),
+        connect_rate: connect_seconds
+            .filter(|s| *s > 0.0)
+            .map(|s| connected as f64 / s),
         queries,
         qps: queries as f64 / args.duration.max(0.001),
         latency_ms,

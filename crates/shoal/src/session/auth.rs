@@ -15,7 +15,7 @@ use crate::net::ClientStream;
 /// Authentication messages are small; a larger one is an attack or a bug.
 const MAX_AUTH_MESSAGE: usize = 8192;
 
-async fn read_password_message(stream: &ClientStream) -> Result<Frame, SessionError> {
+async fn read_password_message(stream: &mut ClientStream) -> Result<Frame, SessionError> {
     let mut buf = BytesMut::with_capacity(512);
     loop {
         if let Some(f) = Frame::split(&mut buf, MAX_AUTH_MESSAGE)

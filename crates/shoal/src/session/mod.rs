@@ -11,6 +11,7 @@ mod relay;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -373,11 +374,13 @@ impl Session {
                         self.stream.readable().await?;
                     }
                     relay::reserve_for_next(&mut self.cbuf, 0);
-                    match self.stream.try_read_buf(&mut self.cbuf) {
-                        Ok(0) => return Ok(()),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e.into()),
+                    // One non-waiting read: if the readiness was stale, go back to waiting
+                    // without holding the buffer.
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    match self.stream.poll_read_buf(&mut cx, &mut self.cbuf) {
+                        Poll::Ready(Ok(0)) => return Ok(()),
+                        Poll::Ready(Ok(_)) | Poll::Pending => {}
+                        Poll::Ready(Err(e)) => return Err(e.into()),
                     }
                     continue;
                 }

@@ -12,8 +12,15 @@ use shoal_wire::backend::{self, tag as be, ErrorFields};
 use shoal_wire::frame::next_frame_len;
 use shoal_wire::frontend::tag as fe;
 
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::io::AsyncWrite;
+
 use super::{Session, SessionError};
+use crate::net::poll_read_buf;
 use crate::pool::Lease;
+use crate::server::ServerConn;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
@@ -119,12 +126,12 @@ enum ServerScan {
 }
 
 fn scan_server(
-    lease: &mut Lease,
+    server: &mut ServerConn,
     ready: &mut usize,
     flow: &mut Flow,
 ) -> Result<ServerScan, SessionError> {
     loop {
-        let buf = &lease.buf[*ready..];
+        let buf = &server.buf[*ready..];
         let Some(n) =
             next_frame_len(buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
         else {
@@ -153,7 +160,7 @@ fn scan_server(
                 let (k, v) =
                     backend::parse_parameter_status(body).map_err(SessionError::server_protocol)?;
                 let (k, v) = (k.to_owned(), v.to_owned());
-                lease.set_param(&k, &v);
+                server.set_param(&k, &v);
             }
             _ => {}
         }
@@ -194,27 +201,8 @@ impl Session {
             ClientScan::Terminate
         );
         let mut fatal: Option<ErrorFields> = None;
+        let server: &mut ServerConn = lease;
         loop {
-            if *c_ready > 0 {
-                match lease.stream.try_write(&self.cbuf[..*c_ready]) {
-                    Ok(n) => {
-                        self.cbuf.advance(n);
-                        *c_ready -= n;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Ok(RelayEnd::ServerLost(fatal)),
-                }
-            }
-            if s_ready > 0 {
-                match self.stream.try_write(&lease.buf[..s_ready]) {
-                    Ok(n) => {
-                        lease.buf.advance(n);
-                        s_ready -= n;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => return Ok(RelayEnd::ClientGone),
-                }
-            }
             if s_ready == 0 {
                 if let Some(e) = fatal.take() {
                     return Ok(RelayEnd::ServerLost(Some(e)));
@@ -230,53 +218,84 @@ impl Session {
             }
             let read_server = s_ready < HIGH_WATER && fatal.is_none();
             let read_client = *c_ready < HIGH_WATER && !terminate;
-            tokio::select! {
-                r = lease.stream.writable(), if *c_ready > 0 => {
-                    if r.is_err() { return Ok(RelayEnd::ServerLost(fatal)); }
-                }
-                r = self.stream.writable(), if s_ready > 0 => {
-                    if r.is_err() { return Ok(RelayEnd::ClientGone); }
-                }
-                r = lease.stream.readable(), if read_server => {
-                    if r.is_err() { return Ok(RelayEnd::ServerLost(None)); }
-                    reserve_for_next(&mut lease.buf, s_ready);
-                    let conn: &mut crate::server::ServerConn = lease;
-                    match conn.stream.try_read_buf(&mut conn.buf) {
-                        Ok(0) => return Ok(RelayEnd::ServerLost(None)),
-                        Ok(_) => {
-                            if let ServerScan::Fatal(e) = scan_server(lease, &mut s_ready, flow)? {
-                                if !release {
-                                    // Session mode: pass the FATAL on, as PostgreSQL would.
-                                    // Transaction mode keeps the client and reports an ERROR
-                                    // once the replies before it are out.
-                                    if let Ok(Some(n)) = next_frame_len(&lease.buf[s_ready..], SERVER_MAX_MESSAGE) {
-                                        s_ready += n;
-                                    }
-                                }
-                                fatal = Some(e);
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(_) => return Ok(RelayEnd::ServerLost(None)),
+            // One step: the first operation that can make progress, in an order that drains
+            // before it fills. Pending operations leave their wakers registered.
+            let step = std::future::poll_fn(|cx| {
+                if *c_ready > 0 {
+                    if let Poll::Ready(r) =
+                        Pin::new(&mut server.stream).poll_write(cx, &self.cbuf[..*c_ready])
+                    {
+                        return Poll::Ready(Step::ToServer(r));
                     }
                 }
-                r = self.stream.readable(), if read_client => {
-                    if r.is_err() { return Ok(RelayEnd::ClientGone); }
+                if s_ready > 0 {
+                    if let Poll::Ready(r) = self.stream.poll_write(cx, &server.buf[..s_ready]) {
+                        return Poll::Ready(Step::ToClient(r));
+                    }
+                }
+                if read_server {
+                    reserve_for_next(&mut server.buf, s_ready);
+                    if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
+                        return Poll::Ready(Step::FromServer(r));
+                    }
+                }
+                if read_client {
                     reserve_for_next(&mut self.cbuf, *c_ready);
-                    match self.stream.try_read_buf(&mut self.cbuf) {
-                        Ok(0) => return Ok(RelayEnd::ClientGone),
-                        Ok(_) => {
-                            if let ClientScan::Terminate = scan_client(&self.cbuf, c_ready, flow, max)? {
-                                terminate = true;
+                    if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
+                        return Poll::Ready(Step::FromClient(r));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match step {
+                Step::ToServer(Ok(n)) => {
+                    self.cbuf.advance(n);
+                    *c_ready -= n;
+                }
+                Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
+                Step::ToClient(Ok(n)) => {
+                    server.buf.advance(n);
+                    s_ready -= n;
+                }
+                Step::ToClient(Err(_)) => return Ok(RelayEnd::ClientGone),
+                Step::FromServer(Ok(0)) | Step::FromServer(Err(_)) => {
+                    return Ok(RelayEnd::ServerLost(None))
+                }
+                Step::FromServer(Ok(_)) => {
+                    if let ServerScan::Fatal(e) = scan_server(server, &mut s_ready, flow)? {
+                        if !release {
+                            // Session mode: pass the FATAL on, as PostgreSQL would.
+                            // Transaction mode keeps the client and reports an ERROR once
+                            // the replies before it are out.
+                            if let Ok(Some(n)) =
+                                next_frame_len(&server.buf[s_ready..], SERVER_MAX_MESSAGE)
+                            {
+                                s_ready += n;
                             }
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(_) => return Ok(RelayEnd::ClientGone),
+                        fatal = Some(e);
+                    }
+                }
+                Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
+                    return Ok(RelayEnd::ClientGone)
+                }
+                Step::FromClient(Ok(_)) => {
+                    if let ClientScan::Terminate = scan_client(&self.cbuf, c_ready, flow, max)? {
+                        terminate = true;
                     }
                 }
             }
         }
     }
+}
+
+/// What one poll of the relay achieved.
+enum Step {
+    ToServer(std::io::Result<usize>),
+    ToClient(std::io::Result<usize>),
+    FromServer(std::io::Result<usize>),
+    FromClient(std::io::Result<usize>),
 }
 
 /// Makes room for the next read: at least a chunk, or the rest of a large message whose
