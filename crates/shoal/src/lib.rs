@@ -10,10 +10,13 @@
 //! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
 //! - [`app`]: state shared by all sessions.
+//! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
 
 pub mod app;
+pub mod bufpool;
 pub mod cancel;
+pub mod clock;
 pub mod config;
 pub mod listener;
 pub mod net;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::clock;
 use crate::config::PoolSettings;
 use crate::params::{Params, SharedParams};
 use crate::server::{ServerConn, ServerError, Upstream};
@@ -139,10 +140,10 @@ impl Pool {
 
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
-        let started = Instant::now();
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
+                let started = Instant::now();
                 self.stats.waiting.fetch_add(1, Ordering::Relaxed);
                 let r = tokio::time::timeout(
                     self.settings.wait_timeout,
@@ -159,18 +160,20 @@ impl Pool {
                         })
                     }
                     Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
-                    Ok(Ok(p)) => p,
+                    Ok(Ok(p)) => {
+                        self.stats
+                            .wait_micros
+                            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        p
+                    }
                 }
             }
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .wait_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         loop {
             let candidate = self.lock_idle().pop_back();
             let Some(mut conn) = candidate else { break };
-            if conn.is_stale() || conn.created.elapsed() >= self.settings.lifetime {
+            if conn.is_stale() || self.past_lifetime(&conn) {
                 tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
                 self.stats.servers.fetch_sub(1, Ordering::Relaxed);
                 tokio::spawn(conn.close());
@@ -216,8 +219,8 @@ impl Pool {
         let Some(mut conn) = lease.conn.take() else {
             return;
         };
-        conn.last_used = Instant::now();
-        if conn.created.elapsed() >= self.settings.lifetime {
+        conn.last_used = clock::now_ms();
+        if self.past_lifetime(&conn) {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());
         } else {
@@ -228,10 +231,16 @@ impl Pool {
         drop(lease);
     }
 
+    fn past_lifetime(&self, conn: &ServerConn) -> bool {
+        clock::now_ms().saturating_sub(conn.created) >= self.settings.lifetime.as_millis() as u64
+    }
+
     /// Closes idle servers past their idle timeout or lifetime (keeping `min_pool_size`) and
     /// opens servers up to `min_pool_size`.
     async fn maintain(self: &Arc<Self>) {
-        let now = Instant::now();
+        let now = clock::now_ms();
+        let lifetime = self.settings.lifetime.as_millis() as u64;
+        let idle_timeout = self.settings.idle_timeout.as_millis() as u64;
         let expired: Vec<ServerConn> = {
             let mut idle = self.lock_idle();
             let total = self.stats.servers.load(Ordering::Relaxed);
@@ -240,9 +249,8 @@ impl Pool {
             let mut out = Vec::new();
             // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
             while let Some(mut c) = idle.pop_front() {
-                let too_old = now.duration_since(c.created) >= self.settings.lifetime;
-                let too_idle =
-                    removable > 0 && now.duration_since(c.last_used) >= self.settings.idle_timeout;
+                let too_old = now.saturating_sub(c.created) >= lifetime;
+                let too_idle = removable > 0 && now.saturating_sub(c.last_used) >= idle_timeout;
                 if too_old || too_idle || c.is_stale() {
                     removable = removable.saturating_sub(1);
                     out.push(c);

@@ -14,6 +14,7 @@ use crate::listener;
 /// Serves until `stop` resolves, then shuts down gracefully. Fails only if a listener cannot
 /// be bound.
 pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+    crate::clock::start();
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx);
     let s = &app.config.server;

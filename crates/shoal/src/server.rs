@@ -12,7 +12,6 @@ use shoal_wire::backend::{self, tag, AuthRequest, ErrorFields};
 use shoal_wire::{frontend, md5, Frame, FrameError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 /// Largest message accepted from a server during login and pooler-issued queries; real results
 /// stream through the relay, which has its own bound.
@@ -83,8 +82,9 @@ pub struct ServerConn {
     /// Client parameters the pooler applied on this connection (sorted by name); compared with
     /// the next client's to skip work when they match.
     pub applied: Vec<(String, String)>,
-    pub created: Instant,
-    pub last_used: Instant,
+    /// [`crate::clock::now_ms`] at connect and at the last checkin.
+    pub created: u64,
+    pub last_used: u64,
 }
 
 impl ServerConn {
@@ -102,7 +102,7 @@ impl ServerConn {
         };
         stream.set_nodelay(true)?;
         let addr = stream.peer_addr()?;
-        let now = Instant::now();
+        let now = crate::clock::now_ms();
         let mut conn = ServerConn {
             id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
             stream,

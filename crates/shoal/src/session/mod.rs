@@ -359,7 +359,7 @@ impl Session {
                 Idle::NeedMore => {
                     if self.cbuf.is_empty() {
                         // Idle: hold no buffer.
-                        self.cbuf = BytesMut::new();
+                        crate::bufpool::give(std::mem::take(&mut self.cbuf));
                         if *shutdown.borrow_and_update() {
                             return Err(SessionError::fatal(
                                 sqlstate::ADMIN_SHUTDOWN,
@@ -408,10 +408,10 @@ impl Session {
                 .await?;
                 continue;
             }
-            self.cancel.slot.set(Some(cancel_target(&lease))).await;
+            self.cancel.slot.set(cancel_target(&lease));
             let mut flow = Flow::default();
             let end = self.relay(&mut lease, &mut flow, true).await;
-            self.cancel.slot.set(None).await;
+            self.cancel.slot.clear().await;
             match end {
                 Ok(RelayEnd::Boundary) => self.pool.checkin(lease),
                 Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
@@ -431,10 +431,10 @@ impl Session {
     }
 
     async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
-        self.cancel.slot.set(Some(cancel_target(&lease))).await;
+        self.cancel.slot.set(cancel_target(&lease));
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, false).await;
-        self.cancel.slot.set(None).await;
+        self.cancel.slot.clear().await;
         match end {
             Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
                 self.abandon(lease, &flow, true).await;

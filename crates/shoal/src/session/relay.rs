@@ -24,6 +24,8 @@ use crate::server::ServerConn;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
+/// Read into what is left of a buffer while at least this much is.
+const MIN_READ_ROOM: usize = 2048;
 /// Stop reading a side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 256 * 1024;
 /// Bound on a single message from a server.
@@ -298,11 +300,14 @@ enum Step {
     FromClient(std::io::Result<usize>),
 }
 
-/// Makes room for the next read: at least a chunk, or the rest of a large message whose
-/// header is already buffered.
+/// Makes room for the next read: at least [`MIN_READ_ROOM`] bytes (a fresh chunk when less is
+/// left), or the rest of a large message whose header is already buffered.
 pub fn reserve_for_next(buf: &mut bytes::BytesMut, ready: usize) {
+    if buf.capacity() == 0 {
+        *buf = crate::bufpool::take();
+    }
     let pending = &buf[ready..];
-    let mut want = READ_CHUNK;
+    let mut want = MIN_READ_ROOM;
     if pending.len() >= 5 {
         let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize + 1;
         // Grow towards a large message in steps, so a peer announcing a huge message and
@@ -310,6 +315,6 @@ pub fn reserve_for_next(buf: &mut bytes::BytesMut, ready: usize) {
         want = want.max(len.saturating_sub(pending.len()).min(1 << 20));
     }
     if buf.capacity() - buf.len() < want {
-        buf.reserve(want);
+        buf.reserve(want.max(READ_CHUNK));
     }
 }
