@@ -18,6 +18,9 @@ pub struct App {
     pub cancels: Arc<CancelRegistry>,
     /// Clients connected (past the TCP accept), for `max_client_conn`.
     pub clients: AtomicUsize,
+    /// Clients holding a server (in a transaction, or in session mode): shutdown waits for
+    /// these; idle clients are simply disconnected.
+    pub active: AtomicUsize,
     next_conn_id: AtomicU64,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -38,6 +41,7 @@ impl App {
             pools: Mutex::new(HashMap::new()),
             cancels: Arc::new(CancelRegistry::default()),
             clients: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
             shutdown,
         })

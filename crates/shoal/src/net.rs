@@ -17,6 +17,12 @@ use tokio::net::{TcpStream, UnixStream};
 pub enum ClientStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// Taken away (the session is over).
+    Closed,
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "client stream already closed")
 }
 
 /// Reads what is available into `buf`'s spare capacity (`Ready(Ok(0))` is end of stream).
@@ -34,6 +40,16 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.readable().await,
             ClientStream::Unix(s) => s.readable().await,
+            ClientStream::Closed => Err(closed()),
+        }
+    }
+
+    /// Readiness without a waiter node in the caller's future: the socket keeps the waker.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            ClientStream::Tcp(s) => s.poll_read_ready(cx),
+            ClientStream::Unix(s) => s.poll_read_ready(cx),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -45,6 +61,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
             ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -52,6 +69,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -67,6 +85,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.write_all(data).await,
             ClientStream::Unix(s) => s.write_all(data).await,
+            ClientStream::Closed => Err(closed()),
         }
     }
 
@@ -77,6 +96,7 @@ impl ClientStream {
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
             ClientStream::Unix(_) => "unix".into(),
+            ClientStream::Closed => "closed".into(),
         }
     }
 }

@@ -47,11 +47,12 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     let timeout = secs(app.config.server.shutdown_timeout);
     tracing::info!(
         clients = app.clients.load(Ordering::Relaxed),
+        active = app.active.load(Ordering::Relaxed),
         ?timeout,
         "shutting down: no new connections; waiting for running transactions"
     );
     let deadline = tokio::time::Instant::now() + timeout;
-    while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    while app.active.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for pool in app.pools() {
@@ -60,6 +61,9 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     for p in unix_paths {
         let _ = std::fs::remove_file(p);
     }
-    tracing::info!(remaining = app.clients.load(Ordering::Relaxed), "stopped");
+    tracing::info!(
+        disconnected = app.clients.load(Ordering::Relaxed),
+        "stopped; idle clients are disconnected"
+    );
     Ok(())
 }

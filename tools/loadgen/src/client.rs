@@ -24,6 +24,9 @@ use crate::{Args, Report};
 /// destination).
 const PER_SOURCE: usize = 10_000;
 
+/// SCRAM salted passwords by (salt, iterations): PBKDF2 runs once per distinct salt.
+type SaltedCache = HashMap<(Vec<u8>, u32), [u8; 32]>;
+
 #[derive(Default)]
 struct Stats {
     attempted: AtomicU64,
@@ -32,7 +35,7 @@ struct Stats {
     queries: AtomicU64,
     errors: Mutex<BTreeMap<String, u64>>,
     hist: Mutex<Option<Histogram<u64>>>,
-    salted: Mutex<HashMap<(Vec<u8>, u32), [u8; 32]>>,
+    salted: Mutex<SaltedCache>,
 }
 
 impl Stats {

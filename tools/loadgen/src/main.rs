@@ -183,7 +183,7 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     let connected: u64 = latest.iter().map(|r| r.connected).sum();
     let queries: u64 = latest.iter().map(|r| r.queries).sum();
     let mut latency_ms = BTreeMap::new();
-    if hist.len() > 0 {
+    if !hist.is_empty() {
         for (name, q) in [("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)] {
             latency_ms.insert(name.to_string(), hist.value_at_quantile(q) as f64 / 1000.0);
         }

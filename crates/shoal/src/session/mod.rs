@@ -24,7 +24,7 @@ use crate::app::App;
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
 use crate::net::ClientStream;
-use crate::params::{apply_sql, StartupRequest};
+use crate::params::{apply_sql, SharedParams, StartupRequest};
 use crate::pool::{CheckoutError, Lease, Pool};
 use crate::server::ServerError;
 use relay::{Flow, RelayEnd};
@@ -95,52 +95,68 @@ async fn send_error(
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.
-pub async fn serve(app: Arc<App>, mut stream: ClientStream) {
+pub async fn serve(app: Arc<App>, stream: ClientStream) {
     let id = app.next_conn_id();
     let (_guard, clients) = app.client_guard();
-    let peer = stream.peer();
-    tracing::debug!(conn = id, %peer, "client connected");
+    tracing::debug!(conn = id, "client connected");
+    // This task lives as long as the (mostly idle) client, so its future is kept small: the
+    // login and everything that runs only while the client is active are boxed and freed
+    // when done.
+    let mut next = {
+        let (stream, login) = Box::pin(login_phase(&app, stream, clients)).await;
+        match login {
+            Ok(Some(done)) => Ok(Session::new(&app, id, stream, done)),
+            Ok(None) => Err((stream, Ok(()))),
+            Err(e) => Err((stream, Err(e))),
+        }
+    };
+    // Run the session where it lies, so its state is stored once.
+    let ran = match &mut next {
+        Ok((session, lease)) => Some(session.run(lease.take()).await),
+        Err(_) => None,
+    };
+    let (mut stream, result) = match (next, ran) {
+        (Ok((mut session, _)), Some(r)) => (
+            std::mem::replace(&mut session.stream, ClientStream::Closed),
+            r,
+        ),
+        (Ok((mut session, _)), None) => (
+            std::mem::replace(&mut session.stream, ClientStream::Closed),
+            Ok(()),
+        ),
+        (Err(ended), _) => ended,
+    };
+    Box::pin(finish(id, &mut stream, result)).await;
+}
+
+async fn login_phase(
+    app: &Arc<App>,
+    mut stream: ClientStream,
+    clients: usize,
+) -> (ClientStream, Result<Option<LoggedIn>, SessionError>) {
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let login = tokio::time::timeout(login_timeout, login(&app, &mut stream, clients)).await;
-    let result = match login {
+    let r = match tokio::time::timeout(login_timeout, login(app, &mut stream, clients)).await {
         Err(_) => Err(SessionError::fatal(
             sqlstate::PROTOCOL_VIOLATION,
             "client did not finish logging in within client_login_timeout",
         )),
-        Ok(Ok(None)) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Ok(Ok(Some(done))) => {
-            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
-            let mut session = Session {
-                id,
-                app: app.clone(),
-                stream,
-                cbuf: BytesMut::new(),
-                cancel: done.cancel,
-                params: done.params,
-                skip_until_sync: false,
-                lost: None,
-                _pool_client: done.pool_client,
-                pool: done.pool,
-            };
-            let r = match done.lease {
-                Some(lease) => session.run_session_mode(lease).await,
-                None => session.run_transaction_mode().await,
-            };
-            stream = session.stream;
-            r
-        }
+        Ok(r) => r,
     };
+    (stream, r)
+}
+
+/// Logs how the session ended and tells the client why, where it should know.
+async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionError>) {
     match result {
         Ok(()) | Err(SessionError::ClientGone) => {
             tracing::debug!(conn = id, "client disconnected")
         }
         Err(e) => {
-            tracing::info!(conn = id, %peer, error = %e, "closing client connection");
+            tracing::info!(conn = id, peer = %stream.peer(), error = %e, "closing client connection");
             if let Some((code, message)) = e.client_message() {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(1),
-                    send_error(&mut stream, Severity::Fatal, code, &message, None),
+                    send_error(stream, Severity::Fatal, code, &message, None),
                 )
                 .await;
             }
@@ -150,8 +166,7 @@ pub async fn serve(app: Arc<App>, mut stream: ClientStream) {
 
 /// A logged-in client, ready for its pool mode's loop.
 struct LoggedIn {
-    pool: Arc<Pool>,
-    pool_client: PoolClient,
+    pool: PoolClient,
     params: Vec<(String, String)>,
     cancel: Registration,
     /// The server a session-mode client keeps.
@@ -196,7 +211,7 @@ fn known_code(code: &str) -> &'static str {
 
 /// Applies the client's parameters to a server if they differ from what it has.
 async fn prepare_server(lease: &mut Lease, params: &[(String, String)]) -> Result<(), ServerError> {
-    if lease.applied != params {
+    if lease.applied[..] != *params {
         lease.applied.clear();
         lease.simple_query(&apply_sql(params)).await?;
         lease.applied = params.to_vec();
@@ -305,9 +320,9 @@ async fn login(
     backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key);
     backend::ready_for_query(&mut out, b'I');
     stream.write_all(&out).await?;
+    drop(pool);
     Ok(Some(LoggedIn {
-        pool_client,
-        pool,
+        pool: pool_client,
         params: req.params,
         cancel,
         lease,
@@ -316,6 +331,13 @@ async fn login(
 
 /// Counts a logged-in client against its pool for as long as it lives.
 struct PoolClient(Arc<Pool>);
+
+impl std::ops::Deref for PoolClient {
+    type Target = Arc<Pool>;
+    fn deref(&self) -> &Arc<Pool> {
+        &self.0
+    }
+}
 
 impl Drop for PoolClient {
     fn drop(&mut self) {
@@ -334,45 +356,99 @@ enum Idle {
 
 pub struct Session {
     id: u64,
+    /// Counted in [`App::active`] while holding a server.
+    active: bool,
     app: Arc<App>,
     stream: ClientStream,
     /// Client bytes not yet forwarded. Released (capacity 0) while the client is idle.
     cbuf: BytesMut,
-    pool: Arc<Pool>,
-    _pool_client: PoolClient,
+    /// Counts this client in its pool while it lives.
+    pool: PoolClient,
     cancel: Registration,
-    params: Vec<(String, String)>,
+    params: SharedParams,
     /// An error was reported for an extended-protocol batch; drop messages up to its Sync.
     skip_until_sync: bool,
     /// The server died while this client was inside a transaction; report it on the next
     /// message.
-    lost: Option<(&'static str, String)>,
+    lost: Option<Box<(&'static str, String)>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.set_active(false);
+    }
 }
 
 impl Session {
+    fn new(
+        app: &Arc<App>,
+        id: u64,
+        stream: ClientStream,
+        done: LoggedIn,
+    ) -> (Session, Option<Box<Lease>>) {
+        let LoggedIn {
+            pool,
+            params,
+            cancel,
+            lease,
+        } = done;
+        let session = Session {
+            id,
+            active: false,
+            app: app.clone(),
+            stream,
+            cbuf: BytesMut::new(),
+            cancel,
+            params: params.into(),
+            skip_until_sync: false,
+            lost: None,
+            pool,
+        };
+        (session, lease.map(Box::new))
+    }
+
+    fn set_active(&mut self, active: bool) {
+        if self.active != active {
+            self.active = active;
+            if active {
+                self.app.active.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.app.active.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn run(&mut self, lease: Option<Box<Lease>>) -> Result<(), SessionError> {
+        match lease {
+            Some(lease) => Box::pin(self.run_session_mode(*lease)).await,
+            None => self.run_transaction_mode().await,
+        }
+    }
+
+    /// The transaction-mode loop. Only the idle wait lives in this future: everything that
+    /// runs while the client is active is boxed, so an idle client's task stays small.
     async fn run_transaction_mode(&mut self) -> Result<(), SessionError> {
-        let mut shutdown = self.app.shutdown.clone();
         loop {
-            match self.handle_idle_messages().await? {
+            match Box::pin(self.handle_idle_messages()).await? {
                 Idle::Terminate => return Ok(()),
-                Idle::NeedServer => {}
+                Idle::NeedServer => {
+                    if Box::pin(self.run_transaction()).await? {
+                        return Ok(());
+                    }
+                }
                 Idle::NeedMore => {
                     if self.cbuf.is_empty() {
-                        // Idle: hold no buffer.
+                        // Idle: hold no buffer, no server, no timer.
                         crate::bufpool::give(std::mem::take(&mut self.cbuf));
-                        if *shutdown.borrow_and_update() {
+                        if self.app.shutting_down() {
                             return Err(SessionError::fatal(
                                 sqlstate::ADMIN_SHUTDOWN,
                                 "terminating connection because Shoal is shutting down",
                             ));
                         }
-                        tokio::select! {
-                            r = self.stream.readable() => r?,
-                            _ = shutdown.changed() => continue,
-                        }
-                    } else {
-                        self.stream.readable().await?;
                     }
+                    let stream = &self.stream;
+                    std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
                     relay::reserve_for_next(&mut self.cbuf, 0);
                     // One non-waiting read: if the readiness was stale, go back to waiting
                     // without holding the buffer.
@@ -382,56 +458,68 @@ impl Session {
                         Poll::Ready(Ok(_)) | Poll::Pending => {}
                         Poll::Ready(Err(e)) => return Err(e.into()),
                     }
-                    continue;
                 }
             }
-            if let Some((code, msg)) = self.lost.take() {
-                self.fail_unit(code, &msg).await?;
-                continue;
+        }
+    }
+
+    /// Serves the buffered messages that need a server: checkout, relay to the transaction
+    /// boundary, checkin. Returns true when the client is gone.
+    async fn run_transaction(&mut self) -> Result<bool, SessionError> {
+        if let Some(lost) = self.lost.take() {
+            let (code, msg) = *lost;
+            self.fail_unit(code, &msg).await?;
+            return Ok(false);
+        }
+        let mut lease = match self.pool.checkout().await {
+            Ok(l) => l,
+            Err(e) => {
+                let (code, message) = checkout_error(&e);
+                tracing::warn!(conn = self.id, pool = %self.pool.name, error = %e, "checkout failed");
+                self.fail_unit(code, &message).await?;
+                return Ok(false);
             }
-            let mut lease = match self.pool.checkout().await {
-                Ok(l) => l,
-                Err(e) => {
-                    let (code, message) = checkout_error(&e);
-                    tracing::warn!(conn = self.id, pool = %self.pool.name, error = %e, "checkout failed");
-                    self.fail_unit(code, &message).await?;
-                    continue;
-                }
-            };
-            if let Err(e) = prepare_server(&mut lease, &self.params).await {
-                tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
+        };
+        if let Err(e) = prepare_server(&mut lease, &self.params).await {
+            tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
+            drop(lease);
+            self.fail_unit(
+                sqlstate::CONNECTION_FAILURE,
+                &format!("server connection failed: {e}"),
+            )
+            .await?;
+            return Ok(false);
+        }
+        self.cancel.slot.set(cancel_target(&lease));
+        self.set_active(true);
+        let mut flow = Flow::default();
+        let end = self.relay(&mut lease, &mut flow, true).await;
+        self.cancel.slot.clear().await;
+        self.set_active(false);
+        match end {
+            Ok(RelayEnd::Boundary) => {
+                self.pool.checkin(lease);
+                Ok(false)
+            }
+            Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
+                self.abandon(lease, &flow, false).await;
+                Ok(true)
+            }
+            Ok(RelayEnd::ServerLost(fatal)) => {
                 drop(lease);
-                self.fail_unit(
-                    sqlstate::CONNECTION_FAILURE,
-                    &format!("server connection failed: {e}"),
-                )
-                .await?;
-                continue;
+                self.report_server_loss(&flow, fatal).await?;
+                Ok(false)
             }
-            self.cancel.slot.set(cancel_target(&lease));
-            let mut flow = Flow::default();
-            let end = self.relay(&mut lease, &mut flow, true).await;
-            self.cancel.slot.clear().await;
-            match end {
-                Ok(RelayEnd::Boundary) => self.pool.checkin(lease),
-                Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
-                    self.abandon(lease, &flow, false).await;
-                    return Ok(());
-                }
-                Ok(RelayEnd::ServerLost(fatal)) => {
-                    drop(lease);
-                    self.report_server_loss(&flow, fatal).await?;
-                }
-                Err(e) => {
-                    self.abandon(lease, &flow, false).await;
-                    return Err(e);
-                }
+            Err(e) => {
+                self.abandon(lease, &flow, false).await;
+                Err(e)
             }
         }
     }
 
     async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
         self.cancel.slot.set(cancel_target(&lease));
+        self.set_active(true);
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, false).await;
         self.cancel.slot.clear().await;
@@ -520,7 +608,7 @@ impl Session {
             self.skip_until_sync = flow.unsynced;
             self.stream.write_all(&out).await?;
         } else if flow.status != b'I' {
-            self.lost = Some((code, message));
+            self.lost = Some(Box::new((code, message)));
         }
         Ok(())
     }
@@ -549,5 +637,38 @@ impl Session {
             Ok(Ok(())) => self.pool.checkin(lease),
             _ => tracing::debug!(conn = self.id, "server not reusable after client left"),
         }
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_client_state_is_small() {
+        let config = crate::config::Config::embedded_default().unwrap();
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        let app = App::new(config, rx);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let stream = ClientStream::Tcp(client);
+        println!(
+            "readable future: {} bytes",
+            std::mem::size_of_val(&stream.readable())
+        );
+        let mut rx2 = app.shutdown.clone();
+        println!(
+            "changed future: {} bytes",
+            std::mem::size_of_val(&rx2.changed())
+        );
+        let fut = serve(app, stream);
+        println!("serve future: {} bytes", std::mem::size_of_val(&fut));
+        println!("Session: {} bytes", std::mem::size_of::<Session>());
+        println!(
+            "SessionError: {} bytes",
+            std::mem::size_of::<SessionError>()
+        );
     }
 }
