@@ -31,8 +31,12 @@ pub struct ClientGuard(Arc<App>);
 impl Drop for ClientGuard {
     fn drop(&mut self) {
         self.0.clients.fetch_sub(1, Ordering::Relaxed);
+        CHURN.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// Grows with every client that connects or leaves (for [`crate::trim`]).
+pub static CHURN: AtomicU64 = AtomicU64::new(0);
 
 impl App {
     pub fn new(config: Config, shutdown: watch::Receiver<bool>) -> Arc<App> {
@@ -53,6 +57,7 @@ impl App {
 
     pub fn client_guard(self: &Arc<Self>) -> (ClientGuard, usize) {
         let n = self.clients.fetch_add(1, Ordering::Relaxed) + 1;
+        CHURN.fetch_add(1, Ordering::Relaxed);
         (ClientGuard(self.clone()), n)
     }
 

@@ -9,7 +9,7 @@ use bytes::BytesMut;
 /// Size of a fresh buffer.
 pub const BUF_SIZE: usize = 8192;
 /// Buffers kept per worker thread; beyond that they are freed.
-const KEEP: usize = 256;
+const KEEP: usize = 16;
 /// Buffers that grew past this (a large message) are freed rather than kept.
 const MAX_KEPT_CAPACITY: usize = 64 * 1024;
 

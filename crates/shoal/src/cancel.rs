@@ -33,10 +33,10 @@ struct SlotState {
     in_flight: u32,
 }
 
-#[derive(Default)]
+/// One client's cancel state. Kept small: every connected client has one.
 pub struct CancelSlot {
+    secret: i32,
     state: Mutex<SlotState>,
-    done: tokio::sync::Notify,
 }
 
 impl CancelSlot {
@@ -49,10 +49,11 @@ impl CancelSlot {
         self.lock().target = Some(target);
     }
 
-    /// Forgets the server; returns once no cancel for it can still arrive.
+    /// Forgets the server; returns once no cancel for it can still arrive. A cancel in
+    /// flight is rare and brief (one loopback round trip to PostgreSQL), so waiting for it
+    /// polls on a short timer rather than keeping a wait list in every client.
     pub async fn clear(&self) {
         loop {
-            let notified = self.done.notified();
             {
                 let mut s = self.lock();
                 s.target = None;
@@ -60,7 +61,7 @@ impl CancelSlot {
                     return;
                 }
             }
-            notified.await;
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
@@ -72,79 +73,72 @@ impl CancelSlot {
     }
 
     fn end(&self) {
-        let mut s = self.lock();
-        s.in_flight -= 1;
-        if s.in_flight == 0 {
-            self.done.notify_waiters();
-        }
+        self.lock().in_flight -= 1;
     }
 }
 
-struct Entry {
-    secret: i32,
-    slot: Arc<CancelSlot>,
-}
-
-/// All live clients' cancel keys.
+/// All live clients' cancel keys, by process id (unique among live clients).
 #[derive(Default)]
 pub struct CancelRegistry {
-    by_pid: Mutex<HashMap<i32, Vec<Entry>>>,
+    by_pid: Mutex<HashMap<i32, Arc<CancelSlot>>>,
 }
 
 /// Removes the client's key when the session ends.
 pub struct Registration {
     registry: Arc<CancelRegistry>,
     pub process_id: i32,
-    pub secret_key: i32,
     pub slot: Arc<CancelSlot>,
+}
+
+impl Registration {
+    pub fn secret_key(&self) -> i32 {
+        self.slot.secret
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut map = self.registry.lock();
-        if let Some(v) = map.get_mut(&self.process_id) {
-            v.retain(|e| !Arc::ptr_eq(&e.slot, &self.slot));
-            if v.is_empty() {
-                map.remove(&self.process_id);
-            }
+        if map
+            .get(&self.process_id)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+        {
+            map.remove(&self.process_id);
         }
     }
 }
 
 impl CancelRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Vec<Entry>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Arc<CancelSlot>>> {
         self.by_pid.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Registers a client. `process_id` is the real server's in session mode (so the client's
-    /// `pg_backend_pid()` matches); otherwise Shoal picks one outside the range of real pids.
+    /// `pg_backend_pid()` matches); otherwise, or if that pid is taken by a client of another
+    /// server, Shoal picks one above the range of real pids.
     pub fn register(self: &Arc<Self>, process_id: Option<i32>) -> Registration {
         let mut rng = rand::thread_rng();
-        let process_id = process_id.unwrap_or_else(|| rng.gen_range(1 << 30..i32::MAX));
-        let secret_key = rng.gen();
-        let slot = Arc::new(CancelSlot::default());
-        self.lock().entry(process_id).or_default().push(Entry {
-            secret: secret_key,
-            slot: slot.clone(),
+        let slot = Arc::new(CancelSlot {
+            secret: rng.gen(),
+            state: Mutex::new(SlotState::default()),
         });
+        let mut map = self.lock();
+        let mut pid = process_id.unwrap_or_else(|| rng.gen_range(1 << 30..i32::MAX));
+        while map.contains_key(&pid) {
+            pid = rng.gen_range(1 << 30..i32::MAX);
+        }
+        map.insert(pid, slot.clone());
         Registration {
             registry: self.clone(),
-            process_id,
-            secret_key,
+            process_id: pid,
             slot,
         }
     }
 
     fn find(&self, process_id: i32, secret_key: i32) -> Option<Arc<CancelSlot>> {
-        let map = self.lock();
-        let mut found = None;
-        for e in map.get(&process_id)? {
-            // Constant-time: the secret is a credential.
-            if bool::from(e.secret.to_be_bytes().ct_eq(&secret_key.to_be_bytes())) {
-                found = Some(e.slot.clone());
-            }
-        }
-        found
+        let slot = self.lock().get(&process_id)?.clone();
+        // Constant-time: the secret is a credential.
+        bool::from(slot.secret.to_be_bytes().ct_eq(&secret_key.to_be_bytes())).then_some(slot)
     }
 
     /// Handles a CancelRequest: forwards it if the key is known and its client has a query

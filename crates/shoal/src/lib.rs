@@ -12,6 +12,7 @@
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
+//! - [`trim`]: giving freed heap back to the OS after connect storms.
 
 pub mod app;
 pub mod bufpool;
@@ -25,3 +26,4 @@ pub mod pool;
 pub mod run;
 pub mod server;
 pub mod session;
+pub mod trim;

@@ -58,7 +58,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     tune(&stream, &app);
-                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Tcp(stream)));
+                    tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
                 }
                 Err(e) => {
                     // Out of descriptors and similar: back off briefly instead of spinning.
@@ -77,7 +77,7 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
-                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Unix(stream)));
+                    tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Unix(stream))));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

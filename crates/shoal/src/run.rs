@@ -15,6 +15,7 @@ use crate::listener;
 /// be bound.
 pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
     crate::clock::start();
+    crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx);
     let s = &app.config.server;

@@ -20,7 +20,7 @@ use shoal_wire::frame::next_frame_len;
 use shoal_wire::frontend::tag as fe;
 use shoal_wire::{sqlstate, FrameError};
 
-use crate::app::App;
+use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
 use crate::net::ClientStream;
@@ -95,54 +95,50 @@ async fn send_error(
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.
-pub async fn serve(app: Arc<App>, stream: ClientStream) {
-    let id = app.next_conn_id();
-    let (_guard, clients) = app.client_guard();
-    tracing::debug!(conn = id, "client connected");
-    // This task lives as long as the (mostly idle) client, so its future is kept small: the
+pub async fn serve(app: Arc<App>, stream: Box<ClientStream>) {
+    // This task lives as long as the (mostly idle) client, so its future is kept small
+    // (`session_future_fits_a_small_task` checks it): the stream arrives boxed, and the
     // login and everything that runs only while the client is active are boxed and freed
     // when done.
-    let mut next = {
-        let (stream, login) = Box::pin(login_phase(&app, stream, clients)).await;
-        match login {
-            Ok(Some(done)) => Ok(Session::new(&app, id, stream, done)),
-            Ok(None) => Err((stream, Ok(()))),
-            Err(e) => Err((stream, Err(e))),
-        }
+    let Some((mut session, lease)) = Box::pin(login_phase(app, *stream)).await else {
+        return;
     };
-    // Run the session where it lies, so its state is stored once.
-    let ran = match &mut next {
-        Ok((session, lease)) => Some(session.run(lease.take()).await),
-        Err(_) => None,
+    let result = match lease {
+        Some(lease) => Box::pin(session.run_session_mode(*lease)).await,
+        None => session.run_transaction_mode().await,
     };
-    let (mut stream, result) = match (next, ran) {
-        (Ok((mut session, _)), Some(r)) => (
-            std::mem::replace(&mut session.stream, ClientStream::Closed),
-            r,
-        ),
-        (Ok((mut session, _)), None) => (
-            std::mem::replace(&mut session.stream, ClientStream::Closed),
-            Ok(()),
-        ),
-        (Err(ended), _) => ended,
-    };
-    Box::pin(finish(id, &mut stream, result)).await;
+    let id = session.id;
+    Box::pin(finish(id, &mut session.stream, result)).await;
 }
 
+/// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
+/// failures; returns the logged-in session.
 async fn login_phase(
-    app: &Arc<App>,
+    app: Arc<App>,
     mut stream: ClientStream,
-    clients: usize,
-) -> (ClientStream, Result<Option<LoggedIn>, SessionError>) {
+) -> Option<(Session, Option<Box<Lease>>)> {
+    let id = app.next_conn_id();
+    let (guard, clients) = app.client_guard();
+    tracing::debug!(conn = id, "client connected");
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let r = match tokio::time::timeout(login_timeout, login(app, &mut stream, clients)).await {
+    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream, clients)).await {
         Err(_) => Err(SessionError::fatal(
             sqlstate::PROTOCOL_VIOLATION,
             "client did not finish logging in within client_login_timeout",
         )),
         Ok(r) => r,
     };
-    (stream, r)
+    match r {
+        Ok(Some(done)) => {
+            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
+            Some(Session::new(&app, id, guard, stream, done))
+        }
+        Ok(None) => None,
+        Err(e) => {
+            finish(id, &mut stream, Err(e)).await;
+            None
+        }
+    }
 }
 
 /// Logs how the session ended and tells the client why, where it should know.
@@ -232,7 +228,10 @@ async fn login(
     stream: &mut ClientStream,
     clients: usize,
 ) -> Result<Option<LoggedIn>, SessionError> {
-    let Some(startup) = handshake::read_startup(stream, app).await? else {
+    // Each phase is boxed so a login in flight holds only the state of its current phase:
+    // in a connect storm thousands wait here at once, and what they leave behind in the
+    // heap is what idle clients later pay for.
+    let Some(startup) = Box::pin(handshake::read_startup(stream, app)).await? else {
         return Ok(None);
     };
     let req = StartupRequest::from_startup(&startup)
@@ -262,7 +261,7 @@ async fn login(
             format!("user \"{}\" is not configured in Shoal", req.user),
         )
     })?;
-    auth::authenticate(stream, user).await?;
+    Box::pin(auth::authenticate(stream, user)).await?;
     let db = app.config.databases.get(&req.database).ok_or_else(|| {
         SessionError::fatal(
             sqlstate::INVALID_CATALOG_NAME,
@@ -290,7 +289,7 @@ async fn login(
     let reported: Vec<(String, String)> = match pool.login_params(&req.params) {
         Some(known) if !session_mode => known.to_vec(),
         _ => {
-            let mut l = pool.checkout().await.map_err(|e| {
+            let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
                 let (code, message) = checkout_error(&e);
                 SessionError::fatal(code, message)
             })?;
@@ -317,7 +316,7 @@ async fn login(
     for (k, v) in &reported {
         backend::parameter_status(&mut out, k, v);
     }
-    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key);
+    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key());
     backend::ready_for_query(&mut out, b'I');
     stream.write_all(&out).await?;
     drop(pool);
@@ -356,6 +355,8 @@ enum Idle {
 
 pub struct Session {
     id: u64,
+    /// Counts this client in [`App::clients`] while it lives.
+    _client: ClientGuard,
     /// Counted in [`App::active`] while holding a server.
     active: bool,
     app: Arc<App>,
@@ -383,6 +384,7 @@ impl Session {
     fn new(
         app: &Arc<App>,
         id: u64,
+        client: ClientGuard,
         stream: ClientStream,
         done: LoggedIn,
     ) -> (Session, Option<Box<Lease>>) {
@@ -394,6 +396,7 @@ impl Session {
         } = done;
         let session = Session {
             id,
+            _client: client,
             active: false,
             app: app.clone(),
             stream,
@@ -415,13 +418,6 @@ impl Session {
             } else {
                 self.app.active.fetch_sub(1, Ordering::Relaxed);
             }
-        }
-    }
-
-    async fn run(&mut self, lease: Option<Box<Lease>>) -> Result<(), SessionError> {
-        match lease {
-            Some(lease) => Box::pin(self.run_session_mode(*lease)).await,
-            None => self.run_transaction_mode().await,
         }
     }
 
@@ -645,7 +641,7 @@ mod size_tests {
     use super::*;
 
     #[tokio::test]
-    async fn idle_client_state_is_small() {
+    async fn session_future_fits_a_small_task() {
         let config = crate::config::Config::embedded_default().unwrap();
         let (_tx, rx) = tokio::sync::watch::channel(false);
         let app = App::new(config, rx);
@@ -653,7 +649,7 @@ mod size_tests {
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        let stream = ClientStream::Tcp(client);
+        let stream = Box::new(ClientStream::Tcp(client));
         println!(
             "readable future: {} bytes",
             std::mem::size_of_val(&stream.readable())
