@@ -234,7 +234,10 @@ log_connections = 0
 log_disconnections = 0
 """)
     exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    p = subprocess.Popen(as_pg([exe, ini]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # runuser applies PAM limits (1024 descriptors); PgBouncer may raise its soft limit to
+    # the hard one, as Shoal runs with.
+    p = subprocess.Popen(as_pg(["sh", "-c", f'ulimit -n "$(ulimit -Hn)" && exec {exe} {ini}']),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(port)
     # runuser forks: account the pgbouncer process itself, not the wrapper.
     return Proc("pgbouncer", p, port, pid=find_child(p.pid, "pgbouncer"))
