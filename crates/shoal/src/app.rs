@@ -25,13 +25,20 @@ pub struct App {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// Counts a client for as long as it lives.
+/// Counts a client for as long as it lives (until a session takes the count over).
 pub struct ClientGuard(Arc<App>);
+
+impl ClientGuard {
+    /// Hands the count to the session, which releases it with [`App::client_left`] (saving
+    /// the session a field: idle clients are many).
+    pub fn into_session(self) {
+        std::mem::forget(self);
+    }
+}
 
 impl Drop for ClientGuard {
     fn drop(&mut self) {
-        self.0.clients.fetch_sub(1, Ordering::Relaxed);
-        CHURN.fetch_add(1, Ordering::Relaxed);
+        self.0.client_left();
     }
 }
 
@@ -49,6 +56,11 @@ impl App {
             next_conn_id: AtomicU64::new(1),
             shutdown,
         })
+    }
+
+    pub fn client_left(&self) {
+        self.clients.fetch_sub(1, Ordering::Relaxed);
+        CHURN.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn next_conn_id(&self) -> u64 {

@@ -104,6 +104,7 @@ pub struct PoolSection {
     pub server_connect_timeout: f64,
     pub query_wait_timeout: f64,
     pub server_reset_query: String,
+    pub max_prepared_statements: usize,
 }
 
 impl Default for PoolSection {
@@ -118,6 +119,7 @@ impl Default for PoolSection {
             server_connect_timeout: 5.0,
             query_wait_timeout: 120.0,
             server_reset_query: "DISCARD ALL".into(),
+            max_prepared_statements: 200,
         }
     }
 }
@@ -245,6 +247,9 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     pub wait_timeout: Duration,
     pub reset_query: String,
+    /// Named prepared statements kept per server connection in transaction mode (0: no
+    /// tracking; statements are then passed through as the client sent them).
+    pub max_prepared_statements: usize,
 }
 
 pub fn secs(s: f64) -> Duration {
@@ -371,6 +376,7 @@ impl Config {
             connect_timeout: secs(p.server_connect_timeout),
             wait_timeout: secs(p.query_wait_timeout),
             reset_query: p.server_reset_query.clone(),
+            max_prepared_statements: p.max_prepared_statements,
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct Pool {
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
+    /// Named prepared statements of this pool's clients, by text (transaction mode).
+    pub statements: crate::session::prepared::StatementRegistry,
     pub stats: PoolStats,
 }
 
@@ -110,6 +112,7 @@ impl Pool {
             upstream,
             idle: Mutex::new(VecDeque::new()),
             login_params: Mutex::new(HashMap::new()),
+            statements: Default::default(),
             stats: PoolStats::default(),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));
@@ -220,6 +223,7 @@ impl Pool {
             return;
         };
         conn.last_used = clock::now_ms();
+        conn.expect.clear();
         if self.past_lifetime(&conn) {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());

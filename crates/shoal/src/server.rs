@@ -82,6 +82,10 @@ pub struct ServerConn {
     /// Client parameters the pooler applied on this connection (sorted by name); compared with
     /// the next client's to skip work when they match.
     pub applied: Vec<(String, String)>,
+    /// Named statements prepared on this connection (transaction mode).
+    pub statements: crate::session::prepared::ServerStatements,
+    /// Replies this connection owes for what was sent to it, and what to do with them.
+    pub expect: std::collections::VecDeque<crate::session::prepared::Expect>,
     /// [`crate::clock::now_ms`] at connect and at the last checkin.
     pub created: u64,
     pub last_used: u64,
@@ -112,6 +116,8 @@ impl ServerConn {
             secret_key: 0,
             params: Vec::new(),
             applied: Vec::new(),
+            statements: Default::default(),
+            expect: Default::default(),
             created: now,
             last_used: now,
         };

@@ -7,6 +7,7 @@
 
 mod auth;
 mod handshake;
+pub mod prepared;
 mod relay;
 
 use std::sync::atomic::Ordering;
@@ -355,8 +356,6 @@ enum Idle {
 
 pub struct Session {
     id: u64,
-    /// Counts this client in [`App::clients`] while it lives.
-    _client: ClientGuard,
     /// Counted in [`App::active`] while holding a server.
     active: bool,
     app: Arc<App>,
@@ -372,11 +371,14 @@ pub struct Session {
     /// The server died while this client was inside a transaction; report it on the next
     /// message.
     lost: Option<Box<(&'static str, String)>>,
+    /// The client's named prepared statements (transaction mode), once it has any.
+    statements: Option<Box<prepared::ClientStatements>>,
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.set_active(false);
+        self.app.client_left();
     }
 }
 
@@ -394,9 +396,10 @@ impl Session {
             cancel,
             lease,
         } = done;
+        // The session takes over the client count (released in `Drop`).
+        client.into_session();
         let session = Session {
             id,
-            _client: client,
             active: false,
             app: app.clone(),
             stream,
@@ -405,6 +408,7 @@ impl Session {
             params: params.into(),
             skip_until_sync: false,
             lost: None,
+            statements: None,
             pool,
         };
         (session, lease.map(Box::new))
@@ -558,6 +562,22 @@ impl Session {
                     backend::ready_for_query(&mut out, b'I');
                 }
                 fe::SYNC if self.lost.is_none() => backend::ready_for_query(&mut out, b'I'),
+                // A named Parse of a statement servers already accepted: no server needed (a
+                // client blocked in a synchronous prepare must not wait for a busy pool).
+                fe::PARSE
+                    if self.lost.is_none()
+                        && !self.skip_until_sync
+                        && self.pool.settings.mode == PoolMode::Transaction
+                        && self.pool.settings.max_prepared_statements > 0
+                        && prepared::parse_without_server(
+                            &self.pool.statements,
+                            prepared::params_key(&self.params),
+                            &mut self.statements,
+                            &self.cbuf[..n],
+                        ) =>
+                {
+                    backend::put_message(&mut out, b'1', |_| {});
+                }
                 fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {}
                 _ if self.skip_until_sync => {}
                 _ => break Idle::NeedServer,

@@ -2,10 +2,11 @@
 //! messages both ways without decoding most of them, and keeps just enough protocol state to
 //! know when the server can go back to the pool.
 //!
-//! Messages are forwarded as byte ranges of the read buffers: a read, a scan of the new
-//! message headers, and one write of everything complete. Both directions are driven by
-//! readiness, so neither side can stall the other (a client pipelining a large batch while
-//! PostgreSQL streams results back cannot deadlock the relay).
+//! Each read is followed by a scan of the new message headers; complete messages are copied
+//! to the other side's output buffer (rewritten only for named prepared statements in
+//! transaction mode, see [`super::prepared`]) and go out in one write. Both directions are
+//! driven by readiness, so neither side can stall the other (a client pipelining a large
+//! batch while PostgreSQL streams results back cannot deadlock the relay).
 
 use bytes::Buf;
 use shoal_wire::backend::{self, tag as be, ErrorFields};
@@ -17,6 +18,9 @@ use std::task::Poll;
 
 use tokio::io::AsyncWrite;
 
+use bytes::BytesMut;
+
+use super::prepared::{emit_due, server_reply, Translator};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
@@ -78,69 +82,111 @@ pub enum RelayEnd {
     ServerLost(Option<ErrorFields>),
 }
 
-/// Result of scanning newly read client bytes.
-enum ClientScan {
-    Ok,
-    Terminate,
-}
-
-fn scan_client(
-    buf: &[u8],
-    ready: &mut usize,
-    flow: &mut Flow,
-    max: usize,
-) -> Result<ClientScan, SessionError> {
-    while let Some(n) = next_frame_len(&buf[*ready..], max).map_err(SessionError::from_frame)? {
-        match buf[*ready] {
-            fe::QUERY | fe::FUNCTION_CALL => {
-                flow.pending += 1;
-                flow.syncs_after_execute = None;
-            }
-            fe::SYNC => {
-                if !flow.copy_in {
-                    flow.pending += 1;
-                }
-                flow.unsynced = false;
-                if let Some(k) = flow.syncs_after_execute.as_mut() {
-                    *k += 1;
-                }
-            }
-            fe::EXECUTE => {
-                flow.unsynced = true;
-                flow.syncs_after_execute = Some(0);
-            }
-            fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE => flow.unsynced = true,
-            fe::FLUSH | fe::COPY_DATA => {}
-            fe::COPY_DONE | fe::COPY_FAIL => flow.copy_in = false,
-            fe::TERMINATE => return Ok(ClientScan::Terminate),
-            other => return Err(SessionError::UnknownMessage(other)),
+/// Applies a client message to the protocol bookkeeping. Returns false for Terminate, which
+/// is not forwarded.
+fn track_client(tag: u8, flow: &mut Flow) -> Result<bool, SessionError> {
+    match tag {
+        fe::QUERY | fe::FUNCTION_CALL => {
+            flow.pending += 1;
+            flow.syncs_after_execute = None;
         }
-        *ready += n;
+        fe::SYNC => {
+            if !flow.copy_in {
+                flow.pending += 1;
+            }
+            flow.unsynced = false;
+            if let Some(k) = flow.syncs_after_execute.as_mut() {
+                *k += 1;
+            }
+        }
+        fe::EXECUTE => {
+            flow.unsynced = true;
+            flow.syncs_after_execute = Some(0);
+        }
+        fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE => flow.unsynced = true,
+        fe::FLUSH | fe::COPY_DATA => {}
+        fe::COPY_DONE | fe::COPY_FAIL => flow.copy_in = false,
+        fe::TERMINATE => return Ok(false),
+        other => return Err(SessionError::UnknownMessage(other)),
     }
-    Ok(ClientScan::Ok)
+    Ok(true)
 }
 
-/// Result of scanning newly read server bytes.
-enum ServerScan {
-    Ok,
-    /// A FATAL error at this offset: the server is going away.
-    Fatal(ErrorFields),
+/// Whether a simple query drops every prepared statement of the session (`DISCARD ALL`,
+/// `DEALLOCATE ALL`), so the server's statements must be forgotten.
+fn drops_all_statements(query_body: &[u8]) -> bool {
+    let text = query_body.trim_ascii_start();
+    let starts = |kw: &[u8]| text.len() >= kw.len() && text[..kw.len()].eq_ignore_ascii_case(kw);
+    starts(b"discard") || starts(b"deallocate")
 }
 
-fn scan_server(
+/// Output buffers of one relay: what goes to the server and to the client next.
+struct Outbound {
+    to_server: BytesMut,
+    to_client: BytesMut,
+}
+
+impl Session {
+    /// Moves every complete client message from `cbuf` to `to_server`, rewriting named
+    /// prepared statements when `translate` is set. Returns false on Terminate (left in
+    /// `cbuf`).
+    fn take_client(
+        &mut self,
+        server: &mut ServerConn,
+        flow: &mut Flow,
+        out: &mut Outbound,
+        translate: bool,
+    ) -> Result<bool, SessionError> {
+        let max = self.app.config.server.max_packet_size;
+        while let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? {
+            let tag = self.cbuf[0];
+            if !track_client(tag, flow)? {
+                return Ok(false);
+            }
+            let msg = &self.cbuf[..n];
+            if translate {
+                if tag == fe::QUERY && drops_all_statements(&msg[5..]) {
+                    server.statements.clear();
+                }
+                Translator {
+                    registry: &self.pool.statements,
+                    params: super::prepared::params_key(&self.params),
+                    client: &mut self.statements,
+                    server: &mut server.statements,
+                    queue: &mut server.expect,
+                    max_per_server: self.pool.settings.max_prepared_statements,
+                }
+                .client_message(msg, &mut out.to_server)
+                .map_err(SessionError::from_frame)?;
+            } else {
+                out.to_server.extend_from_slice(msg);
+            }
+            self.cbuf.advance(n);
+        }
+        if translate {
+            emit_due(&mut server.expect, &mut self.statements, &mut out.to_client);
+        }
+        Ok(true)
+    }
+}
+
+/// Moves every complete server message from the server's buffer to `to_client` (hiding or
+/// adding replies when `translate` is set). Stops at a FATAL error, which it returns; in
+/// session mode the FATAL itself is passed on.
+fn take_server(
     server: &mut ServerConn,
-    ready: &mut usize,
+    client: &mut Option<Box<super::prepared::ClientStatements>>,
     flow: &mut Flow,
-) -> Result<ServerScan, SessionError> {
-    loop {
-        let buf = &server.buf[*ready..];
-        let Some(n) =
-            next_frame_len(buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
-        else {
-            return Ok(ServerScan::Ok);
-        };
-        let body = &buf[5..n];
-        match buf[0] {
+    out: &mut Outbound,
+    translate: bool,
+    forward_fatal: bool,
+) -> Result<Option<ErrorFields>, SessionError> {
+    while let Some(n) =
+        next_frame_len(&server.buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
+    {
+        let tag = server.buf[0];
+        let body = &server.buf[5..n];
+        match tag {
             be::READY_FOR_QUERY => {
                 flow.pending = flow.pending.saturating_sub(1);
                 flow.status = body.first().copied().unwrap_or(b'I');
@@ -149,7 +195,11 @@ fn scan_server(
                 flow.copy_in = false;
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 if e.is_fatal() {
-                    return Ok(ServerScan::Fatal(e));
+                    if forward_fatal {
+                        out.to_client.extend_from_slice(&server.buf[..n]);
+                    }
+                    server.buf.advance(n);
+                    return Ok(Some(e));
                 }
             }
             be::COPY_IN_RESPONSE => {
@@ -166,83 +216,100 @@ fn scan_server(
             }
             _ => {}
         }
-        *ready += n;
+        let forward = !translate
+            || server_reply(
+                &mut server.expect,
+                &mut server.statements,
+                client,
+                tag,
+                &mut out.to_client,
+            );
+        if forward {
+            out.to_client.extend_from_slice(&server.buf[..n]);
+        }
+        if translate {
+            emit_due(&mut server.expect, client, &mut out.to_client);
+        }
+        server.buf.advance(n);
     }
+    Ok(None)
 }
 
 impl Session {
     /// Relays until the transaction boundary (when `release` is set), the client leaves, or
     /// the server fails. Leftover client bytes (a partial message) stay in `self.cbuf`; when
-    /// the server fails, client messages already counted against it are dropped with it (the
-    /// client gets an error for them instead of seeing them run twice).
+    /// the server fails, client messages already taken for it are dropped with it (the client
+    /// gets an error for them instead of seeing them run twice).
     pub(super) async fn relay(
         &mut self,
         lease: &mut Lease,
         flow: &mut Flow,
         release: bool,
     ) -> Result<RelayEnd, SessionError> {
-        let mut c_ready = 0usize;
-        let end = self.relay_loop(lease, flow, release, &mut c_ready).await;
-        if let Ok(RelayEnd::ServerLost(_)) = end {
-            self.cbuf.advance(c_ready);
-        }
+        let mut out = Outbound {
+            to_server: crate::bufpool::take(),
+            to_client: crate::bufpool::take(),
+        };
+        let translate = release && self.pool.settings.max_prepared_statements > 0;
+        let server: &mut ServerConn = lease;
+        let end = self
+            .relay_loop(server, flow, release, translate, &mut out)
+            .await;
+        crate::bufpool::give(out.to_server);
+        crate::bufpool::give(out.to_client);
         end
     }
 
     async fn relay_loop(
         &mut self,
-        lease: &mut Lease,
+        server: &mut ServerConn,
         flow: &mut Flow,
         release: bool,
-        c_ready: &mut usize,
+        translate: bool,
+        out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
-        let max = self.app.config.server.max_packet_size;
-        let mut s_ready = 0usize;
-        let mut terminate = matches!(
-            scan_client(&self.cbuf, c_ready, flow, max)?,
-            ClientScan::Terminate
-        );
+        let mut terminate = !self.take_client(server, flow, out, translate)?;
         let mut fatal: Option<ErrorFields> = None;
-        let server: &mut ServerConn = lease;
         loop {
-            if s_ready == 0 {
+            if out.to_client.is_empty() {
                 if let Some(e) = fatal.take() {
                     return Ok(RelayEnd::ServerLost(Some(e)));
                 }
             }
-            if *c_ready == 0 && s_ready == 0 {
+            if out.to_server.is_empty() && out.to_client.is_empty() {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
                 if release && flow.at_boundary() {
+                    server.expect.clear();
                     return Ok(RelayEnd::Boundary);
                 }
             }
-            let read_server = s_ready < HIGH_WATER && fatal.is_none();
-            let read_client = *c_ready < HIGH_WATER && !terminate;
+            let read_server = out.to_client.len() < HIGH_WATER && fatal.is_none();
+            let read_client = out.to_server.len() < HIGH_WATER && !terminate;
             // One step: the first operation that can make progress, in an order that drains
             // before it fills. Pending operations leave their wakers registered.
             let step = std::future::poll_fn(|cx| {
-                if *c_ready > 0 {
+                if !out.to_server.is_empty() {
                     if let Poll::Ready(r) =
-                        Pin::new(&mut server.stream).poll_write(cx, &self.cbuf[..*c_ready])
+                        Pin::new(&mut server.stream).poll_write(cx, &out.to_server)
                     {
                         return Poll::Ready(Step::ToServer(r));
                     }
                 }
-                if s_ready > 0 {
-                    if let Poll::Ready(r) = self.stream.poll_write(cx, &server.buf[..s_ready]) {
+                if !out.to_client.is_empty() {
+                    if let Poll::Ready(r) = self.stream.poll_write(cx, &out.to_client) {
                         return Poll::Ready(Step::ToClient(r));
                     }
                 }
                 if read_server {
-                    reserve_for_next(&mut server.buf, s_ready);
+                    reserve_for_next(&mut server.buf, 0);
                     if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
                         return Poll::Ready(Step::FromServer(r));
                     }
                 }
                 if read_client {
-                    reserve_for_next(&mut self.cbuf, *c_ready);
+                    reserve_for_next(&mut self.cbuf, 0);
                     if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
                         return Poll::Ready(Step::FromClient(r));
                     }
@@ -251,41 +318,24 @@ impl Session {
             })
             .await;
             match step {
-                Step::ToServer(Ok(n)) => {
-                    self.cbuf.advance(n);
-                    *c_ready -= n;
-                }
+                Step::ToServer(Ok(n)) => out.to_server.advance(n),
                 Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
-                Step::ToClient(Ok(n)) => {
-                    server.buf.advance(n);
-                    s_ready -= n;
-                }
+                Step::ToClient(Ok(n)) => out.to_client.advance(n),
                 Step::ToClient(Err(_)) => return Ok(RelayEnd::ClientGone),
                 Step::FromServer(Ok(0)) | Step::FromServer(Err(_)) => {
                     return Ok(RelayEnd::ServerLost(None))
                 }
                 Step::FromServer(Ok(_)) => {
-                    if let ServerScan::Fatal(e) = scan_server(server, &mut s_ready, flow)? {
-                        if !release {
-                            // Session mode: pass the FATAL on, as PostgreSQL would.
-                            // Transaction mode keeps the client and reports an ERROR once
-                            // the replies before it are out.
-                            if let Ok(Some(n)) =
-                                next_frame_len(&server.buf[s_ready..], SERVER_MAX_MESSAGE)
-                            {
-                                s_ready += n;
-                            }
-                        }
-                        fatal = Some(e);
-                    }
+                    // Transaction mode keeps the client and reports an ERROR once the
+                    // replies before the FATAL are out; session mode passes it on.
+                    fatal =
+                        take_server(server, &mut self.statements, flow, out, translate, !release)?;
                 }
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
                     return Ok(RelayEnd::ClientGone)
                 }
                 Step::FromClient(Ok(_)) => {
-                    if let ClientScan::Terminate = scan_client(&self.cbuf, c_ready, flow, max)? {
-                        terminate = true;
-                    }
+                    terminate = !self.take_client(server, flow, out, translate)?;
                 }
             }
         }

@@ -91,6 +91,13 @@ pub fn execute(b: &mut BytesMut, portal: &str) {
     });
 }
 
+pub fn close_statement(b: &mut BytesMut, name: &str) {
+    put_message(b, b'C', |b| {
+        b.put_u8(b'S');
+        cstr(b, name);
+    });
+}
+
 pub fn sync(b: &mut BytesMut) {
     put_message(b, b'S', |_| {});
 }

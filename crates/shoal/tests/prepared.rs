@@ -1,0 +1,176 @@
+//! Named prepared statements in transaction mode, across server switches.
+
+mod common;
+
+use bytes::BytesMut;
+use common::raw::{self, Raw};
+use common::*;
+use futures_util::future::join_all;
+
+fn shoal_for(db: &str, extra: &str) -> Shoal {
+    pg().create_database(db);
+    Shoal::start(&base_config(pg(), &[db], extra))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_survive_server_switches_with_many_clients() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 3\n");
+    let setup = shoal.connect(&db).await;
+    setup
+        .batch_execute("CREATE TABLE kv (k int primary key, v text)")
+        .await
+        .unwrap();
+    let clients = join_all((0..30).map(|_| shoal.connect(&db))).await;
+    let work = clients.iter().enumerate().map(|(i, c)| async move {
+        // tokio-postgres prepares named statements and reuses them in later transactions.
+        let ins = c.prepare("INSERT INTO kv VALUES ($1, $2)").await.unwrap();
+        let sel = c.prepare("SELECT v FROM kv WHERE k = $1").await.unwrap();
+        for j in 0..20i32 {
+            let k = i as i32 * 1000 + j;
+            c.execute(&ins, &[&k, &format!("v{k}")]).await.unwrap();
+            let row = c.query_one(&sel, &[&k]).await.unwrap();
+            assert_eq!(row.get::<_, String>(0), format!("v{k}"));
+        }
+    });
+    join_all(work).await;
+    let n: i64 = setup
+        .query_one("SELECT count(*) FROM kv", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_parse_bind_close_and_errors_look_like_postgres() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 2\nmax_prepared_statements = 2\n");
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    // Both clients prepare the same text under their own names.
+    for (r, name) in [(&mut a, "mine"), (&mut b, "yours")] {
+        let mut m = BytesMut::new();
+        raw::parse(&mut m, name, "SELECT $1::int * 10");
+        raw::sync(&mut m);
+        r.send(&m).await;
+        let tags: String = r.until_ready().await.iter().map(|m| m.tag).collect();
+        assert_eq!(tags, "1Z");
+    }
+    // Hold one server with a transaction so the other client runs elsewhere, many times.
+    a.simple("BEGIN").await.unwrap();
+    for i in 0..5 {
+        let mut m = BytesMut::new();
+        raw::bind(&mut m, "", "yours", &[&i.to_string()]);
+        raw::execute(&mut m, "");
+        raw::sync(&mut m);
+        b.send(&m).await;
+        let msgs = b.until_ready().await;
+        let tags: String = msgs.iter().map(|m| m.tag).collect();
+        assert_eq!(tags, "2DCZ", "no stray ParseComplete");
+        assert_eq!(raw::first_column(&msgs[1]), (i * 10).to_string());
+    }
+    a.simple("COMMIT").await.unwrap();
+    // Close answers at once with Flush, and the name is gone for this client only.
+    let mut m = BytesMut::new();
+    raw::close_statement(&mut m, "yours");
+    raw::flush(&mut m);
+    b.send(&m).await;
+    assert_eq!(b.recv().await.unwrap().tag, '3');
+    let mut m = BytesMut::new();
+    raw::bind(&mut m, "", "mine", &["7"]);
+    raw::execute(&mut m, "");
+    raw::sync(&mut m);
+    a.send(&m).await;
+    let msgs = a.until_ready().await;
+    assert_eq!(raw::first_column(&msgs[1]), "70");
+    // An error in a batch skips to Sync, like PostgreSQL: no reply for later messages.
+    let mut m = BytesMut::new();
+    raw::parse(&mut m, "broken", "SELEC 1");
+    raw::bind(&mut m, "", "mine", &["1"]);
+    raw::close_statement(&mut m, "mine");
+    raw::sync(&mut m);
+    a.send(&m).await;
+    let tags: String = a.until_ready().await.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "EZ");
+    // "mine" was not closed (the Close was skipped) and still works; many statements on a
+    // server limited to 2 are evicted and re-prepared transparently.
+    for i in 0..6 {
+        let mut m = BytesMut::new();
+        raw::parse(&mut m, &format!("s{i}"), &format!("SELECT {i} + $1::int"));
+        raw::bind(&mut m, "", &format!("s{i}"), &["1"]);
+        raw::execute(&mut m, "");
+        raw::bind(&mut m, "", "mine", &["2"]);
+        raw::execute(&mut m, "");
+        raw::sync(&mut m);
+        a.send(&m).await;
+        let msgs = a.until_ready().await;
+        let tags: String = msgs.iter().map(|m| m.tag).collect();
+        assert_eq!(tags, "12DC2DCZ");
+        assert_eq!(raw::first_column(&msgs[2]), (i + 1).to_string());
+        assert_eq!(raw::first_column(&msgs[5]), "20");
+    }
+    // A statement the client never prepared: PostgreSQL's own error.
+    let mut m = BytesMut::new();
+    raw::bind(&mut m, "", "nope", &[]);
+    raw::sync(&mut m);
+    a.send(&m).await;
+    let msgs = a.until_ready().await;
+    assert_eq!(msgs[0].code(), "26000");
+}
+
+#[test]
+fn pgbench_prepared_50_clients_pool_of_5() {
+    let db = unique_db("prep");
+    pg().create_database(&db);
+    let shoal = Shoal::start(&base_config(pg(), &[&db], "[pool]\npool_size = 5\n"));
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(pg().bin("pgbench"))
+            .env("PGPASSWORD", APP_PASSWORD)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "app",
+                "-p",
+                &shoal.port().to_string(),
+            ])
+            .args(args)
+            .arg(&db)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    run(&["-i", "-q", "-s", "1"]);
+    let report = run(&["-M", "prepared", "-c", "50", "-j", "2", "-T", "10"]);
+    assert!(
+        report.contains("number of failed transactions: 0 "),
+        "{report}"
+    );
+    let processed: u64 = report
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(processed > 0, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_churn_of_one_shot_queries() {
+    // tokio-postgres prepares a new named statement for each `query(&str)` and closes it when
+    // dropped: Close, Sync, Parse of the same text, Describe, Sync arrive in one flight.
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 2\n");
+    let c = shoal.connect(&db).await;
+    for i in 0..50 {
+        let v: i32 = c.query_one("SELECT $1::int", &[&i]).await.unwrap().get(0);
+        assert_eq!(v, i);
+    }
+}
