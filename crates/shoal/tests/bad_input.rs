@@ -8,11 +8,6 @@ use bytes::{BufMut, BytesMut};
 use common::raw::{self, Raw};
 use common::*;
 
-fn shoal_for(db: &str, extra: &str) -> Shoal {
-    pg().create_database(db);
-    Shoal::start(&base_config(pg(), &[db], extra))
-}
-
 async fn expect_fatal(r: &mut Raw, code: &str, needle: &str) {
     let m = r.recv().await.expect("an ErrorResponse before the close");
     assert_eq!(m.tag, 'E', "got {m:?}");

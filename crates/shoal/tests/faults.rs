@@ -10,11 +10,6 @@ use bytes::BytesMut;
 use common::raw::{self, Raw};
 use common::*;
 
-fn shoal_for(db: &str, extra: &str) -> Shoal {
-    pg().create_database(db);
-    Shoal::start(&base_config(pg(), &[db], extra))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_a_running_query() {
     let db = unique_db("fault");
@@ -26,12 +21,7 @@ async fn cancel_stops_a_running_query() {
         (r.map(|_| ()), c)
     });
     // Wait until the query is running in PostgreSQL, then cancel it.
-    eventually("pg_sleep running", Duration::from_secs(10), || {
-        pg().psql_admin(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
-        )) == "1"
-    })
-    .await;
+    wait_until_running(&db, "SELECT pg_sleep(30)").await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
         .await
@@ -213,12 +203,7 @@ async fn client_killed_mid_transaction_is_rolled_back_before_reuse() {
     let mut b = BytesMut::new();
     raw::query(&mut b, "SELECT pg_sleep(60)");
     r.send(&b).await;
-    eventually("pg_sleep running", Duration::from_secs(10), || {
-        pg().psql_admin(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query LIKE 'SELECT pg_sleep(60)%' AND state = 'active'"
-        )) == "1"
-    })
-    .await;
+    wait_until_running(&db, "SELECT pg_sleep(60)").await;
     drop(r);
     let v: i32 = setup.query_one("SELECT 7", &[]).await.unwrap().get(0);
     assert_eq!(v, 7);
@@ -303,12 +288,7 @@ async fn pipelined_queries_on_a_dying_server_are_answered_once_and_not_rerun() {
     raw::query(&mut b, "SELECT pg_sleep(30)");
     raw::query(&mut b, "INSERT INTO t VALUES (1)");
     r.send(&b).await;
-    eventually("pg_sleep running", Duration::from_secs(10), || {
-        pg().psql_admin(&format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)' AND state = 'active'"
-        )) == "1"
-    })
-    .await;
+    wait_until_running(&db, "SELECT pg_sleep(30)").await;
     pg().psql_admin(&format!(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}' AND query = 'SELECT pg_sleep(30)'"
     ));

@@ -8,11 +8,6 @@ use common::raw::Raw;
 use common::*;
 use futures_util::future::join_all;
 
-fn shoal_for(db: &str, extra: &str) -> Shoal {
-    pg().create_database(db);
-    Shoal::start(&base_config(pg(), &[db], extra))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_clients_share_three_servers_without_mixing_results() {
     let db = unique_db("pool");
@@ -22,16 +17,7 @@ async fn fifty_clients_share_three_servers_without_mixing_results() {
         for j in 0..20 {
             let v = (i * 1000 + j) as i32;
             let tx_sql = format!("BEGIN; SELECT {v}; COMMIT");
-            let got: Vec<String> = c
-                .simple_query(&tx_sql)
-                .await
-                .unwrap()
-                .into_iter()
-                .filter_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                    _ => None,
-                })
-                .collect();
+            let got = simple_rows(c, &tx_sql).await;
             assert_eq!(
                 got,
                 vec![v.to_string()],

@@ -7,11 +7,6 @@ use common::raw::{self, Raw};
 use common::*;
 use futures_util::future::join_all;
 
-fn shoal_for(db: &str, extra: &str) -> Shoal {
-    pg().create_database(db);
-    Shoal::start(&base_config(pg(), &[db], extra))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_survive_server_switches_with_many_clients() {
     let db = unique_db("prep");

@@ -7,26 +7,12 @@ use common::raw::{self, Raw};
 use common::*;
 use futures_util::future::join_all;
 
-fn shoal_for(db: &str, extra: &str) -> Shoal {
-    pg().create_database(db);
-    Shoal::start(&base_config(pg(), &[db], extra))
-}
-
 #[tokio::test]
 async fn simple_and_extended_queries_work() {
     let db = unique_db("proto");
     let shoal = shoal_for(&db, "");
     let c = shoal.connect(&db).await;
-    let rows: Vec<String> = c
-        .simple_query("SELECT 1; SELECT 'two'")
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .collect();
+    let rows = simple_rows(&c, "SELECT 1; SELECT 'two'").await;
     assert_eq!(rows, ["1", "two"]);
     let row = c.query_typed_raw_one("SELECT $1::int + 1", 41).await;
     assert_eq!(row, 42);

@@ -179,12 +179,9 @@ fn parse_message(out: &mut BytesMut, name: &str, body: &[u8]) {
 }
 
 impl Translator<'_> {
-    /// Makes sure the server has `def` prepared, putting a Parse (and an eviction Close) into
-    /// `out` if not.
-    fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
-        if self.server.touch(def.id) {
-            return;
-        }
+    /// Puts the Parse of `def` into `out` (after a Close evicting the least recently used
+    /// statement if the server is full) and records the server as having it.
+    fn prepare(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
         if let Some(old) = self.server.insert(def.id, self.max_per_server) {
             put_message(out, fe::CLOSE, |b| {
                 b.put_u8(b'S');
@@ -193,7 +190,15 @@ impl Translator<'_> {
             self.queue.push_back(Expect::HideClose(old));
         }
         parse_message(out, &def.name, &def.body);
-        self.queue.push_back(Expect::HideParse(Arc::clone(def)));
+    }
+
+    /// Makes sure the server has `def` prepared before a Bind or Describe of it; the reply to
+    /// a Parse put in for that is hidden.
+    fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
+        if !self.server.touch(def.id) {
+            self.prepare(def, out);
+            self.queue.push_back(Expect::HideParse(Arc::clone(def)));
+        }
     }
 
     fn lookup(&self, name: &str) -> Option<Arc<StatementDef>> {
@@ -220,14 +225,7 @@ impl Translator<'_> {
                 if self.server.touch(def.id) {
                     self.queue.push_back(Expect::SyntheticParse);
                 } else {
-                    if let Some(old) = self.server.insert(def.id, self.max_per_server) {
-                        put_message(out, fe::CLOSE, |b| {
-                            b.put_u8(b'S');
-                            put_cstr(b, &format!("shoal_{old}"));
-                        });
-                        self.queue.push_back(Expect::HideClose(old));
-                    }
-                    parse_message(out, &def.name, &def.body);
+                    self.prepare(&def, out);
                     self.queue.push_back(Expect::Parse(Some(def)));
                 }
             }

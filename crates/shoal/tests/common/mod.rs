@@ -470,3 +470,36 @@ pub async fn eventually(what: &str, timeout: Duration, mut cond: impl FnMut() ->
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// A fresh database on the test cluster and a Shoal in front of it with `extra` config.
+pub fn shoal_for(db: &str, extra: &str) -> Shoal {
+    pg().create_database(db);
+    Shoal::start(&base_config(pg(), &[db], extra))
+}
+
+/// The first column of each row a simple query returns.
+pub async fn simple_rows(c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    c.simple_query(sql)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until PostgreSQL runs `query` (exactly, or as a prefix) in database `db`.
+pub async fn wait_until_running(db: &str, query: &str) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'active' AND query LIKE '{}%'",
+        query.replace('\'', "''")
+    );
+    eventually(
+        &format!("{query} running"),
+        std::time::Duration::from_secs(10),
+        || pg().psql_admin(&sql) == "1",
+    )
+    .await;
+}
