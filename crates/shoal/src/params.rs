@@ -135,6 +135,19 @@ impl StartupRequest {
     }
 }
 
+/// Undoes session state a client may leave on a transaction-mode server (settings, LISTEN
+/// registrations, session advisory locks) before another client gets it.
+pub const CLEAN_SESSION_SQL: &str =
+    "RESET ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all()";
+
+/// Whether a CommandComplete tag says the client changed session state that would outlive
+/// its transaction on a pooled server.
+pub fn changes_session_state(tag: &[u8]) -> bool {
+    [&b"SET\0"[..], b"RESET\0", b"DISCARD", b"LISTEN\0"]
+        .iter()
+        .any(|p| tag.starts_with(p))
+}
+
 fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }

@@ -82,6 +82,9 @@ pub struct ServerConn {
     /// Client parameters the pooler applied on this connection (sorted by name); compared with
     /// the next client's to skip work when they match.
     pub applied: Vec<(String, String)>,
+    /// A client changed session state on this connection (`SET`, `RESET`, `DISCARD`,
+    /// `LISTEN` outside Shoal's bookkeeping): the next client gets it cleaned first.
+    pub session_dirty: bool,
     /// Named statements prepared on this connection (transaction mode).
     pub statements: crate::session::prepared::ServerStatements,
     /// Replies this connection owes for what was sent to it, and what to do with them.
@@ -116,6 +119,7 @@ impl ServerConn {
             secret_key: 0,
             params: Vec::new(),
             applied: Vec::new(),
+            session_dirty: false,
             statements: Default::default(),
             expect: Default::default(),
             created: now,

@@ -239,3 +239,30 @@ async fn unix_socket_listener_serves_clients() {
     .await;
     assert_eq!(r.simple("SELECT 6").await.unwrap(), vec!["6"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_session_changes_do_not_leak_to_other_clients() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let a = shoal.connect(&db).await;
+    let b = shoal.connect(&db).await;
+    a.batch_execute("SET statement_timeout = 4321")
+        .await
+        .unwrap();
+    a.batch_execute("SET search_path = leaked, public")
+        .await
+        .unwrap();
+    a.batch_execute("LISTEN leaked_channel").await.unwrap();
+    // B gets the same (only) server, cleaned.
+    let row = b
+        .query_one(
+            "SELECT current_setting('statement_timeout'), current_setting('search_path'), \
+             (SELECT count(*) FROM pg_listening_channels())",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "0");
+    assert_eq!(row.get::<_, String>(1), "\"$user\", public");
+    assert_eq!(row.get::<_, i64>(2), 0);
+}

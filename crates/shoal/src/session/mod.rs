@@ -206,8 +206,14 @@ fn known_code(code: &str) -> &'static str {
     .unwrap_or(sqlstate::CONNECTION_FAILURE)
 }
 
-/// Applies the client's parameters to a server if they differ from what it has.
+/// Makes a server's session what this client expects: its startup parameters, and nothing a
+/// previous client changed. Costs nothing when the server already matches.
 async fn prepare_server(lease: &mut Lease, params: &[(String, String)]) -> Result<(), ServerError> {
+    if lease.session_dirty {
+        lease.applied.clear();
+        lease.simple_query(crate::params::CLEAN_SESSION_SQL).await?;
+        lease.session_dirty = false;
+    }
     if lease.applied[..] != *params {
         lease.applied.clear();
         lease.simple_query(&apply_sql(params)).await?;
@@ -645,6 +651,7 @@ impl Session {
             }
             if reset && !self.pool.settings.reset_query.is_empty() {
                 lease.applied.clear();
+                lease.session_dirty = false;
                 lease.simple_query(&self.pool.settings.reset_query).await?;
             }
             Ok::<(), ServerError>(())

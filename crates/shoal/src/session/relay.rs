@@ -214,6 +214,11 @@ fn take_server(
                 let (k, v) = (k.to_owned(), v.to_owned());
                 server.set_param(&k, &v);
             }
+            be::COMMAND_COMPLETE
+                if !forward_fatal && crate::params::changes_session_state(body) =>
+            {
+                server.session_dirty = true;
+            }
             _ => {}
         }
         let forward = !translate
