@@ -63,3 +63,13 @@ psql_admin() {
   local data=$1 port=$2; shift 2
   PGPASSWORD=postgres psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 "$@"
 }
+
+# Client libraries for the compatibility suite (tests/clients/).
+ensure_client_libs() {
+  local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  python3 -m pip install -q --disable-pip-version-check -r "$root/tests/clients/python/requirements.txt" 2>&1 \
+    | grep -v "Running pip as the 'root' user" || true
+  if command -v npm >/dev/null; then
+    (cd "$root/tests/clients/node" && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+}

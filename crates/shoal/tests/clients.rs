@@ -1,0 +1,56 @@
+//! Real client libraries against Shoal in transaction mode, with many more workers than the
+//! pool has servers (`tests/clients/`; dependencies are installed by `scripts/test`).
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn run_suite(program: &str, args: &[&str]) -> String {
+    let db = unique_db("compat");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 4\n");
+    let dsn = format!(
+        "postgresql://app:{APP_PASSWORD}@127.0.0.1:{}/{db}",
+        shoal.port()
+    );
+    let out = Command::new(program)
+        .args(args)
+        .arg(&dsn)
+        .arg("20")
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program} suite failed:\n{text}");
+    assert!(pg().backends(&db) <= 4, "the pool of 4 was respected");
+    text
+}
+
+#[test]
+fn python_psycopg3_and_asyncpg() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/clients/python/compat.py"
+    );
+    let text = run_suite("python3", &[script]);
+    assert!(
+        text.contains("psycopg") && text.contains("asyncpg"),
+        "{text}"
+    );
+    println!("{text}");
+}
+
+#[test]
+fn node_postgres() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/clients/node/compat.js"
+    );
+    let text = run_suite("node", &[script]);
+    assert!(text.contains("node-postgres"), "{text}");
+    println!("{text}");
+}
