@@ -69,6 +69,9 @@ ensure_client_libs() {
   local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   python3 -m pip install -q --disable-pip-version-check -r "$root/tests/clients/python/requirements.txt" 2>&1 \
     | grep -v "Running pip as the 'root' user" || true
+  if command -v go >/dev/null; then
+    (cd "$root/tests/clients/go" && go mod download)
+  fi
   if command -v npm >/dev/null; then
     (cd "$root/tests/clients/node" && npm install --silent --no-audit --no-fund >/dev/null)
   fi

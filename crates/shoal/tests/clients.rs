@@ -8,6 +8,10 @@ use std::process::Command;
 use common::*;
 
 fn run_suite(program: &str, args: &[&str]) -> String {
+    run_suite_in(program, args, ".")
+}
+
+fn run_suite_in(program: &str, args: &[&str], dir: &str) -> String {
     let db = unique_db("compat");
     let shoal = shoal_for(&db, "[pool]\npool_size = 4\n");
     let dsn = format!(
@@ -15,6 +19,7 @@ fn run_suite(program: &str, args: &[&str]) -> String {
         shoal.port()
     );
     let out = Command::new(program)
+        .current_dir(dir)
         .args(args)
         .arg(&dsn)
         .arg("20")
@@ -52,5 +57,13 @@ fn node_postgres() {
     );
     let text = run_suite("node", &[script]);
     assert!(text.contains("node-postgres"), "{text}");
+    println!("{text}");
+}
+
+#[test]
+fn go_pgx_v5() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/go");
+    let text = run_suite_in("go", &["run", "."], dir);
+    assert!(text.contains("pgx v5"), "{text}");
     println!("{text}");
 }
