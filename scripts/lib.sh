@@ -72,6 +72,10 @@ ensure_client_libs() {
   if command -v go >/dev/null; then
     (cd "$root/tests/clients/go" && go mod download)
   fi
+  if command -v mvn >/dev/null && [ ! -f "$root/tests/clients/java/lib/postgresql-42.7.4.jar" ]; then
+    (cd "$root/tests/clients/java" && mvn -q dependency:copy \
+      -Dartifact=org.postgresql:postgresql:42.7.4 -DoutputDirectory=lib)
+  fi
   if command -v npm >/dev/null; then
     (cd "$root/tests/clients/node" && npm install --silent --no-audit --no-fund >/dev/null)
   fi

@@ -12,16 +12,25 @@ fn run_suite(program: &str, args: &[&str]) -> String {
 }
 
 fn run_suite_in(program: &str, args: &[&str], dir: &str) -> String {
+    run_with(program, args, dir, |port, db| {
+        vec![format!(
+            "postgresql://app:{APP_PASSWORD}@127.0.0.1:{port}/{db}"
+        )]
+    })
+}
+
+fn run_with(
+    program: &str,
+    args: &[&str],
+    dir: &str,
+    target: impl Fn(u16, &str) -> Vec<String>,
+) -> String {
     let db = unique_db("compat");
     let shoal = shoal_for(&db, "[pool]\npool_size = 4\n");
-    let dsn = format!(
-        "postgresql://app:{APP_PASSWORD}@127.0.0.1:{}/{db}",
-        shoal.port()
-    );
     let out = Command::new(program)
         .current_dir(dir)
         .args(args)
-        .arg(&dsn)
+        .args(target(shoal.port(), &db))
         .arg("20")
         .output()
         .unwrap_or_else(|e| panic!("{program} runs: {e}"));
@@ -65,5 +74,24 @@ fn go_pgx_v5() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/go");
     let text = run_suite_in("go", &["run", "."], dir);
     assert!(text.contains("pgx v5"), "{text}");
+    println!("{text}");
+}
+
+#[test]
+fn java_pgjdbc() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/java");
+    let text = run_with(
+        "java",
+        &["-cp", "lib/postgresql-42.7.4.jar", "Compat.java"],
+        dir,
+        |port, db| {
+            vec![
+                format!("jdbc:postgresql://127.0.0.1:{port}/{db}"),
+                "app".into(),
+                APP_PASSWORD.into(),
+            ]
+        },
+    );
+    assert!(text.contains("pgJDBC"), "{text}");
     println!("{text}");
 }
