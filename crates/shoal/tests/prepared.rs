@@ -169,3 +169,43 @@ async fn statement_churn_of_one_shot_queries() {
         assert_eq!(v, i);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_ddl_changed_the_result_type_works() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let admin = shoal.connect(&db).await;
+    admin
+        .batch_execute("CREATE TABLE t (a int); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let run = |name: &'static str| {
+        let mut m = BytesMut::new();
+        raw::bind(&mut m, "", name, &[]);
+        raw::execute(&mut m, "");
+        raw::sync(&mut m);
+        m
+    };
+    let mut m = BytesMut::new();
+    raw::parse(&mut m, "all_of_t", "SELECT * FROM t");
+    m.extend_from_slice(&run("all_of_t"));
+    r.send(&m).await;
+    let tags: String = r.until_ready().await.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "12DCZ");
+    admin
+        .batch_execute("ALTER TABLE t ADD COLUMN b int DEFAULT 7")
+        .await
+        .unwrap();
+    // PostgreSQL's error is passed on, as it would be on a direct connection...
+    r.send(&run("all_of_t")).await;
+    let msgs = r.until_ready().await;
+    assert_eq!(msgs[0].code(), "0A000", "{}", msgs[0].text());
+    // ...and the retry runs a freshly prepared statement, without the client re-preparing.
+    r.send(&run("all_of_t")).await;
+    let msgs = r.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "2DCZ");
+    let columns = i16::from_be_bytes([msgs[1].body[0], msgs[1].body[1]]);
+    assert_eq!(columns, 2);
+}

@@ -34,6 +34,9 @@ pub struct StatementDef {
     /// A server has accepted this Parse once: a client's later Parse of it can be answered
     /// without a server.
     pub validated: AtomicBool,
+    /// PostgreSQL said its cached plan no longer fits (DDL changed the result type): clients
+    /// move to a fresh statement of the same text on their next use.
+    pub stale: AtomicBool,
 }
 
 /// Statements by (session parameters, body), shared by the clients of one pool. The
@@ -62,7 +65,9 @@ impl StatementRegistry {
         let mut map = self.by_body.lock().unwrap_or_else(|e| e.into_inner());
         let key = (params, Bytes::copy_from_slice(body));
         if let Some(d) = map.get(&key) {
-            return d.clone();
+            if !d.stale.load(Ordering::Relaxed) {
+                return d.clone();
+            }
         }
         if map.len() >= REGISTRY_LIMIT {
             map.clear();
@@ -73,6 +78,7 @@ impl StatementRegistry {
             name: format!("shoal_{id}").into(),
             body: key.1.clone(),
             validated: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
         });
         map.insert(key, def.clone());
         def
@@ -142,7 +148,8 @@ pub enum Expect {
     HideParse(Arc<StatementDef>),
     /// A Close Shoal sent to evict a statement: its CloseComplete is hidden.
     HideClose(u64),
-    Bind,
+    /// A Bind, with the named statement it binds (whose plan may turn out stale).
+    Bind(Option<Arc<StatementDef>>),
     /// Describe of a statement: ParameterDescription, then RowDescription or NoData.
     DescribeStatement,
     /// Describe of a portal: RowDescription or NoData.
@@ -201,8 +208,18 @@ impl Translator<'_> {
         }
     }
 
-    fn lookup(&self, name: &str) -> Option<Arc<StatementDef>> {
-        self.client.as_ref()?.get(name).cloned()
+    /// The client's statement of that name; a stale one is replaced by a fresh statement of
+    /// the same text (prepared anew on first use), so the client's retry after a DDL works.
+    fn lookup(&mut self, name: &str) -> Option<Arc<StatementDef>> {
+        let def = self.client.as_ref()?.get(name).cloned()?;
+        if !def.stale.load(Ordering::Relaxed) {
+            return Some(def);
+        }
+        let fresh = self.registry.intern(self.params, &def.body);
+        if let Some(c) = self.client.as_mut() {
+            c.insert(name.into(), fresh.clone());
+        }
+        Some(fresh)
     }
 
     /// Appends to `out` what the server must receive for the client message `msg` (a whole
@@ -233,9 +250,14 @@ impl Translator<'_> {
                 let mut r = Reader::new(body);
                 let portal = r.cstr()?;
                 let stmt = r.cstr()?;
-                match (stmt.is_empty(), self.lookup(stmt)) {
-                    (false, Some(def)) => {
-                        self.ensure_prepared(&def, out);
+                let def = if stmt.is_empty() {
+                    None
+                } else {
+                    self.lookup(stmt)
+                };
+                match &def {
+                    Some(def) => {
+                        self.ensure_prepared(def, out);
                         let rest = r.rest();
                         put_message(out, fe::BIND, |b| {
                             put_cstr(b, portal);
@@ -244,24 +266,29 @@ impl Translator<'_> {
                         });
                     }
                     // Unnamed, or unknown to Shoal: PostgreSQL answers for itself.
-                    _ => out.extend_from_slice(msg),
+                    None => out.extend_from_slice(msg),
                 }
-                self.queue.push_back(Expect::Bind);
+                self.queue.push_back(Expect::Bind(def));
             }
             fe::DESCRIBE => {
                 let mut r = Reader::new(body);
                 let kind = r.u8()?;
                 let name = r.cstr()?;
                 if kind == b'S' {
-                    match (name.is_empty(), self.lookup(name)) {
-                        (false, Some(def)) => {
+                    let def = if name.is_empty() {
+                        None
+                    } else {
+                        self.lookup(name)
+                    };
+                    match def {
+                        Some(def) => {
                             self.ensure_prepared(&def, out);
                             put_message(out, fe::DESCRIBE, |b| {
                                 b.put_u8(b'S');
                                 put_cstr(b, &def.name);
                             });
                         }
-                        _ => out.extend_from_slice(msg),
+                        None => out.extend_from_slice(msg),
                     }
                     self.queue.push_back(Expect::DescribeStatement);
                 } else {
@@ -323,6 +350,14 @@ pub fn emit_due(
 /// Walks one server reply (by tag) against the queue: emits synthetic replies due before it
 /// into `out` and returns whether the reply itself goes to the client. The caller appends
 /// the reply, then calls [`emit_due`] for the synthetic replies that follow it.
+/// Marks the statement bound by the Bind at the head of the queue as stale, for an error
+/// saying its cached plan no longer fits (`0A000`, after DDL).
+pub fn plan_went_stale(queue: &VecDeque<Expect>) {
+    if let Some(Expect::Bind(Some(def))) = queue.front() {
+        def.stale.store(true, Ordering::Relaxed);
+    }
+}
+
 pub fn server_reply(
     queue: &mut VecDeque<Expect>,
     server: &mut ServerStatements,
@@ -388,7 +423,7 @@ pub fn server_reply(
             (true, false)
         }
         (Expect::HideClose(_), be::CLOSE_COMPLETE) => (true, false),
-        (Expect::Bind, be::BIND_COMPLETE) => (true, true),
+        (Expect::Bind(_), be::BIND_COMPLETE) => (true, true),
         (Expect::DescribeStatement, b't') => (false, true),
         (Expect::DescribeStatement | Expect::DescribePortal, b'T' | b'n') => (true, true),
         (Expect::Execute, be::COMMAND_COMPLETE | b'I' | b's') => (true, true),

@@ -194,6 +194,13 @@ fn take_server(
             be::ERROR_RESPONSE => {
                 flow.copy_in = false;
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
+                if translate
+                    && e.code == "0A000"
+                    && e.message
+                        .contains("cached plan must not change result type")
+                {
+                    super::prepared::plan_went_stale(&server.expect);
+                }
                 if e.is_fatal() {
                     if forward_fatal {
                         out.to_client.extend_from_slice(&server.buf[..n]);
