@@ -85,6 +85,9 @@ pub struct ServerConn {
     /// A client changed session state on this connection (`SET`, `RESET`, `DISCARD`,
     /// `LISTEN` outside Shoal's bookkeeping): the next client gets it cleaned first.
     pub session_dirty: bool,
+    /// [`crate::session::sets::SessionSets::fingerprint`] of the client `SET`s replayed here
+    /// (0: none).
+    pub sets_applied: u64,
     /// Named statements prepared on this connection (transaction mode).
     pub statements: crate::session::prepared::ServerStatements,
     /// Replies this connection owes for what was sent to it, and what to do with them.
@@ -120,6 +123,7 @@ impl ServerConn {
             params: Vec::new(),
             applied: Vec::new(),
             session_dirty: false,
+            sets_applied: 0,
             statements: Default::default(),
             expect: Default::default(),
             created: now,

@@ -266,3 +266,55 @@ async fn transaction_mode_session_changes_do_not_leak_to_other_clients() {
     assert_eq!(row.get::<_, String>(1), "\"$user\", public");
     assert_eq!(row.get::<_, i64>(2), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_sets_follow_the_client_across_servers() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 2\n");
+    let a = shoal.connect(&db).await;
+    let b = shoal.connect(&db).await;
+    a.batch_execute("SET statement_timeout = 4321")
+        .await
+        .unwrap();
+    // A set inside a rolled-back transaction does not hold; one in a committed one does.
+    a.batch_execute("BEGIN").await.unwrap();
+    a.batch_execute("SET work_mem = '7MB'").await.unwrap();
+    a.batch_execute("ROLLBACK").await.unwrap();
+    a.batch_execute("BEGIN").await.unwrap();
+    a.batch_execute("SET search_path = a_schema, public")
+        .await
+        .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    for round in 0..6 {
+        // B holds one server or the other in turn, so A's transactions move between them.
+        b.batch_execute("BEGIN").await.unwrap();
+        b.query_one("SELECT 1", &[]).await.unwrap();
+        assert_eq!(
+            show(&a, "statement_timeout").await,
+            "4321ms",
+            "round {round}"
+        );
+        assert_eq!(simple_rows(&a, "SHOW work_mem").await[0], "4MB");
+        assert_eq!(
+            simple_rows(&a, "SHOW search_path").await[0],
+            "a_schema, public"
+        );
+        assert_eq!(
+            show(&b, "statement_timeout").await,
+            "0",
+            "B never sees A's settings"
+        );
+        b.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(show(&b, "statement_timeout").await, "0");
+    }
+    a.batch_execute("RESET statement_timeout").await.unwrap();
+    assert_eq!(show(&a, "statement_timeout").await, "0");
+    assert_eq!(
+        simple_rows(&a, "SHOW search_path").await[0],
+        "a_schema, public"
+    );
+}
+
+async fn show(c: &tokio_postgres::Client, name: &str) -> String {
+    simple_rows(c, &format!("SHOW {name}")).await[0].clone()
+}

@@ -9,6 +9,7 @@ mod auth;
 mod handshake;
 pub mod prepared;
 mod relay;
+pub mod sets;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -208,16 +209,27 @@ fn known_code(code: &str) -> &'static str {
 
 /// Makes a server's session what this client expects: its startup parameters, and nothing a
 /// previous client changed. Costs nothing when the server already matches.
-async fn prepare_server(lease: &mut Lease, params: &[(String, String)]) -> Result<(), ServerError> {
-    if lease.session_dirty {
+async fn prepare_server(
+    lease: &mut Lease,
+    params: &[(String, String)],
+    sets: Option<&sets::SessionSets>,
+) -> Result<(), ServerError> {
+    let want = sets.map_or(0, |s| s.fingerprint);
+    if lease.session_dirty || (lease.sets_applied != 0 && lease.sets_applied != want) {
         lease.applied.clear();
+        lease.sets_applied = 0;
         lease.simple_query(crate::params::CLEAN_SESSION_SQL).await?;
         lease.session_dirty = false;
     }
     if lease.applied[..] != *params {
         lease.applied.clear();
+        lease.sets_applied = 0;
         lease.simple_query(&apply_sql(params)).await?;
         lease.applied = params.to_vec();
+    }
+    if let Some(s) = sets.filter(|s| s.fingerprint != 0 && lease.sets_applied != s.fingerprint) {
+        lease.simple_query(&s.replay_sql()).await?;
+        lease.sets_applied = s.fingerprint;
     }
     Ok(())
 }
@@ -300,7 +312,7 @@ async fn login(
                 let (code, message) = checkout_error(&e);
                 SessionError::fatal(code, message)
             })?;
-            prepare_server(&mut l, &req.params)
+            prepare_server(&mut l, &req.params, None)
                 .await
                 .map_err(|e| match e {
                     ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
@@ -376,9 +388,26 @@ pub struct Session {
     skip_until_sync: bool,
     /// The server died while this client was inside a transaction; report it on the next
     /// message.
-    lost: Option<Box<(&'static str, String)>>,
+    /// Rarely needed state, boxed so an idle client that never uses it pays 8 bytes.
+    extras: Option<Box<Extras>>,
     /// The client's named prepared statements (transaction mode), once it has any.
     statements: Option<Box<prepared::ClientStatements>>,
+}
+
+/// Per-client state most clients never need.
+#[derive(Default)]
+pub struct Extras {
+    /// The server died while this client was inside a transaction; report it on the next
+    /// message.
+    lost: Option<(&'static str, String)>,
+    /// Session-level `SET`s to replay on the next server (transaction mode).
+    pub sets: sets::SessionSets,
+}
+
+impl Extras {
+    pub fn get(extras: &mut Option<Box<Extras>>) -> &mut Extras {
+        extras.get_or_insert_with(Default::default)
+    }
 }
 
 impl Drop for Session {
@@ -413,11 +442,15 @@ impl Session {
             cancel,
             params: params.into(),
             skip_until_sync: false,
-            lost: None,
+            extras: None,
             statements: None,
             pool,
         };
         (session, lease.map(Box::new))
+    }
+
+    fn has_lost(&self) -> bool {
+        self.extras.as_ref().is_some_and(|x| x.lost.is_some())
     }
 
     fn set_active(&mut self, active: bool) {
@@ -472,8 +505,7 @@ impl Session {
     /// Serves the buffered messages that need a server: checkout, relay to the transaction
     /// boundary, checkin. Returns true when the client is gone.
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
-        if let Some(lost) = self.lost.take() {
-            let (code, msg) = *lost;
+        if let Some((code, msg)) = self.extras.as_mut().and_then(|x| x.lost.take()) {
             self.fail_unit(code, &msg).await?;
             return Ok(false);
         }
@@ -486,7 +518,8 @@ impl Session {
                 return Ok(false);
             }
         };
-        if let Err(e) = prepare_server(&mut lease, &self.params).await {
+        let sets = self.extras.as_ref().map(|x| &x.sets);
+        if let Err(e) = prepare_server(&mut lease, &self.params, sets).await {
             tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
             drop(lease);
             self.fail_unit(
@@ -567,11 +600,11 @@ impl Session {
                     self.skip_until_sync = false;
                     backend::ready_for_query(&mut out, b'I');
                 }
-                fe::SYNC if self.lost.is_none() => backend::ready_for_query(&mut out, b'I'),
+                fe::SYNC if !self.has_lost() => backend::ready_for_query(&mut out, b'I'),
                 // A named Parse of a statement servers already accepted: no server needed (a
                 // client blocked in a synchronous prepare must not wait for a busy pool).
                 fe::PARSE
-                    if self.lost.is_none()
+                    if !self.has_lost()
                         && !self.skip_until_sync
                         && self.pool.settings.mode == PoolMode::Transaction
                         && self.pool.settings.max_prepared_statements > 0
@@ -630,7 +663,7 @@ impl Session {
             self.skip_until_sync = flow.unsynced;
             self.stream.write_all(&out).await?;
         } else if flow.status != b'I' {
-            self.lost = Some(Box::new((code, message)));
+            Extras::get(&mut self.extras).lost = Some((code, message));
         }
         Ok(())
     }
@@ -652,6 +685,7 @@ impl Session {
             if reset && !self.pool.settings.reset_query.is_empty() {
                 lease.applied.clear();
                 lease.session_dirty = false;
+                lease.sets_applied = 0;
                 lease.simple_query(&self.pool.settings.reset_query).await?;
             }
             Ok::<(), ServerError>(())

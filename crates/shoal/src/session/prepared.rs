@@ -158,8 +158,9 @@ pub enum Expect {
     Execute,
     Close,
     Sync,
-    /// A simple Query or FunctionCall: everything until ReadyForQuery.
-    Query,
+    /// A simple Query or FunctionCall: everything until ReadyForQuery; with the session
+    /// `SET` it is, if it is one Shoal follows.
+    Query(Option<super::sets::SetOp>),
     /// A ParseComplete Shoal gives itself once it is its turn.
     SyntheticParse,
     /// A CloseComplete Shoal gives itself once it is its turn; only then (not skipped by an
@@ -316,9 +317,19 @@ impl Translator<'_> {
                 out.extend_from_slice(msg);
                 self.queue.push_back(Expect::Sync);
             }
-            fe::QUERY | fe::FUNCTION_CALL => {
+            fe::QUERY => {
                 out.extend_from_slice(msg);
-                self.queue.push_back(Expect::Query);
+                let op = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+                    Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => {
+                        Reader::new(body).cstr().ok().and_then(super::sets::parse)
+                    }
+                    _ => None,
+                };
+                self.queue.push_back(Expect::Query(op));
+            }
+            fe::FUNCTION_CALL => {
+                out.extend_from_slice(msg);
+                self.queue.push_back(Expect::Query(None));
             }
             _ => out.extend_from_slice(msg),
         }
@@ -379,7 +390,7 @@ pub fn server_reply(
     if tag == be::ERROR_RESPONSE {
         match head {
             // A simple query goes on to its ReadyForQuery.
-            Expect::Query => return true,
+            Expect::Query(_) => return true,
             Expect::Sync => return true,
             _ => {}
         }
@@ -387,7 +398,7 @@ pub fn server_reply(
         // (or failed) do not exist on the server; a skipped Close leaves its statement there.
         while let Some(e) = queue.front() {
             match e {
-                Expect::Sync | Expect::Query => break,
+                Expect::Sync | Expect::Query(_) => break,
                 Expect::Parse(Some(def)) | Expect::HideParse(def) => server.remove(def.id),
                 Expect::HideClose(id) => {
                     server.insert(*id, usize::MAX);
@@ -429,8 +440,8 @@ pub fn server_reply(
         (Expect::Execute, be::COMMAND_COMPLETE | b'I' | b's') => (true, true),
         (Expect::Execute, _) => (false, true),
         (Expect::Close, be::CLOSE_COMPLETE) => (true, true),
-        (Expect::Sync | Expect::Query, be::READY_FOR_QUERY) => (true, true),
-        (Expect::Query, _) => (false, true),
+        (Expect::Sync | Expect::Query(_), be::READY_FOR_QUERY) => (true, true),
+        (Expect::Query(_), _) => (false, true),
         // Anything else is passed on untouched; the queue stays as it is.
         _ => (false, true),
     };

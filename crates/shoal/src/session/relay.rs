@@ -20,7 +20,7 @@ use tokio::io::AsyncWrite;
 
 use bytes::BytesMut;
 
-use super::prepared::{emit_due, server_reply, Translator};
+use super::prepared::{emit_due, server_reply, Expect, Translator};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
@@ -176,6 +176,7 @@ impl Session {
 fn take_server(
     server: &mut ServerConn,
     client: &mut Option<Box<super::prepared::ClientStatements>>,
+    extras: &mut Option<Box<super::Extras>>,
     flow: &mut Flow,
     out: &mut Outbound,
     translate: bool,
@@ -190,6 +191,9 @@ fn take_server(
             be::READY_FOR_QUERY => {
                 flow.pending = flow.pending.saturating_sub(1);
                 flow.status = body.first().copied().unwrap_or(b'I');
+                if let Some(x) = extras.as_mut() {
+                    x.sets.ready(flow.status);
+                }
             }
             be::ERROR_RESPONSE => {
                 flow.copy_in = false;
@@ -221,10 +225,19 @@ fn take_server(
                 let (k, v) = (k.to_owned(), v.to_owned());
                 server.set_param(&k, &v);
             }
-            be::COMMAND_COMPLETE
-                if !forward_fatal && crate::params::changes_session_state(body) =>
-            {
-                server.session_dirty = true;
+            be::COMMAND_COMPLETE if !forward_fatal => {
+                if crate::params::changes_session_state(body) {
+                    server.session_dirty = true;
+                    if let Some(Expect::Query(Some(op))) = server.expect.front() {
+                        super::Extras::get(extras).sets.executed(op.clone());
+                    }
+                } else if let Some(x) = extras.as_mut() {
+                    if body.starts_with(b"COMMIT") {
+                        x.sets.transaction_end(true);
+                    } else if body.starts_with(b"ROLLBACK") {
+                        x.sets.transaction_end(false);
+                    }
+                }
             }
             _ => {}
         }
@@ -340,8 +353,15 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
-                    fatal =
-                        take_server(server, &mut self.statements, flow, out, translate, !release)?;
+                    fatal = take_server(
+                        server,
+                        &mut self.statements,
+                        &mut self.extras,
+                        flow,
+                        out,
+                        translate,
+                        !release,
+                    )?;
                 }
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
                     return Ok(RelayEnd::ClientGone)
