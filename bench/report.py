@@ -9,6 +9,7 @@ import benchlib as B
 DOC = os.path.join(B.ROOT, "docs", "benchmarks.md")
 PLOTS = os.path.join(B.ROOT, "docs", "bench")
 START, END = "<!-- compare:start -->", "<!-- compare:end -->"
+COLORS = {"direct": "tab:blue", "pgbouncer": "tab:orange", "shoal": "tab:green"}
 
 
 def index(results):
@@ -91,7 +92,7 @@ def plots(results, quick):
                 rows = sorted(rows, key=lambda r: r["clients"])
                 xs = [r["clients"] for r in rows]
                 ys = [(r[metric] or 0) / (1000 if metric == "p99_us" else 1) for r in rows]
-                ax.plot(xs, ys, marker="o", label=target)
+                ax.plot(xs, ys, marker="o", label=target, color=COLORS.get(target))
             ax.set_xscale("log")
             ax.set_title(f"{key[0]} / {key[1]}")
             ax.set_xlabel("clients")
@@ -122,3 +123,15 @@ def write_docs(meta, results, summary, quick):
     _, tail = rest.split(END, 1)
     with open(DOC, "w") as f:
         f.write(head + "\n".join(body) + tail)
+
+
+if __name__ == "__main__":
+    # Re-renders docs/benchmarks.md from a saved run: python3 bench/report.py RESULTS.json
+    import json
+    import sys
+
+    with open(sys.argv[1]) as f:
+        data = json.load(f)
+    summary = summarize(data["results"])
+    write_docs(data["meta"], data["results"], summary, quick=data["meta"]["args"].get("quick", False))
+    print(summary)
