@@ -31,6 +31,8 @@ pub struct CancelTarget {
 struct SlotState {
     target: Option<CancelTarget>,
     in_flight: u32,
+    /// Set while the client's query waits for a server: a cancel ends the wait.
+    waiting: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// One client's cancel state. Kept small: every connected client has one.
@@ -63,6 +65,18 @@ impl CancelSlot {
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    /// The client's query is about to wait for a server; the receiver fires if a cancel
+    /// arrives meanwhile.
+    pub fn begin_wait(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.lock().waiting = Some(tx);
+        rx
+    }
+
+    pub fn end_wait(&self) {
+        self.lock().waiting = None;
     }
 
     fn begin(&self) -> Option<CancelTarget> {
@@ -149,7 +163,12 @@ impl CancelRegistry {
             return;
         };
         let Some(target) = slot.begin() else {
-            tracing::debug!("cancel request for an idle client ignored");
+            if let Some(waiting) = slot.lock().waiting.take() {
+                tracing::debug!("cancel request for a query waiting for a server");
+                let _ = waiting.send(());
+            } else {
+                tracing::debug!("cancel request for an idle client ignored");
+            }
             return;
         };
         forward(target).await;

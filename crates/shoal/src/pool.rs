@@ -173,15 +173,7 @@ impl Pool {
             }
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        loop {
-            let candidate = self.lock_idle().pop_back();
-            let Some(mut conn) = candidate else { break };
-            if conn.is_stale() || self.past_lifetime(&conn) {
-                tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
-                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
-                tokio::spawn(conn.close());
-                continue;
-            }
+        if let Some(conn) = self.pop_idle() {
             return Ok(Lease {
                 conn: Some(conn),
                 _permit: permit,
@@ -190,6 +182,33 @@ impl Pool {
         }
         let conn = self.connect().await?;
         Ok(Lease {
+            conn: Some(conn),
+            _permit: permit,
+            pool: self.clone(),
+        })
+    }
+
+    /// The most recently used healthy idle server, if any (stale ones are closed).
+    fn pop_idle(&self) -> Option<ServerConn> {
+        loop {
+            let mut conn = self.lock_idle().pop_back()?;
+            if conn.is_stale() || self.past_lifetime(&conn) {
+                tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
+                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                tokio::spawn(conn.close());
+                continue;
+            }
+            return Some(conn);
+        }
+    }
+
+    /// A server without waiting or connecting, when one is free and idle: the common case,
+    /// which needs no cancellation handling.
+    pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        let conn = self.pop_idle()?;
+        self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+        Some(Lease {
             conn: Some(conn),
             _permit: permit,
             pool: self.clone(),

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -22,6 +23,10 @@ func worker(ctx context.Context, dsn string, w, rounds int) error {
 		return err
 	}
 	defer conn.Close(ctx)
+	// A session SET holds across transactions (which run on different servers).
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET application_name = 'pgx-%d'", w), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
 	for i := 0; i < rounds; i++ {
 		k := w*10000 + i
 		var v int
@@ -62,6 +67,38 @@ func worker(ctx context.Context, dsn string, w, rounds int) error {
 		if err := br.Close(); err != nil {
 			return err
 		}
+		var app string
+		if err := conn.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&app); err != nil || app != fmt.Sprintf("pgx-%d", w) {
+			return fmt.Errorf("SET held: %v %q", err, app)
+		}
+	}
+	// COPY FROM STDIN.
+	rows := make([][]any, 40)
+	for j := range rows {
+		rows[j] = []any{5_000_000 + w*100 + j, "copied"}
+	}
+	n, err := conn.CopyFrom(ctx, pgx.Identifier{"compat_go"}, []string{"k", "v"}, pgx.CopyFromRows(rows))
+	if err != nil || n != 40 {
+		return fmt.Errorf("copy: %v %d", err, n)
+	}
+	// Cancel: a context deadline makes pgx send a CancelRequest.
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = conn.Exec(cctx, "SELECT pg_sleep(5)")
+	cancel()
+	if err == nil {
+		return fmt.Errorf("cancel: pg_sleep was not interrupted")
+	}
+	if conn.IsClosed() {
+		// pgx closes the connection when a context is cancelled mid-query; reconnect.
+		conn, err = pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+	}
+	var one int
+	if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		return fmt.Errorf("after cancel: %v", err)
 	}
 	return nil
 }

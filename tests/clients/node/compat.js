@@ -13,6 +13,8 @@ async function worker(dsn, w, rounds) {
   const c = new Client({ connectionString: dsn });
   await c.connect();
   try {
+    // A session SET holds across transactions (which run on different servers).
+    await c.query(`SET application_name = 'node-${w}'`);
     for (let i = 0; i < rounds; i++) {
       const k = w * 10000 + i;
       // Named query: prepared once per connection, reused in later transactions.
@@ -33,7 +35,21 @@ async function worker(dsn, w, rounds) {
       const all = await Promise.all([0, 1, 2, 3, 4].map((j) =>
         c.query({ name: 'double', text: 'SELECT $1::int * 2 AS v', values: [k + j] })));
       check(all.every((res, j) => res.rows[0].v === (k + j) * 2), 'queued queries in order');
+      r = await c.query("SELECT current_setting('application_name') AS a");
+      check(r.rows[0].a === `node-${w}`, 'SET held');
     }
+    // A server-side cancel (statement_timeout) leaves the connection usable.
+    await c.query('BEGIN');
+    await c.query("SET LOCAL statement_timeout = '50ms'");
+    try {
+      await c.query('SELECT pg_sleep(5)');
+      check(false, 'timeout must cancel');
+    } catch (e) {
+      check(e.code === '57014', `query_canceled, got ${e.code}`);
+    }
+    await c.query('ROLLBACK');
+    const r = await c.query('SELECT 1 AS one');
+    check(r.rows[0].one === 1, 'goes on after cancel');
   } finally {
     await c.end();
   }

@@ -63,6 +63,8 @@ async def psycopg_worker(dsn, w, rounds):
 async def asyncpg_worker(dsn, w, rounds):
     conn = await asyncpg.connect(dsn)  # statement cache on (asyncpg's default)
     try:
+        # A session SET holds across transactions (which run on different servers).
+        await conn.execute(f"SET application_name = 'asyncpg-{w}'")
         for i in range(rounds):
             k = w * 10_000 + i
             check(await conn.fetchval("SELECT $1::int * 3", k) == k * 3, "asyncpg cached statement")
@@ -78,6 +80,8 @@ async def asyncpg_worker(dsn, w, rounds):
                 pass
             rows = await conn.fetch("SELECT g FROM generate_series(1, $1::int) g", 20)
             check([r[0] for r in rows] == list(range(1, 21)), "asyncpg rows")
+            check(await conn.fetchval("SELECT current_setting('application_name')") == f"asyncpg-{w}",
+                  "asyncpg SET held")
         # Cancel: a statement_timeout (server-side cancel) surfaces as QueryCanceledError.
         try:
             async with conn.transaction():
@@ -87,6 +91,13 @@ async def asyncpg_worker(dsn, w, rounds):
         except asyncpg.QueryCanceledError:
             pass
         check(await conn.fetchval("SELECT 1") == 1, "asyncpg goes on after cancel")
+        # Client-side cancel: asyncpg sends a CancelRequest when the wait is abandoned.
+        try:
+            await asyncio.wait_for(conn.execute("SELECT pg_sleep(5)"), 0.2)
+            check(False, "asyncpg wait_for must time out")
+        except asyncio.TimeoutError:
+            pass
+        check(await conn.fetchval("SELECT 2") == 2, "asyncpg goes on after a client cancel")
         await conn.copy_records_to_table("compat", records=[(20_000_000 + w * 100 + j, "c", "asyncpg-copy") for j in range(30)],
                                          columns=["k", "v", "driver"])
         check(await conn.fetchval("SELECT count(*) FROM compat WHERE driver = 'asyncpg-copy' AND k / 100 = $1", 200_000 + w) == 30,

@@ -509,7 +509,31 @@ impl Session {
             self.fail_unit(code, &msg).await?;
             return Ok(false);
         }
-        let mut lease = match self.pool.checkout().await {
+        let checkout = match self.pool.try_checkout() {
+            Some(l) => Ok(l),
+            None => {
+                // Waiting (or connecting): a cancel from the client ends the wait, as it would
+                // end the query on a direct connection.
+                let cancelled = self.cancel.slot.begin_wait();
+                let r = tokio::select! {
+                    r = self.pool.checkout() => Some(r),
+                    _ = cancelled => None,
+                };
+                self.cancel.slot.end_wait();
+                match r {
+                    Some(r) => r,
+                    None => {
+                        self.fail_unit(
+                            sqlstate::QUERY_CANCELED,
+                            "canceling statement due to user request",
+                        )
+                        .await?;
+                        return Ok(false);
+                    }
+                }
+            }
+        };
+        let mut lease = match checkout {
             Ok(l) => l,
             Err(e) => {
                 let (code, message) = checkout_error(&e);
