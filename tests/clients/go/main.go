@@ -24,7 +24,7 @@ func worker(ctx context.Context, dsn string, w, rounds int) error {
 	}
 	defer conn.Close(ctx)
 	// A session SET holds across transactions (which run on different servers).
-	if _, err := conn.Exec(ctx, fmt.Sprintf("SET application_name = 'pgx-%d'", w), pgx.QueryExecModeSimpleProtocol); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET application_name = 'pgx-%d'", w)); err != nil {
 		return err
 	}
 	for i := 0; i < rounds; i++ {

@@ -50,8 +50,8 @@ public class Compat {
                 int[] counts = b.executeBatch();
                 check(counts.length == 5, "batch counts");
                 b.close();
-                // pgJDBC sends SET through the extended protocol, which Shoal cleans rather
-                // than replays (docs/transaction-mode.md): inside a transaction it holds.
+                // SET inside a transaction holds within it (a session SET through pgJDBC is
+                // not yet replayed on other servers: docs/transaction-mode.md).
                 c.setAutoCommit(false);
                 try (Statement s = c.createStatement()) {
                     s.execute("SET application_name = 'jdbc-" + w + "'");

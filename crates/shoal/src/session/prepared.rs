@@ -93,6 +93,10 @@ pub type ClientStatements = HashMap<Box<str>, Arc<StatementDef>>;
 pub struct ServerStatements {
     last_use: HashMap<u64, u64>,
     clock: u64,
+    /// The unnamed statement, and the unnamed portal, if they are a session `SET` (how
+    /// pgJDBC and pgx send one): followed like a simple-query `SET`.
+    unnamed_set: Option<super::sets::SetOp>,
+    portal_set: Option<super::sets::SetOp>,
 }
 
 impl ServerStatements {
@@ -154,8 +158,9 @@ pub enum Expect {
     DescribeStatement,
     /// Describe of a portal: RowDescription or NoData.
     DescribePortal,
-    /// Rows (or COPY) until CommandComplete, EmptyQueryResponse or PortalSuspended.
-    Execute,
+    /// Rows (or COPY) until CommandComplete, EmptyQueryResponse or PortalSuspended; with the
+    /// session `SET` it runs, if it is one Shoal follows.
+    Execute(Option<super::sets::SetOp>),
     Close,
     Sync,
     /// A simple Query or FunctionCall: everything until ReadyForQuery; with the session
@@ -232,6 +237,12 @@ impl Translator<'_> {
                 let mut r = Reader::new(body);
                 let name = r.cstr()?;
                 if name.is_empty() {
+                    let text = r.cstr().unwrap_or("");
+                    self.server.unnamed_set = match text.bytes().find(|b| !b.is_ascii_whitespace())
+                    {
+                        Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => super::sets::parse(text),
+                        _ => None,
+                    };
                     out.extend_from_slice(msg);
                     self.queue.push_back(Expect::Parse(None));
                     return Ok(());
@@ -311,7 +322,13 @@ impl Translator<'_> {
             }
             fe::EXECUTE => {
                 out.extend_from_slice(msg);
-                self.queue.push_back(Expect::Execute);
+                let portal = Reader::new(body).cstr()?;
+                let op = if portal.is_empty() {
+                    self.server.portal_set.clone()
+                } else {
+                    None
+                };
+                self.queue.push_back(Expect::Execute(op));
             }
             fe::SYNC => {
                 out.extend_from_slice(msg);
@@ -409,7 +426,7 @@ pub fn server_reply(
         }
         return true;
     }
-    if tag == be::COPY_IN_RESPONSE && matches!(head, Expect::Execute) {
+    if tag == be::COPY_IN_RESPONSE && matches!(head, Expect::Execute(_)) {
         // The server ignores Syncs that reach it during COPY FROM STDIN: those already sent
         // after this Execute will never be answered.
         let mut i = 1;
@@ -437,8 +454,8 @@ pub fn server_reply(
         (Expect::Bind(_), be::BIND_COMPLETE) => (true, true),
         (Expect::DescribeStatement, b't') => (false, true),
         (Expect::DescribeStatement | Expect::DescribePortal, b'T' | b'n') => (true, true),
-        (Expect::Execute, be::COMMAND_COMPLETE | b'I' | b's') => (true, true),
-        (Expect::Execute, _) => (false, true),
+        (Expect::Execute(_), be::COMMAND_COMPLETE | b'I' | b's') => (true, true),
+        (Expect::Execute(_), _) => (false, true),
         (Expect::Close, be::CLOSE_COMPLETE) => (true, true),
         (Expect::Sync | Expect::Query(_), be::READY_FOR_QUERY) => (true, true),
         (Expect::Query(_), _) => (false, true),

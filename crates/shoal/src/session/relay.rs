@@ -228,7 +228,9 @@ fn take_server(
             be::COMMAND_COMPLETE if !forward_fatal => {
                 if crate::params::changes_session_state(body) {
                     server.session_dirty = true;
-                    if let Some(Expect::Query(Some(op))) = server.expect.front() {
+                    if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
+                        server.expect.front()
+                    {
                         super::Extras::get(extras).sets.executed(op.clone());
                     }
                 } else if let Some(x) = extras.as_mut() {
