@@ -37,6 +37,16 @@ pub struct StatementDef {
     /// PostgreSQL said its cached plan no longer fits (DDL changed the result type): clients
     /// move to a fresh statement of the same text on their next use.
     pub stale: AtomicBool,
+    /// The session `SET` this statement is, if Shoal follows it (pgJDBC prepares them).
+    pub set_op: Option<super::sets::SetOp>,
+}
+
+/// The session `SET` a query text is, if any (cheap for everything else).
+fn set_of(text: &str) -> Option<super::sets::SetOp> {
+    match text.bytes().find(|b| !b.is_ascii_whitespace()) {
+        Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => super::sets::parse(text),
+        _ => None,
+    }
 }
 
 /// Statements by (session parameters, body), shared by the clients of one pool. The
@@ -79,6 +89,7 @@ impl StatementRegistry {
             body: key.1.clone(),
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
+            set_op: Reader::new(&key.1).cstr().ok().and_then(set_of),
         });
         map.insert(key, def.clone());
         def
@@ -267,6 +278,13 @@ impl Translator<'_> {
                 } else {
                     self.lookup(stmt)
                 };
+                if portal.is_empty() {
+                    self.server.portal_set = match &def {
+                        None if stmt.is_empty() => self.server.unnamed_set.clone(),
+                        Some(d) => d.set_op.clone(),
+                        None => None,
+                    };
+                }
                 match &def {
                     Some(def) => {
                         self.ensure_prepared(def, out);
