@@ -33,6 +33,10 @@ struct SlotState {
     in_flight: u32,
     /// Set while the client's query waits for a server: a cancel ends the wait.
     waiting: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The client has a request in progress that has no server yet (checkout done, session
+    /// being prepared): a cancel is remembered and sent once the server is named.
+    busy: bool,
+    pending: bool,
 }
 
 /// One client's cancel state. Kept small: every connected client has one.
@@ -46,9 +50,29 @@ impl CancelSlot {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Names the server now running this client's queries.
+    /// The client's request is being served (until [`CancelSlot::clear`]).
+    pub fn mark_busy(&self) {
+        self.lock().busy = true;
+    }
+
+    /// The request ended without reaching a server: forget a cancel meant for it.
+    pub fn not_busy(&self) {
+        let mut s = self.lock();
+        s.busy = false;
+        s.pending = false;
+    }
+
+    /// Names the server now running this client's queries; a cancel that arrived since the
+    /// request began is sent now.
     pub fn set(&self, target: CancelTarget) {
-        self.lock().target = Some(target);
+        let pending = {
+            let mut s = self.lock();
+            s.target = Some(target);
+            std::mem::take(&mut s.pending)
+        };
+        if pending {
+            tokio::spawn(forward(target));
+        }
     }
 
     /// Forgets the server; returns once no cancel for it can still arrive. A cancel in
@@ -59,6 +83,8 @@ impl CancelSlot {
             {
                 let mut s = self.lock();
                 s.target = None;
+                s.busy = false;
+                s.pending = false;
                 if s.in_flight == 0 {
                     return;
                 }
@@ -163,9 +189,12 @@ impl CancelRegistry {
             return;
         };
         let Some(target) = slot.begin() else {
-            if let Some(waiting) = slot.lock().waiting.take() {
+            let mut s = slot.lock();
+            if let Some(waiting) = s.waiting.take() {
                 tracing::debug!("cancel request for a query waiting for a server");
                 let _ = waiting.send(());
+            } else if s.busy {
+                s.pending = true;
             } else {
                 tracing::debug!("cancel request for an idle client ignored");
             }

@@ -509,6 +509,7 @@ impl Session {
             self.fail_unit(code, &msg).await?;
             return Ok(false);
         }
+        self.cancel.slot.mark_busy();
         let checkout = match self.pool.try_checkout() {
             Some(l) => Ok(l),
             None => {
@@ -528,6 +529,7 @@ impl Session {
                             "canceling statement due to user request",
                         )
                         .await?;
+                        self.cancel.slot.not_busy();
                         return Ok(false);
                     }
                 }
@@ -539,6 +541,7 @@ impl Session {
                 let (code, message) = checkout_error(&e);
                 tracing::warn!(conn = self.id, pool = %self.pool.name, error = %e, "checkout failed");
                 self.fail_unit(code, &message).await?;
+                self.cancel.slot.not_busy();
                 return Ok(false);
             }
         };
@@ -551,6 +554,7 @@ impl Session {
                 &format!("server connection failed: {e}"),
             )
             .await?;
+            self.cancel.slot.not_busy();
             return Ok(false);
         }
         self.cancel.slot.set(cancel_target(&lease));
