@@ -157,12 +157,15 @@ pub fn parse_error(body: &[u8]) -> Result<ErrorFields, FrameError> {
         if field == 0 {
             return Ok(e);
         }
-        let value = r.cstr()?;
+        // Message texts come in the client's encoding (LATIN9, say): decode what Shoal
+        // reads lossily; the bytes themselves are relayed untouched.
+        let value = r.cstr_bytes()?;
+        let text = || String::from_utf8_lossy(value).into_owned();
         match field {
-            b'V' => e.severity = value.to_owned(),
-            b'S' if e.severity.is_empty() => e.severity = value.to_owned(),
-            b'C' => e.code = value.to_owned(),
-            b'M' => e.message = value.to_owned(),
+            b'V' => e.severity = text(),
+            b'S' if e.severity.is_empty() => e.severity = text(),
+            b'C' => e.code = text(),
+            b'M' => e.message = text(),
             _ => {}
         }
     }
@@ -171,6 +174,12 @@ pub fn parse_error(body: &[u8]) -> Result<ErrorFields, FrameError> {
 pub fn parse_parameter_status(body: &[u8]) -> Result<(&str, &str), FrameError> {
     let mut r = Reader::new(body);
     Ok((r.cstr()?, r.cstr()?))
+}
+
+/// ParameterStatus as bytes (values such as `application_name` may be in any encoding).
+pub fn parse_parameter_status_bytes(body: &[u8]) -> Result<(&[u8], &[u8]), FrameError> {
+    let mut r = Reader::new(body);
+    Ok((r.cstr_bytes()?, r.cstr_bytes()?))
 }
 
 pub fn parse_backend_key_data(body: &[u8]) -> Result<(i32, i32), FrameError> {
@@ -233,6 +242,14 @@ mod tests {
         assert_eq!(e.code, "28P01");
         assert_eq!(e.message, "bad password");
         assert!(e.is_fatal());
+    }
+
+    #[test]
+    fn error_text_in_another_encoding_is_read_lossily() {
+        let body = b"SERROR\0C22P02\0Mvaleur invalide \xe9\0\0";
+        let e = parse_error(body).unwrap();
+        assert_eq!(e.code, "22P02");
+        assert!(e.message.starts_with("valeur invalide"));
     }
 
     #[test]

@@ -127,6 +127,19 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
+    /// A NUL-terminated string as bytes: query texts and server messages may be in any
+    /// encoding, and Shoal must pass them on, not judge them.
+    pub fn cstr_bytes(&mut self) -> Result<&'a [u8], FrameError> {
+        let nul = self
+            .buf
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(FrameError::Malformed("string is not NUL-terminated"))?;
+        let s = &self.buf[..nul];
+        self.buf = &self.buf[nul + 1..];
+        Ok(s)
+    }
+
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
         if self.buf.len() < n {
             return Err(FrameError::Malformed("message ends early"));

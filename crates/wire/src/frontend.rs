@@ -90,3 +90,123 @@ pub fn parse_password(body: &[u8]) -> Result<&str, FrameError> {
 pub fn parse_query(body: &[u8]) -> Result<&str, FrameError> {
     Reader::new(body).cstr()
 }
+
+/// Checks that a client message has the shape its type requires, before it is forwarded.
+///
+/// PostgreSQL answers a malformed message with an error and then discards everything up to
+/// the next Sync, a state the pooler cannot see from the replies; a server in that state must
+/// never be handed to another client. So Shoal refuses such a message itself and it never
+/// reaches a server. Unknown types are refused too.
+pub fn validate(tag: u8, body: &[u8]) -> Result<(), FrameError> {
+    let mut r = Reader::new(body);
+    match tag {
+        tag::SYNC | tag::FLUSH | tag::TERMINATE | tag::COPY_DONE => {}
+        tag::COPY_DATA => return Ok(()),
+        tag::QUERY | tag::COPY_FAIL => {
+            r.cstr_bytes()?;
+        }
+        tag::PARSE => {
+            r.cstr_bytes()?;
+            r.cstr_bytes()?;
+            let n = r.i16()?;
+            if n < 0 {
+                return Err(FrameError::Malformed("negative parameter type count"));
+            }
+            r.bytes(n as usize * 4)?;
+        }
+        tag::BIND => {
+            r.cstr_bytes()?;
+            r.cstr_bytes()?;
+            let formats = r.i16()?;
+            if formats < 0 {
+                return Err(FrameError::Malformed("negative format count"));
+            }
+            r.bytes(formats as usize * 2)?;
+            values(&mut r)?;
+            let results = r.i16()?;
+            if results < 0 {
+                return Err(FrameError::Malformed("negative result format count"));
+            }
+            r.bytes(results as usize * 2)?;
+        }
+        tag::DESCRIBE | tag::CLOSE => {
+            if !matches!(r.u8()?, b'S' | b'P') {
+                return Err(FrameError::Malformed(
+                    "Describe or Close of neither S nor P",
+                ));
+            }
+            r.cstr_bytes()?;
+        }
+        tag::EXECUTE => {
+            r.cstr_bytes()?;
+            r.i32()?;
+        }
+        tag::FUNCTION_CALL => {
+            r.i32()?;
+            let formats = r.i16()?;
+            if formats < 0 {
+                return Err(FrameError::Malformed("negative format count"));
+            }
+            r.bytes(formats as usize * 2)?;
+            values(&mut r)?;
+            r.i16()?;
+        }
+        _ => return Err(FrameError::Malformed("unknown message type")),
+    }
+    if r.remaining() != 0 {
+        return Err(FrameError::Malformed("trailing bytes after the message"));
+    }
+    Ok(())
+}
+
+/// A count, then that many length-prefixed values (length -1 is NULL).
+fn values(r: &mut Reader<'_>) -> Result<(), FrameError> {
+    let n = r.i16()?;
+    if n < 0 {
+        return Err(FrameError::Malformed("negative value count"));
+    }
+    for _ in 0..n {
+        let len = r.i32()?;
+        if len < -1 {
+            return Err(FrameError::Malformed("invalid value length"));
+        }
+        if len > 0 {
+            r.bytes(len as usize)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_formed_messages_pass() {
+        assert!(validate(tag::SYNC, b"").is_ok());
+        assert!(validate(tag::QUERY, b"SELECT 1\0").is_ok());
+        assert!(validate(tag::PARSE, b"s\0SELECT $1\0\0\x01\0\0\0\x17").is_ok());
+        assert!(validate(
+            tag::BIND,
+            b"\0s\0\0\x01\0\x01\0\x01\0\0\0\x02ab\0\x01\0\x01"
+        )
+        .is_ok());
+        assert!(validate(tag::BIND, b"\0\0\0\0\0\x01\xff\xff\xff\xff\0\0").is_ok());
+        assert!(validate(tag::DESCRIBE, b"S\0").is_ok());
+        assert!(validate(tag::EXECUTE, b"\0\0\0\0\0").is_ok());
+        assert!(validate(tag::COPY_DATA, b"anything").is_ok());
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        assert!(validate(tag::FLUSH, b"x").is_err(), "Flush has no body");
+        assert!(validate(tag::SYNC, b"\0").is_err());
+        assert!(validate(tag::QUERY, b"SELECT 1").is_err(), "no NUL");
+        assert!(validate(tag::QUERY, b"SELECT 1\0x").is_err(), "trailing");
+        assert!(validate(tag::PARSE, b"s\0SELECT\0\0\x02\0\0\0\x17").is_err());
+        assert!(validate(tag::BIND, b"\0\0\0\0\0\x01\0\0\0\x09ab\0\0").is_err());
+        assert!(validate(tag::DESCRIBE, b"X\0").is_err());
+        assert!(validate(tag::EXECUTE, b"\0\0\0").is_err());
+        assert!(validate(b'?', b"").is_err());
+    }
+}

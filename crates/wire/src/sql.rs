@@ -1,0 +1,615 @@
+//! Just enough SQL to tell what a client's query does to its session: a lexer that knows
+//! comments, quoting and dollar quotes, and a classifier over its words.
+//!
+//! A pooler in transaction mode hands one server's session to many clients, so it must know
+//! when a client left state behind (a `SET ROLE`, a temporary table, a `set_config()` call, a
+//! `WITH HOLD` cursor) that the next client would inherit. The command tag cannot say it
+//! (`SELECT set_config(...)` completes as `SELECT 1`), so Shoal reads the statement itself.
+//! The classifier errs on the side of "dirty": a false alarm costs one `DISCARD ALL`, a miss
+//! would leak one client's state into another's session. What no lexer can see (state changed
+//! inside a function the query calls) is documented in `docs/transaction-mode.md`.
+//!
+//! Works on bytes, not `str`: a client may send text in any `client_encoding`.
+
+/// What a query (one or several statements) does beyond its own transaction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Leaves session state behind that Shoal does not replay: the server must be cleaned
+    /// before another client gets it.
+    pub dirty: bool,
+    /// Changes the schema (CREATE/ALTER/DROP...): prepared statements planned before may
+    /// describe the old one.
+    pub ddl: bool,
+    /// Drops every prepared statement of the session (`DISCARD ALL`, `DEALLOCATE ALL`).
+    pub drops_statements: bool,
+    /// More than one statement.
+    pub multi: bool,
+    /// A string with a backslash was seen while `standard_conforming_strings` is unknown:
+    /// the lexer may have split the text wrongly, so the query counts as dirty.
+    pub ambiguous: bool,
+}
+
+/// Names a query may reach a whole database by (`DROP DATABASE x`, `ALTER DATABASE x RENAME`):
+/// a pooler's idle connections to that database would block it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseCommand {
+    pub database: Vec<u8>,
+}
+
+/// One token of SQL: a word (keyword or identifier, lower-cased when unquoted), or a piece of
+/// punctuation that matters for classification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Token<'a> {
+    /// An unquoted word; compare with [`Token::is`] (ASCII case-insensitive).
+    Word(&'a [u8]),
+    /// A double-quoted identifier's raw content (with `""` left doubled).
+    Quoted(&'a [u8]),
+    /// A string constant (any quoting); its content is not inspected.
+    Str,
+    Semicolon,
+    Dot,
+    OpenParen,
+    Other,
+}
+
+impl Token<'_> {
+    pub fn is(&self, word: &str) -> bool {
+        match self {
+            Token::Word(w) => w.eq_ignore_ascii_case(word.as_bytes()),
+            _ => false,
+        }
+    }
+
+    /// The identifier's name as PostgreSQL folds it (quoted: exact; unquoted: lower case).
+    fn name_eq(&self, name: &[u8]) -> bool {
+        match self {
+            Token::Word(w) => w.eq_ignore_ascii_case(name),
+            Token::Quoted(q) => *q == name,
+            _ => false,
+        }
+    }
+
+    fn name_starts_with(&self, prefix: &[u8]) -> bool {
+        match self {
+            Token::Word(w) => {
+                w.len() >= prefix.len() && w[..prefix.len()].eq_ignore_ascii_case(prefix)
+            }
+            Token::Quoted(q) => q.starts_with(prefix),
+            _ => false,
+        }
+    }
+}
+
+/// A lexer over SQL text. Never fails: unterminated quotes or comments end the text.
+pub struct Lexer<'a> {
+    s: &'a [u8],
+    i: usize,
+    /// A string constant contained a backslash (meaning depends on settings).
+    pub saw_backslash_string: bool,
+}
+
+fn is_word_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
+}
+
+fn is_word_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+}
+
+impl<'a> Lexer<'a> {
+    pub fn new(s: &'a [u8]) -> Self {
+        // A query text ends at its NUL (the wire form carries one).
+        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+        Lexer {
+            s: &s[..end],
+            i: 0,
+            saw_backslash_string: false,
+        }
+    }
+
+    fn peek(&self, k: usize) -> Option<u8> {
+        self.s.get(self.i + k).copied()
+    }
+
+    /// Skips a quoted run closed by `q`, where a doubled `q` stands for itself; with
+    /// `backslash`, a backslash escapes the next byte.
+    fn skip_quoted(&mut self, q: u8, backslash: bool) -> usize {
+        let start = self.i;
+        while self.i < self.s.len() {
+            let b = self.s[self.i];
+            if backslash && b == b'\\' {
+                self.i += 2;
+                continue;
+            }
+            if b == b'\\' {
+                self.saw_backslash_string = true;
+            }
+            if b == q {
+                if self.peek(1) == Some(q) {
+                    self.i += 2;
+                    continue;
+                }
+                let end = self.i;
+                self.i += 1;
+                return end;
+            }
+            self.i += 1;
+        }
+        self.i = self.s.len();
+        let _ = start;
+        self.s.len()
+    }
+
+    fn skip_block_comment(&mut self) {
+        // PostgreSQL's block comments nest.
+        let mut depth = 0usize;
+        while self.i < self.s.len() {
+            if self.s[self.i] == b'/' && self.peek(1) == Some(b'*') {
+                depth += 1;
+                self.i += 2;
+            } else if self.s[self.i] == b'*' && self.peek(1) == Some(b'/') {
+                depth -= 1;
+                self.i += 2;
+                if depth == 0 {
+                    return;
+                }
+            } else {
+                self.i += 1;
+            }
+        }
+    }
+
+    /// At `$`: a dollar quote `$tag$ ... $tag$` (skipped, true) or not (false).
+    fn try_dollar_quote(&mut self) -> bool {
+        let rest = &self.s[self.i + 1..];
+        let tag_len = rest.iter().position(|&b| !is_word_char(b) || b == b'$');
+        let Some(tag_len) = tag_len else { return false };
+        if rest.get(tag_len) != Some(&b'$') {
+            return false;
+        }
+        if tag_len > 0 && rest[0].is_ascii_digit() {
+            return false; // $1 is a parameter
+        }
+        let delim = &self.s[self.i..self.i + tag_len + 2];
+        let body_start = self.i + delim.len();
+        match find(&self.s[body_start..], delim) {
+            Some(at) => self.i = body_start + at + delim.len(),
+            None => self.i = self.s.len(),
+        }
+        true
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+impl<'a> Iterator for Lexer<'a> {
+    type Item = Token<'a>;
+
+    fn next(&mut self) -> Option<Token<'a>> {
+        loop {
+            let b = *self.s.get(self.i)?;
+            match b {
+                b if b.is_ascii_whitespace() => self.i += 1,
+                b'-' if self.peek(1) == Some(b'-') => {
+                    while self.i < self.s.len() && self.s[self.i] != b'\n' {
+                        self.i += 1;
+                    }
+                }
+                b'/' if self.peek(1) == Some(b'*') => self.skip_block_comment(),
+                b'\'' => {
+                    self.i += 1;
+                    self.skip_quoted(b'\'', false);
+                    return Some(Token::Str);
+                }
+                b'"' => {
+                    self.i += 1;
+                    let start = self.i;
+                    let end = self.skip_quoted(b'"', false);
+                    return Some(Token::Quoted(&self.s[start..end]));
+                }
+                b'$' if self.try_dollar_quote() => return Some(Token::Str),
+                b';' => {
+                    self.i += 1;
+                    return Some(Token::Semicolon);
+                }
+                b'.' => {
+                    self.i += 1;
+                    return Some(Token::Dot);
+                }
+                b'(' => {
+                    self.i += 1;
+                    return Some(Token::OpenParen);
+                }
+                b if is_word_start(b) => {
+                    // E'..' (backslash escapes), B'..', X'..', N'..', U&'..' / U&"..".
+                    let next = self.peek(1);
+                    if next == Some(b'\'') && matches!(b, b'e' | b'E') {
+                        self.i += 2;
+                        self.skip_quoted(b'\'', true);
+                        return Some(Token::Str);
+                    }
+                    if next == Some(b'\'') && matches!(b, b'b' | b'B' | b'x' | b'X' | b'n' | b'N') {
+                        self.i += 2;
+                        self.skip_quoted(b'\'', false);
+                        return Some(Token::Str);
+                    }
+                    if matches!(b, b'u' | b'U') && next == Some(b'&') {
+                        match self.peek(2) {
+                            Some(b'\'') => {
+                                self.i += 3;
+                                self.skip_quoted(b'\'', false);
+                                return Some(Token::Str);
+                            }
+                            Some(b'"') => {
+                                self.i += 3;
+                                let start = self.i;
+                                let end = self.skip_quoted(b'"', false);
+                                return Some(Token::Quoted(&self.s[start..end]));
+                            }
+                            _ => {}
+                        }
+                    }
+                    let start = self.i;
+                    while self.i < self.s.len() && is_word_char(self.s[self.i]) {
+                        self.i += 1;
+                    }
+                    return Some(Token::Word(&self.s[start..self.i]));
+                }
+                _ => {
+                    self.i += 1;
+                    return Some(Token::Other);
+                }
+            }
+        }
+    }
+}
+
+/// Functions that change the session for longer than the transaction.
+const SESSION_FUNCTIONS: &[&[u8]] = &[
+    b"set_config",
+    b"pg_advisory_lock",
+    b"pg_advisory_lock_shared",
+    b"pg_try_advisory_lock",
+    b"pg_try_advisory_lock_shared",
+    b"setseed",
+    b"dblink_connect",
+    b"dblink_connect_u",
+];
+
+/// Classifies a query text: what it leaves behind in the session.
+pub fn classify(sql: &[u8]) -> Effects {
+    let mut fx = Effects::default();
+    let mut lex = Lexer::new(sql);
+    // Only the first words decide a statement's kind (no allocation: this runs per query).
+    let mut stmt = [Token::Other; 8];
+    let mut len = 0usize;
+    let mut prev: Option<Token<'_>> = None;
+    let mut statements = 0usize;
+    loop {
+        let tok = lex.next();
+        match tok {
+            Some(Token::Semicolon) | None => {
+                if len > 0 {
+                    statements += 1;
+                    classify_statement(&stmt[..len], &mut fx);
+                    len = 0;
+                }
+                prev = None;
+                if tok.is_none() {
+                    break;
+                }
+            }
+            Some(t) => {
+                // The rest is scanned for the few tokens that matter anywhere.
+                scan_anywhere(&t, prev.as_ref(), &mut fx);
+                prev = Some(t);
+                if len < stmt.len() {
+                    stmt[len] = t;
+                    len += 1;
+                }
+            }
+        }
+    }
+    fx.multi = statements > 1;
+    if lex.saw_backslash_string {
+        fx.ambiguous = true;
+        fx.dirty = true;
+    }
+    fx
+}
+
+fn scan_anywhere(t: &Token<'_>, prev: Option<&Token<'_>>, fx: &mut Effects) {
+    if t.name_starts_with(b"pg_temp") {
+        fx.dirty = true;
+    }
+    if SESSION_FUNCTIONS.iter().any(|f| t.name_eq(f)) {
+        fx.dirty = true;
+    }
+    if (t.is("temp") || t.is("temporary"))
+        && prev.is_some_and(|p| {
+            p.is("create") || p.is("global") || p.is("local") || p.is("into") || p.is("replace")
+        })
+    {
+        fx.dirty = true;
+    }
+}
+
+fn classify_statement(words: &[Token<'_>], fx: &mut Effects) {
+    let w = |i: usize| words.get(i);
+    let is = |i: usize, k: &str| w(i).is_some_and(|t| t.is(k));
+    let Some(first) = w(0) else { return };
+    // Statements that leave nothing behind need no further look.
+    let mut lower = [0u8; 16];
+    let first_word = match first {
+        Token::Word(x) if x.len() <= lower.len() => {
+            lower[..x.len()].copy_from_slice(x);
+            lower[..x.len()].make_ascii_lowercase();
+            &lower[..x.len()]
+        }
+        Token::OpenParen => return, // (SELECT ...)
+        _ => {
+            fx.dirty = true;
+            return;
+        }
+    };
+    match first_word {
+        b"select" | b"insert" | b"update" | b"delete" | b"with" | b"values" | b"table"
+        | b"merge" | b"copy" | b"begin" | b"start" | b"commit" | b"end" | b"rollback"
+        | b"abort" | b"savepoint" | b"release" | b"fetch" | b"move" | b"close" | b"show"
+        | b"explain" | b"analyze" | b"analyse" | b"vacuum" | b"lock" | b"notify" | b"unlisten"
+        | b"checkpoint" | b"grant" | b"revoke" | b"truncate" | b"reindex" | b"cluster"
+        | b"refresh" | b"import" | b"security" => {}
+        b"set" => {
+            // SET LOCAL / SET TRANSACTION / SET CONSTRAINTS end with the transaction.
+            if !(is(1, "local") || is(1, "transaction") || is(1, "constraints")) {
+                fx.dirty = true;
+            }
+        }
+        b"create" | b"alter" | b"drop" | b"comment" => {
+            fx.ddl = true;
+        }
+        b"discard" => {
+            fx.dirty = true;
+            if is(1, "all") {
+                fx.drops_statements = true;
+            }
+        }
+        b"deallocate" => {
+            fx.dirty = true;
+            if is(1, "all") || (is(1, "prepare") && is(2, "all")) {
+                fx.drops_statements = true;
+            }
+        }
+        b"declare" => {
+            if words.iter().any(|t| t.is("hold")) {
+                fx.dirty = true;
+            }
+        }
+        // PREPARE, EXECUTE of SQL-prepared statements, LISTEN, LOAD, RESET, anonymous code
+        // blocks and procedures (which may do anything), and whatever this list does not know.
+        _ => fx.dirty = true,
+    }
+}
+
+/// `DROP DATABASE x` or `ALTER DATABASE x RENAME ...`: the database it names.
+pub fn database_command(sql: &[u8]) -> Option<DatabaseCommand> {
+    let mut lex = Lexer::new(sql);
+    let first = lex.next()?;
+    let second = lex.next()?;
+    if !second.is("database") || !(first.is("drop") || first.is("alter")) {
+        return None;
+    }
+    let mut name = lex.next()?;
+    if first.is("drop") && name.is("if") {
+        lex.next()?; // EXISTS
+        name = lex.next()?;
+    }
+    let database = match name {
+        Token::Word(w) => w.to_ascii_lowercase(),
+        Token::Quoted(q) => q.to_vec(),
+        _ => return None,
+    };
+    if first.is("alter") && !lex.next().is_some_and(|t| t.is("rename")) {
+        return None;
+    }
+    Some(DatabaseCommand { database })
+}
+
+/// A single statement `DEALLOCATE [PREPARE] name` or `EXECUTE name [(args)]`: which one, the
+/// statement name as PostgreSQL folds it, and the byte range of the name in the text (for
+/// rewriting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedStatementCommand {
+    pub execute: bool,
+    pub name: Vec<u8>,
+    pub name_at: std::ops::Range<usize>,
+}
+
+/// Recognises `DEALLOCATE [PREPARE] name` and `EXECUTE name ...` as the only statement.
+pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
+    let mut lex = Lexer::new(sql);
+    let first = lex.next()?;
+    let execute = if first.is("execute") {
+        true
+    } else if first.is("deallocate") {
+        false
+    } else {
+        return None;
+    };
+    let mut name = lex.next()?;
+    if !execute && name.is("prepare") {
+        name = lex.next()?;
+    }
+    let end = lex.i;
+    let (folded, start, stop) = match name {
+        Token::Word(w) => {
+            if !execute && w.eq_ignore_ascii_case(b"all") {
+                return None;
+            }
+            (w.to_ascii_lowercase(), end - w.len(), end)
+        }
+        Token::Quoted(q) if !q.contains(&b'"') => (q.to_vec(), end - q.len() - 2, end),
+        _ => return None,
+    };
+    // One statement only: EXECUTE may be followed by its argument list.
+    let mut depth = 0i32;
+    let mut seen_end = false;
+    for t in lex.by_ref() {
+        if seen_end {
+            return None;
+        }
+        match t {
+            Token::OpenParen => depth += 1,
+            Token::Other if depth > 0 => {}
+            Token::Semicolon if depth == 0 => seen_end = true,
+            _ if !execute => return None,
+            _ => {}
+        }
+    }
+    if lex.saw_backslash_string {
+        return None;
+    }
+    Some(NamedStatementCommand {
+        execute,
+        name: folded,
+        name_at: start..stop,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirty(sql: &str) -> bool {
+        classify(sql.as_bytes()).dirty
+    }
+
+    #[test]
+    fn plain_queries_are_clean() {
+        for sql in [
+            "SELECT 1",
+            "select abalance from pgbench_accounts where aid = $1",
+            "INSERT INTO t VALUES ('SET ROLE x; set_config')",
+            "UPDATE t SET a = 1",
+            "BEGIN; SELECT 1; COMMIT",
+            "SET LOCAL statement_timeout = 5",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "-- SET ROLE x\nSELECT 1",
+            "/* SET ROLE /* nested */ x */ SELECT 1",
+            "SELECT $$ set_config $$, $x$ pg_temp $x$",
+            "SELECT temp FROM readings",
+            "DECLARE c CURSOR FOR SELECT 1",
+            "SELECT \"set_configs\" FROM t",
+            "(SELECT 1)",
+        ] {
+            assert!(!dirty(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_changes_are_dirty() {
+        for sql in [
+            "SET ROLE other",
+            "set session authorization other",
+            "SELECT set_config('search_path', 'x', false)",
+            "select pg_catalog.set_config('role', 'x', false)",
+            "SELECT \"set_config\"('a.b', 'c', false)",
+            "CREATE TEMP TABLE t (a int)",
+            "create global temporary table t (a int)",
+            "CREATE TABLE pg_temp.t (a int)",
+            "SELECT 1 INTO TEMP t",
+            "CREATE OR REPLACE TEMP VIEW v AS SELECT 1",
+            "PREPARE p AS SELECT 1",
+            "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "LISTEN chan",
+            "SELECT pg_advisory_lock(1)",
+            "DO $$BEGIN PERFORM 1; END$$",
+            "CALL p()",
+            "SELECT 1; SET search_path = x",
+            "/* c */ SET search_path = x",
+            "DISCARD ALL",
+            "RESET ALL",
+            "LOAD 'auto_explain'",
+            "SELECT 'a\\'; set_config('x', 'y', false); --'",
+        ] {
+            assert!(dirty(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn ddl_and_statement_drops() {
+        assert!(classify(b"ALTER TABLE t ADD COLUMN b int").ddl);
+        assert!(classify(b"drop type x").ddl);
+        assert!(!classify(b"SELECT 1").ddl);
+        assert!(classify(b"DISCARD ALL").drops_statements);
+        assert!(classify(b"deallocate prepare all").drops_statements);
+        assert!(!classify(b"DEALLOCATE x").drops_statements);
+        assert!(classify(b"SELECT 1; SELECT 2").multi);
+        assert!(!classify(b"SELECT ';'").multi);
+    }
+
+    #[test]
+    fn database_commands() {
+        assert_eq!(
+            database_command(b"DROP DATABASE IF EXISTS \"My\""),
+            Some(DatabaseCommand {
+                database: b"My".to_vec()
+            })
+        );
+        assert_eq!(
+            database_command(b"alter database Foo rename to bar"),
+            Some(DatabaseCommand {
+                database: b"foo".to_vec()
+            })
+        );
+        assert_eq!(database_command(b"alter database foo set x = 1"), None);
+        assert_eq!(database_command(b"drop table x"), None);
+    }
+
+    #[test]
+    fn named_statement_commands() {
+        let c = named_statement_command(b"DEALLOCATE _pg3_1").unwrap();
+        assert!(!c.execute);
+        assert_eq!(c.name, b"_pg3_1");
+        let sql = b"EXECUTE \"S1\"(1, 'a')";
+        let c = named_statement_command(sql).unwrap();
+        assert!(c.execute);
+        assert_eq!(&sql[c.name_at.clone()], b"\"S1\"");
+        assert_eq!(c.name, b"S1");
+        assert_eq!(
+            named_statement_command(b"deallocate prepare Foo;")
+                .unwrap()
+                .name,
+            b"foo"
+        );
+        assert_eq!(named_statement_command(b"DEALLOCATE ALL"), None);
+        assert_eq!(named_statement_command(b"DEALLOCATE a; SELECT 1"), None);
+        assert_eq!(named_statement_command(b"EXECUTE a; SELECT 1"), None);
+    }
+
+    #[test]
+    fn lexer_never_panics_on_odd_input() {
+        for sql in [
+            &b"'unterminated"[..],
+            b"\"unterminated",
+            b"/* open",
+            b"$a$ open",
+            b"$",
+            b"$1",
+            b"E'\\",
+            b"U&",
+            b"\xff\xfe SET",
+            b"--",
+        ] {
+            let _ = classify(sql);
+            let _ = database_command(sql);
+            let _ = named_statement_command(sql);
+        }
+    }
+}
