@@ -104,6 +104,7 @@ pub struct PoolSection {
     pub server_connect_timeout: f64,
     pub query_wait_timeout: f64,
     pub server_reset_query: String,
+    pub server_reset_timeout: f64,
     pub max_prepared_statements: usize,
 }
 
@@ -119,6 +120,7 @@ impl Default for PoolSection {
             server_connect_timeout: 5.0,
             query_wait_timeout: 120.0,
             server_reset_query: "DISCARD ALL".into(),
+            server_reset_timeout: 5.0,
             max_prepared_statements: 200,
         }
     }
@@ -247,6 +249,9 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     pub wait_timeout: Duration,
     pub reset_query: String,
+    /// Bound on every wait for a server's reply while Shoal prepares, cleans or resets it; a
+    /// server that does not answer in time is closed.
+    pub reset_timeout: Duration,
     /// Named prepared statements kept per server connection in transaction mode (0: no
     /// tracking; statements are then passed through as the client sent them).
     pub max_prepared_statements: usize,
@@ -314,6 +319,7 @@ impl Config {
             ("server_lifetime", raw.pool.server_lifetime),
             ("server_connect_timeout", raw.pool.server_connect_timeout),
             ("query_wait_timeout", raw.pool.query_wait_timeout),
+            ("server_reset_timeout", raw.pool.server_reset_timeout),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(invalid(
@@ -376,6 +382,7 @@ impl Config {
             connect_timeout: secs(p.server_connect_timeout),
             wait_timeout: secs(p.query_wait_timeout),
             reset_query: p.server_reset_query.clone(),
+            reset_timeout: secs(p.server_reset_timeout),
             max_prepared_statements: p.max_prepared_statements,
         }
     }

@@ -135,10 +135,11 @@ impl StartupRequest {
     }
 }
 
-/// Undoes session state a client may leave on a transaction-mode server (settings, LISTEN
-/// registrations, session advisory locks) before another client gets it.
-pub const CLEAN_SESSION_SQL: &str =
-    "RESET ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all()";
+/// Undoes everything a client may leave on a transaction-mode server (settings including
+/// `SET ROLE` and `SET SESSION AUTHORIZATION`, temporary tables, SQL and protocol prepared
+/// statements, `WITH HOLD` cursors, LISTEN registrations, session advisory locks) before
+/// another client gets it.
+pub const CLEAN_SESSION_SQL: &str = "DISCARD ALL";
 
 /// Whether a CommandComplete tag says the client changed session state that would outlive
 /// its transaction on a pooled server.
@@ -148,28 +149,39 @@ pub fn changes_session_state(tag: &[u8]) -> bool {
         .any(|p| tag.starts_with(p))
 }
 
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+/// Whether a CommandComplete tag says the schema changed (prepared statements planned before
+/// may describe the old one).
+pub fn changes_schema(tag: &[u8]) -> bool {
+    [&b"CREATE "[..], b"ALTER ", b"DROP ", b"COMMENT\0"]
+        .iter()
+        .any(|p| tag.starts_with(p))
 }
 
-/// SQL that resets a server's session parameters and applies `params`, using `set_config` so
-/// values are taken verbatim, as in a startup packet (`search_path = 'a, b'` stays two schemas).
-pub fn apply_sql(params: &[(String, String)]) -> String {
-    let mut sql = String::from("RESET ALL");
-    if !params.is_empty() {
-        sql.push_str("; SELECT ");
-        for (i, (k, v)) in params.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!(
-                "pg_catalog.set_config({}, {}, false)",
-                quote_literal(k),
-                quote_literal(v)
-            ));
+/// The statement that applies `n` startup parameters, passed as `$1, $2, ...` pairs of name
+/// and value: values are never spliced into SQL (with `standard_conforming_strings = off` a
+/// quoted literal could be escaped out of), and `set_config` takes them verbatim, as a
+/// startup packet does (`search_path = 'a, b'` stays two schemas).
+pub fn apply_statement(n: usize) -> String {
+    let mut sql = String::from("SELECT ");
+    for i in 0..n {
+        if i > 0 {
+            sql.push_str(", ");
         }
+        sql.push_str(&format!(
+            "pg_catalog.set_config(${}, ${}, false)",
+            2 * i + 1,
+            2 * i + 2
+        ));
     }
     sql
+}
+
+/// The parameters of [`apply_statement`], in order.
+pub fn apply_values(params: &[(String, String)]) -> Vec<&str> {
+    params
+        .iter()
+        .flat_map(|(k, v)| [k.as_str(), v.as_str()])
+        .collect()
 }
 
 #[cfg(test)]
@@ -233,12 +245,14 @@ mod tests {
     }
 
     #[test]
-    fn apply_sql_quotes_values() {
-        assert_eq!(apply_sql(&[]), "RESET ALL");
-        let sql = apply_sql(&[("application_name".into(), "it's".into())]);
+    fn parameters_are_passed_out_of_band() {
         assert_eq!(
-            sql,
-            "RESET ALL; SELECT pg_catalog.set_config('application_name', 'it''s', false)"
+            apply_statement(2),
+            "SELECT pg_catalog.set_config($1, $2, false), pg_catalog.set_config($3, $4, false)"
         );
+        let p = vec![("application_name".to_string(), "x\\'; DROP".to_string())];
+        assert_eq!(apply_values(&p), vec!["application_name", "x\\'; DROP"]);
+        assert!(changes_schema(b"ALTER TABLE\0"));
+        assert!(!changes_schema(b"SELECT 1\0"));
     }
 }

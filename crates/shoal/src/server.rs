@@ -58,11 +58,31 @@ pub enum ServerError {
     NoPassword(String),
     #[error("{}", .0.message)]
     Db(ErrorFields),
+    #[error("server did not answer within server_reset_timeout ({0:?}) while being prepared for a client")]
+    ResetTimeout(Duration),
 }
 
 impl From<FrameError> for ServerError {
     fn from(e: FrameError) -> Self {
         ServerError::Protocol(e.to_string())
+    }
+}
+
+/// Records a ParameterStatus in a server's reported parameters; returns whether the value
+/// changed. (A free function so the relay can call it while it reads the server's buffer.)
+pub fn set_param_bytes(params: &mut Vec<(String, String)>, name: &[u8], value: &[u8]) -> bool {
+    let name = String::from_utf8_lossy(name);
+    let value = String::from_utf8_lossy(value);
+    match params.iter_mut().find(|(k, _)| *k == name) {
+        Some(slot) if slot.1 == value => false,
+        Some(slot) => {
+            value.as_ref().clone_into(&mut slot.1);
+            true
+        }
+        None => {
+            params.push((name.into_owned(), value.into_owned()));
+            true
+        }
     }
 }
 
@@ -242,7 +262,46 @@ impl ServerConn {
     pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         frontend::query(&mut out, sql);
+        self.statements.unnamed_dropped();
         self.stream.write_all(&out).await?;
+        self.read_until_ready().await
+    }
+
+    /// Runs `sql` with text parameters over the extended protocol (unnamed statement), so
+    /// values a client supplied are never spliced into SQL text.
+    pub async fn query_with_params(
+        &mut self,
+        sql: &str,
+        params: &[&str],
+    ) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        frontend::parse_bind_execute(&mut out, sql, params);
+        self.statements.unnamed_dropped();
+        self.stream.write_all(&out).await?;
+        self.read_until_ready().await
+    }
+
+    /// Sends pooler-issued requests (`out`, answered by `replies` ReadyForQuery messages) in
+    /// one write and reads every reply; fails with the first error once all are read, so
+    /// the connection is left at a boundary either way (or is broken).
+    pub async fn run_batch(&mut self, out: &[u8], replies: usize) -> Result<(), ServerError> {
+        self.stream.write_all(out).await?;
+        let mut first = None;
+        for _ in 0..replies {
+            match self.read_until_ready().await {
+                Ok(()) => {}
+                Err(ServerError::Db(f)) if !f.is_fatal() => {
+                    first.get_or_insert(f);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        first.map_or(Ok(()), |f| Err(ServerError::Db(f)))
+    }
+
+    /// Reads replies to a pooler-issued request up to ReadyForQuery; fails with the first
+    /// ErrorResponse once the server is ready again.
+    async fn read_until_ready(&mut self) -> Result<(), ServerError> {
         let mut first_error = None;
         loop {
             let frame = self.read_frame().await?;

@@ -21,28 +21,41 @@ async fn expect_fatal(r: &mut Raw, code: &str, needle: &str) {
     );
 }
 
+/// As PostgreSQL: a first packet that is not a startup packet is logged and the connection
+/// closed without a reply (the peer does not speak the protocol).
+async fn expect_silent_close(r: &mut Raw) {
+    assert!(r.recv().await.is_none(), "closed without a reply");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_before_startup() {
     let db = unique_db("bad");
     let shoal = shoal_for(&db, "");
     let mut r = Raw::connect(shoal.addr).await;
     r.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
-    expect_fatal(&mut r, "08P01", "invalid length of startup packet").await;
+    expect_silent_close(&mut r).await;
     // A length that is too small.
     let mut r = Raw::connect(shoal.addr).await;
     r.send(&[0, 0, 0, 4]).await;
-    expect_fatal(&mut r, "08P01", "invalid length").await;
+    expect_silent_close(&mut r).await;
     // A startup packet whose parameters are not terminated.
     let mut r = Raw::connect(shoal.addr).await;
     r.send(&[0, 0, 0, 12, 0, 3, 0, 0, b'u', b's', b'e', b'r'])
         .await;
-    expect_fatal(&mut r, "08P01", "startup packet").await;
-    // A startup without a user.
+    expect_silent_close(&mut r).await;
+    // A startup without a user: PostgreSQL's FATAL.
     let mut r = Raw::connect(shoal.addr).await;
     let mut b = BytesMut::new();
     shoal_wire::frontend::startup(&mut b, &[("database", "x")]);
     r.send(&b).await;
-    expect_fatal(&mut r, "08P01", "no PostgreSQL user name").await;
+    expect_fatal(&mut r, "28000", "no PostgreSQL user name").await;
+    // One SSLRequest is answered; a second is a protocol violation.
+    let mut r = Raw::connect(shoal.addr).await;
+    let ssl = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    r.send(&ssl).await;
+    assert_eq!(r.recv_byte().await, Some(b'N'));
+    r.send(&ssl).await;
+    expect_fatal(&mut r, "08P01", "already negotiated").await;
     // Shoal still serves.
     let mut ok = Raw::login(shoal.addr, "raw", &db, &[]).await;
     assert_eq!(ok.simple("SELECT 1").await.unwrap(), vec!["1"]);
@@ -77,6 +90,21 @@ async fn oversized_malformed_and_unknown_messages() {
     r.send(&[b'~', 0, 0, 0, 4]).await;
     expect_fatal(&mut r, "08P01", "invalid frontend message type").await;
 
+    // Bodies that do not match their message type never reach a server.
+    for (tag, body) in [
+        (b'H', &b"x"[..]),
+        (b'S', b"\0"),
+        (b'Q', b"SELECT 1"),
+        (b'P', b"s\0SELECT 1\0\0\x05"),
+        (b'E', b"\0\0"),
+    ] {
+        let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        let mut b = BytesMut::new();
+        shoal_wire::backend::put_message(&mut b, tag, |m| m.put_slice(body));
+        r.send(&b).await;
+        expect_fatal(&mut r, "08P01", "malformed").await;
+    }
+
     // Malformed SCRAM exchange.
     let mut r = Raw::connect(shoal.addr).await;
     r.startup("app", &db, &[]).await;
@@ -88,6 +116,43 @@ async fn oversized_malformed_and_unknown_messages() {
 
     let v: i32 = bystander.query_one("SELECT 3", &[]).await.unwrap().get(0);
     assert_eq!(v, 3);
+}
+
+/// A query followed by a malformed Flush: PostgreSQL would answer the query, reject the
+/// Flush and ignore everything until a Sync, so a server in that state must never reach the
+/// next client (on a pool of one, client B would get A's error and then no answer at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_message_after_a_query_never_reaches_the_next_client() {
+    let db = unique_db("bad");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    for round in 0..3 {
+        let mut a = Raw::login(shoal.addr, "raw", &db, &[("application_name", "a")]).await;
+        let mut b = BytesMut::new();
+        raw::query(&mut b, "SELECT pg_sleep(0.2)");
+        shoal_wire::backend::put_message(&mut b, b'H', |m| m.put_u8(0));
+        a.send(&b).await;
+        let mut got_fatal = false;
+        while let Some(m) = a.recv().await {
+            if m.tag == 'E' {
+                assert_eq!(m.code(), "08P01", "round {round}: {}", m.text());
+                got_fatal = true;
+            }
+        }
+        assert!(
+            got_fatal,
+            "round {round}: A is told its message was malformed"
+        );
+        let mut other = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        let msgs = {
+            let mut b = BytesMut::new();
+            raw::query(&mut b, "SELECT 'b-only'");
+            other.send(&b).await;
+            other.until_ready().await
+        };
+        let tags: String = msgs.iter().map(|m| m.tag).collect();
+        assert_eq!(tags, "TDCZ", "round {round}: B sees exactly its own reply");
+        assert_eq!(raw::first_column(&msgs[1]), "b-only");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

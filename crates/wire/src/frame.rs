@@ -21,6 +21,8 @@ pub enum FrameError {
     TooLarge { tag: char, len: u32, max: usize },
     #[error("message body is malformed: {0}")]
     Malformed(&'static str),
+    #[error("invalid frontend message type {}", *.0 as char)]
+    UnknownType(u8),
 }
 
 /// Returns the total length (header included) of the first message in `buf` once it is fully

@@ -48,6 +48,32 @@ pub fn query(buf: &mut BytesMut, sql: &str) {
     put_message(buf, tag::QUERY, |b| put_cstr(b, sql));
 }
 
+/// Parse (unnamed), Bind with text parameters, Execute and Sync: one round trip that runs
+/// `sql` with values passed out of band, never spliced into the text.
+pub fn parse_bind_execute(buf: &mut BytesMut, sql: &str, params: &[&str]) {
+    put_message(buf, tag::PARSE, |b| {
+        put_cstr(b, "");
+        put_cstr(b, sql);
+        b.put_i16(0);
+    });
+    put_message(buf, tag::BIND, |b| {
+        put_cstr(b, "");
+        put_cstr(b, "");
+        b.put_i16(0);
+        b.put_i16(params.len() as i16);
+        for p in params {
+            b.put_i32(p.len() as i32);
+            b.put_slice(p.as_bytes());
+        }
+        b.put_i16(0);
+    });
+    put_message(buf, tag::EXECUTE, |b| {
+        put_cstr(b, "");
+        b.put_i32(0);
+    });
+    put_message(buf, tag::SYNC, |_| {});
+}
+
 pub fn password(buf: &mut BytesMut, password: &str) {
     put_message(buf, tag::PASSWORD, |b| put_cstr(b, password));
 }
@@ -151,7 +177,7 @@ pub fn validate(tag: u8, body: &[u8]) -> Result<(), FrameError> {
             values(&mut r)?;
             r.i16()?;
         }
-        _ => return Err(FrameError::Malformed("unknown message type")),
+        other => return Err(FrameError::UnknownType(other)),
     }
     if r.remaining() != 0 {
         return Err(FrameError::Malformed("trailing bytes after the message"));

@@ -15,3 +15,7 @@ pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
 pub const INTERNAL_ERROR: &str = "XX000";
+pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
+pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
+pub const OUT_OF_MEMORY: &str = "53200";

@@ -16,21 +16,19 @@ pub async fn read_startup(
     app: &App,
 ) -> Result<Option<StartupMessage>, SessionError> {
     let mut buf = BytesMut::with_capacity(256);
+    let mut negotiated = false;
     loop {
         let len = loop {
             if buf.first() == Some(&TLS_HANDSHAKE_BYTE) {
                 // A direct-TLS client (sslnegotiation=direct) cannot read a plain error.
                 return Err(SessionError::Quiet(
-                    "client started TLS directly; TLS is not enabled",
+                    "client started TLS directly; TLS is not enabled".into(),
                 ));
             }
             match startup::startup_len(&buf) {
-                Err(e) => {
-                    return Err(SessionError::fatal(
-                        sqlstate::PROTOCOL_VIOLATION,
-                        e.to_string(),
-                    ))
-                }
+                // As PostgreSQL: a first packet that is not one is logged, not answered
+                // (whatever sent it does not speak the protocol).
+                Err(e) => return Err(SessionError::Quiet(e.to_string())),
                 Ok(Some(n)) => break n,
                 Ok(None) => {}
             }
@@ -47,6 +45,13 @@ pub async fn read_startup(
         let packet = buf.split_to(len);
         match startup::parse_startup(&packet) {
             Ok(StartupPacket::Ssl) | Ok(StartupPacket::GssEnc) => {
+                if negotiated {
+                    return Err(SessionError::fatal(
+                        sqlstate::PROTOCOL_VIOLATION,
+                        "encryption was already negotiated on this connection",
+                    ));
+                }
+                negotiated = true;
                 if !buf.is_empty() {
                     return Err(SessionError::fatal(
                         sqlstate::PROTOCOL_VIOLATION,
@@ -77,12 +82,7 @@ pub async fn read_startup(
                     e.to_string(),
                 ))
             }
-            Err(e) => {
-                return Err(SessionError::fatal(
-                    sqlstate::PROTOCOL_VIOLATION,
-                    e.to_string(),
-                ))
-            }
+            Err(e) => return Err(SessionError::Quiet(e.to_string())),
         }
     }
 }

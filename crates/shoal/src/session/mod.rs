@@ -7,6 +7,7 @@
 
 mod auth;
 mod handshake;
+mod hygiene;
 pub mod prepared;
 mod relay;
 pub mod sets;
@@ -19,14 +20,14 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use shoal_wire::backend::{self, ErrorFields, Severity};
 use shoal_wire::frame::next_frame_len;
-use shoal_wire::frontend::tag as fe;
+use shoal_wire::frontend::{self, tag as fe};
 use shoal_wire::{sqlstate, FrameError};
 
 use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
 use crate::net::ClientStream;
-use crate::params::{apply_sql, SharedParams, StartupRequest};
+use crate::params::{SharedParams, StartupRequest};
 use crate::pool::{CheckoutError, Lease, Pool};
 use crate::server::ServerError;
 use relay::{Flow, RelayEnd};
@@ -40,8 +41,9 @@ pub enum SessionError {
     Io(#[from] std::io::Error),
     #[error("{message}")]
     Fatal { code: &'static str, message: String },
+    /// Ends the connection without a word to the client (it does not speak the protocol).
     #[error("{0}")]
-    Quiet(&'static str),
+    Quiet(String),
     #[error("invalid frontend message type {}", *.0 as char)]
     UnknownMessage(u8),
     #[error("server protocol error: {0}")]
@@ -207,31 +209,58 @@ fn known_code(code: &str) -> &'static str {
     .unwrap_or(sqlstate::CONNECTION_FAILURE)
 }
 
-/// Makes a server's session what this client expects: its startup parameters, and nothing a
-/// previous client changed. Costs nothing when the server already matches.
+/// Makes a server's session what this client expects: nothing a previous client left, its
+/// startup parameters, and its session `SET`s. Costs nothing when the server already matches;
+/// otherwise one write and one wait, bounded by `server_reset_timeout` (a server that does
+/// not answer in time is closed by the caller).
 async fn prepare_server(
     lease: &mut Lease,
     params: &[(String, String)],
     sets: Option<&sets::SessionSets>,
+    timeout: Duration,
 ) -> Result<(), ServerError> {
     let want = sets.map_or(0, |s| s.fingerprint);
-    if lease.session_dirty || (lease.sets_applied != 0 && lease.sets_applied != want) {
-        lease.applied.clear();
-        lease.sets_applied = 0;
-        lease.simple_query(crate::params::CLEAN_SESSION_SQL).await?;
+    let mut out = BytesMut::new();
+    let mut replies = 0;
+    let clean = lease.session_dirty
+        || lease.statements.needs_clean
+        || (lease.sets_applied != 0 && lease.sets_applied != want);
+    if clean {
+        frontend::query(&mut out, crate::params::CLEAN_SESSION_SQL);
+        replies += 1;
+        lease.statements.clear();
         lease.session_dirty = false;
-    }
-    if lease.applied[..] != *params {
-        lease.applied.clear();
         lease.sets_applied = 0;
-        lease.simple_query(&apply_sql(params)).await?;
+    }
+    if clean || lease.applied[..] != *params {
+        if !clean && !lease.applied.is_empty() {
+            frontend::query(&mut out, "RESET ALL");
+            replies += 1;
+        }
+        if !params.is_empty() {
+            frontend::parse_bind_execute(
+                &mut out,
+                &crate::params::apply_statement(params.len()),
+                &crate::params::apply_values(params),
+            );
+            replies += 1;
+        }
         lease.applied = params.to_vec();
+        lease.sets_applied = 0;
     }
     if let Some(s) = sets.filter(|s| s.fingerprint != 0 && lease.sets_applied != s.fingerprint) {
-        lease.simple_query(&s.replay_sql()).await?;
+        frontend::query(&mut out, &s.replay_sql());
+        replies += 1;
         lease.sets_applied = s.fingerprint;
     }
-    Ok(())
+    if replies == 0 {
+        return Ok(());
+    }
+    lease.statements.unnamed_dropped();
+    match tokio::time::timeout(timeout, lease.run_batch(&out, replies)).await {
+        Ok(r) => r,
+        Err(_) => Err(ServerError::ResetTimeout(timeout)),
+    }
 }
 
 fn cancel_target(lease: &Lease) -> CancelTarget {
@@ -253,8 +282,13 @@ async fn login(
     let Some(startup) = Box::pin(handshake::read_startup(stream, app)).await? else {
         return Ok(None);
     };
-    let req = StartupRequest::from_startup(&startup)
-        .map_err(|e| SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))?;
+    let req = StartupRequest::from_startup(&startup).map_err(|e| {
+        let code = match e {
+            crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        };
+        SessionError::fatal(code, e.to_string())
+    })?;
     let mut out = BytesMut::new();
     if startup.minor > 0 || !req.unrecognized.is_empty() {
         let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
@@ -312,7 +346,7 @@ async fn login(
                 let (code, message) = checkout_error(&e);
                 SessionError::fatal(code, message)
             })?;
-            prepare_server(&mut l, &req.params, None)
+            prepare_server(&mut l, &req.params, None, pool.settings.reset_timeout)
                 .await
                 .map_err(|e| match e {
                     ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
@@ -397,9 +431,6 @@ pub struct Session {
 /// Per-client state most clients never need.
 #[derive(Default)]
 pub struct Extras {
-    /// The server died while this client was inside a transaction; report it on the next
-    /// message.
-    lost: Option<(&'static str, String)>,
     /// Session-level `SET`s to replay on the next server (transaction mode).
     pub sets: sets::SessionSets,
 }
@@ -447,10 +478,6 @@ impl Session {
             pool,
         };
         (session, lease.map(Box::new))
-    }
-
-    fn has_lost(&self) -> bool {
-        self.extras.as_ref().is_some_and(|x| x.lost.is_some())
     }
 
     fn set_active(&mut self, active: bool) {
@@ -505,10 +532,6 @@ impl Session {
     /// Serves the buffered messages that need a server: checkout, relay to the transaction
     /// boundary, checkin. Returns true when the client is gone.
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
-        if let Some((code, msg)) = self.extras.as_mut().and_then(|x| x.lost.take()) {
-            self.fail_unit(code, &msg).await?;
-            return Ok(false);
-        }
         self.cancel.slot.mark_busy();
         let checkout = match self.pool.try_checkout() {
             Some(l) => Ok(l),
@@ -546,7 +569,14 @@ impl Session {
             }
         };
         let sets = self.extras.as_ref().map(|x| &x.sets);
-        if let Err(e) = prepare_server(&mut lease, &self.params, sets).await {
+        if let Err(e) = prepare_server(
+            &mut lease,
+            &self.params,
+            sets,
+            self.pool.settings.reset_timeout,
+        )
+        .await
+        {
             tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
             drop(lease);
             self.fail_unit(
@@ -565,7 +595,14 @@ impl Session {
         self.set_active(false);
         match end {
             Ok(RelayEnd::Boundary) => {
-                self.pool.checkin(lease);
+                if lease.buf.is_empty() && lease.expect.is_empty() {
+                    self.pool.checkin(lease);
+                } else {
+                    // Bytes nobody asked for, or replies still owed: this server is not at a
+                    // true boundary, and no other client may have it.
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.expect.len(), "server not at a clean boundary; closing it");
+                    drop(lease);
+                }
                 Ok(false)
             }
             Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
@@ -574,6 +611,19 @@ impl Session {
             }
             Ok(RelayEnd::ServerLost(fatal)) => {
                 drop(lease);
+                if flow.status != b'I' {
+                    // Inside a transaction block: the client's session is gone with the
+                    // server's, as on a direct connection. Pass the server's own FATAL on.
+                    let (code, message) = match fatal {
+                        Some(f) => (known_code(&f.code), f.message),
+                        None => (
+                            sqlstate::CONNECTION_FAILURE,
+                            "server closed the connection unexpectedly".to_string(),
+                        ),
+                    };
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, %message, "server lost inside a transaction; closing the client");
+                    return Err(SessionError::fatal(code, message));
+                }
                 self.report_server_loss(&flow, fatal).await?;
                 Ok(false)
             }
@@ -622,20 +672,20 @@ impl Session {
             let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? else {
                 break Idle::NeedMore;
             };
+            frontend::validate(self.cbuf[0], &self.cbuf[shoal_wire::frame::HEADER_LEN..n])
+                .map_err(SessionError::from_frame)?;
             match self.cbuf[0] {
                 fe::TERMINATE => break Idle::Terminate,
                 fe::SYNC | fe::QUERY | fe::FUNCTION_CALL if self.skip_until_sync => {
                     self.skip_until_sync = false;
                     backend::ready_for_query(&mut out, b'I');
                 }
-                fe::SYNC if !self.has_lost() => backend::ready_for_query(&mut out, b'I'),
+                fe::SYNC => backend::ready_for_query(&mut out, b'I'),
                 // A named Parse of a statement servers already accepted: no server needed (a
                 // client blocked in a synchronous prepare must not wait for a busy pool).
                 fe::PARSE
-                    if !self.has_lost()
-                        && !self.skip_until_sync
+                    if !self.skip_until_sync
                         && self.pool.settings.mode == PoolMode::Transaction
-                        && self.pool.settings.max_prepared_statements > 0
                         && prepared::parse_without_server(
                             &self.pool.statements,
                             prepared::params_key(&self.params),
@@ -665,9 +715,9 @@ impl Session {
         Ok(())
     }
 
-    /// The server died under a transaction-mode client: tell the client with an ERROR (not a
-    /// FATAL: its connection to Shoal is fine), answer the ReadyForQuery it still expects, and
-    /// let it go on.
+    /// The server died under a transaction-mode client outside a transaction block (its
+    /// statement was running in autocommit): tell the client with an ERROR (its connection to
+    /// Shoal is fine), answer the ReadyForQuery it still expects, and let it go on.
     async fn report_server_loss(
         &mut self,
         flow: &Flow,
@@ -680,7 +730,9 @@ impl Session {
                 "server closed the connection unexpectedly",
             ),
         };
-        let message = format!("server connection lost: {detail}; the transaction was rolled back");
+        let message = format!(
+            "server connection lost while running the statement ({detail}); it may or may not have completed; the next statement runs on another server connection"
+        );
         tracing::warn!(conn = self.id, pool = %self.pool.name, %message);
         if flow.pending > 0 || flow.unsynced || flow.copy_in {
             let mut out = BytesMut::new();
@@ -690,8 +742,6 @@ impl Session {
             }
             self.skip_until_sync = flow.unsynced;
             self.stream.write_all(&out).await?;
-        } else if flow.status != b'I' {
-            Extras::get(&mut self.extras).lost = Some((code, message));
         }
         Ok(())
     }

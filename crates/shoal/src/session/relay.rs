@@ -25,6 +25,8 @@ use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
 use crate::server::ServerConn;
+use shoal_wire::frame::HEADER_LEN;
+use shoal_wire::frontend;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
@@ -49,6 +51,8 @@ pub struct Flow {
     syncs_after_execute: Option<u32>,
     /// Transaction status of the last ReadyForQuery.
     pub status: u8,
+    /// DDL completed in the current transaction (statements are re-planned once it ends).
+    schema_changed: bool,
 }
 
 impl Default for Flow {
@@ -59,6 +63,7 @@ impl Default for Flow {
             copy_in: false,
             syncs_after_execute: None,
             status: b'I',
+            schema_changed: false,
         }
     }
 }
@@ -112,14 +117,6 @@ fn track_client(tag: u8, flow: &mut Flow) -> Result<bool, SessionError> {
     Ok(true)
 }
 
-/// Whether a simple query drops every prepared statement of the session (`DISCARD ALL`,
-/// `DEALLOCATE ALL`), so the server's statements must be forgotten.
-fn drops_all_statements(query_body: &[u8]) -> bool {
-    let text = query_body.trim_ascii_start();
-    let starts = |kw: &[u8]| text.len() >= kw.len() && text[..kw.len()].eq_ignore_ascii_case(kw);
-    starts(b"discard") || starts(b"deallocate")
-}
-
 /// Output buffers of one relay: what goes to the server and to the client next.
 struct Outbound {
     to_server: BytesMut,
@@ -127,34 +124,39 @@ struct Outbound {
 }
 
 impl Session {
-    /// Moves every complete client message from `cbuf` to `to_server`, rewriting named
-    /// prepared statements when `translate` is set. Returns false on Terminate (left in
-    /// `cbuf`).
+    /// Moves every complete client message from `cbuf` to `to_server`, rewriting prepared
+    /// statements in transaction mode (`release`). Returns false on Terminate (left in `cbuf`).
+    ///
+    /// Every message is checked for shape first: a malformed one never reaches a server
+    /// (PostgreSQL would silently skip to the next Sync, a state Shoal could not see).
     fn take_client(
         &mut self,
         server: &mut ServerConn,
         flow: &mut Flow,
         out: &mut Outbound,
-        translate: bool,
+        release: bool,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
         while let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? {
             let tag = self.cbuf[0];
+            frontend::validate(tag, &self.cbuf[HEADER_LEN..n]).map_err(SessionError::from_frame)?;
             if !track_client(tag, flow)? {
                 return Ok(false);
             }
             let msg = &self.cbuf[..n];
-            if translate {
-                if tag == fe::QUERY && drops_all_statements(&msg[5..]) {
-                    server.statements.clear();
-                }
+            if release && tag == fe::QUERY {
+                super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]);
+            }
+            if release {
                 Translator {
                     registry: &self.pool.statements,
                     params: super::prepared::params_key(&self.params),
+                    client_id: self.id,
                     client: &mut self.statements,
                     server: &mut server.statements,
                     queue: &mut server.expect,
-                    max_per_server: self.pool.settings.max_prepared_statements,
+                    max_per_server: self.pool.settings.max_prepared_statements.max(1),
+                    dirty: &mut server.session_dirty,
                 }
                 .client_message(msg, &mut out.to_server)
                 .map_err(SessionError::from_frame)?;
@@ -163,24 +165,30 @@ impl Session {
             }
             self.cbuf.advance(n);
         }
-        if translate {
-            emit_due(&mut server.expect, &mut self.statements, &mut out.to_client);
+        if release {
+            emit_due(
+                &mut server.expect,
+                &mut self.statements,
+                &mut out.to_client,
+                &mut flow.pending,
+                flow.status,
+            );
         }
         Ok(true)
     }
 }
 
-/// Moves every complete server message from the server's buffer to `to_client` (hiding or
-/// adding replies when `translate` is set). Stops at a FATAL error, which it returns; in
-/// session mode the FATAL itself is passed on.
+/// Moves every complete server message from the server's buffer to `to_client` (in
+/// transaction mode, `release`, hiding or adding replies for the statement translation).
+/// Stops at a FATAL error, which it returns; in session mode the FATAL itself is passed on.
 fn take_server(
     server: &mut ServerConn,
     client: &mut Option<Box<super::prepared::ClientStatements>>,
     extras: &mut Option<Box<super::Extras>>,
+    registry: &super::prepared::StatementRegistry,
     flow: &mut Flow,
     out: &mut Outbound,
-    translate: bool,
-    forward_fatal: bool,
+    release: bool,
 ) -> Result<Option<ErrorFields>, SessionError> {
     while let Some(n) =
         next_frame_len(&server.buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
@@ -188,25 +196,11 @@ fn take_server(
         let tag = server.buf[0];
         let body = &server.buf[5..n];
         match tag {
-            be::READY_FOR_QUERY => {
-                flow.pending = flow.pending.saturating_sub(1);
-                flow.status = body.first().copied().unwrap_or(b'I');
-                if let Some(x) = extras.as_mut() {
-                    x.sets.ready(flow.status);
-                }
-            }
             be::ERROR_RESPONSE => {
                 flow.copy_in = false;
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
-                if translate
-                    && e.code == "0A000"
-                    && e.message
-                        .contains("cached plan must not change result type")
-                {
-                    super::prepared::plan_went_stale(&server.expect);
-                }
                 if e.is_fatal() {
-                    if forward_fatal {
+                    if !release {
                         out.to_client.extend_from_slice(&server.buf[..n]);
                     }
                     server.buf.advance(n);
@@ -220,12 +214,16 @@ fn take_server(
                 }
             }
             be::PARAMETER_STATUS => {
-                let (k, v) =
-                    backend::parse_parameter_status(body).map_err(SessionError::server_protocol)?;
-                let (k, v) = (k.to_owned(), v.to_owned());
-                server.set_param(&k, &v);
+                let (k, v) = backend::parse_parameter_status_bytes(body)
+                    .map_err(SessionError::server_protocol)?;
+                // A reported setting changed under a client (`SET ROLE` changes
+                // `is_superuser`, `set_config` may change `application_name`): whatever
+                // did it, the next client must not inherit it.
+                if crate::server::set_param_bytes(&mut server.params, k, v) && release {
+                    server.session_dirty = true;
+                }
             }
-            be::COMMAND_COMPLETE if !forward_fatal => {
+            be::COMMAND_COMPLETE if release => {
                 if crate::params::changes_session_state(body) {
                     server.session_dirty = true;
                     if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
@@ -233,6 +231,9 @@ fn take_server(
                     {
                         super::Extras::get(extras).sets.executed(op.clone());
                     }
+                } else if crate::params::changes_schema(body) {
+                    registry.schema_changed();
+                    flow.schema_changed = true;
                 } else if let Some(x) = extras.as_mut() {
                     if body.starts_with(b"COMMIT") {
                         x.sets.transaction_end(true);
@@ -243,19 +244,42 @@ fn take_server(
             }
             _ => {}
         }
-        let forward = !translate
-            || server_reply(
+        let forwarded = if release {
+            server_reply(
                 &mut server.expect,
                 &mut server.statements,
                 client,
-                tag,
+                &server.buf[..n],
                 &mut out.to_client,
-            );
-        if forward {
+                &mut flow.pending,
+                flow.status,
+            )
+        } else {
             out.to_client.extend_from_slice(&server.buf[..n]);
+            true
+        };
+        if tag == be::READY_FOR_QUERY {
+            flow.status = body.first().copied().unwrap_or(b'I');
+            // Only ReadyForQuery messages the client sees answer what it sent.
+            if forwarded {
+                flow.pending = flow.pending.saturating_sub(1);
+                if let Some(x) = extras.as_mut() {
+                    x.sets.ready(flow.status);
+                }
+            }
+            if flow.status == b'I' && std::mem::take(&mut flow.schema_changed) {
+                // Committed DDL: statements parsed from now on must see it.
+                registry.schema_changed();
+            }
         }
-        if translate {
-            emit_due(&mut server.expect, client, &mut out.to_client);
+        if release {
+            emit_due(
+                &mut server.expect,
+                client,
+                &mut out.to_client,
+                &mut flow.pending,
+                flow.status,
+            );
         }
         server.buf.advance(n);
     }
@@ -277,11 +301,8 @@ impl Session {
             to_server: crate::bufpool::take(),
             to_client: crate::bufpool::take(),
         };
-        let translate = release && self.pool.settings.max_prepared_statements > 0;
         let server: &mut ServerConn = lease;
-        let end = self
-            .relay_loop(server, flow, release, translate, &mut out)
-            .await;
+        let end = self.relay_loop(server, flow, release, &mut out).await;
         crate::bufpool::give(out.to_server);
         crate::bufpool::give(out.to_client);
         end
@@ -292,10 +313,9 @@ impl Session {
         server: &mut ServerConn,
         flow: &mut Flow,
         release: bool,
-        translate: bool,
         out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
-        let mut terminate = !self.take_client(server, flow, out, translate)?;
+        let mut terminate = !self.take_client(server, flow, out, release)?;
         let mut fatal: Option<ErrorFields> = None;
         loop {
             if out.to_client.is_empty() {
@@ -308,7 +328,6 @@ impl Session {
                     return Ok(RelayEnd::Terminate);
                 }
                 if release && flow.at_boundary() {
-                    server.expect.clear();
                     return Ok(RelayEnd::Boundary);
                 }
             }
@@ -359,17 +378,17 @@ impl Session {
                         server,
                         &mut self.statements,
                         &mut self.extras,
+                        &self.pool.statements,
                         flow,
                         out,
-                        translate,
-                        !release,
+                        release,
                     )?;
                 }
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
                     return Ok(RelayEnd::ClientGone)
                 }
                 Step::FromClient(Ok(_)) => {
-                    terminate = !self.take_client(server, flow, out, translate)?;
+                    terminate = !self.take_client(server, flow, out, release)?;
                 }
             }
         }

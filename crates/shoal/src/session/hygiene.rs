@@ -1,0 +1,29 @@
+//! Database-wide commands that Shoal's own idle connections would block.
+
+use shoal_wire::frame::Reader;
+use shoal_wire::sql;
+
+use crate::app::App;
+
+/// A client is about to drop or rename a database: Shoal's idle connections to it would make
+/// PostgreSQL refuse (`55006 database is being accessed by other users`), so they are closed
+/// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
+/// them to go.
+pub fn database_command(app: &App, query_body: &[u8]) {
+    if !matches!(
+        query_body.iter().find(|b| !b.is_ascii_whitespace()),
+        Some(b'd' | b'D' | b'a' | b'A')
+    ) {
+        return;
+    }
+    let text = Reader::new(query_body).cstr_bytes().unwrap_or_default();
+    if let Some(cmd) = sql::database_command(text) {
+        let name = String::from_utf8_lossy(&cmd.database);
+        for pool in app.pools() {
+            if pool.upstream.dbname == name {
+                tracing::info!(pool = %pool.name, "closing idle servers: a client drops or renames their database");
+                tokio::spawn(async move { pool.close_idle().await });
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! The client side of the translation: what the server must receive for each client message,
+//! and the replies it will owe.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use shoal_wire::backend::{put_cstr, put_message};
+use shoal_wire::frame::{FrameError, Reader, HEADER_LEN};
+use shoal_wire::frontend::tag as fe;
+use shoal_wire::sql;
+
+use super::{
+    parse_text, set_of, ClientStatements, Expect, ServerStatements, StatementDef,
+    StatementRegistry, Unnamed,
+};
+
+/// Per-attachment state of the translation.
+pub struct Translator<'a> {
+    pub registry: &'a StatementRegistry,
+    /// [`super::params_key`] of the client's session parameters.
+    pub params: u64,
+    /// The client's connection id: whose unnamed statement a server holds.
+    pub client_id: u64,
+    pub client: &'a mut Option<Box<ClientStatements>>,
+    pub server: &'a mut ServerStatements,
+    pub queue: &'a mut VecDeque<Expect>,
+    pub max_per_server: usize,
+    /// Set when a message sent leaves session state behind on the server.
+    pub dirty: &'a mut bool,
+}
+
+fn parse_message(out: &mut BytesMut, name: &[u8], body: &[u8]) {
+    put_message(out, fe::PARSE, |b| {
+        b.put_slice(name);
+        b.put_u8(0);
+        b.put_slice(body);
+    });
+}
+
+/// Quotes a client-supplied name for an error message (it may be in any encoding).
+fn shown(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+impl Translator<'_> {
+    /// Puts the Parse of `def` into `out` (after a Close evicting the least recently used
+    /// statement if the server is full) and records the server as having it.
+    fn prepare(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
+        if let Some(old) = self.server.insert(def.id, self.max_per_server) {
+            put_message(out, fe::CLOSE, |b| {
+                b.put_u8(b'S');
+                put_cstr(b, &format!("shoal_{old}"));
+            });
+            self.queue.push_back(Expect::HideClose(old));
+        }
+        parse_message(out, def.name.as_bytes(), &def.body);
+    }
+
+    /// Makes sure the server has `def` prepared before a Bind or Describe of it; the reply to
+    /// a Parse put in for that is hidden.
+    fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
+        if !self.server.touch(def.id) {
+            self.prepare(def, out);
+            self.queue.push_back(Expect::HideParse(Arc::clone(def)));
+        }
+    }
+
+    /// Makes the server fail here with `code` and `message` (see [`Expect::Fail`]).
+    fn fail(&mut self, code: &'static str, message: String, out: &mut BytesMut) {
+        // A syntax error: it is raised before the name is looked at, and has no effect.
+        parse_message(out, b"shoal_error", b")\0\0\0");
+        self.queue
+            .push_back(Expect::Fail(Box::new((code, message))));
+    }
+
+    /// Makes sure the server holds this client's unnamed statement; false (and the server
+    /// made to fail) when the client has none.
+    fn ensure_unnamed(&mut self, out: &mut BytesMut) -> bool {
+        let Some(u) = self.client.as_ref().and_then(|c| c.unnamed.as_ref()) else {
+            self.fail(
+                shoal_wire::sqlstate::INVALID_SQL_STATEMENT_NAME,
+                "unnamed prepared statement does not exist".into(),
+                out,
+            );
+            return false;
+        };
+        let owner = (self.client_id, u.seq);
+        if self.server.unnamed_owner != Some(owner) {
+            parse_message(out, b"", &u.body);
+            self.queue.push_back(Expect::HideParseUnnamed(u.seq));
+            self.server.unnamed_owner = Some(owner);
+        }
+        if u.dirty {
+            *self.dirty = true;
+        }
+        true
+    }
+
+    /// The client's statement of that name; a stale one is replaced by a fresh statement of
+    /// the same text (prepared anew on first use), so the client's retry after a DDL works.
+    fn lookup(&mut self, name: &[u8]) -> Option<Arc<StatementDef>> {
+        let def = self.client.as_ref()?.named.get(name).cloned()?;
+        if !def.is_stale() {
+            return Some(def);
+        }
+        let fresh = self.registry.intern(self.params, &def.body);
+        if let Some(c) = self.client.as_mut() {
+            c.named.insert(name.into(), fresh.clone());
+        }
+        Some(fresh)
+    }
+
+    fn missing_statement(&mut self, name: &[u8], out: &mut BytesMut) {
+        self.fail(
+            shoal_wire::sqlstate::INVALID_SQL_STATEMENT_NAME,
+            format!("prepared statement \"{}\" does not exist", shown(name)),
+            out,
+        );
+    }
+
+    /// Appends to `out` what the server must receive for the client message `msg` (a whole,
+    /// validated frame), and queues the replies it will owe.
+    pub fn client_message(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+        let body = &msg[HEADER_LEN..];
+        match msg[0] {
+            fe::PARSE => self.parse(msg, out)?,
+            fe::BIND => {
+                let mut r = Reader::new(body);
+                let portal = r.cstr_bytes()?;
+                let stmt = r.cstr_bytes()?;
+                let rest = r.rest();
+                if stmt.is_empty() {
+                    if !self.ensure_unnamed(out) {
+                        return Ok(());
+                    }
+                    if portal.is_empty() {
+                        self.server.portal_set = self
+                            .client
+                            .as_ref()
+                            .and_then(|c| c.unnamed.as_ref())
+                            .and_then(|u| u.set_op.clone());
+                    }
+                    out.extend_from_slice(msg);
+                    self.queue.push_back(Expect::Bind(None));
+                    return Ok(());
+                }
+                let Some(def) = self.lookup(stmt) else {
+                    self.missing_statement(stmt, out);
+                    return Ok(());
+                };
+                if portal.is_empty() {
+                    self.server.portal_set = def.set_op.clone();
+                }
+                if def.effects.dirty {
+                    *self.dirty = true;
+                }
+                self.ensure_prepared(&def, out);
+                put_message(out, fe::BIND, |b| {
+                    b.put_slice(portal);
+                    b.put_u8(0);
+                    put_cstr(b, &def.name);
+                    b.put_slice(rest);
+                });
+                self.queue.push_back(Expect::Bind(Some(def)));
+            }
+            fe::DESCRIBE => {
+                let mut r = Reader::new(body);
+                let kind = r.u8()?;
+                let name = r.cstr_bytes()?;
+                if kind != b'S' {
+                    out.extend_from_slice(msg);
+                    self.queue.push_back(Expect::DescribePortal);
+                } else if name.is_empty() {
+                    if self.ensure_unnamed(out) {
+                        out.extend_from_slice(msg);
+                        self.queue.push_back(Expect::DescribeStatement(None));
+                    }
+                } else if let Some(def) = self.lookup(name) {
+                    self.ensure_prepared(&def, out);
+                    put_message(out, fe::DESCRIBE, |b| {
+                        b.put_u8(b'S');
+                        put_cstr(b, &def.name);
+                    });
+                    self.queue.push_back(Expect::DescribeStatement(Some(def)));
+                } else {
+                    self.missing_statement(name, out);
+                }
+            }
+            fe::CLOSE => {
+                let mut r = Reader::new(body);
+                let kind = r.u8()?;
+                let name = r.cstr_bytes()?;
+                if kind == b'S' && !name.is_empty() {
+                    // Other clients may share the server's copy: only this client forgets it.
+                    self.queue.push_back(Expect::SyntheticClose(name.into()));
+                } else {
+                    if kind == b'S' {
+                        if let Some(c) = self.client.as_mut() {
+                            c.unnamed = None;
+                        }
+                        self.server.unnamed_owner = None;
+                    }
+                    out.extend_from_slice(msg);
+                    self.queue.push_back(Expect::Close);
+                }
+            }
+            fe::EXECUTE => {
+                out.extend_from_slice(msg);
+                let portal = Reader::new(body).cstr_bytes()?;
+                let op = if portal.is_empty() {
+                    self.server.portal_set.clone()
+                } else {
+                    None
+                };
+                self.queue.push_back(Expect::Execute(op));
+            }
+            fe::SYNC => {
+                out.extend_from_slice(msg);
+                self.queue.push_back(Expect::Sync);
+            }
+            fe::QUERY => self.query(msg, out)?,
+            fe::FUNCTION_CALL => {
+                out.extend_from_slice(msg);
+                // A function may change anything in the session.
+                *self.dirty = true;
+                self.queue.push_back(Expect::Query(None));
+            }
+            _ => out.extend_from_slice(msg),
+        }
+        Ok(())
+    }
+
+    fn parse(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+        let mut r = Reader::new(&msg[HEADER_LEN..]);
+        let name = r.cstr_bytes()?;
+        let rest = r.rest();
+        if name.is_empty() {
+            let text = parse_text(rest);
+            let fx = sql::classify(text);
+            let c = self.client.get_or_insert_with(Default::default);
+            c.unnamed_seq += 1;
+            let u = c.unnamed.get_or_insert_with(Unnamed::default);
+            u.seq = c.unnamed_seq;
+            u.body.clear();
+            u.body.extend_from_slice(rest);
+            u.set_op = set_of(text);
+            u.dirty = fx.dirty;
+            self.server.unnamed_owner = Some((self.client_id, u.seq));
+            out.extend_from_slice(msg);
+            self.queue.push_back(Expect::ParseUnnamed(u.seq));
+            return Ok(());
+        }
+        if self.client.as_ref().is_some_and(|c| c.contains(name)) {
+            self.fail(
+                shoal_wire::sqlstate::DUPLICATE_PREPARED_STATEMENT,
+                format!("prepared statement \"{}\" already exists", shown(name)),
+                out,
+            );
+            return Ok(());
+        }
+        let def = self.registry.intern(self.params, rest);
+        self.client
+            .get_or_insert_with(Default::default)
+            .named
+            .insert(name.into(), def.clone());
+        if self.server.touch(def.id) {
+            self.queue.push_back(Expect::SyntheticParse);
+        } else {
+            self.prepare(&def, out);
+            self.queue.push_back(Expect::Parse(Some(def)));
+        }
+        Ok(())
+    }
+
+    fn query(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+        let text = Reader::new(&msg[HEADER_LEN..]).cstr_bytes()?;
+        // A simple query drops the unnamed statement, in PostgreSQL and so here.
+        self.server.unnamed_dropped();
+        if let Some(c) = self.client.as_mut() {
+            c.unnamed = None;
+        }
+        let fx = sql::classify(text);
+        if fx.dirty {
+            *self.dirty = true;
+        }
+        if fx.drops_statements {
+            self.server.clear();
+            if let Some(c) = self.client.as_mut() {
+                c.forget_all();
+            }
+        }
+        if matches!(
+            text.iter().find(|b| !b.is_ascii_whitespace()),
+            Some(b'd' | b'D' | b'e' | b'E')
+        ) {
+            if let Some(cmd) = sql::named_statement_command(text) {
+                let def = self
+                    .client
+                    .as_ref()
+                    .and_then(|c| c.named.get(&cmd.name[..]).cloned());
+                if let Some(def) = def {
+                    if !cmd.execute {
+                        // The client's own statement: only its name goes away.
+                        if let Some(c) = self.client.as_mut() {
+                            c.named.remove(&cmd.name[..]);
+                        }
+                        self.queue
+                            .push_back(Expect::SyntheticDeallocate(cmd.name.into()));
+                        return Ok(());
+                    }
+                    // EXECUTE of a protocol-level statement: run the server's copy. A hidden
+                    // Sync follows an injected Parse so that a failure cannot make the
+                    // server ignore the query.
+                    if !self.server.touch(def.id) {
+                        self.prepare(&def, out);
+                        self.queue.push_back(Expect::HideParse(def.clone()));
+                        put_message(out, fe::SYNC, |_| {});
+                        self.queue.push_back(Expect::HideSync);
+                    }
+                    if def.effects.dirty {
+                        *self.dirty = true;
+                    }
+                    put_message(out, fe::QUERY, |b| {
+                        b.put_slice(&text[..cmd.name_at.start]);
+                        b.put_slice(def.name.as_bytes());
+                        b.put_slice(&text[cmd.name_at.end..]);
+                        b.put_u8(0);
+                    });
+                    self.queue.push_back(Expect::Query(None));
+                    return Ok(());
+                }
+            }
+        }
+        out.extend_from_slice(msg);
+        self.queue.push_back(Expect::Query(set_of(text)));
+        Ok(())
+    }
+}
+
+/// Whether a stale-plan error is one after which a statement must be retired: its cached
+/// plan's result type changed, or a type it was planned with is gone.
+pub fn plan_error(code: &str, message: &str) -> bool {
+    (code == "0A000" && message.contains("cached plan must not change result type"))
+        || (code == "XX000" && message.starts_with("cache lookup failed for type"))
+}
+
+/// Marks a statement stale for every client.
+pub fn retire(def: &StatementDef) {
+    def.stale.store(true, Ordering::Relaxed);
+}
