@@ -105,6 +105,9 @@ pub struct ServerConn {
     /// A client changed session state on this connection (`SET`, `RESET`, `DISCARD`,
     /// `LISTEN` outside Shoal's bookkeeping): the next client gets it cleaned first.
     pub session_dirty: bool,
+    /// The client whose state makes this connection dirty (its connection id; 0: none). That
+    /// client may have the connection back as it is: the state is its own.
+    pub dirty_owner: u64,
     /// [`crate::session::sets::SessionSets::fingerprint`] of the client `SET`s replayed here
     /// (0: none).
     pub sets_applied: u64,
@@ -143,6 +146,7 @@ impl ServerConn {
             params: Vec::new(),
             applied: Vec::new(),
             session_dirty: false,
+            dirty_owner: 0,
             sets_applied: 0,
             statements: Default::default(),
             expect: Default::default(),

@@ -396,6 +396,24 @@ fn classify_statement(words: &[Token<'_>], fx: &mut Effects) {
     }
 }
 
+/// Bytes of whitespace and comments before the first token (always on a char boundary).
+pub fn leading_comments_len(sql: &[u8]) -> usize {
+    let mut lex = Lexer::new(sql);
+    loop {
+        let at = lex.i;
+        match lex.s.get(at) {
+            Some(b) if b.is_ascii_whitespace() => lex.i += 1,
+            Some(b'-') if lex.peek(1) == Some(b'-') => {
+                while lex.i < lex.s.len() && lex.s[lex.i] != b'\n' {
+                    lex.i += 1;
+                }
+            }
+            Some(b'/') if lex.peek(1) == Some(b'*') => lex.skip_block_comment(),
+            _ => return at,
+        }
+    }
+}
+
 /// `DROP DATABASE x` or `ALTER DATABASE x RENAME ...`: the database it names.
 pub fn database_command(sql: &[u8]) -> Option<DatabaseCommand> {
     let mut lex = Lexer::new(sql);
@@ -479,6 +497,33 @@ pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
         name: folded,
         name_at: start..stop,
     })
+}
+
+/// A name starting with `prefix` used as a prepared statement's name in SQL (`PREPARE`,
+/// `EXECUTE`, `DEALLOCATE`, also inside `EXPLAIN EXECUTE` or `CREATE TABLE ... AS EXECUTE`):
+/// the pooler's own statements must not be reachable from a client's SQL.
+pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
+    let has_prefix = sql
+        .windows(prefix.len().max(1))
+        .any(|w| w.eq_ignore_ascii_case(prefix));
+    if !has_prefix {
+        return None;
+    }
+    let mut keyword = false;
+    for t in Lexer::new(sql) {
+        match t {
+            Token::Semicolon => keyword = false,
+            t if t.is("execute") || t.is("deallocate") || t.is("prepare") => keyword = true,
+            t if keyword && t.name_starts_with(prefix) => {
+                return Some(match t {
+                    Token::Word(w) | Token::Quoted(w) => w.to_vec(),
+                    _ => Vec::new(),
+                })
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -591,6 +636,23 @@ mod tests {
         assert_eq!(named_statement_command(b"DEALLOCATE ALL"), None);
         assert_eq!(named_statement_command(b"DEALLOCATE a; SELECT 1"), None);
         assert_eq!(named_statement_command(b"EXECUTE a; SELECT 1"), None);
+    }
+
+    #[test]
+    fn pooler_names_in_sql() {
+        let p = b"shoal_";
+        assert_eq!(
+            prepared_name_with_prefix(b"EXECUTE shoal_1", p),
+            Some(b"shoal_1".to_vec())
+        );
+        assert_eq!(
+            prepared_name_with_prefix(b"explain execute \"shoal_2\"(1)", p),
+            Some(b"shoal_2".to_vec())
+        );
+        assert!(prepared_name_with_prefix(b"DEALLOCATE SHOAL_3", p).is_some());
+        assert!(prepared_name_with_prefix(b"SELECT * FROM shoal_stats", p).is_none());
+        assert!(prepared_name_with_prefix(b"EXECUTE mine; SELECT shoal_x FROM t", p).is_none());
+        assert!(prepared_name_with_prefix(b"EXECUTE 'shoal_1'", p).is_none());
     }
 
     #[test]

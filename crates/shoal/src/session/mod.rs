@@ -215,6 +215,7 @@ fn known_code(code: &str) -> &'static str {
 /// not answer in time is closed by the caller).
 async fn prepare_server(
     lease: &mut Lease,
+    client: u64,
     params: &[(String, String)],
     sets: Option<&sets::SessionSets>,
     timeout: Duration,
@@ -222,14 +223,20 @@ async fn prepare_server(
     let want = sets.map_or(0, |s| s.fingerprint);
     let mut out = BytesMut::new();
     let mut replies = 0;
-    let clean = lease.session_dirty
-        || lease.statements.needs_clean
+    if client != 0 && lease.session_dirty && lease.dirty_owner == client {
+        // This client left the state here itself (its temporary tables, its SETs as they
+        // stand): it gets its own session back as it was.
+        lease.sets_applied = want;
+    }
+    let clean = lease.statements.needs_clean
+        || (lease.session_dirty && lease.dirty_owner != client)
         || (lease.sets_applied != 0 && lease.sets_applied != want);
     if clean {
         frontend::query(&mut out, crate::params::CLEAN_SESSION_SQL);
         replies += 1;
         lease.statements.clear();
         lease.session_dirty = false;
+        lease.dirty_owner = 0;
         lease.sets_applied = 0;
     }
     if clean || lease.applied[..] != *params {
@@ -346,7 +353,7 @@ async fn login(
                 let (code, message) = checkout_error(&e);
                 SessionError::fatal(code, message)
             })?;
-            prepare_server(&mut l, &req.params, None, pool.settings.reset_timeout)
+            prepare_server(&mut l, 0, &req.params, None, pool.settings.reset_timeout)
                 .await
                 .map_err(|e| match e {
                     ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
@@ -571,6 +578,7 @@ impl Session {
         let sets = self.extras.as_ref().map(|x| &x.sets);
         if let Err(e) = prepare_server(
             &mut lease,
+            self.id,
             &self.params,
             sets,
             self.pool.settings.reset_timeout,
@@ -595,6 +603,9 @@ impl Session {
         self.set_active(false);
         match end {
             Ok(RelayEnd::Boundary) => {
+                if lease.session_dirty && lease.dirty_owner == 0 {
+                    lease.dirty_owner = self.id;
+                }
                 if lease.buf.is_empty() && lease.expect.is_empty() {
                     self.pool.checkin(lease);
                 } else {
@@ -763,6 +774,8 @@ impl Session {
             if reset && !self.pool.settings.reset_query.is_empty() {
                 lease.applied.clear();
                 lease.session_dirty = false;
+                lease.dirty_owner = 0;
+                lease.statements.clear();
                 lease.sets_applied = 0;
                 lease.simple_query(&self.pool.settings.reset_query).await?;
             }

@@ -2,6 +2,7 @@
 //! replayed on whichever server runs its next transaction.
 //!
 //! Shoal follows single-statement simple queries (`SET [SESSION] name …`, `SET TIME ZONE …`,
+//! `SET SESSION CHARACTERISTICS AS TRANSACTION …`, `SET ROLE`, `SET SESSION AUTHORIZATION`,
 //! `RESET name`, `RESET ALL`, `DISCARD ALL`). A `SET` takes effect for the session when its
 //! transaction commits (at once outside a transaction block) and is forgotten if the
 //! transaction rolls back, as in PostgreSQL. `SET LOCAL` lasts for its transaction only and
@@ -25,7 +26,8 @@ pub enum SetOp {
 
 /// Recognises a single session-level `SET`/`RESET`/`DISCARD ALL` statement.
 pub fn parse(sql: &str) -> Option<SetOp> {
-    let text = sql.trim().trim_end_matches(';').trim_end();
+    let start = shoal_wire::sql::leading_comments_len(sql.as_bytes());
+    let text = sql[start..].trim().trim_end_matches(';').trim_end();
     if text.is_empty() || text.contains(';') {
         return None;
     }
@@ -49,12 +51,22 @@ pub fn parse(sql: &str) -> Option<SetOp> {
             let mut name = words.next()?.to_ascii_lowercase();
             if name == "session" {
                 name = words.next()?.to_ascii_lowercase();
-                if name == "characteristics" || name == "authorization" {
-                    return None;
+                if name == "authorization" {
+                    return Some(SetOp::Set {
+                        name: "session authorization".into(),
+                        sql: text.into(),
+                    });
+                }
+                if name == "characteristics" {
+                    // The session's default transaction modes: replayed like a SET.
+                    return Some(SetOp::Set {
+                        name: "session characteristics".into(),
+                        sql: text.into(),
+                    });
                 }
             }
             match name.as_str() {
-                "local" | "transaction" | "constraints" | "role" => return None,
+                "local" | "transaction" | "constraints" => return None,
                 "time" => name = "timezone".into(),
                 _ => {}
             }
@@ -161,6 +173,17 @@ mod tests {
             matches!(parse("SET TIME ZONE 'UTC'"), Some(SetOp::Set { name, .. }) if &*name == "timezone")
         );
         assert!(matches!(parse("SET x.y=1"), Some(SetOp::Set { name, .. }) if &*name == "x.y"));
+        assert!(matches!(
+            parse("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
+            Some(SetOp::Set { name, .. }) if &*name == "session characteristics"
+        ));
+        assert!(matches!(parse("SET ROLE x"), Some(SetOp::Set { name, .. }) if &*name == "role"));
+        assert!(
+            matches!(parse("SET SESSION AUTHORIZATION x"), Some(SetOp::Set { name, .. }) if &*name == "session authorization")
+        );
+        assert!(
+            matches!(parse("/* c */ -- d\n SET a.b = 1"), Some(SetOp::Set { sql, .. }) if &*sql == "SET a.b = 1")
+        );
         assert_eq!(parse("RESET ALL"), Some(SetOp::ResetAll));
         assert_eq!(parse("discard all"), Some(SetOp::ResetAll));
         assert_eq!(
@@ -174,7 +197,6 @@ mod tests {
             "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
             "SET a = 1; SELECT 1",
             "SELECT 1",
-            "SET ROLE x",
             "DISCARD PLANS",
         ] {
             assert_eq!(parse(no), None, "{no}");

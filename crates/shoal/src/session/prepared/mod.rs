@@ -69,6 +69,10 @@ impl StatementDef {
 
 /// The session `SET` a query text is, if any (cheap for everything else).
 pub fn set_of(text: &[u8]) -> Option<SetOp> {
+    let text = match text.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'-' | b'/') => &text[sql::leading_comments_len(text)..],
+        _ => text,
+    };
     match text.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => {
             std::str::from_utf8(text).ok().and_then(super::sets::parse)

@@ -281,6 +281,20 @@ impl Translator<'_> {
         if let Some(c) = self.client.as_mut() {
             c.unnamed = None;
         }
+        if let Some(name) = sql::prepared_name_with_prefix(text, b"shoal_") {
+            // The pooler's statements belong to no client: refuse by SQL, on the server (so
+            // a transaction block fails as it would for any error).
+            let shown: String = String::from_utf8_lossy(&name)
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let sql = format!(
+                "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = 'prepared statement \"{shown}\" does not exist', HINT = 'names starting with shoal_ are reserved by the Shoal pooler'; END$shoal$"
+            );
+            shoal_wire::frontend::query(out, &sql);
+            self.queue.push_back(Expect::Query(None));
+            return Ok(());
+        }
         let fx = sql::classify(text);
         if fx.dirty {
             *self.dirty = true;

@@ -1,0 +1,343 @@
+//! Transaction-mode isolation: two clients on a pool of one server. Client A does something
+//! that changes its session; client B, which necessarily gets the same server next, must see
+//! nothing of it — B's view must equal a fresh direct connection's. Where Shoal carries A's
+//! state (session SETs), A must still see it afterwards.
+
+mod common;
+
+use bytes::BytesMut;
+use common::raw::{self, Raw};
+use common::*;
+
+/// One state change to check: what A runs, what B probes, and whether A keeps its state.
+struct Case {
+    a_sql: &'static str,
+    probe: &'static str,
+    /// A sees its own change through the probe afterwards (the value it expects), even after
+    /// B used the server in between.
+    a_keeps: Option<&'static str>,
+}
+
+const fn case(a_sql: &'static str, probe: &'static str) -> Case {
+    Case {
+        a_sql,
+        probe,
+        a_keeps: None,
+    }
+}
+
+const fn keeps(a_sql: &'static str, probe: &'static str, value: &'static str) -> Case {
+    Case {
+        a_sql,
+        probe,
+        a_keeps: Some(value),
+    }
+}
+
+const WHO: &str = "SELECT current_user || '/' || session_user";
+const TEMP_TABLES: &str =
+    "SELECT count(*) FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()";
+const READ_ONLY: &str = "SHOW default_transaction_read_only";
+
+const CASES: &[Case] = &[
+    keeps("SET ROLE iso_other", WHO, "iso_other/app"),
+    keeps(
+        "SET SESSION AUTHORIZATION iso_other",
+        WHO,
+        "iso_other/iso_other",
+    ),
+    case("SELECT set_config('role', 'iso_other', false)", WHO),
+    case(
+        "SELECT set_config('search_path', 'pg_catalog', false)",
+        "SHOW search_path",
+    ),
+    case(
+        "SELECT pg_catalog.set_config('statement_timeout', '1', false)",
+        "SHOW statement_timeout",
+    ),
+    case(
+        "select set_config('default_transaction_read_only', 'on', false)",
+        READ_ONLY,
+    ),
+    keeps("SET default_transaction_read_only = on", READ_ONLY, "on"),
+    keeps(
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        READ_ONLY,
+        "on",
+    ),
+    keeps(
+        "/* a comment */ SET search_path = pg_catalog",
+        "SHOW search_path",
+        "pg_catalog",
+    ),
+    case("SELECT 1; SET search_path = pg_catalog", "SHOW search_path"),
+    case(
+        "DO $$BEGIN PERFORM set_config('search_path', 'pg_catalog', false); END$$",
+        "SHOW search_path",
+    ),
+    keeps("SET application_name = 'iso_a'", "SHOW application_name", "iso_a"),
+    keeps("SET TIME ZONE 'Asia/Tokyo'", "SHOW TimeZone", "Asia/Tokyo"),
+    case(
+        "CREATE TEMP TABLE iso_t AS SELECT 'secret' AS s",
+        TEMP_TABLES,
+    ),
+    case("SELECT 1 AS a INTO TEMP iso_t2", TEMP_TABLES),
+    case(
+        "PREPARE iso_p AS SELECT 1",
+        "SELECT count(*) FROM pg_catalog.pg_prepared_statements",
+    ),
+    case(
+        "BEGIN; DECLARE iso_c CURSOR WITH HOLD FOR SELECT 1; COMMIT",
+        "SELECT count(*) FROM pg_catalog.pg_cursors",
+    ),
+    case(
+        "LISTEN iso_chan",
+        "SELECT count(*) FROM pg_catalog.pg_listening_channels()",
+    ),
+    case(
+        "SELECT pg_advisory_lock(4242)",
+        "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    ),
+];
+
+async fn first_value(c: &tokio_postgres::Client, sql: &str) -> String {
+    simple_rows(c, sql)
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_state_never_reaches_the_next_client() {
+    let db = unique_db("iso");
+    pg().psql_admin(
+        "DO $$BEGIN CREATE ROLE iso_other; EXCEPTION WHEN duplicate_object THEN NULL; END$$",
+    );
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let fresh = direct(&db).await;
+    let mut failures = Vec::new();
+    for c in CASES {
+        let expected = first_value(&fresh, c.probe).await;
+        let a = shoal.connect(&db).await;
+        if let Err(e) = a.batch_execute(c.a_sql).await {
+            failures.push(format!("{}: A's statement failed: {e}", c.a_sql));
+            continue;
+        }
+        let b = shoal.connect(&db).await;
+        let seen = first_value(&b, c.probe).await;
+        if seen != expected {
+            failures.push(format!(
+                "{}: B saw {seen:?} for {:?}, a fresh session sees {expected:?}",
+                c.a_sql, c.probe
+            ));
+        }
+        if let Some(keep) = c.a_keeps {
+            let own = first_value(&a, c.probe).await;
+            if own != keep {
+                failures.push(format!(
+                    "{}: A lost its own state: {own:?}, expected {keep:?}",
+                    c.a_sql
+                ));
+            }
+        }
+        // The same through the extended protocol (a named statement, as drivers send it),
+        // for single statements.
+        if !c.a_sql.contains(';') && !c.a_sql.starts_with("DO") {
+            let a2 = shoal.connect(&db).await;
+            if a2.execute(c.a_sql, &[]).await.is_ok() {
+                let b2 = shoal.connect(&db).await;
+                let seen = first_value(&b2, c.probe).await;
+                if seen != expected {
+                    failures.push(format!(
+                        "{} (extended protocol): B saw {seen:?}, a fresh session sees {expected:?}",
+                        c.a_sql
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "leaks:\n{}", failures.join("\n"));
+}
+
+/// State Shoal does not carry (a temporary table) stays with its client as long as no other
+/// client needed the server in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_state_is_kept_while_no_one_else_used_the_server() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let a = shoal.connect(&db).await;
+    a.batch_execute("CREATE TEMP TABLE mine AS SELECT 7 AS v")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(simple_rows(&a, "SELECT v FROM mine").await, vec!["7"]);
+    }
+}
+
+/// pgx parses the unnamed statement in one transaction and binds it in a later one: the Bind
+/// must run this client's statement, never the one another client left on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unnamed_statement_is_the_clients_own() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "", "SELECT 'a:' || $1::text");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    a.until_ready().await;
+    // B leaves a same-shaped unnamed statement with a secret on the only server.
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "", "SELECT 'b-secret:' || $1::text");
+    raw::sync(&mut out);
+    b.send(&out).await;
+    b.until_ready().await;
+    let mut out = BytesMut::new();
+    raw::bind(&mut out, "", "", &["x"]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "2DCZ", "{msgs:?}");
+    assert_eq!(raw::first_column(&msgs[1]), "a:x");
+    // A client that never parsed an unnamed statement gets PostgreSQL's error, not B's.
+    let mut c = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    c.send(&out).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs[0].tag, 'E', "{msgs:?}");
+    assert_eq!(msgs[0].code(), "26000");
+    assert_eq!(
+        msgs[0].field(b'M').as_deref(),
+        Some("unnamed prepared statement does not exist")
+    );
+    assert_eq!(msgs.len(), 2, "then only ReadyForQuery: {msgs:?}");
+    // And a simple query drops the unnamed statement, as in PostgreSQL.
+    a.simple("SELECT 1").await.unwrap();
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    assert_eq!(msgs[0].code(), "26000");
+}
+
+/// A client cannot reach another client's statement through its pooler-wide name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooler_statement_names_are_not_reachable() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "mine", "SELECT 'b-secret'");
+    raw::bind(&mut out, "", "mine", &[]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    b.send(&out).await;
+    assert!(b.until_ready().await.iter().any(|m| m.tag == 'D'));
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    for guess in 1..=3 {
+        let name = format!("shoal_{guess}");
+        let mut out = BytesMut::new();
+        raw::bind(&mut out, "", &name, &[]);
+        raw::execute(&mut out, "");
+        raw::sync(&mut out);
+        a.send(&out).await;
+        let msgs = a.until_ready().await;
+        assert!(
+            msgs.iter().all(|m| m.tag != 'D'),
+            "{name} reached another client's statement"
+        );
+        assert_eq!(msgs[0].code(), "26000");
+        assert_eq!(
+            msgs[0].field(b'M'),
+            Some(format!("prepared statement \"{name}\" does not exist"))
+        );
+        // SQL EXECUTE of the pooler's name does not reach it either.
+        let e = a.simple(&format!("EXECUTE {name}")).await.unwrap_err();
+        assert_eq!(e.code(), "26000", "{name} ran through SQL EXECUTE");
+    }
+}
+
+/// psycopg (libpq < 17) deallocates its statements with SQL `DEALLOCATE`; `EXECUTE` of a
+/// protocol-prepared name works; a duplicate Parse gets PostgreSQL's `42P05`; and none of it
+/// breaks the server for the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_deallocate_execute_and_duplicate_names() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "_pg3_0", "SELECT $1::int * 2");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    a.until_ready().await;
+    assert_eq!(a.simple("EXECUTE _pg3_0(21)").await.unwrap(), vec!["42"]);
+    // A duplicate Parse.
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "_pg3_0", "SELECT 2");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    assert_eq!(msgs[0].code(), "42P05", "{msgs:?}");
+    // Inside a transaction the duplicate fails it, as in PostgreSQL.
+    a.simple("BEGIN").await.unwrap();
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    assert_eq!(msgs.last().unwrap().body, b"E", "transaction failed");
+    a.simple("ROLLBACK").await.unwrap();
+    // DEALLOCATE of the driver's name, then of a name that does not exist.
+    let msgs = {
+        let mut q = BytesMut::new();
+        raw::query(&mut q, "DEALLOCATE _pg3_0");
+        a.send(&q).await;
+        a.until_ready().await
+    };
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "CZ", "{msgs:?}");
+    let e = a.simple("DEALLOCATE nothing_here").await.unwrap_err();
+    assert_eq!(e.code(), "26000");
+    // The name is free again; the same text parses under it.
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "_pg3_0", "SELECT $1::int * 2");
+    raw::bind(&mut out, "", "_pg3_0", &["5"]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    let row = msgs.iter().find(|m| m.tag == 'D').expect("a row");
+    assert_eq!(raw::first_column(row), "10");
+    // Another client on the same server prepares freely.
+    let other = shoal.connect(&db).await;
+    for i in 0..3 {
+        let v: i32 = other
+            .query_one("SELECT $1::int * 2", &[&i])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, i * 2);
+    }
+}
+
+/// With `standard_conforming_strings = off` a backslash escapes a quote: startup parameters
+/// spliced into SQL text could end their literal. Shoal passes them as bind parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_cannot_inject_sql() {
+    let db = unique_db("iso");
+    pg().create_database(&db);
+    pg().psql_admin(&format!(
+        "ALTER DATABASE {db} SET standard_conforming_strings = off"
+    ));
+    let shoal = Shoal::start(&base_config(pg(), &[&db], "[pool]\npool_size = 1\n"));
+    let evil = "\\'),set_config('search_path','evil',false)--";
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[("application_name", evil)]).await;
+    assert_eq!(a.simple("SHOW application_name").await.unwrap(), vec![evil]);
+    assert_eq!(
+        a.simple("SHOW search_path").await.unwrap(),
+        vec!["\"$user\", public"]
+    );
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    assert_eq!(
+        b.simple("SHOW search_path").await.unwrap(),
+        vec!["\"$user\", public"]
+    );
+}
