@@ -209,3 +209,58 @@ async fn retry_after_ddl_changed_the_result_type_works() {
     let columns = i16::from_be_bytes([msgs[1].body[0], msgs[1].body[1]]);
     assert_eq!(columns, 2);
 }
+
+/// A client that prepares a statement after DDL must get it planned on the new schema, as a
+/// direct connection would: not `XX000 cache lookup failed for type`, not `0A000`, not the old
+/// parameter types, even though another client prepared the same text before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_clients_after_ddl_get_statements_planned_afresh() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let admin = shoal.connect(&db).await;
+    admin
+        .batch_execute(
+            "CREATE TYPE mood AS ENUM ('ok', 'sad');
+             CREATE TABLE m (v mood); INSERT INTO m VALUES ('ok');
+             CREATE TABLE w (a int); INSERT INTO w VALUES (1);",
+        )
+        .await
+        .unwrap();
+    // The parameter's type is the enum itself (fixed when the statement is parsed).
+    let by_mood = |value: &str| {
+        let mut m = BytesMut::new();
+        raw::parse(&mut m, "q", "SELECT v::text FROM m WHERE v = $1");
+        raw::bind(&mut m, "", "q", &[value]);
+        raw::execute(&mut m, "");
+        raw::sync(&mut m);
+        m
+    };
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    r.send(&by_mood("ok")).await;
+    let tags: String = r.until_ready().await.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "12DCZ");
+    let first = shoal.connect(&db).await;
+    let s = first.prepare("SELECT * FROM w").await.unwrap();
+    assert_eq!(s.columns().len(), 1);
+    first.query(&s, &[]).await.unwrap();
+    // The type is dropped and made again (a new OID); the table gets a column.
+    admin
+        .batch_execute(
+            "DROP TABLE m; DROP TYPE mood; CREATE TYPE mood AS ENUM ('ok', 'sad', 'glad');
+             CREATE TABLE m (v mood); INSERT INTO m VALUES ('glad');
+             ALTER TABLE w ADD COLUMN b text DEFAULT 'new'",
+        )
+        .await
+        .unwrap();
+    let mut r2 = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    r2.send(&by_mood("glad")).await;
+    let msgs = r2.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "12DCZ", "{msgs:?}");
+    assert_eq!(raw::first_column(&msgs[2]), "glad");
+    let second = shoal.connect(&db).await;
+    let s = second.prepare("SELECT * FROM w").await.unwrap();
+    assert_eq!(s.columns().len(), 2, "described on the new schema");
+    let rows = second.query(&s, &[]).await.unwrap();
+    assert_eq!(rows[0].get::<_, String>(1), "new");
+}

@@ -53,7 +53,7 @@ pub struct StatementDef {
     /// type it used is gone): clients move to a fresh statement of the same text on their
     /// next use.
     pub stale: AtomicBool,
-    /// The registry's schema epoch when it was made; a Parse after DDL gets a fresh one.
+    /// [`SCHEMA_EPOCH`] when it was made; a Parse after DDL gets a fresh one.
     epoch: u64,
     /// The session `SET` this statement is, if Shoal follows it (pgJDBC prepares them).
     pub set_op: Option<SetOp>,
@@ -93,10 +93,12 @@ fn parse_text(rest: &[u8]) -> &[u8] {
 pub struct StatementRegistry {
     by_body: Mutex<HashMap<(u64, Bytes), Arc<StatementDef>>>,
     next_id: AtomicU64,
-    /// Grows whenever a client changes the schema: statements interned before are not
-    /// handed to new Parses (their plans and parameter types describe the old schema).
-    epoch: AtomicU64,
 }
+
+/// Grows whenever a client changes a schema (through any pool: the users of one database
+/// share it): statements interned before are not handed to new Parses, as their plans and
+/// parameter types describe the old schema. DDL is rare; re-preparing after it is cheap.
+static SCHEMA_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// A key for a client's session parameters, for [`StatementRegistry::intern`].
 pub fn params_key(params: &[(String, String)]) -> u64 {
@@ -112,7 +114,7 @@ const REGISTRY_LIMIT: usize = 100_000;
 
 impl StatementRegistry {
     pub fn intern(&self, params: u64, body: &[u8]) -> Arc<StatementDef> {
-        let epoch = self.epoch.load(Ordering::Relaxed);
+        let epoch = SCHEMA_EPOCH.load(Ordering::Relaxed);
         let mut map = self.by_body.lock().unwrap_or_else(|e| e.into_inner());
         let key = (params, Bytes::copy_from_slice(body));
         if let Some(d) = map.get(&key) {
@@ -141,7 +143,7 @@ impl StatementRegistry {
 
     /// A client changed the schema: later Parses get statements planned afresh.
     pub fn schema_changed(&self) {
-        self.epoch.fetch_add(1, Ordering::Relaxed);
+        SCHEMA_EPOCH.fetch_add(1, Ordering::Relaxed);
     }
 }
 
