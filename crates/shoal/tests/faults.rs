@@ -126,22 +126,53 @@ async fn cancel_stress_never_hits_the_wrong_query() {
     c.simple_query("SELECT 1").await.unwrap();
 }
 
+/// Inside a transaction block the client's session dies with its server, as on a direct
+/// connection: it gets PostgreSQL's own FATAL and the connection is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminated_server_mid_transaction_gives_an_error_and_the_client_goes_on() {
+async fn terminated_server_mid_transaction_passes_the_fatal_on_and_closes() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "");
+    let mut r = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
+    r.simple("BEGIN").await.unwrap();
+    let pid = r.simple("SELECT pg_backend_pid()").await.unwrap()[0].clone();
+    pg().psql_admin(&format!("SELECT pg_terminate_backend({pid})"));
+    let m = r.recv().await.expect("the server's FATAL");
+    assert_eq!(m.tag, 'E');
+    assert_eq!(m.field(b'S').as_deref(), Some("FATAL"));
+    assert_eq!(m.code(), "57P01", "{}", m.text());
+    assert!(m
+        .text()
+        .contains("terminating connection due to administrator command"));
+    assert!(r.recv().await.is_none(), "then the connection is closed");
+    // Other clients are unaffected.
+    let c = shoal.connect(&db).await;
+    assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
+}
+
+/// Outside a transaction block (a statement running in autocommit) the client gets an ERROR
+/// saying what happened and goes on with a new server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_server_under_an_autocommit_statement_gives_an_error_and_the_client_goes_on() {
     let db = unique_db("fault");
     let shoal = shoal_for(&db, "");
     let c = shoal.connect(&db).await;
-    c.batch_execute("BEGIN").await.unwrap();
     let pid: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])
         .await
         .unwrap()
         .get(0);
-    pg().psql_admin(&format!("SELECT pg_terminate_backend({pid})"));
-    let err = c.simple_query("SELECT 1").await.unwrap_err();
+    let running = c.simple_query("SELECT pg_sleep(30)");
+    let kill = async {
+        wait_until_running(&db, "SELECT pg_sleep(30)").await;
+        pg().psql_admin(&format!("SELECT pg_terminate_backend({pid})"));
+    };
+    let (err, ()) = tokio::join!(running, kill);
+    let err = err.unwrap_err();
     assert_eq!(code(&err), "57P01", "{err:?}");
-    assert!(format!("{err:?}").contains("rolled back"));
-    // A new transaction works, on a new server.
+    assert!(
+        format!("{err:?}").contains("may or may not have completed"),
+        "{err:?}"
+    );
     let pid2: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])
         .await
