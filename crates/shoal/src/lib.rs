@@ -13,6 +13,7 @@
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
 //! - [`trim`]: giving freed heap back to the OS after connect storms.
+//! - [`logsafe`]: escaping client-controlled text in log lines.
 
 pub mod app;
 pub mod bufpool;
@@ -20,6 +21,7 @@ pub mod cancel;
 pub mod clock;
 pub mod config;
 pub mod listener;
+pub mod logsafe;
 pub mod net;
 pub mod params;
 pub mod pool;

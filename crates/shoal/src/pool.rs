@@ -296,7 +296,7 @@ impl Pool {
             match self.connect().await {
                 Ok(conn) => self.lock_idle().push_back(conn),
                 Err(e) => {
-                    tracing::warn!(pool = %self.name, error = %e, "cannot open min_pool_size connection");
+                    tracing::warn!(pool = %self.name, error = %crate::logsafe::Escaped(&e), "cannot open min_pool_size connection");
                     break;
                 }
             }

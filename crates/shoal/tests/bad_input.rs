@@ -205,3 +205,55 @@ async fn client_that_stops_reading_does_not_block_others() {
         .get(0);
     assert_eq!(v, 9);
 }
+
+/// A user name with a newline must not forge a log line; a NUL never reaches the log raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_text_is_escaped_in_logs() {
+    let db = unique_db("bad");
+    let shoal = shoal_for(&db, "");
+    let mut r = Raw::connect(shoal.addr).await;
+    r.startup("evil\nINFO forged line", &db, &[]).await;
+    expect_fatal(&mut r, "28000", "is not configured").await;
+    eventually("the refusal is logged", Duration::from_secs(10), || {
+        shoal.log_contains("evil\\nINFO forged line")
+    })
+    .await;
+    let log = shoal.log.lock().unwrap();
+    assert!(
+        !log.iter().any(|l| l.starts_with("INFO forged")),
+        "a forged line: {log:?}"
+    );
+}
+
+/// Server messages in the client's encoding (not UTF-8) are relayed, not judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_text_in_latin9_is_relayed() {
+    let db = unique_db("bad");
+    let shoal = shoal_for(&db, "");
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[("client_encoding", "LATIN9")]).await;
+    // SELECT 'é'::int, with é as LATIN9's single byte 0xE9.
+    let mut b = BytesMut::new();
+    shoal_wire::backend::put_message(&mut b, b'Q', |m| {
+        m.put_slice(b"SELECT '\xe9'::int");
+        m.put_u8(0);
+    });
+    r.send(&b).await;
+    let msgs = r.until_ready().await;
+    assert_eq!(msgs[0].tag, 'E', "{msgs:?}");
+    assert_eq!(msgs[0].code(), "22P02");
+    assert!(
+        msgs[0].body.windows(1).any(|w| w == [0xe9]),
+        "the byte as sent"
+    );
+    let notice = {
+        let mut b = BytesMut::new();
+        shoal_wire::backend::put_message(&mut b, b'Q', |m| {
+            m.put_slice(b"DO $$BEGIN RAISE NOTICE '\xe9t\xe9'; END$$");
+            m.put_u8(0);
+        });
+        r.send(&b).await;
+        r.until_ready().await
+    };
+    assert!(notice.iter().any(|m| m.tag == 'N'), "{notice:?}");
+    assert_eq!(r.simple("SELECT 1").await.unwrap(), vec!["1"]);
+}

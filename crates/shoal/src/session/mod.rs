@@ -26,6 +26,7 @@ use shoal_wire::{sqlstate, FrameError};
 use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
+use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::{SharedParams, StartupRequest};
 use crate::pool::{CheckoutError, Lease, Pool};
@@ -152,7 +153,7 @@ async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionEr
             tracing::debug!(conn = id, "client disconnected")
         }
         Err(e) => {
-            tracing::info!(conn = id, peer = %stream.peer(), error = %e, "closing client connection");
+            tracing::info!(conn = id, peer = %stream.peer(), error = %Escaped(&e), "closing client connection");
             if let Some((code, message)) = e.client_message() {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(1),
@@ -569,7 +570,7 @@ impl Session {
             Ok(l) => l,
             Err(e) => {
                 let (code, message) = checkout_error(&e);
-                tracing::warn!(conn = self.id, pool = %self.pool.name, error = %e, "checkout failed");
+                tracing::warn!(conn = self.id, pool = %self.pool.name, error = %Escaped(&e), "checkout failed");
                 self.fail_unit(code, &message).await?;
                 self.cancel.slot.not_busy();
                 return Ok(false);
@@ -585,7 +586,7 @@ impl Session {
         )
         .await
         {
-            tracing::warn!(conn = self.id, error = %e, "applying session parameters failed");
+            tracing::warn!(conn = self.id, error = %Escaped(&e), "applying session parameters failed");
             drop(lease);
             self.fail_unit(
                 sqlstate::CONNECTION_FAILURE,
@@ -632,7 +633,7 @@ impl Session {
                             "server closed the connection unexpectedly".to_string(),
                         ),
                     };
-                    tracing::warn!(conn = self.id, pool = %self.pool.name, %message, "server lost inside a transaction; closing the client");
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
                     return Err(SessionError::fatal(code, message));
                 }
                 self.report_server_loss(&flow, fatal).await?;
@@ -744,7 +745,7 @@ impl Session {
         let message = format!(
             "server connection lost while running the statement ({detail}); it may or may not have completed; the next statement runs on another server connection"
         );
-        tracing::warn!(conn = self.id, pool = %self.pool.name, %message);
+        tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message));
         if flow.pending > 0 || flow.unsynced || flow.copy_in {
             let mut out = BytesMut::new();
             backend::error_response(&mut out, Severity::Error, code, &message, None);
