@@ -190,3 +190,37 @@ fn check_config_explains_errors_with_line_numbers() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("shoal "));
 }
+
+/// A non-ASCII password is SASLprep-normalised on both sides, as between libpq and
+/// PostgreSQL: the client's library sends the proof of the normalised form.
+#[tokio::test]
+async fn non_ascii_passwords_are_saslprep_normalised() {
+    let db = unique_db("auth");
+    let users = format!(
+        "[users.uni]\npassword = \"\u{2168}\u{00AD}\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n"
+    );
+    let shoal = shoal_with_users(&db, &users);
+    let (client, conn) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(shoal.port())
+        .user("uni")
+        .password("\u{2168}\u{00AD}".as_bytes())
+        .dbname(&db)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("the normalised password is accepted");
+    tokio::spawn(conn);
+    assert_eq!(simple_rows(&client, "SELECT 1").await, vec!["1"]);
+    // The same password written in its normal form works too: both are "IX".
+    let (client, conn) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(shoal.port())
+        .user("uni")
+        .password("IX")
+        .dbname(&db)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("the normal form is the same password");
+    tokio::spawn(conn);
+    assert_eq!(simple_rows(&client, "SELECT 1").await, vec!["1"]);
+}

@@ -53,9 +53,14 @@ fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
 
 /// PBKDF2-HMAC-SHA-256 of the password: the costly step, which callers should run off the
 /// async worker threads and cache.
+///
+/// The password is first normalised with SASLprep (RFC 4013), as libpq and PostgreSQL do, so
+/// a non-ASCII password that works against PostgreSQL works through Shoal; like PostgreSQL,
+/// a password SASLprep refuses is used as it is.
 pub fn salted_password(password: &str, salt: &[u8], iterations: u32) -> [u8; 32] {
+    let prepared = stringprep::saslprep(password).unwrap_or(std::borrow::Cow::Borrowed(password));
     let mut out = [0u8; 32];
-    pbkdf2::pbkdf2::<Hmac<Sha256>>(password.as_bytes(), salt, iterations, &mut out)
+    pbkdf2::pbkdf2::<Hmac<Sha256>>(prepared.as_bytes(), salt, iterations, &mut out)
         .expect("HMAC accepts any key length");
     out
 }
@@ -350,6 +355,24 @@ pub fn verify_server_final(server_final: &[u8], expected: &[u8; 32]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_saslprep_normalised() {
+        let salt = b"0123456789abcdef";
+        // RFC 4013's examples: a soft hyphen maps to nothing, a roman numeral to letters.
+        for (raw, prepared) in [("I\u{00AD}X", "IX"), ("\u{2168}", "IX"), ("\u{00AA}", "a")] {
+            assert_eq!(
+                salted_password(raw, salt, 16),
+                salted_password(prepared, salt, 16),
+                "{raw:?}"
+            );
+        }
+        // Refused by SASLprep (a control character): used as it is.
+        assert_ne!(
+            salted_password("a\u{0007}", salt, 16),
+            salted_password("a", salt, 16)
+        );
+    }
 
     // RFC 7677 section 3.
     const CLIENT_FIRST: &str = "n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
