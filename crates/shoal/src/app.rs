@@ -2,6 +2,7 @@
 //! count and the shutdown signal.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,8 +17,14 @@ pub struct App {
     pub config: Config,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
     pub cancels: Arc<CancelRegistry>,
-    /// Clients connected (past the TCP accept), for `max_client_conn`.
+    /// Clients logged in, for `max_client_conn`.
     pub clients: AtomicUsize,
+    /// Connections still logging in (handshake and authentication), for
+    /// `max_logins_in_progress`: counted apart so slow or idle unauthenticated sockets cannot
+    /// lock logged-in users out.
+    pub logins: AtomicUsize,
+    /// Logins in progress per client address, for `max_logins_per_address`.
+    logins_by_addr: Mutex<HashMap<IpAddr, u32>>,
     /// Clients holding a server (in a transaction, or in session mode): shutdown waits for
     /// these; idle clients are simply disconnected.
     pub active: AtomicUsize,
@@ -42,6 +49,31 @@ impl Drop for ClientGuard {
     }
 }
 
+/// Counts a connection logging in for as long as the login lasts.
+pub struct LoginGuard {
+    app: Arc<App>,
+    addr: Option<IpAddr>,
+}
+
+impl Drop for LoginGuard {
+    fn drop(&mut self) {
+        self.app.logins.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ip) = self.addr {
+            let mut by_addr = self
+                .app
+                .logins_by_addr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = by_addr.get_mut(&ip) {
+                *c -= 1;
+                if *c == 0 {
+                    by_addr.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
 /// Grows with every client that connects or leaves (for [`crate::trim`]).
 pub static CHURN: AtomicU64 = AtomicU64::new(0);
 
@@ -52,6 +84,8 @@ impl App {
             pools: Mutex::new(HashMap::new()),
             cancels: Arc::new(CancelRegistry::default()),
             clients: AtomicUsize::new(0),
+            logins: AtomicUsize::new(0),
+            logins_by_addr: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
             shutdown,
@@ -71,6 +105,39 @@ impl App {
         let n = self.clients.fetch_add(1, Ordering::Relaxed) + 1;
         CHURN.fetch_add(1, Ordering::Relaxed);
         (ClientGuard(self.clone()), n)
+    }
+
+    /// Counts a connection as logging in, or says which limit refuses it.
+    pub fn begin_login(self: &Arc<Self>, addr: Option<IpAddr>) -> Result<LoginGuard, String> {
+        let s = &self.config.server;
+        let n = self.logins.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut guard = LoginGuard {
+            app: self.clone(),
+            addr: None,
+        };
+        if n > s.max_logins_in_progress {
+            return Err(format!(
+                "too many connections are logging in: server.max_logins_in_progress ({}) reached",
+                s.max_logins_in_progress
+            ));
+        }
+        let Some(ip) = addr.filter(|_| s.max_logins_per_address > 0) else {
+            return Ok(guard);
+        };
+        let mut by_addr = self
+            .logins_by_addr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let count = by_addr.entry(ip).or_insert(0);
+        if *count as usize >= s.max_logins_per_address {
+            return Err(format!(
+                "too many connections from {ip} are logging in: server.max_logins_per_address ({}) reached",
+                s.max_logins_per_address
+            ));
+        }
+        *count += 1;
+        guard.addr = Some(ip);
+        Ok(guard)
     }
 
     pub fn shutting_down(&self) -> bool {

@@ -257,3 +257,53 @@ async fn error_text_in_latin9_is_relayed() {
     assert!(notice.iter().any(|m| m.tag == 'N'), "{notice:?}");
     assert_eq!(r.simple("SELECT 1").await.unwrap(), vec!["1"]);
 }
+
+/// Sockets that connect and never log in do not count against `max_client_conn`: they cannot
+/// lock real users out. Per-address and global caps on logins in progress bound them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_logins_do_not_lock_out_users() {
+    let db = unique_db("bad");
+    pg().create_database(&db);
+    let config = with_server_keys(
+        &base_config(pg(), &[&db], ""),
+        "max_client_conn = 3\nmax_logins_per_address = 20\nclient_login_timeout = 30",
+    );
+    let shoal = Shoal::start(&config);
+    // A socket that asks for SSL (so Shoal has surely started its login) and then says
+    // nothing more.
+    let stall = || async {
+        let mut r = Raw::connect(shoal.addr).await;
+        r.send(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await;
+        assert_eq!(r.recv_byte().await, Some(b'N'));
+        r
+    };
+    let mut silent = Vec::new();
+    for _ in 0..15 {
+        silent.push(stall().await);
+    }
+    // A user logs in and works although 15 sockets sit in the login phase.
+    let mut c = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    assert_eq!(c.simple("SELECT 1").await.unwrap(), vec!["1"]);
+    // Five more silent sockets reach the per-address cap; the next login from that address
+    // is refused with a message naming the limit, while logged-in clients go on.
+    for _ in 0..5 {
+        silent.push(stall().await);
+    }
+    let mut refused = Raw::connect(shoal.addr).await;
+    refused.startup("raw", &db, &[]).await;
+    expect_fatal(&mut refused, "53300", "max_logins_per_address (20)").await;
+    assert_eq!(c.simple("SELECT 2").await.unwrap(), vec!["2"]);
+    // Once the silent sockets go, logins are accepted again.
+    drop(silent);
+    let mut d = None;
+    for _ in 0..100 {
+        let mut r = Raw::connect(shoal.addr).await;
+        r.startup("raw", &db, &[]).await;
+        if r.recv().await.is_some_and(|m| m.tag == 'R') {
+            d = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(d.is_some(), "logins accepted again");
+}

@@ -123,18 +123,38 @@ async fn login_phase(
     mut stream: ClientStream,
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.next_conn_id();
-    let (guard, clients) = app.client_guard();
     tracing::debug!(conn = id, "client connected");
+    let logging_in = match app.begin_login(stream.peer_ip()) {
+        Ok(g) => g,
+        Err(message) => {
+            let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
+            finish(id, &mut stream, Err(e)).await;
+            return None;
+        }
+    };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream, clients)).await {
+    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream)).await {
         Err(_) => Err(SessionError::fatal(
             sqlstate::PROTOCOL_VIOLATION,
             "client did not finish logging in within client_login_timeout",
         )),
         Ok(r) => r,
     };
+    drop(logging_in);
     match r {
         Ok(Some(done)) => {
+            let (guard, clients) = app.client_guard();
+            let max = app.config.server.max_client_conn;
+            if clients > max {
+                // Others logged in meanwhile.
+                drop(guard);
+                let e = SessionError::fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    format!("too many client connections: server.max_client_conn ({max}) reached"),
+                );
+                finish(id, &mut stream, Err(e)).await;
+                return None;
+            }
             tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
             Some(Session::new(&app, id, guard, stream, done))
         }
@@ -282,7 +302,6 @@ fn cancel_target(lease: &Lease) -> CancelTarget {
 async fn login(
     app: &Arc<App>,
     stream: &mut ClientStream,
-    clients: usize,
 ) -> Result<Option<LoggedIn>, SessionError> {
     // Each phase is boxed so a login in flight holds only the state of its current phase:
     // in a connect storm thousands wait here at once, and what they leave behind in the
@@ -310,7 +329,7 @@ async fn login(
         ));
     }
     let max = app.config.server.max_client_conn;
-    if clients > max {
+    if app.clients.load(Ordering::Relaxed) >= max {
         return Err(SessionError::fatal(
             sqlstate::TOO_MANY_CONNECTIONS,
             format!("too many client connections: server.max_client_conn ({max}) reached"),
