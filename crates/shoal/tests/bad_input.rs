@@ -307,3 +307,57 @@ async fn slow_logins_do_not_lock_out_users() {
     }
     assert!(d.is_some(), "logins accepted again");
 }
+
+/// Large messages: COPY data and result rows are streamed through whatever their size; a
+/// huge query is bounded per client by `max_packet_size` and for all clients together by
+/// `max_large_message_memory`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_are_streamed_or_bounded() {
+    let db = unique_db("bad");
+    pg().create_database(&db);
+    let config = with_server_keys(
+        &base_config(pg(), &[&db], ""),
+        "max_packet_size = 4194304\nmax_large_message_memory = 3145728",
+    );
+    let shoal = Shoal::start(&config);
+    let c = shoal.connect(&db).await;
+    c.batch_execute("CREATE TABLE big (t text)").await.unwrap();
+    // A 6 MB COPY row (larger than max_packet_size) goes through in one CopyData message.
+    let row = "x".repeat(6 << 20);
+    {
+        use futures_util::SinkExt;
+        let sink = c.copy_in("COPY big FROM STDIN").await.unwrap();
+        futures_util::pin_mut!(sink);
+        let mut data = row.clone().into_bytes();
+        data.push(b'\n');
+        sink.send(bytes::Bytes::from(data)).await.unwrap();
+        assert_eq!(sink.finish().await.unwrap(), 1);
+    }
+    // And comes back as one 6 MB row.
+    let got: String = c.query_one("SELECT t FROM big", &[]).await.unwrap().get(0);
+    assert_eq!(got.len(), row.len());
+    // A 2 MB query fits both limits.
+    let q = format!("SELECT length('{}')", "y".repeat(2 << 20));
+    assert_eq!(simple_rows(&c, &q).await, vec![(2 << 20).to_string()]);
+    // Two clients sending 2 MB queries at once, each half sent: both do not fit the 3 MB
+    // budget, so exactly one is refused, and the other is answered once it sends the rest.
+    let mut big = BytesMut::new();
+    raw::query(&mut big, &q);
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    use tokio::io::AsyncWriteExt;
+    let _ = a.stream.write_all(&big[..1 << 20]).await;
+    let _ = b.stream.write_all(&big[..1 << 20]).await;
+    let (refused, mut survivor) = tokio::select! {
+        m = a.recv() => (m, b),
+        m = b.recv() => (m, a),
+    };
+    let m = refused.expect("an error for the one that does not fit");
+    assert_eq!(m.code(), "53200", "{}", m.text());
+    assert!(m.text().contains("max_large_message_memory"));
+    survivor.send(&big[1 << 20..]).await;
+    let msgs = survivor.until_ready().await;
+    assert_eq!(raw::first_column(&msgs[1]), (2 << 20).to_string());
+    // The budget is free again.
+    assert_eq!(simple_rows(&c, &q).await, vec![(2 << 20).to_string()]);
+}

@@ -21,6 +21,8 @@ pub mod tag {
     pub const BIND_COMPLETE: u8 = b'2';
     pub const CLOSE_COMPLETE: u8 = b'3';
     pub const NOTIFICATION_RESPONSE: u8 = b'A';
+    pub const DATA_ROW: u8 = b'D';
+    pub const COPY_DATA: u8 = b'd';
 }
 
 /// Writes a tagged message whose body `body` writes; the length word is patched afterwards so

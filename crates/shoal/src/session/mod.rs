@@ -6,6 +6,7 @@
 //! mode: the client keeps one server for its lifetime, reset on exit.
 
 mod auth;
+mod budget;
 mod handshake;
 mod hygiene;
 pub mod prepared;
@@ -447,8 +448,8 @@ pub struct Session {
     params: SharedParams,
     /// An error was reported for an extended-protocol batch; drop messages up to its Sync.
     skip_until_sync: bool,
-    /// The server died while this client was inside a transaction; report it on the next
-    /// message.
+    /// KiB of the large-message budget this client holds (see [`budget`]).
+    large_kib: u32,
     /// Rarely needed state, boxed so an idle client that never uses it pays 8 bytes.
     extras: Option<Box<Extras>>,
     /// The client's named prepared statements (transaction mode), once it has any.
@@ -470,6 +471,7 @@ impl Extras {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        budget::release(&mut self.large_kib);
         self.set_active(false);
         self.app.client_left();
     }
@@ -500,11 +502,18 @@ impl Session {
             cancel,
             params: params.into(),
             skip_until_sync: false,
+            large_kib: 0,
             extras: None,
             statements: None,
             pool,
         };
         (session, lease.map(Box::new))
+    }
+
+    /// Holds or frees this client's share of the large-message budget.
+    fn account_large(&mut self, streaming_copy: bool) -> Result<(), SessionError> {
+        let budget = self.app.config.server.max_large_message_memory;
+        budget::account(&mut self.cbuf, &mut self.large_kib, budget, streaming_copy)
     }
 
     fn set_active(&mut self, active: bool) {
@@ -531,7 +540,8 @@ impl Session {
                 }
                 Idle::NeedMore => {
                     if self.cbuf.is_empty() {
-                        // Idle: hold no buffer, no server, no timer.
+                        // Idle: hold no buffer, no server, no timer, no budget.
+                        budget::release(&mut self.large_kib);
                         crate::bufpool::give(std::mem::take(&mut self.cbuf));
                         if self.app.shutting_down() {
                             return Err(SessionError::fatal(
@@ -542,7 +552,7 @@ impl Session {
                     }
                     let stream = &self.stream;
                     std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
-                    relay::reserve_for_next(&mut self.cbuf, 0);
+                    relay::reserve_for_next(&mut self.cbuf, false);
                     // One non-waiting read: if the readiness was stale, go back to waiting
                     // without holding the buffer.
                     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -551,6 +561,7 @@ impl Session {
                         Poll::Ready(Ok(_)) | Poll::Pending => {}
                         Poll::Ready(Err(e)) => return Err(e.into()),
                     }
+                    self.account_large(false)?;
                 }
             }
         }

@@ -121,6 +121,33 @@ fn track_client(tag: u8, flow: &mut Flow) -> Result<bool, SessionError> {
 struct Outbound {
     to_server: BytesMut,
     to_client: BytesMut,
+    /// Bytes still to pass through of a client message being streamed (see [`STREAM_AT`]).
+    client_rest: usize,
+    /// The same for a server message.
+    server_rest: usize,
+}
+
+/// Messages Shoal never looks inside (COPY data both ways, rows from the server) are streamed
+/// through once larger than this, instead of being buffered whole: memory per client stays
+/// bounded however large a row or a COPY chunk is.
+const STREAM_AT: usize = 64 * 1024;
+
+/// Starts streaming the message at the head of `buf` if it is one to stream and is not all
+/// there yet; returns its total length.
+fn stream_start(buf: &[u8], tags: &[u8]) -> Option<usize> {
+    if buf.len() < HEADER_LEN || !tags.contains(&buf[0]) {
+        return None;
+    }
+    let total = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize + 1;
+    (total > STREAM_AT && buf.len() < total).then_some(total)
+}
+
+/// Moves up to `rest` bytes of a streamed message from `from` to `to`.
+fn stream_some(from: &mut BytesMut, to: &mut BytesMut, rest: &mut usize) {
+    let n = (*rest).min(from.len());
+    to.extend_from_slice(&from[..n]);
+    from.advance(n);
+    *rest -= n;
 }
 
 impl Session {
@@ -137,7 +164,21 @@ impl Session {
         release: bool,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
-        while let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? {
+        loop {
+            if out.client_rest > 0 {
+                stream_some(&mut self.cbuf, &mut out.to_server, &mut out.client_rest);
+                if out.client_rest > 0 {
+                    break;
+                }
+                continue;
+            }
+            if let Some(total) = stream_start(&self.cbuf, &[fe::COPY_DATA]) {
+                out.client_rest = total;
+                continue;
+            }
+            let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? else {
+                break;
+            };
             let tag = self.cbuf[0];
             frontend::validate(tag, &self.cbuf[HEADER_LEN..n]).map_err(SessionError::from_frame)?;
             if !track_client(tag, flow)? {
@@ -190,9 +231,32 @@ fn take_server(
     out: &mut Outbound,
     release: bool,
 ) -> Result<Option<ErrorFields>, SessionError> {
-    while let Some(n) =
-        next_frame_len(&server.buf, SERVER_MAX_MESSAGE).map_err(SessionError::server_protocol)?
-    {
+    loop {
+        if out.server_rest > 0 {
+            stream_some(&mut server.buf, &mut out.to_client, &mut out.server_rest);
+            if out.server_rest > 0 {
+                break;
+            }
+            continue;
+        }
+        if let Some(total) = stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]) {
+            if release {
+                emit_due(
+                    &mut server.expect,
+                    client,
+                    &mut out.to_client,
+                    &mut flow.pending,
+                    flow.status,
+                );
+            }
+            out.server_rest = total;
+            continue;
+        }
+        let Some(n) = next_frame_len(&server.buf, SERVER_MAX_MESSAGE)
+            .map_err(SessionError::server_protocol)?
+        else {
+            break;
+        };
         let tag = server.buf[0];
         let body = &server.buf[5..n];
         match tag {
@@ -300,9 +364,18 @@ impl Session {
         let mut out = Outbound {
             to_server: crate::bufpool::take(),
             to_client: crate::bufpool::take(),
+            client_rest: 0,
+            server_rest: 0,
         };
         let server: &mut ServerConn = lease;
-        let end = self.relay_loop(server, flow, release, &mut out).await;
+        let mut end = self.relay_loop(server, flow, release, &mut out).await;
+        if (out.client_rest > 0 || out.server_rest > 0) && !matches!(end, Ok(RelayEnd::Boundary)) {
+            // Cut in the middle of a streamed message: neither side's framing can be
+            // trusted any more.
+            end = Err(SessionError::Quiet(
+                "connection lost in the middle of a streamed message".into(),
+            ));
+        }
         crate::bufpool::give(out.to_server);
         crate::bufpool::give(out.to_client);
         end
@@ -349,13 +422,13 @@ impl Session {
                     }
                 }
                 if read_server {
-                    reserve_for_next(&mut server.buf, 0);
+                    reserve_for_next(&mut server.buf, out.server_rest > 0);
                     if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
                         return Poll::Ready(Step::FromServer(r));
                     }
                 }
                 if read_client {
-                    reserve_for_next(&mut self.cbuf, 0);
+                    reserve_for_next(&mut self.cbuf, out.client_rest > 0);
                     if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
                         return Poll::Ready(Step::FromClient(r));
                     }
@@ -388,6 +461,9 @@ impl Session {
                     return Ok(RelayEnd::ClientGone)
                 }
                 Step::FromClient(Ok(_)) => {
+                    if out.client_rest == 0 {
+                        self.account_large(true)?;
+                    }
                     terminate = !self.take_client(server, flow, out, release)?;
                 }
             }
@@ -404,14 +480,15 @@ enum Step {
 }
 
 /// Makes room for the next read: at least [`MIN_READ_ROOM`] bytes (a fresh chunk when less is
-/// left), or the rest of a large message whose header is already buffered.
-pub fn reserve_for_next(buf: &mut bytes::BytesMut, ready: usize) {
+/// left), or the rest of a large message whose header is already buffered (unless the buffer
+/// holds the middle of a message being streamed).
+pub fn reserve_for_next(buf: &mut bytes::BytesMut, streaming: bool) {
     if buf.capacity() == 0 {
         *buf = crate::bufpool::take();
     }
-    let pending = &buf[ready..];
+    let pending = &buf[..];
     let mut want = MIN_READ_ROOM;
-    if pending.len() >= 5 {
+    if pending.len() >= 5 && !streaming {
         let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize + 1;
         // Grow towards a large message in steps, so a peer announcing a huge message and
         // sending it slowly cannot make us allocate it all up front.

@@ -1,0 +1,109 @@
+//! A process-wide memory budget for large client messages that must be buffered whole
+//! (a query text, a Bind with large values): each client is bounded by `max_packet_size`,
+//! and all of them together by `server.max_large_message_memory`, so a handful of clients
+//! sending huge queries cannot take the process's memory. Messages Shoal streams through
+//! (COPY data) need no budget.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::BytesMut;
+use shoal_wire::frontend::tag as fe;
+use shoal_wire::sqlstate;
+
+use super::SessionError;
+
+/// Messages up to this size are ordinary and need no budget.
+pub const LARGE: usize = 1 << 20;
+
+/// KiB reserved by all clients together.
+static IN_USE_KIB: AtomicUsize = AtomicUsize::new(0);
+
+/// Reserves budget for the large message at the head of `buf`, or releases what this client
+/// holds once no large message is buffered (and gives the memory back). `reserved_kib` is
+/// the client's share; `budget` the process-wide limit in bytes. `streaming_copy`: COPY data
+/// is streamed by the caller and needs no budget.
+pub fn account(
+    buf: &mut BytesMut,
+    reserved_kib: &mut u32,
+    budget: usize,
+    streaming_copy: bool,
+) -> Result<(), SessionError> {
+    let large = (buf.len() >= 5 && !(streaming_copy && buf[0] == fe::COPY_DATA))
+        .then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize + 1)
+        .filter(|&total| total > LARGE);
+    let Some(total) = large else {
+        if *reserved_kib > 0 {
+            release(reserved_kib);
+            if buf.capacity() > LARGE {
+                // The large message is gone: do not keep its buffer either.
+                let rest = BytesMut::from(&buf[..]);
+                *buf = rest;
+            }
+        }
+        return Ok(());
+    };
+    let need = total.div_ceil(1024) as u32;
+    if *reserved_kib >= need {
+        return Ok(());
+    }
+    let more = (need - *reserved_kib) as usize;
+    let limit = budget / 1024;
+    let granted = IN_USE_KIB
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            (used + more <= limit).then_some(used + more)
+        })
+        .is_ok();
+    if !granted {
+        return Err(SessionError::fatal(
+            sqlstate::OUT_OF_MEMORY,
+            format!(
+                "message of {total} bytes refused: Shoal's memory for large messages (server.max_large_message_memory, {budget} bytes) is in use by other clients; retry later or send smaller messages"
+            ),
+        ));
+    }
+    *reserved_kib = need;
+    Ok(())
+}
+
+/// Gives back what a client holds (when it leaves).
+pub fn release(reserved_kib: &mut u32) {
+    IN_USE_KIB.fetch_sub(*reserved_kib as usize, Ordering::Relaxed);
+    *reserved_kib = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    fn header(tag: u8, len: usize) -> BytesMut {
+        let mut b = BytesMut::new();
+        b.put_u8(tag);
+        b.put_u32(len as u32 - 1);
+        b
+    }
+
+    #[test]
+    fn large_messages_share_one_budget() {
+        let budget = 3 * LARGE;
+        let (mut a, mut b) = (0u32, 0u32);
+        let mut m = header(b'Q', 2 * LARGE);
+        account(&mut m, &mut a, budget, true).unwrap();
+        assert_eq!(a as usize, 2 * LARGE / 1024);
+        let mut m2 = header(b'Q', 2 * LARGE);
+        let e = account(&mut m2, &mut b, budget, true).unwrap_err();
+        assert!(e.to_string().contains("max_large_message_memory"), "{e}");
+        // Small messages, and COPY data being streamed, need nothing.
+        let mut small = header(b'Q', 100);
+        account(&mut small, &mut b, budget, true).unwrap();
+        let mut copy = header(b'd', 10 * LARGE);
+        account(&mut copy, &mut b, budget, true).unwrap();
+        assert_eq!(b, 0);
+        // Once A's message is consumed, its share returns.
+        let mut empty = BytesMut::new();
+        account(&mut empty, &mut a, budget, true).unwrap();
+        assert_eq!(a, 0);
+        account(&mut m2, &mut b, budget, true).unwrap();
+        release(&mut b);
+    }
+}
