@@ -30,6 +30,8 @@ pub struct App {
     pub active: AtomicUsize,
     next_conn_id: AtomicU64,
     pub shutdown: watch::Receiver<bool>,
+    /// Logged-in clients' sockets, for the shutdown notice.
+    pub client_fds: crate::net::ClientFds,
 }
 
 /// Counts a client for as long as it lives (until a session takes the count over).
@@ -89,6 +91,7 @@ impl App {
             active: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
             shutdown,
+            client_fds: Default::default(),
         })
     }
 

@@ -89,6 +89,16 @@ impl ClientStream {
         }
     }
 
+    /// The socket's descriptor, for [`ClientFds`].
+    pub fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match self {
+            ClientStream::Tcp(s) => Some(s.as_raw_fd()),
+            ClientStream::Unix(s) => Some(s.as_raw_fd()),
+            ClientStream::Closed => None,
+        }
+    }
+
     /// The client's IP address (none for Unix sockets).
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
         match self {
@@ -106,5 +116,55 @@ impl ClientStream {
             ClientStream::Unix(_) => "unix".into(),
             ClientStream::Closed => "closed".into(),
         }
+    }
+}
+
+/// The descriptors of logged-in clients' sockets, one bit each (an idle client must stay
+/// cheap), so that shutdown can reach clients that wait idle without a timer or a waiter of
+/// their own: it shuts their read side, their task wakes to end of stream and tells the client
+/// why (`57P01`) before closing.
+#[derive(Default)]
+pub struct ClientFds {
+    bits: std::sync::Mutex<Vec<u64>>,
+}
+
+impl ClientFds {
+    pub fn insert(&self, fd: std::os::fd::RawFd) {
+        let Ok(fd) = usize::try_from(fd) else { return };
+        let mut bits = self.bits.lock().unwrap_or_else(|e| e.into_inner());
+        if bits.len() <= fd / 64 {
+            bits.resize(fd / 64 + 1, 0);
+        }
+        bits[fd / 64] |= 1 << (fd % 64);
+    }
+
+    /// Must be called before the socket is closed (so a reused number is never touched).
+    pub fn remove(&self, fd: std::os::fd::RawFd) {
+        let Ok(fd) = usize::try_from(fd) else { return };
+        let mut bits = self.bits.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = bits.get_mut(fd / 64) {
+            *w &= !(1 << (fd % 64));
+        }
+    }
+
+    /// Shuts the read side of every registered client socket.
+    pub fn shut_reads(&self) -> usize {
+        let bits = self.bits.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        for (i, w) in bits.iter().enumerate() {
+            let mut w = *w;
+            while w != 0 {
+                let b = w.trailing_zeros() as usize;
+                w &= w - 1;
+                let fd = (i * 64 + b) as std::os::fd::RawFd;
+                // SAFETY: the descriptor belongs to a live client socket: sessions remove
+                // theirs (under this lock, which is held here) before their socket closes.
+                #[allow(unsafe_code)]
+                let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                let _ = socket2::SockRef::from(&borrowed).shutdown(std::net::Shutdown::Read);
+                n += 1;
+            }
+        }
+        n
     }
 }

@@ -56,6 +56,14 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
     while app.active.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Idle clients (and any still in a transaction past the timeout) are woken by the end of
+    // their read side; each tells its client why (57P01) and closes.
+    let notified = app.client_fds.shut_reads();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::info!(notified, "clients told of the shutdown");
     for pool in app.pools() {
         pool.close_idle().await;
     }

@@ -270,7 +270,8 @@ async fn graceful_shutdown_lets_transactions_finish() {
     let config = with_server_keys(&base_config(pg(), &[&db], ""), "shutdown_timeout = 20");
     let mut shoal = Shoal::start(&config);
     let busy = shoal.connect(&db).await;
-    let idle = shoal.connect(&db).await;
+    let mut idle = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
+    idle.simple("SELECT 1").await.unwrap();
     busy.batch_execute("CREATE TABLE t (x int); BEGIN; INSERT INTO t VALUES (1)")
         .await
         .unwrap();
@@ -297,8 +298,12 @@ async fn graceful_shutdown_lets_transactions_finish() {
         Some(true),
         "exits cleanly once drained"
     );
-    // Idle clients are disconnected when Shoal exits.
-    assert!(idle.simple_query("SELECT 1").await.is_err());
+    // Idle clients are told, as PostgreSQL tells its sessions, then disconnected.
+    let m = idle.recv().await.expect("a FATAL before the close");
+    assert_eq!(m.tag, 'E');
+    assert_eq!(m.field(b'S').as_deref(), Some("FATAL"));
+    assert_eq!(m.code(), "57P01", "{}", m.text());
+    assert!(idle.recv().await.is_none());
     let d = direct(&db).await;
     let n: i64 = d
         .query_one("SELECT count(*) FROM t", &[])

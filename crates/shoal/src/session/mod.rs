@@ -471,6 +471,9 @@ impl Extras {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        if let Some(fd) = self.stream.raw_fd() {
+            self.app.client_fds.remove(fd);
+        }
         budget::release(&mut self.large_kib);
         self.set_active(false);
         self.app.client_left();
@@ -493,6 +496,9 @@ impl Session {
         } = done;
         // The session takes over the client count (released in `Drop`).
         client.into_session();
+        if let Some(fd) = stream.raw_fd() {
+            app.client_fds.insert(fd);
+        }
         let session = Session {
             id,
             active: false,
@@ -508,6 +514,18 @@ impl Session {
             pool,
         };
         (session, lease.map(Box::new))
+    }
+
+    /// The client's read side ended: it left, or shutdown closed it (then it is told why,
+    /// as PostgreSQL tells its sessions).
+    fn gone_or_shut_down(&self) -> Result<(), SessionError> {
+        if self.app.shutting_down() {
+            return Err(SessionError::fatal(
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection because Shoal is shutting down",
+            ));
+        }
+        Ok(())
     }
 
     /// Holds or frees this client's share of the large-message budget.
@@ -557,6 +575,13 @@ impl Session {
                     // without holding the buffer.
                     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                     match self.stream.poll_read_buf(&mut cx, &mut self.cbuf) {
+                        Poll::Ready(Ok(0)) if self.app.shutting_down() => {
+                            // Shutdown closed our read side: say why, as PostgreSQL does.
+                            return Err(SessionError::fatal(
+                                sqlstate::ADMIN_SHUTDOWN,
+                                "terminating connection because Shoal is shutting down",
+                            ));
+                        }
                         Poll::Ready(Ok(0)) => return Ok(()),
                         Poll::Ready(Ok(_)) | Poll::Pending => {}
                         Poll::Ready(Err(e)) => return Err(e.into()),
@@ -647,9 +672,13 @@ impl Session {
                 }
                 Ok(false)
             }
-            Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
+            Ok(RelayEnd::Terminate) => {
                 self.abandon(lease, &flow, false).await;
                 Ok(true)
+            }
+            Ok(RelayEnd::ClientGone) => {
+                self.abandon(lease, &flow, false).await;
+                self.gone_or_shut_down().map(|()| true)
             }
             Ok(RelayEnd::ServerLost(fatal)) => {
                 drop(lease);
@@ -683,9 +712,13 @@ impl Session {
         let end = self.relay(&mut lease, &mut flow, false).await;
         self.cancel.slot.clear().await;
         match end {
-            Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) | Ok(RelayEnd::ClientGone) => {
+            Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {
                 self.abandon(lease, &flow, true).await;
                 Ok(())
+            }
+            Ok(RelayEnd::ClientGone) => {
+                self.abandon(lease, &flow, true).await;
+                self.gone_or_shut_down()
             }
             Ok(RelayEnd::ServerLost(fatal)) => {
                 drop(lease);
