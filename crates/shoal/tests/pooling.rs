@@ -318,3 +318,33 @@ async fn transaction_mode_sets_follow_the_client_across_servers() {
 async fn show(c: &tokio_postgres::Client, name: &str) -> String {
     simple_rows(c, &format!("SHOW {name}")).await[0].clone()
 }
+
+/// Shoal's own idle connections to a database must not block a client's `DROP DATABASE` (or
+/// `ALTER DATABASE ... RENAME`) of it: they are closed first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_database_is_not_blocked_by_idle_pooled_connections() {
+    let victim = unique_db("pool");
+    let other = unique_db("pool");
+    pg().create_database(&victim);
+    pg().create_database(&other);
+    let shoal = Shoal::start(&base_config(pg(), &[&victim, &other], ""));
+    let v = shoal.connect(&victim).await;
+    let vs = join_all((0..3).map(|_| shoal.connect(&victim))).await;
+    for c in &vs {
+        c.batch_execute("BEGIN").await.unwrap();
+    }
+    for c in &vs {
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    assert!(pg().backends(&victim) >= 3, "idle pooled servers exist");
+    drop(vs);
+    drop(v);
+    let o = shoal.connect(&other).await;
+    let renamed = format!("{victim}_r");
+    o.batch_execute(&format!("ALTER DATABASE {victim} RENAME TO {renamed}"))
+        .await
+        .expect("rename succeeds");
+    o.batch_execute(&format!("DROP DATABASE {renamed}"))
+        .await
+        .expect("drop succeeds");
+}
