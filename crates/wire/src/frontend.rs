@@ -236,3 +236,17 @@ mod tests {
         assert!(validate(b'?', b"").is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any tag and body: validation answers without panicking.
+        #[test]
+        fn validate_accepts_any_input(tag in any::<u8>(), body in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = validate(tag, &body);
+        }
+    }
+}

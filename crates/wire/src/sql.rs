@@ -675,3 +675,42 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes: the lexer and every classifier finish without panicking, and the
+        /// statement-name range they report lies inside the text.
+        #[test]
+        fn classifiers_accept_any_bytes(sql in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = classify(&sql);
+            let _ = database_command(&sql);
+            let _ = prepared_name_with_prefix(&sql, b"shoal_");
+            let n = leading_comments_len(&sql);
+            prop_assert!(n <= sql.len());
+            if let Some(c) = named_statement_command(&sql) {
+                prop_assert!(c.name_at.end <= sql.len());
+            }
+        }
+
+        /// SQL-shaped input built from the tokens that matter.
+        #[test]
+        fn classifiers_accept_sql_shaped_text(parts in proptest::collection::vec(
+            prop_oneof![
+                Just("SET "), Just("ROLE "), Just("'"), Just("\""), Just("$$"), Just("$a$"),
+                Just("--"), Just("/*"), Just("*/"), Just(";"), Just("\n"), Just("E'\\'"),
+                Just("temp "), Just("create "), Just("execute "), Just("shoal_1 "), Just("("),
+                Just("U&\""), Just("é"),
+            ], 0..30)) {
+            let sql: String = parts.concat();
+            let _ = classify(sql.as_bytes());
+            let _ = named_statement_command(sql.as_bytes());
+            let _ = prepared_name_with_prefix(sql.as_bytes(), b"shoal_");
+            let n = leading_comments_len(sql.as_bytes());
+            prop_assert!(sql.is_char_boundary(n));
+        }
+    }
+}

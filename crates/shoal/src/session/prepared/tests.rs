@@ -404,3 +404,79 @@ fn stale_plan_errors_retire_the_statement_for_everyone() {
     assert!(def.is_stale());
     assert_ne!(f.registry.intern(0, &def.body).id, def.id);
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn client_msg() -> impl Strategy<Value = BytesMut> {
+        let name = prop_oneof![Just(""), Just("a"), Just("b"), Just("shoal_1")];
+        prop_oneof![
+            (
+                name.clone(),
+                prop_oneof![
+                    Just("SELECT 1"),
+                    Just("SET x.y = 1"),
+                    Just("SELECT set_config('a','b',false)")
+                ]
+            )
+                .prop_map(|(n, q)| msg(b'P', format!("{n}\0{q}\0\0\0").as_bytes())),
+            name.clone()
+                .prop_map(|n| msg(b'B', format!("\0{n}\0\0\0\0\0\0\0").as_bytes())),
+            name.clone()
+                .prop_map(|n| msg(b'D', format!("S{n}\0").as_bytes())),
+            name.clone()
+                .prop_map(|n| msg(b'C', format!("S{n}\0").as_bytes())),
+            Just(msg(b'E', b"\0\0\0\0\0")),
+            Just(msg(b'S', b"")),
+            prop_oneof![
+                Just("SELECT 1"),
+                Just("DEALLOCATE a"),
+                Just("EXECUTE b"),
+                Just("DISCARD ALL"),
+                Just("EXECUTE shoal_1")
+            ]
+            .prop_map(|q| {
+                let mut b = BytesMut::new();
+                shoal_wire::frontend::query(&mut b, q);
+                b
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of client messages and server replies: the translation never panics,
+        /// only ever sends well-formed messages, and never names another client's statement
+        /// it was not given.
+        #[test]
+        fn translation_survives_any_sequence(
+            steps in proptest::collection::vec(
+                prop_oneof![
+                    client_msg().prop_map(Ok),
+                    proptest::sample::select(&b"123CDEZTnts"[..]).prop_map(Err),
+                ],
+                0..60,
+            )
+        ) {
+            let mut f = Fixture::new();
+            for step in steps {
+                match step {
+                    Ok(m) => {
+                        let out = f.send(&m);
+                        for (tag, body) in frames(&out) {
+                            prop_assert!(shoal_wire::frontend::validate(tag as u8, &body).is_ok());
+                            if tag == 'B' {
+                                // The statement bound is the client's own (renamed) or unnamed.
+                                let stmt = body.split(|&b| b == 0).nth(1).unwrap_or_default();
+                                prop_assert!(stmt.is_empty() || stmt.starts_with(b"shoal_"));
+                            }
+                        }
+                    }
+                    Err(tag) => {
+                        let (_, _) = f.reply(tag);
+                    }
+                }
+            }
+        }
+    }
+}
