@@ -105,15 +105,23 @@ impl CancelSlot {
         self.lock().waiting = None;
     }
 
-    fn begin(&self) -> Option<CancelTarget> {
+    /// Counts a cancel in flight for as long as the returned guard lives, so that even a
+    /// forward whose task is dropped midway (a login timeout) cannot leave the count up and
+    /// [`CancelSlot::clear`] waiting forever.
+    fn begin(&self) -> Option<(CancelTarget, InFlight<'_>)> {
         let mut s = self.lock();
         let t = s.target?;
         s.in_flight += 1;
-        Some(t)
+        Some((t, InFlight(self)))
     }
+}
 
-    fn end(&self) {
-        self.lock().in_flight -= 1;
+/// One cancel in flight to a slot's server.
+struct InFlight<'a>(&'a CancelSlot);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().in_flight -= 1;
     }
 }
 
@@ -188,7 +196,7 @@ impl CancelRegistry {
             tracing::debug!("cancel request with unknown key ignored");
             return;
         };
-        let Some(target) = slot.begin() else {
+        let Some((target, in_flight)) = slot.begin() else {
             let mut s = slot.lock();
             if let Some(waiting) = s.waiting.take() {
                 tracing::debug!("cancel request for a query waiting for a server");
@@ -201,7 +209,7 @@ impl CancelRegistry {
             return;
         };
         forward(target).await;
-        slot.end();
+        drop(in_flight);
     }
 }
 
@@ -226,4 +234,41 @@ async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
     tokio::time::timeout(Duration::from_secs(5), send)
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("cancel timed out")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel whose forwarding is abandoned midway (its connection's login timed out) must
+    /// not leave the client unable to give its server back.
+    #[tokio::test]
+    async fn an_abandoned_forward_does_not_block_clear() {
+        // A "server" that accepts the cancel connection and never closes it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hold = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                conns.push(c);
+            }
+        });
+        let registry = Arc::new(CancelRegistry::default());
+        let reg = registry.register(None);
+        reg.slot.set(CancelTarget {
+            addr,
+            process_id: 1,
+            secret_key: 2,
+        });
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(100),
+            registry.cancel(reg.process_id, reg.secret_key()),
+        )
+        .await;
+        assert!(abandoned.is_err(), "the forward was still waiting");
+        tokio::time::timeout(Duration::from_secs(2), reg.slot.clear())
+            .await
+            .expect("clear returns once the abandoned forward is gone");
+        hold.abort();
+    }
 }

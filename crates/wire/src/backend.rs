@@ -143,6 +143,9 @@ pub struct ErrorFields {
     pub severity: String,
     pub code: String,
     pub message: String,
+    /// The server function that raised it (`R`): never translated, unlike the message, so
+    /// Shoal can recognise an error whatever `lc_messages` says.
+    pub routine: String,
 }
 
 impl ErrorFields {
@@ -168,6 +171,7 @@ pub fn parse_error(body: &[u8]) -> Result<ErrorFields, FrameError> {
             b'S' if e.severity.is_empty() => e.severity = text(),
             b'C' => e.code = text(),
             b'M' => e.message = text(),
+            b'R' => e.routine = text(),
             _ => {}
         }
     }

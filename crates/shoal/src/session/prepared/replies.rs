@@ -151,7 +151,7 @@ fn error_reply(
         Some(head) => {
             match head {
                 Expect::Bind(Some(def)) | Expect::DescribeStatement(Some(def))
-                    if plan_error(&fields.code, &fields.message) =>
+                    if plan_error(&fields) =>
                 {
                     retire(def)
                 }

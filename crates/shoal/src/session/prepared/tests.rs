@@ -402,6 +402,26 @@ fn stale_plan_errors_retire_the_statement_for_everyone() {
         .unwrap();
     f.reply_msg(&error("XX000", "cache lookup failed for type 16390"));
     assert!(def.is_stale());
+    // A stale plan in another language, recognised by SQLSTATE and routine.
+    let mut g = Fixture::new();
+    g.send(&msg(b'P', b"t\0SELECT * FROM u\0\0\0"));
+    g.send(&msg(b'B', b"\0t\0\0\0\0\0\0\0"));
+    g.send(&msg(b'S', b""));
+    g.reply(b'1');
+    let def = g
+        .client
+        .as_ref()
+        .unwrap()
+        .named
+        .get(&b"t"[..])
+        .cloned()
+        .unwrap();
+    let mut e = BytesMut::new();
+    put_message(&mut e, b'E', |b| {
+        b.put_slice(b"SERROR\0C0A000\0Mle plan en cache ne doit pas modifier le type\0RRevalidateCachedQuery\0\0")
+    });
+    g.reply_msg(&e);
+    assert!(def.is_stale());
     assert_ne!(f.registry.intern(0, &def.body).id, def.id);
 }
 

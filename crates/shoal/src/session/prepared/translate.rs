@@ -353,11 +353,13 @@ impl Translator<'_> {
     }
 }
 
-/// Whether a stale-plan error is one after which a statement must be retired: its cached
-/// plan's result type changed, or a type it was planned with is gone.
-pub fn plan_error(code: &str, message: &str) -> bool {
-    (code == "0A000" && message.contains("cached plan must not change result type"))
-        || (code == "XX000" && message.starts_with("cache lookup failed for type"))
+/// Whether an error says a statement must be retired: its cached plan's result type changed
+/// (`0A000` from the plan cache's revalidation), or a type it was planned with is gone (an
+/// internal `XX000 cache lookup failed`, which PostgreSQL never translates). Recognised by
+/// SQLSTATE and routine, not by message text, so any `lc_messages` works.
+pub fn plan_error(e: &shoal_wire::backend::ErrorFields) -> bool {
+    (e.code == "0A000" && e.routine == "RevalidateCachedQuery")
+        || (e.code == "XX000" && e.message.starts_with("cache lookup failed for type"))
 }
 
 /// Marks a statement stale for every client.
