@@ -16,7 +16,8 @@ pub async fn read_startup(
     app: &App,
 ) -> Result<Option<StartupMessage>, SessionError> {
     let mut buf = BytesMut::with_capacity(256);
-    let mut negotiated = false;
+    // As PostgreSQL: one SSLRequest and one GSSENCRequest at most (libpq may send both).
+    let (mut ssl_done, mut gss_done) = (false, false);
     loop {
         let len = loop {
             if buf.first() == Some(&TLS_HANDSHAKE_BYTE) {
@@ -44,14 +45,18 @@ pub async fn read_startup(
         }
         let packet = buf.split_to(len);
         match startup::parse_startup(&packet) {
-            Ok(StartupPacket::Ssl) | Ok(StartupPacket::GssEnc) => {
-                if negotiated {
+            Ok(kind @ (StartupPacket::Ssl | StartupPacket::GssEnc)) => {
+                let done = if matches!(kind, StartupPacket::Ssl) {
+                    &mut ssl_done
+                } else {
+                    &mut gss_done
+                };
+                if std::mem::replace(done, true) {
                     return Err(SessionError::fatal(
                         sqlstate::PROTOCOL_VIOLATION,
                         "encryption was already negotiated on this connection",
                     ));
                 }
-                negotiated = true;
                 if !buf.is_empty() {
                     return Err(SessionError::fatal(
                         sqlstate::PROTOCOL_VIOLATION,
