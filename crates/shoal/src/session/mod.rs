@@ -9,6 +9,8 @@ mod auth;
 mod budget;
 mod handshake;
 mod hygiene;
+mod login;
+mod prepare;
 pub mod prepared;
 mod relay;
 pub mod sets;
@@ -29,9 +31,11 @@ use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
 use crate::logsafe::Escaped;
 use crate::net::ClientStream;
-use crate::params::{SharedParams, StartupRequest};
-use crate::pool::{CheckoutError, Lease, Pool};
+use crate::params::SharedParams;
+use crate::pool::Lease;
 use crate::server::ServerError;
+use login::{checkout_error, login_phase, LoggedIn, PoolClient};
+use prepare::prepare_server;
 use relay::{Flow, RelayEnd};
 
 /// Why a session ended abnormally. `Fatal` is reported to the client before closing.
@@ -117,56 +121,6 @@ pub async fn serve(app: Arc<App>, stream: Box<ClientStream>) {
     Box::pin(finish(id, &mut session.stream, result)).await;
 }
 
-/// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
-/// failures; returns the logged-in session.
-async fn login_phase(
-    app: Arc<App>,
-    mut stream: ClientStream,
-) -> Option<(Session, Option<Box<Lease>>)> {
-    let id = app.next_conn_id();
-    tracing::debug!(conn = id, "client connected");
-    let logging_in = match app.begin_login(stream.peer_ip()) {
-        Ok(g) => g,
-        Err(message) => {
-            let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
-            finish(id, &mut stream, Err(e)).await;
-            return None;
-        }
-    };
-    let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream)).await {
-        Err(_) => Err(SessionError::fatal(
-            sqlstate::PROTOCOL_VIOLATION,
-            "client did not finish logging in within client_login_timeout",
-        )),
-        Ok(r) => r,
-    };
-    drop(logging_in);
-    match r {
-        Ok(Some(done)) => {
-            let (guard, clients) = app.client_guard();
-            let max = app.config.server.max_client_conn;
-            if clients > max {
-                // Others logged in meanwhile.
-                drop(guard);
-                let e = SessionError::fatal(
-                    sqlstate::TOO_MANY_CONNECTIONS,
-                    format!("too many client connections: server.max_client_conn ({max}) reached"),
-                );
-                finish(id, &mut stream, Err(e)).await;
-                return None;
-            }
-            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
-            Some(Session::new(&app, id, guard, stream, done))
-        }
-        Ok(None) => None,
-        Err(e) => {
-            finish(id, &mut stream, Err(e)).await;
-            None
-        }
-    }
-}
-
 /// Logs how the session ended and tells the client why, where it should know.
 async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionError>) {
     match result {
@@ -183,33 +137,6 @@ async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionEr
                 .await;
             }
         }
-    }
-}
-
-/// A logged-in client, ready for its pool mode's loop.
-struct LoggedIn {
-    pool: PoolClient,
-    params: Vec<(String, String)>,
-    cancel: Registration,
-    /// The server a session-mode client keeps.
-    lease: Option<Lease>,
-}
-
-fn checkout_error(e: &CheckoutError) -> (&'static str, String) {
-    match e {
-        CheckoutError::WaitTimeout { .. } => (sqlstate::QUERY_CANCELED, e.to_string()),
-        CheckoutError::Server {
-            source: ServerError::Db(fields),
-            pool,
-        } => (
-            known_code(&fields.code),
-            format!(
-                "pool \"{pool}\": server refused the connection: {}",
-                fields.message
-            ),
-        ),
-        CheckoutError::Server { .. } => (sqlstate::CONNECTION_FAILURE, e.to_string()),
-        CheckoutError::Closed(_) => (sqlstate::ADMIN_SHUTDOWN, e.to_string()),
     }
 }
 
@@ -231,197 +158,11 @@ fn known_code(code: &str) -> &'static str {
     .unwrap_or(sqlstate::CONNECTION_FAILURE)
 }
 
-/// Makes a server's session what this client expects: nothing a previous client left, its
-/// startup parameters, and its session `SET`s. Costs nothing when the server already matches;
-/// otherwise one write and one wait, bounded by `server_reset_timeout` (a server that does
-/// not answer in time is closed by the caller).
-async fn prepare_server(
-    lease: &mut Lease,
-    client: u64,
-    params: &[(String, String)],
-    sets: Option<&sets::SessionSets>,
-    timeout: Duration,
-) -> Result<(), ServerError> {
-    let want = sets.map_or(0, |s| s.fingerprint);
-    let mut out = BytesMut::new();
-    let mut replies = 0;
-    if client != 0 && lease.session_dirty && lease.dirty_owner == client {
-        // This client left the state here itself (its temporary tables, its SETs as they
-        // stand): it gets its own session back as it was.
-        lease.sets_applied = want;
-    }
-    let clean = lease.statements.needs_clean
-        || (lease.session_dirty && lease.dirty_owner != client)
-        || (lease.sets_applied != 0 && lease.sets_applied != want);
-    if clean {
-        frontend::query(&mut out, crate::params::CLEAN_SESSION_SQL);
-        replies += 1;
-        lease.statements.clear();
-        lease.session_dirty = false;
-        lease.dirty_owner = 0;
-        lease.sets_applied = 0;
-    }
-    if clean || lease.applied[..] != *params {
-        if !clean && !lease.applied.is_empty() {
-            frontend::query(&mut out, "RESET ALL");
-            replies += 1;
-        }
-        if !params.is_empty() {
-            frontend::parse_bind_execute(
-                &mut out,
-                &crate::params::apply_statement(params.len()),
-                &crate::params::apply_values(params),
-            );
-            replies += 1;
-        }
-        lease.applied = params.to_vec();
-        lease.sets_applied = 0;
-    }
-    if let Some(s) = sets.filter(|s| s.fingerprint != 0 && lease.sets_applied != s.fingerprint) {
-        frontend::query(&mut out, &s.replay_sql());
-        replies += 1;
-        lease.sets_applied = s.fingerprint;
-    }
-    if replies == 0 {
-        return Ok(());
-    }
-    lease.statements.unnamed_dropped();
-    match tokio::time::timeout(timeout, lease.run_batch(&out, replies)).await {
-        Ok(r) => r,
-        Err(_) => Err(ServerError::ResetTimeout(timeout)),
-    }
-}
-
 fn cancel_target(lease: &Lease) -> CancelTarget {
     CancelTarget {
         addr: lease.addr,
         process_id: lease.process_id,
         secret_key: lease.secret_key,
-    }
-}
-
-async fn login(
-    app: &Arc<App>,
-    stream: &mut ClientStream,
-) -> Result<Option<LoggedIn>, SessionError> {
-    // Each phase is boxed so a login in flight holds only the state of its current phase:
-    // in a connect storm thousands wait here at once, and what they leave behind in the
-    // heap is what idle clients later pay for.
-    let Some(startup) = Box::pin(handshake::read_startup(stream, app)).await? else {
-        return Ok(None);
-    };
-    let req = StartupRequest::from_startup(&startup).map_err(|e| {
-        let code = match e {
-            crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
-            _ => sqlstate::PROTOCOL_VIOLATION,
-        };
-        SessionError::fatal(code, e.to_string())
-    })?;
-    let mut out = BytesMut::new();
-    if startup.minor > 0 || !req.unrecognized.is_empty() {
-        let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
-        backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
-        stream.write_all(&out).await?;
-    }
-    if app.shutting_down() {
-        return Err(SessionError::fatal(
-            sqlstate::CANNOT_CONNECT_NOW,
-            "Shoal is shutting down",
-        ));
-    }
-    let max = app.config.server.max_client_conn;
-    if app.clients.load(Ordering::Relaxed) >= max {
-        return Err(SessionError::fatal(
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!("too many client connections: server.max_client_conn ({max}) reached"),
-        ));
-    }
-    let user = app.config.users.get(&req.user).ok_or_else(|| {
-        SessionError::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            format!("user \"{}\" is not configured in Shoal", req.user),
-        )
-    })?;
-    Box::pin(auth::authenticate(stream, user)).await?;
-    let db = app.config.databases.get(&req.database).ok_or_else(|| {
-        SessionError::fatal(
-            sqlstate::INVALID_CATALOG_NAME,
-            format!(
-                "database \"{}\" does not exist in Shoal's configuration",
-                req.database
-            ),
-        )
-    })?;
-    let pool = app.pool_for(db, user);
-    let per_pool = pool.settings.max_client_conn;
-    let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
-    let pool_client = PoolClient(pool.clone());
-    if per_pool > 0 && n > per_pool {
-        return Err(SessionError::fatal(
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!(
-                "too many client connections for pool \"{}\": max_client_conn ({per_pool}) reached",
-                pool.name
-            ),
-        ));
-    }
-    let session_mode = pool.settings.mode == PoolMode::Session;
-    let mut lease = None;
-    let reported: Vec<(String, String)> = match pool.login_params(&req.params) {
-        Some(known) if !session_mode => known.to_vec(),
-        _ => {
-            let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
-                let (code, message) = checkout_error(&e);
-                SessionError::fatal(code, message)
-            })?;
-            prepare_server(&mut l, 0, &req.params, None, pool.settings.reset_timeout)
-                .await
-                .map_err(|e| match e {
-                    ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
-                    e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
-                })?;
-            let p = l.params.clone();
-            pool.remember_login_params(&req.params, &p);
-            if session_mode {
-                lease = Some(l);
-            } else {
-                pool.checkin(l);
-            }
-            p
-        }
-    };
-    let cancel = app
-        .cancels
-        .register(lease.as_ref().map(|l: &Lease| l.process_id));
-    out.clear();
-    for (k, v) in &reported {
-        backend::parameter_status(&mut out, k, v);
-    }
-    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key());
-    backend::ready_for_query(&mut out, b'I');
-    stream.write_all(&out).await?;
-    drop(pool);
-    Ok(Some(LoggedIn {
-        pool: pool_client,
-        params: req.params,
-        cancel,
-        lease,
-    }))
-}
-
-/// Counts a logged-in client against its pool for as long as it lives.
-struct PoolClient(Arc<Pool>);
-
-impl std::ops::Deref for PoolClient {
-    type Target = Arc<Pool>;
-    fn deref(&self) -> &Arc<Pool> {
-        &self.0
-    }
-}
-
-impl Drop for PoolClient {
-    fn drop(&mut self) {
-        self.0.stats.clients.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -878,6 +619,10 @@ mod size_tests {
         let fut = serve(app, stream);
         println!("serve future: {} bytes", std::mem::size_of_val(&fut));
         println!("Session: {} bytes", std::mem::size_of::<Session>());
+        // An idle client is this future in a tokio task (~100 bytes of header): keep the
+        // whole within 384 bytes. Growing these is a memory cost for every idle client.
+        assert!(std::mem::size_of_val(&fut) <= 280, "idle client future grew");
+        assert!(std::mem::size_of::<Session>() <= 168, "Session grew");
         println!(
             "SessionError: {} bytes",
             std::mem::size_of::<SessionError>()

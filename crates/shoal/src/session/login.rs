@@ -1,0 +1,222 @@
+//! From a connection's first byte to a logged-in client: handshake, limits, authentication,
+//! the pool, the ParameterStatus values to report and the cancel key, all bounded by
+//! `client_login_timeout`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use shoal_wire::backend;
+use shoal_wire::sqlstate;
+
+use super::prepare::prepare_server;
+use super::{auth, finish, handshake, known_code, Session, SessionError};
+use crate::app::App;
+use crate::cancel::Registration;
+use crate::config::PoolMode;
+use crate::net::ClientStream;
+use crate::params::StartupRequest;
+use crate::pool::{CheckoutError, Lease, Pool};
+use crate::server::ServerError;
+
+/// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
+/// failures; returns the logged-in session.
+pub(super) async fn login_phase(
+    app: Arc<App>,
+    mut stream: ClientStream,
+) -> Option<(Session, Option<Box<Lease>>)> {
+    let id = app.next_conn_id();
+    tracing::debug!(conn = id, "client connected");
+    let logging_in = match app.begin_login(stream.peer_ip()) {
+        Ok(g) => g,
+        Err(message) => {
+            let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
+            finish(id, &mut stream, Err(e)).await;
+            return None;
+        }
+    };
+    let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
+    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream)).await {
+        Err(_) => Err(SessionError::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            "client did not finish logging in within client_login_timeout",
+        )),
+        Ok(r) => r,
+    };
+    drop(logging_in);
+    match r {
+        Ok(Some(done)) => {
+            let (guard, clients) = app.client_guard();
+            let max = app.config.server.max_client_conn;
+            if clients > max {
+                // Others logged in meanwhile.
+                drop(guard);
+                let e = SessionError::fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    format!("too many client connections: server.max_client_conn ({max}) reached"),
+                );
+                finish(id, &mut stream, Err(e)).await;
+                return None;
+            }
+            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
+            Some(Session::new(&app, id, guard, stream, done))
+        }
+        Ok(None) => None,
+        Err(e) => {
+            finish(id, &mut stream, Err(e)).await;
+            None
+        }
+    }
+}
+
+/// A logged-in client, ready for its pool mode's loop.
+pub(super) struct LoggedIn {
+    pub(super) pool: PoolClient,
+    pub(super) params: Vec<(String, String)>,
+    pub(super) cancel: Registration,
+    /// The server a session-mode client keeps.
+    pub(super) lease: Option<Lease>,
+}
+
+pub(super) fn checkout_error(e: &CheckoutError) -> (&'static str, String) {
+    match e {
+        CheckoutError::WaitTimeout { .. } => (sqlstate::QUERY_CANCELED, e.to_string()),
+        CheckoutError::Server {
+            source: ServerError::Db(fields),
+            pool,
+        } => (
+            known_code(&fields.code),
+            format!(
+                "pool \"{pool}\": server refused the connection: {}",
+                fields.message
+            ),
+        ),
+        CheckoutError::Server { .. } => (sqlstate::CONNECTION_FAILURE, e.to_string()),
+        CheckoutError::Closed(_) => (sqlstate::ADMIN_SHUTDOWN, e.to_string()),
+    }
+}
+
+async fn login(
+    app: &Arc<App>,
+    stream: &mut ClientStream,
+) -> Result<Option<LoggedIn>, SessionError> {
+    // Each phase is boxed so a login in flight holds only the state of its current phase:
+    // in a connect storm thousands wait here at once, and what they leave behind in the
+    // heap is what idle clients later pay for.
+    let Some(startup) = Box::pin(handshake::read_startup(stream, app)).await? else {
+        return Ok(None);
+    };
+    let req = StartupRequest::from_startup(&startup).map_err(|e| {
+        let code = match e {
+            crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        };
+        SessionError::fatal(code, e.to_string())
+    })?;
+    let mut out = BytesMut::new();
+    if startup.minor > 0 || !req.unrecognized.is_empty() {
+        let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
+        backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
+        stream.write_all(&out).await?;
+    }
+    if app.shutting_down() {
+        return Err(SessionError::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            "Shoal is shutting down",
+        ));
+    }
+    let max = app.config.server.max_client_conn;
+    if app.clients.load(Ordering::Relaxed) >= max {
+        return Err(SessionError::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!("too many client connections: server.max_client_conn ({max}) reached"),
+        ));
+    }
+    let user = app.config.users.get(&req.user).ok_or_else(|| {
+        SessionError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!("user \"{}\" is not configured in Shoal", req.user),
+        )
+    })?;
+    Box::pin(auth::authenticate(stream, user)).await?;
+    let db = app.config.databases.get(&req.database).ok_or_else(|| {
+        SessionError::fatal(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!(
+                "database \"{}\" does not exist in Shoal's configuration",
+                req.database
+            ),
+        )
+    })?;
+    let pool = app.pool_for(db, user);
+    let per_pool = pool.settings.max_client_conn;
+    let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
+    let pool_client = PoolClient(pool.clone());
+    if per_pool > 0 && n > per_pool {
+        return Err(SessionError::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!(
+                "too many client connections for pool \"{}\": max_client_conn ({per_pool}) reached",
+                pool.name
+            ),
+        ));
+    }
+    let session_mode = pool.settings.mode == PoolMode::Session;
+    let mut lease = None;
+    let reported: Vec<(String, String)> = match pool.login_params(&req.params) {
+        Some(known) if !session_mode => known.to_vec(),
+        _ => {
+            let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
+                let (code, message) = checkout_error(&e);
+                SessionError::fatal(code, message)
+            })?;
+            prepare_server(&mut l, 0, &req.params, None, pool.settings.reset_timeout)
+                .await
+                .map_err(|e| match e {
+                    ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
+                    e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
+                })?;
+            let p = l.params.clone();
+            pool.remember_login_params(&req.params, &p);
+            if session_mode {
+                lease = Some(l);
+            } else {
+                pool.checkin(l);
+            }
+            p
+        }
+    };
+    let cancel = app
+        .cancels
+        .register(lease.as_ref().map(|l: &Lease| l.process_id));
+    out.clear();
+    for (k, v) in &reported {
+        backend::parameter_status(&mut out, k, v);
+    }
+    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key());
+    backend::ready_for_query(&mut out, b'I');
+    stream.write_all(&out).await?;
+    drop(pool);
+    Ok(Some(LoggedIn {
+        pool: pool_client,
+        params: req.params,
+        cancel,
+        lease,
+    }))
+}
+
+/// Counts a logged-in client against its pool for as long as it lives.
+pub(super) struct PoolClient(Arc<Pool>);
+
+impl std::ops::Deref for PoolClient {
+    type Target = Arc<Pool>;
+    fn deref(&self) -> &Arc<Pool> {
+        &self.0
+    }
+}
+
+impl Drop for PoolClient {
+    fn drop(&mut self) {
+        self.0.stats.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+}
