@@ -621,7 +621,10 @@ mod size_tests {
         println!("Session: {} bytes", std::mem::size_of::<Session>());
         // An idle client is this future in a tokio task (~100 bytes of header): keep the
         // whole within 384 bytes. Growing these is a memory cost for every idle client.
-        assert!(std::mem::size_of_val(&fut) <= 280, "idle client future grew");
+        assert!(
+            std::mem::size_of_val(&fut) <= 280,
+            "idle client future grew"
+        );
         assert!(std::mem::size_of::<Session>() <= 168, "Session grew");
         println!(
             "SessionError: {} bytes",
