@@ -6,6 +6,9 @@
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`params`]: client session parameters and how they are applied to servers.
+//! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
+//!   statements, pooler-wide names, what each server holds, the replies it owes.
+//! - [`sets`]: session `SET`s a transaction-mode client holds, replayed on its next server.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
 //! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
@@ -25,7 +28,9 @@ pub mod logsafe;
 pub mod net;
 pub mod params;
 pub mod pool;
+pub mod prepared;
 pub mod run;
 pub mod server;
 pub mod session;
+pub mod sets;
 pub mod trim;

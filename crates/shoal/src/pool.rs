@@ -64,7 +64,7 @@ pub struct Pool {
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
     /// Named prepared statements of this pool's clients, by text (transaction mode).
-    pub statements: crate::session::prepared::StatementRegistry,
+    pub statements: crate::prepared::StatementRegistry,
     pub stats: PoolStats,
 }
 

@@ -108,13 +108,13 @@ pub struct ServerConn {
     /// The client whose state makes this connection dirty (its connection id; 0: none). That
     /// client may have the connection back as it is: the state is its own.
     pub dirty_owner: u64,
-    /// [`crate::session::sets::SessionSets::fingerprint`] of the client `SET`s replayed here
+    /// [`crate::sets::SessionSets::fingerprint`] of the client `SET`s replayed here
     /// (0: none).
     pub sets_applied: u64,
     /// Named statements prepared on this connection (transaction mode).
-    pub statements: crate::session::prepared::ServerStatements,
+    pub statements: crate::prepared::ServerStatements,
     /// Replies this connection owes for what was sent to it, and what to do with them.
-    pub expect: std::collections::VecDeque<crate::session::prepared::Expect>,
+    pub expect: std::collections::VecDeque<crate::prepared::Expect>,
     /// [`crate::clock::now_ms`] at connect and at the last checkin.
     pub created: u64,
     pub last_used: u64,

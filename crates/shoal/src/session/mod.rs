@@ -11,9 +11,7 @@ mod handshake;
 mod hygiene;
 mod login;
 mod prepare;
-pub mod prepared;
 mod relay;
-pub mod sets;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,9 +32,10 @@ use crate::net::ClientStream;
 use crate::params::SharedParams;
 use crate::pool::Lease;
 use crate::server::ServerError;
+use crate::{prepared, sets};
 use login::{checkout_error, login_phase, LoggedIn, PoolClient};
 use prepare::prepare_server;
-use relay::{Flow, RelayEnd};
+use relay::{Flow, Policy, RelayEnd};
 
 /// Why a session ended abnormally. `Fatal` is reported to the client before closing.
 #[derive(Debug, thiserror::Error)]
@@ -395,7 +394,7 @@ impl Session {
         self.cancel.slot.set(cancel_target(&lease));
         self.set_active(true);
         let mut flow = Flow::default();
-        let end = self.relay(&mut lease, &mut flow, true).await;
+        let end = self.relay(&mut lease, &mut flow, Policy::Transaction).await;
         self.cancel.slot.clear().await;
         self.set_active(false);
         match end {
@@ -450,7 +449,7 @@ impl Session {
         self.cancel.slot.set(cancel_target(&lease));
         self.set_active(true);
         let mut flow = Flow::default();
-        let end = self.relay(&mut lease, &mut flow, false).await;
+        let end = self.relay(&mut lease, &mut flow, Policy::Session).await;
         self.cancel.slot.clear().await;
         match end {
             Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {

@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use shoal_wire::frontend;
 
-use super::sets;
 use crate::pool::Lease;
 use crate::server::ServerError;
+use crate::sets;
 
 /// Makes a server's session what this client expects: nothing a previous client left, its
 /// startup parameters, and its session `SET`s. Costs nothing when the server already matches;

@@ -4,7 +4,7 @@
 //!
 //! Each read is followed by a scan of the new message headers; complete messages are copied
 //! to the other side's output buffer (rewritten only for named prepared statements in
-//! transaction mode, see [`super::prepared`]) and go out in one write. Both directions are
+//! transaction mode, see [`crate::prepared`]) and go out in one write. Both directions are
 //! driven by readiness, so neither side can stall the other (a client pipelining a large
 //! batch while PostgreSQL streams results back cannot deadlock the relay).
 
@@ -20,10 +20,10 @@ use tokio::io::AsyncWrite;
 
 use bytes::BytesMut;
 
-use super::prepared::{emit_due, server_reply, Expect, Translator};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
+use crate::prepared::{emit_due, server_reply, Expect, Translator};
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
@@ -72,6 +72,27 @@ impl Flow {
     /// The server has answered everything and no transaction is open.
     pub fn at_boundary(&self) -> bool {
         self.pending == 0 && !self.unsynced && !self.copy_in && self.status == b'I'
+    }
+}
+
+/// The pool mode's policy for the server the relay holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The server goes back at the transaction boundary, so the relay translates prepared
+    /// statements, follows session state, and leaves a server's FATAL for the session to
+    /// report.
+    Transaction,
+    /// The client keeps the server: everything passes through, a FATAL included.
+    Session,
+}
+
+impl Policy {
+    pub fn per_transaction(self) -> bool {
+        self == Policy::Transaction
+    }
+
+    pub fn forwards_fatal(self) -> bool {
+        self == Policy::Session
     }
 }
 
@@ -152,7 +173,7 @@ fn stream_some(from: &mut BytesMut, to: &mut BytesMut, rest: &mut usize) {
 
 impl Session {
     /// Moves every complete client message from `cbuf` to `to_server`, rewriting prepared
-    /// statements in transaction mode (`release`). Returns false on Terminate (left in `cbuf`).
+    /// statements in transaction mode. Returns false on Terminate (left in `cbuf`).
     ///
     /// Every message is checked for shape first: a malformed one never reaches a server
     /// (PostgreSQL would silently skip to the next Sync, a state Shoal could not see).
@@ -161,7 +182,7 @@ impl Session {
         server: &mut ServerConn,
         flow: &mut Flow,
         out: &mut Outbound,
-        release: bool,
+        policy: Policy,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
         loop {
@@ -185,13 +206,13 @@ impl Session {
                 return Ok(false);
             }
             let msg = &self.cbuf[..n];
-            if release && tag == fe::QUERY {
+            if policy.per_transaction() && tag == fe::QUERY {
                 super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]);
             }
-            if release {
+            if policy.per_transaction() {
                 Translator {
                     registry: &self.pool.statements,
-                    params: super::prepared::params_key(&self.params),
+                    params: crate::prepared::params_key(&self.params),
                     client_id: self.id,
                     client: &mut self.statements,
                     server: &mut server.statements,
@@ -206,7 +227,7 @@ impl Session {
             }
             self.cbuf.advance(n);
         }
-        if release {
+        if policy.per_transaction() {
             emit_due(
                 &mut server.expect,
                 &mut self.statements,
@@ -220,16 +241,16 @@ impl Session {
 }
 
 /// Moves every complete server message from the server's buffer to `to_client` (in
-/// transaction mode, `release`, hiding or adding replies for the statement translation).
+/// transaction mode, hiding or adding replies for the statement translation).
 /// Stops at a FATAL error, which it returns; in session mode the FATAL itself is passed on.
 fn take_server(
     server: &mut ServerConn,
-    client: &mut Option<Box<super::prepared::ClientStatements>>,
+    client: &mut Option<Box<crate::prepared::ClientStatements>>,
     extras: &mut Option<Box<super::Extras>>,
-    registry: &super::prepared::StatementRegistry,
+    registry: &crate::prepared::StatementRegistry,
     flow: &mut Flow,
     out: &mut Outbound,
-    release: bool,
+    policy: Policy,
 ) -> Result<Option<ErrorFields>, SessionError> {
     loop {
         if out.server_rest > 0 {
@@ -240,7 +261,7 @@ fn take_server(
             continue;
         }
         if let Some(total) = stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]) {
-            if release {
+            if policy.per_transaction() {
                 emit_due(
                     &mut server.expect,
                     client,
@@ -264,7 +285,7 @@ fn take_server(
                 flow.copy_in = false;
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 if e.is_fatal() {
-                    if !release {
+                    if policy.forwards_fatal() {
                         out.to_client.extend_from_slice(&server.buf[..n]);
                     }
                     server.buf.advance(n);
@@ -283,11 +304,13 @@ fn take_server(
                 // A reported setting changed under a client (`SET ROLE` changes
                 // `is_superuser`, `set_config` may change `application_name`): whatever
                 // did it, the next client must not inherit it.
-                if crate::server::set_param_bytes(&mut server.params, k, v) && release {
+                if crate::server::set_param_bytes(&mut server.params, k, v)
+                    && policy.per_transaction()
+                {
                     server.session_dirty = true;
                 }
             }
-            be::COMMAND_COMPLETE if release => {
+            be::COMMAND_COMPLETE if policy.per_transaction() => {
                 if crate::params::changes_session_state(body) {
                     server.session_dirty = true;
                     if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
@@ -308,7 +331,7 @@ fn take_server(
             }
             _ => {}
         }
-        let forwarded = if release {
+        let forwarded = if policy.per_transaction() {
             server_reply(
                 &mut server.expect,
                 &mut server.statements,
@@ -336,7 +359,7 @@ fn take_server(
                 registry.schema_changed();
             }
         }
-        if release {
+        if policy.per_transaction() {
             emit_due(
                 &mut server.expect,
                 client,
@@ -351,7 +374,7 @@ fn take_server(
 }
 
 impl Session {
-    /// Relays until the transaction boundary (when `release` is set), the client leaves, or
+    /// Relays until the transaction boundary (transaction mode), the client leaves, or
     /// the server fails. Leftover client bytes (a partial message) stay in `self.cbuf`; when
     /// the server fails, client messages already taken for it are dropped with it (the client
     /// gets an error for them instead of seeing them run twice).
@@ -359,7 +382,7 @@ impl Session {
         &mut self,
         lease: &mut Lease,
         flow: &mut Flow,
-        release: bool,
+        policy: Policy,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound {
             to_server: crate::bufpool::take(),
@@ -368,7 +391,7 @@ impl Session {
             server_rest: 0,
         };
         let server: &mut ServerConn = lease;
-        let mut end = self.relay_loop(server, flow, release, &mut out).await;
+        let mut end = self.relay_loop(server, flow, policy, &mut out).await;
         if (out.client_rest > 0 || out.server_rest > 0) && !matches!(end, Ok(RelayEnd::Boundary)) {
             // Cut in the middle of a streamed message: neither side's framing can be
             // trusted any more.
@@ -385,10 +408,10 @@ impl Session {
         &mut self,
         server: &mut ServerConn,
         flow: &mut Flow,
-        release: bool,
+        policy: Policy,
         out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
-        let mut terminate = !self.take_client(server, flow, out, release)?;
+        let mut terminate = !self.take_client(server, flow, out, policy)?;
         let mut fatal: Option<ErrorFields> = None;
         loop {
             if out.to_client.is_empty() {
@@ -400,7 +423,7 @@ impl Session {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
-                if release && flow.at_boundary() {
+                if policy.per_transaction() && flow.at_boundary() {
                     return Ok(RelayEnd::Boundary);
                 }
             }
@@ -454,7 +477,7 @@ impl Session {
                         &self.pool.statements,
                         flow,
                         out,
-                        release,
+                        policy,
                     )?;
                 }
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
@@ -464,7 +487,7 @@ impl Session {
                     if out.client_rest == 0 {
                         self.account_large(true)?;
                     }
-                    terminate = !self.take_client(server, flow, out, release)?;
+                    terminate = !self.take_client(server, flow, out, policy)?;
                 }
             }
         }

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use shoal_wire::frame::{Reader, HEADER_LEN};
 use shoal_wire::sql::{self, Effects};
 
-use super::sets::SetOp;
+use crate::sets::SetOp;
 
 pub use replies::{emit_due, server_reply};
 pub use translate::Translator;
@@ -75,7 +75,7 @@ pub fn set_of(text: &[u8]) -> Option<SetOp> {
     };
     match text.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => {
-            std::str::from_utf8(text).ok().and_then(super::sets::parse)
+            std::str::from_utf8(text).ok().and_then(crate::sets::parse)
         }
         _ => None,
     }
