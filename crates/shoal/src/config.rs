@@ -112,6 +112,7 @@ pub struct PoolSection {
     pub server_reset_query: String,
     pub server_reset_timeout: f64,
     pub max_prepared_statements: usize,
+    pub stats_period: u64,
 }
 
 impl Default for PoolSection {
@@ -128,6 +129,7 @@ impl Default for PoolSection {
             server_reset_query: "DISCARD ALL".into(),
             server_reset_timeout: 5.0,
             max_prepared_statements: 200,
+            stats_period: 60,
         }
     }
 }
@@ -258,9 +260,11 @@ pub struct PoolSettings {
     /// Bound on every wait for a server's reply while Shoal prepares, cleans or resets it; a
     /// server that does not answer in time is closed.
     pub reset_timeout: Duration,
-    /// Named prepared statements kept per server connection in transaction mode (0: no
-    /// tracking; statements are then passed through as the client sent them).
+    /// Named prepared statements kept per server connection in transaction mode (0 is
+    /// taken as 1: statements are always tracked).
     pub max_prepared_statements: usize,
+    /// Seconds between the pool's stats log lines (0: none).
+    pub stats_period: u64,
 }
 
 pub fn secs(s: f64) -> Duration {
@@ -390,6 +394,7 @@ impl Config {
             reset_query: p.server_reset_query.clone(),
             reset_timeout: secs(p.server_reset_timeout),
             max_prepared_statements: p.max_prepared_statements,
+            stats_period: p.stats_period,
         }
     }
 }

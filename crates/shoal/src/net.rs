@@ -17,12 +17,6 @@ use tokio::net::{TcpStream, UnixStream};
 pub enum ClientStream {
     Tcp(TcpStream),
     Unix(UnixStream),
-    /// Taken away (the session is over).
-    Closed,
-}
-
-fn closed() -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, "client stream already closed")
 }
 
 /// Reads what is available into `buf`'s spare capacity (`Ready(Ok(0))` is end of stream).
@@ -40,7 +34,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.readable().await,
             ClientStream::Unix(s) => s.readable().await,
-            ClientStream::Closed => Err(closed()),
         }
     }
 
@@ -49,7 +42,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.poll_read_ready(cx),
             ClientStream::Unix(s) => s.poll_read_ready(cx),
-            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -61,7 +53,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
             ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
-            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -69,7 +60,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
-            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 
@@ -85,7 +75,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.write_all(data).await,
             ClientStream::Unix(s) => s.write_all(data).await,
-            ClientStream::Closed => Err(closed()),
         }
     }
 
@@ -95,7 +84,6 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Some(s.as_raw_fd()),
             ClientStream::Unix(s) => Some(s.as_raw_fd()),
-            ClientStream::Closed => None,
         }
     }
 
@@ -114,7 +102,6 @@ impl ClientStream {
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
             ClientStream::Unix(_) => "unix".into(),
-            ClientStream::Closed => "closed".into(),
         }
     }
 }

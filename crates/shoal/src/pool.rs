@@ -314,13 +314,60 @@ impl Pool {
     }
 }
 
-/// The reaper: one task per pool on a coarse one-second tick; it ends with the pool.
+/// The reaper: one task per pool on a coarse one-second tick; it ends with the pool. Every
+/// `stats_period` seconds it also logs the pool's counters.
 async fn reap(pool: Weak<Pool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let second = Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(Instant::now() + second, second);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seconds = 0u64;
+    let mut last = StatsSnapshot::default();
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         pool.maintain().await;
+        seconds += 1;
+        let period = pool.settings.stats_period;
+        if period > 0 && seconds % period == 0 {
+            last = pool.log_stats(last, period);
+        }
+    }
+}
+
+/// Cumulative counters at the last stats log line.
+#[derive(Default, Clone, Copy)]
+struct StatsSnapshot {
+    checkouts: u64,
+    wait_micros: u64,
+    connects: u64,
+    connect_failures: u64,
+}
+
+impl Pool {
+    /// One structured log line with the pool's state and what happened since the last one.
+    fn log_stats(&self, last: StatsSnapshot, period: u64) -> StatsSnapshot {
+        let s = &self.stats;
+        let now = StatsSnapshot {
+            checkouts: s.checkouts.load(Ordering::Relaxed),
+            wait_micros: s.wait_micros.load(Ordering::Relaxed),
+            connects: s.connects.load(Ordering::Relaxed),
+            connect_failures: s.connect_failures.load(Ordering::Relaxed),
+        };
+        let checkouts = now.checkouts - last.checkouts;
+        if checkouts > 0 || now.connects != last.connects {
+            tracing::info!(
+                pool = %self.name,
+                clients = s.clients.load(Ordering::Relaxed),
+                waiting = s.waiting.load(Ordering::Relaxed),
+                servers = s.servers.load(Ordering::Relaxed),
+                idle = self.lock_idle().len(),
+                transactions_per_s = checkouts / period,
+                avg_wait_us = (now.wait_micros - last.wait_micros) / checkouts.max(1),
+                connects = now.connects - last.connects,
+                connect_failures = now.connect_failures - last.connect_failures,
+                "pool stats"
+            );
+        }
+        now
     }
 }

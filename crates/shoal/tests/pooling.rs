@@ -348,3 +348,29 @@ async fn drop_database_is_not_blocked_by_idle_pooled_connections() {
         .await
         .expect("drop succeeds");
 }
+
+/// Each pool logs its counters every `stats_period` seconds while it is in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_log_their_stats() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\nstats_period = 1\n");
+    let c = shoal.connect(&db).await;
+    for _ in 0..5 {
+        simple_rows(&c, "SELECT 1").await;
+    }
+    eventually("a pool stats line", Duration::from_secs(10), || {
+        shoal.log_contains("pool stats")
+    })
+    .await;
+    let log = shoal.log.lock().unwrap();
+    let line = log.iter().find(|l| l.contains("pool stats")).unwrap();
+    assert!(line.contains(&format!("pool={db}/app")), "{line}");
+    for field in [
+        "clients=1",
+        "servers=",
+        "transactions_per_s=",
+        "avg_wait_us=",
+    ] {
+        assert!(line.contains(field), "{line}");
+    }
+}

@@ -73,11 +73,6 @@ impl Frame {
     pub fn body(&self) -> &[u8] {
         &self.bytes[HEADER_LEN..]
     }
-
-    /// The whole message as received (header included).
-    pub fn bytes(&self) -> &Bytes {
-        &self.bytes
-    }
 }
 
 /// A cursor over a message body that never panics on short or malformed input: every read is

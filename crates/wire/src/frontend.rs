@@ -112,11 +112,6 @@ pub fn parse_password(body: &[u8]) -> Result<&str, FrameError> {
     Reader::new(body).cstr()
 }
 
-/// The text of a simple Query message.
-pub fn parse_query(body: &[u8]) -> Result<&str, FrameError> {
-    Reader::new(body).cstr()
-}
-
 /// Checks that a client message has the shape its type requires, before it is forwarded.
 ///
 /// PostgreSQL answers a malformed message with an error and then discards everything up to

@@ -130,20 +130,6 @@ impl Verifier {
             B64.encode(self.server_key)
         )
     }
-
-    /// A verifier no password matches, used for unknown users so that the exchange looks the
-    /// same as for a real user and does not reveal which user names exist.
-    pub fn mock(seed: &[u8]) -> Verifier {
-        let salt = Sha256::digest(seed)[..16].to_vec();
-        let mut stored_key = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut stored_key);
-        Verifier {
-            iterations: DEFAULT_ITERATIONS,
-            salt,
-            stored_key,
-            server_key: stored_key,
-        }
-    }
 }
 
 /// A server exchange between server-first and client-final.
