@@ -1,9 +1,12 @@
 //! A coarse clock for pool bookkeeping: milliseconds since start, advanced by one task on a
-//! short tick, so the per-transaction path reads an atomic instead of asking the OS.
+//! short tick, so the per-transaction path reads an atomic instead of asking the OS. It runs
+//! on tokio's clock, so tests with paused time (`tokio::time::pause`) control it too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 static START: OnceLock<Instant> = OnceLock::new();
 static NOW_MS: AtomicU64 = AtomicU64::new(0);

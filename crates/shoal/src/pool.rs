@@ -328,7 +328,7 @@ async fn reap(pool: Weak<Pool>) {
         pool.maintain().await;
         seconds += 1;
         let period = pool.settings.stats_period;
-        if period > 0 && seconds % period == 0 {
+        if period > 0 && seconds.is_multiple_of(period) {
             last = pool.log_stats(last, period);
         }
     }
