@@ -1,6 +1,8 @@
 //! Shoal, a PostgreSQL connection pooler. Module map:
 //!
 //! - [`config`]: the TOML configuration, its validation and the embedded default.
+//! - [`error`]: what a failure to get or keep a server means for the client: kind, SQLSTATE,
+//!   client-safe message, log detail, whether a retry is safe.
 //! - [`listener`]: TCP and Unix listening sockets and the accept loops.
 //! - [`net`]: the client transport seam (TCP, Unix; TLS later).
 //! - [`session`]: one client from handshake to close: authentication, login, and the
@@ -23,6 +25,7 @@ pub mod bufpool;
 pub mod cancel;
 pub mod clock;
 pub mod config;
+pub mod error;
 pub mod listener;
 pub mod logsafe;
 pub mod net;

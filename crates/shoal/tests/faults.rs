@@ -253,10 +253,14 @@ async fn upstream_down_at_start_then_up() {
         .await
         .expect_err("no upstream yet");
     assert!(code(&err).starts_with("08"), "{err:?}");
-    assert!(
-        format!("{err:?}").contains("could not connect to server"),
-        "{err:?}"
-    );
+    let text = format!("{err:?}");
+    assert!(text.contains("cannot connect"), "{text}");
+    // The client is not shown where the upstream is; the operator's log says it.
+    assert!(!text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    eventually("the log names the upstream", Duration::from_secs(5), || {
+        shoal.log_contains(&format!("127.0.0.1:{port}"))
+    })
+    .await;
     let second = Pg::start_on(port);
     let c = shoal.connect("app").await;
     c.simple_query("SELECT 1").await.unwrap();
@@ -341,4 +345,34 @@ async fn pipelined_queries_on_a_dying_server_are_answered_once_and_not_rerun() {
         "the second query's ReadyForQuery, without running it"
     );
     assert_eq!(r.simple("SELECT count(*) FROM t").await.unwrap(), vec!["0"]);
+}
+
+/// A server that fails while Shoal prepares it for a client (here: it stops answering the
+/// reset) has seen nothing of the client's, so the client is served by another server instead
+/// of getting an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_failing_before_any_client_byte_is_replaced() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 2\nserver_reset_timeout = 1\n");
+    let mut a = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let pid = a.simple("SELECT pg_backend_pid()").await.unwrap()[0].clone();
+    // A leaves session state, so the next client's checkout must reset that server.
+    a.simple("SET application_name = 'a'").await.unwrap();
+    let stop = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    stop("-STOP");
+    let mut b = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let got = b.simple("SELECT 'b', pg_backend_pid()").await;
+    stop("-CONT");
+    assert_eq!(got.unwrap(), vec!["b"]);
+    eventually("the replacement is logged", Duration::from_secs(5), || {
+        shoal.log_contains("server_timeout") && shoal.log_contains("retry=true")
+    })
+    .await;
 }

@@ -10,13 +10,15 @@ use shoal_wire::backend;
 use shoal_wire::sqlstate;
 
 use super::prepare::prepare_server;
-use super::{auth, finish, handshake, known_code, Session, SessionError};
+use super::{auth, finish, handshake, Session, SessionError};
 use crate::app::App;
 use crate::cancel::Registration;
 use crate::config::PoolMode;
+use crate::error::{known_code, ClientError};
+use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::StartupRequest;
-use crate::pool::{CheckoutError, Lease, Pool};
+use crate::pool::{Lease, Pool};
 use crate::server::ServerError;
 
 /// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
@@ -76,24 +78,6 @@ pub(super) struct LoggedIn {
     pub(super) cancel: Registration,
     /// The server a session-mode client keeps.
     pub(super) lease: Option<Lease>,
-}
-
-pub(super) fn checkout_error(e: &CheckoutError) -> (&'static str, String) {
-    match e {
-        CheckoutError::WaitTimeout { .. } => (sqlstate::QUERY_CANCELED, e.to_string()),
-        CheckoutError::Server {
-            source: ServerError::Db(fields),
-            pool,
-        } => (
-            known_code(&fields.code),
-            format!(
-                "pool \"{pool}\": server refused the connection: {}",
-                fields.message
-            ),
-        ),
-        CheckoutError::Server { .. } => (sqlstate::CONNECTION_FAILURE, e.to_string()),
-        CheckoutError::Closed(_) => (sqlstate::ADMIN_SHUTDOWN, e.to_string()),
-    }
 }
 
 async fn login(
@@ -167,14 +151,19 @@ async fn login(
         Some(known) if !session_mode => known.to_vec(),
         _ => {
             let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
-                let (code, message) = checkout_error(&e);
-                SessionError::fatal(code, message)
+                let c = ClientError::checkout(&e);
+                tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
+                SessionError::fatal(c.code, c.message)
             })?;
             prepare_server(&mut l, 0, &req.params, None, pool.settings.reset_timeout)
                 .await
                 .map_err(|e| match e {
+                    // PostgreSQL's own verdict on the client's startup parameters.
                     ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
-                    e => SessionError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()),
+                    e => {
+                        let c = ClientError::server(&pool.name, &e, "preparing it for a client");
+                        SessionError::fatal(c.code, c.message)
+                    }
                 })?;
             let p = l.params.clone();
             pool.remember_login_params(&req.params, &p);

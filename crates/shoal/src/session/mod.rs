@@ -27,13 +27,14 @@ use shoal_wire::{sqlstate, FrameError};
 use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
+use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::SharedParams;
 use crate::pool::Lease;
 use crate::server::ServerError;
 use crate::{prepared, sets};
-use login::{checkout_error, login_phase, LoggedIn, PoolClient};
+use login::{login_phase, LoggedIn, PoolClient};
 use prepare::prepare_server;
 use relay::{Flow, Policy, RelayEnd};
 
@@ -137,24 +138,6 @@ async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionEr
             }
         }
     }
-}
-
-/// Maps a server's SQLSTATE onto one of ours (error codes are `&'static str` so that no
-/// allocation is needed to report them); unknown ones become a connection failure.
-fn known_code(code: &str) -> &'static str {
-    [
-        sqlstate::INVALID_PASSWORD,
-        sqlstate::INVALID_AUTHORIZATION,
-        sqlstate::INVALID_CATALOG_NAME,
-        sqlstate::TOO_MANY_CONNECTIONS,
-        sqlstate::CANNOT_CONNECT_NOW,
-        sqlstate::ADMIN_SHUTDOWN,
-        sqlstate::INVALID_PARAMETER_VALUE,
-        sqlstate::FEATURE_NOT_SUPPORTED,
-    ]
-    .into_iter()
-    .find(|c| *c == code)
-    .unwrap_or(sqlstate::CONNECTION_FAILURE)
 }
 
 fn cancel_target(lease: &Lease) -> CancelTarget {
@@ -336,61 +319,10 @@ impl Session {
     /// boundary, checkin. Returns true when the client is gone.
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
         self.cancel.slot.mark_busy();
-        let checkout = match self.pool.try_checkout() {
-            Some(l) => Ok(l),
-            None => {
-                // Waiting (or connecting): a cancel from the client ends the wait, as it would
-                // end the query on a direct connection.
-                let cancelled = self.cancel.slot.begin_wait();
-                let r = tokio::select! {
-                    r = self.pool.checkout() => Some(r),
-                    _ = cancelled => None,
-                };
-                self.cancel.slot.end_wait();
-                match r {
-                    Some(r) => r,
-                    None => {
-                        self.fail_unit(
-                            sqlstate::QUERY_CANCELED,
-                            "canceling statement due to user request",
-                        )
-                        .await?;
-                        self.cancel.slot.not_busy();
-                        return Ok(false);
-                    }
-                }
-            }
-        };
-        let mut lease = match checkout {
-            Ok(l) => l,
-            Err(e) => {
-                let (code, message) = checkout_error(&e);
-                tracing::warn!(conn = self.id, pool = %self.pool.name, error = %Escaped(&e), "checkout failed");
-                self.fail_unit(code, &message).await?;
-                self.cancel.slot.not_busy();
-                return Ok(false);
-            }
-        };
-        let sets = self.extras.as_ref().map(|x| &x.sets);
-        if let Err(e) = prepare_server(
-            &mut lease,
-            self.id,
-            &self.params,
-            sets,
-            self.pool.settings.reset_timeout,
-        )
-        .await
-        {
-            tracing::warn!(conn = self.id, error = %Escaped(&e), "applying session parameters failed");
-            drop(lease);
-            self.fail_unit(
-                sqlstate::CONNECTION_FAILURE,
-                &format!("server connection failed: {e}"),
-            )
-            .await?;
+        let Some(mut lease) = self.attach().await? else {
             self.cancel.slot.not_busy();
             return Ok(false);
-        }
+        };
         self.cancel.slot.set(cancel_target(&lease));
         self.set_active(true);
         let mut flow = Flow::default();
@@ -474,6 +406,58 @@ impl Session {
             Err(e) => {
                 self.abandon(lease, &flow, true).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// A server ready for this client's next transaction: checked out (a cancel from the
+    /// client ends a wait, as it would end the query on a direct connection) and prepared.
+    /// A server that fails before anything of the client's reached it is replaced once.
+    /// `None` when the failure was reported to the client instead.
+    async fn attach(&mut self) -> Result<Option<Lease>, SessionError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let checkout = match self.pool.try_checkout() {
+                Some(l) => Ok(l),
+                None => {
+                    let cancelled = self.cancel.slot.begin_wait();
+                    let r = tokio::select! {
+                        r = self.pool.checkout() => Some(r),
+                        _ = cancelled => None,
+                    };
+                    self.cancel.slot.end_wait();
+                    match r {
+                        Some(r) => r,
+                        None => {
+                            self.fail_unit(
+                                sqlstate::QUERY_CANCELED,
+                                "canceling statement due to user request",
+                            )
+                            .await?;
+                            return Ok(None);
+                        }
+                    }
+                }
+            };
+            let e = match checkout {
+                Err(e) => ClientError::checkout(&e),
+                Ok(mut lease) => {
+                    let sets = self.extras.as_ref().map(|x| &x.sets);
+                    let timeout = self.pool.settings.reset_timeout;
+                    match prepare_server(&mut lease, self.id, &self.params, sets, timeout).await {
+                        Ok(()) => return Ok(Some(lease)),
+                        Err(e) => {
+                            drop(lease);
+                            ClientError::server(&self.pool.name, &e, "preparing it for a client")
+                        }
+                    }
+                }
+            };
+            tracing::warn!(conn = self.id, pool = %self.pool.name, kind = e.kind.label(), detail = %Escaped(&e.detail), retry = e.retry_safe && attempts < 2, "no server for the client");
+            if !(e.retry_safe && attempts < 2) {
+                self.fail_unit(e.code, &e.message).await?;
+                return Ok(None);
             }
         }
     }

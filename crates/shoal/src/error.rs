@@ -1,0 +1,185 @@
+//! What a failure means for the client: one taxonomy for every way getting or keeping a
+//! server can fail. Each error has a kind (which side failed, and the label metrics will
+//! count it under), the SQLSTATE the client gets, a message that is safe to show it (no
+//! upstream addresses, no internals), the detail for the log, and whether trying again on
+//! another server is safe (nothing of the client's reached a server yet).
+
+use shoal_wire::sqlstate;
+
+use crate::pool::CheckoutError;
+use crate::server::ServerError;
+
+/// Which side failed, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// No server became free within `query_wait_timeout`.
+    PoolTimeout,
+    /// The pool is closing (shutdown).
+    PoolClosed,
+    /// PostgreSQL could not be reached, or the connection broke while Shoal set it up.
+    ServerUnavailable,
+    /// PostgreSQL answered with an error of its own (a refused login, a rejected setting).
+    ServerRefused,
+    /// The server did not answer while Shoal cleaned or prepared it.
+    ServerTimeout,
+}
+
+impl ErrorKind {
+    /// A stable name for logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::PoolTimeout => "pool_timeout",
+            ErrorKind::PoolClosed => "pool_closed",
+            ErrorKind::ServerUnavailable => "server_unavailable",
+            ErrorKind::ServerRefused => "server_refused",
+            ErrorKind::ServerTimeout => "server_timeout",
+        }
+    }
+}
+
+/// An error as the client sees it and as the log records it.
+#[derive(Debug)]
+pub struct ClientError {
+    pub kind: ErrorKind,
+    pub code: &'static str,
+    /// Safe to show the client.
+    pub message: String,
+    /// For the log only (may name hosts and carry the OS error).
+    pub detail: String,
+    /// Nothing of the client's reached a server: trying another server is safe.
+    pub retry_safe: bool,
+}
+
+/// Maps a server's SQLSTATE onto one of ours (codes are `&'static str` so that reporting
+/// one needs no allocation); unknown ones become a connection failure.
+pub fn known_code(code: &str) -> &'static str {
+    [
+        sqlstate::INVALID_PASSWORD,
+        sqlstate::INVALID_AUTHORIZATION,
+        sqlstate::INVALID_CATALOG_NAME,
+        sqlstate::TOO_MANY_CONNECTIONS,
+        sqlstate::CANNOT_CONNECT_NOW,
+        sqlstate::ADMIN_SHUTDOWN,
+        sqlstate::INVALID_PARAMETER_VALUE,
+        sqlstate::FEATURE_NOT_SUPPORTED,
+    ]
+    .into_iter()
+    .find(|c| *c == code)
+    .unwrap_or(sqlstate::CONNECTION_FAILURE)
+}
+
+/// What went wrong talking to a server, in words that name no address.
+fn server_cause(e: &ServerError) -> String {
+    match e {
+        ServerError::Connect { source, .. } => format!("cannot connect: {}", source.kind()),
+        ServerError::ConnectTimeout(_) => "connection timed out".into(),
+        ServerError::Io(source) => format!("connection failed: {}", source.kind()),
+        ServerError::Closed => "the server closed the connection".into(),
+        ServerError::Protocol(_) => "the server sent an invalid message".into(),
+        ServerError::NoPassword(user) => {
+            format!("the server asks for a password, but none is configured for \"{user}\"")
+        }
+        ServerError::Db(f) => f.message.clone(),
+        ServerError::ResetTimeout(t) => format!("no answer within server_reset_timeout ({t:?})"),
+    }
+}
+
+impl ClientError {
+    /// A failure to get a server from `pool`.
+    pub fn checkout(e: &CheckoutError) -> ClientError {
+        match e {
+            CheckoutError::WaitTimeout { .. } => ClientError {
+                kind: ErrorKind::PoolTimeout,
+                code: sqlstate::QUERY_CANCELED,
+                message: e.to_string(),
+                detail: e.to_string(),
+                retry_safe: false,
+            },
+            CheckoutError::Closed(_) => ClientError {
+                kind: ErrorKind::PoolClosed,
+                code: sqlstate::ADMIN_SHUTDOWN,
+                message: e.to_string(),
+                detail: e.to_string(),
+                retry_safe: false,
+            },
+            CheckoutError::Server { pool, source } => Self::server(pool, source, "connecting"),
+        }
+    }
+
+    /// A failure of server `e` in `pool` while Shoal was `doing` something with it, before
+    /// any client message was sent to it.
+    pub fn server(pool: &str, e: &ServerError, doing: &str) -> ClientError {
+        let (kind, code, retry_safe) = match e {
+            ServerError::Db(f) => (ErrorKind::ServerRefused, known_code(&f.code), false),
+            ServerError::ResetTimeout(_) => {
+                (ErrorKind::ServerTimeout, sqlstate::CONNECTION_FAILURE, true)
+            }
+            ServerError::NoPassword(_) => (
+                ErrorKind::ServerRefused,
+                sqlstate::CONNECTION_FAILURE,
+                false,
+            ),
+            _ => (
+                ErrorKind::ServerUnavailable,
+                sqlstate::CONNECTION_FAILURE,
+                true,
+            ),
+        };
+        let refused = matches!(e, ServerError::Db(_));
+        let message = if refused && doing == "connecting" {
+            format!(
+                "pool \"{pool}\": server refused the connection: {}",
+                server_cause(e)
+            )
+        } else {
+            format!(
+                "pool \"{pool}\": server unavailable while {doing}: {}",
+                server_cause(e)
+            )
+        };
+        ClientError {
+            kind,
+            code,
+            message,
+            detail: e.to_string(),
+            retry_safe,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_messages_name_no_upstream_address() {
+        let e = CheckoutError::Server {
+            pool: "app/app".into(),
+            source: ServerError::Connect {
+                addr: "10.1.2.3:5432".into(),
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            },
+        };
+        let c = ClientError::checkout(&e);
+        assert_eq!(c.kind, ErrorKind::ServerUnavailable);
+        assert_eq!(c.code, "08006");
+        assert!(!c.message.contains("10.1.2.3"), "{}", c.message);
+        assert!(c.message.contains("app/app"));
+        assert!(c.detail.contains("10.1.2.3:5432"), "the log keeps it");
+        assert!(c.retry_safe);
+    }
+
+    #[test]
+    fn server_errors_keep_postgres_codes_and_are_not_retried() {
+        let f = shoal_wire::backend::ErrorFields {
+            severity: "FATAL".into(),
+            code: "28P01".into(),
+            message: "password authentication failed for user \"app\"".into(),
+            routine: String::new(),
+        };
+        let c = ClientError::server("app/app", &ServerError::Db(f), "connecting");
+        assert_eq!((c.code, c.kind), ("28P01", ErrorKind::ServerRefused));
+        assert!(!c.retry_safe);
+        assert_eq!(c.kind.label(), "server_refused");
+    }
+}
