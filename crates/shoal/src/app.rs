@@ -1,5 +1,5 @@
-//! State shared by every session: the configuration, the pools, the cancel keys, the client
-//! count and the shutdown signal.
+//! State shared by every session: the configuration, the routes and their pools, the cancel
+//! keys, the client counts and the shutdown signal.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::cancel::CancelRegistry;
-use crate::config::{Config, Database, User};
-use crate::pool::Pool;
-use crate::server::Upstream;
+use crate::config::Config;
 
 pub struct App {
+    /// The configuration Shoal started with (listeners and process-wide settings).
     pub config: Config,
-    pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    /// Users, databases and their pools: where each login goes.
+    pub routes: crate::route::Registry,
     pub cancels: Arc<CancelRegistry>,
     /// Clients logged in, for `max_client_conn`.
     pub clients: AtomicUsize,
@@ -82,8 +82,8 @@ pub static CHURN: AtomicU64 = AtomicU64::new(0);
 impl App {
     pub fn new(config: Config, shutdown: watch::Receiver<bool>) -> Arc<App> {
         Arc::new(App {
+            routes: crate::route::Registry::new(config.clone()),
             config,
-            pools: Mutex::new(HashMap::new()),
             cancels: Arc::new(CancelRegistry::default()),
             clients: AtomicUsize::new(0),
             logins: AtomicUsize::new(0),
@@ -145,32 +145,5 @@ impl App {
 
     pub fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
-    }
-
-    /// The pool for a (database, user) pair, created on first use.
-    pub fn pool_for(&self, db: &Database, user: &User) -> Arc<Pool> {
-        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        pools
-            .entry((db.name.clone(), user.name.clone()))
-            .or_insert_with(|| {
-                let settings = self.config.pool_settings(db, user);
-                Pool::new(
-                    format!("{}/{}", db.name, user.name),
-                    settings,
-                    Upstream {
-                        host: db.host.clone(),
-                        port: db.port,
-                        dbname: db.dbname.clone(),
-                        user: user.server_user.clone(),
-                        password: user.server_password.clone(),
-                    },
-                )
-            })
-            .clone()
-    }
-
-    pub fn pools(&self) -> Vec<Arc<Pool>> {
-        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        pools.values().cloned().collect()
     }
 }

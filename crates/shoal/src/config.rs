@@ -246,7 +246,7 @@ pub struct Config {
 }
 
 /// Settings of one (database, user) pool, with overrides applied.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolSettings {
     pub mode: PoolMode,
     pub size: usize,

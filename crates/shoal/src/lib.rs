@@ -11,6 +11,8 @@
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
 //! - [`sets`]: session `SET`s a transaction-mode client holds, replayed on its next server.
+//! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
+//!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
 //! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
@@ -32,6 +34,7 @@ pub mod net;
 pub mod params;
 pub mod pool;
 pub mod prepared;
+pub mod route;
 pub mod run;
 pub mod server;
 pub mod session;

@@ -64,7 +64,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tracing::info!(notified, "clients told of the shutdown");
-    for pool in app.pools() {
+    for pool in app.routes.pools() {
         pool.close_idle().await;
     }
     for p in unix_paths {

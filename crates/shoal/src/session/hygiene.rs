@@ -19,7 +19,7 @@ pub fn database_command(app: &App, query_body: &[u8]) {
     let text = Reader::new(query_body).cstr_bytes().unwrap_or_default();
     if let Some(cmd) = sql::database_command(text) {
         let name = String::from_utf8_lossy(&cmd.database);
-        for pool in app.pools() {
+        for pool in app.routes.pools() {
             if pool.upstream.dbname == name {
                 tracing::info!(pool = %pool.name, "closing idle servers: a client drops or renames their database");
                 tokio::spawn(async move { pool.close_idle().await });

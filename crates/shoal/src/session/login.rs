@@ -19,6 +19,7 @@ use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::StartupRequest;
 use crate::pool::{Lease, Pool};
+use crate::route::{RouteError, RouteRequest};
 use crate::server::ServerError;
 
 /// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
@@ -116,23 +117,15 @@ async fn login(
             format!("too many client connections: server.max_client_conn ({max}) reached"),
         ));
     }
-    let user = app.config.users.get(&req.user).ok_or_else(|| {
-        SessionError::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            format!("user \"{}\" is not configured in Shoal", req.user),
-        )
-    })?;
-    Box::pin(auth::authenticate(stream, user)).await?;
-    let db = app.config.databases.get(&req.database).ok_or_else(|| {
-        SessionError::fatal(
-            sqlstate::INVALID_CATALOG_NAME,
-            format!(
-                "database \"{}\" does not exist in Shoal's configuration",
-                req.database
-            ),
-        )
-    })?;
-    let pool = app.pool_for(db, user);
+    let route = RouteRequest {
+        user: &req.user,
+        database: &req.database,
+        server_name: None,
+    };
+    let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
+    let user = app.routes.user(&route).map_err(refused)?;
+    Box::pin(auth::authenticate(stream, &user)).await?;
+    let pool = app.routes.pool(&route, &user).map_err(refused)?;
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
