@@ -7,6 +7,7 @@
 
 mod auth;
 mod budget;
+mod flow;
 mod handshake;
 mod hygiene;
 mod login;
@@ -34,9 +35,10 @@ use crate::params::SharedParams;
 use crate::pool::Lease;
 use crate::server::ServerError;
 use crate::{prepared, sets};
+use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
 use prepare::prepare_server;
-use relay::{Flow, Policy, RelayEnd};
+use relay::{Policy, RelayEnd};
 
 /// Why a session ended abnormally. `Fatal` is reported to the client before closing.
 #[derive(Debug, thiserror::Error)]

@@ -20,6 +20,7 @@ use tokio::io::AsyncWrite;
 
 use bytes::BytesMut;
 
+use super::flow::Flow;
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
@@ -36,44 +37,6 @@ const MIN_READ_ROOM: usize = 2048;
 const HIGH_WATER: usize = 256 * 1024;
 /// Bound on a single message from a server.
 const SERVER_MAX_MESSAGE: usize = 1 << 30;
-
-/// What the protocol still owes on the current server connection.
-#[derive(Debug, Clone)]
-pub struct Flow {
-    /// ReadyForQuery messages still to come (one per Query, FunctionCall and Sync sent).
-    pub pending: u32,
-    /// Extended-protocol messages were sent after the last Sync.
-    pub unsynced: bool,
-    /// The server is in COPY FROM STDIN and waits for the client's data.
-    pub copy_in: bool,
-    /// Syncs sent since the last Execute: the server ignores them if that Execute starts a
-    /// COPY FROM STDIN, so they must not be counted as owed ReadyForQuery messages.
-    syncs_after_execute: Option<u32>,
-    /// Transaction status of the last ReadyForQuery.
-    pub status: u8,
-    /// DDL completed in the current transaction (statements are re-planned once it ends).
-    schema_changed: bool,
-}
-
-impl Default for Flow {
-    fn default() -> Self {
-        Flow {
-            pending: 0,
-            unsynced: false,
-            copy_in: false,
-            syncs_after_execute: None,
-            status: b'I',
-            schema_changed: false,
-        }
-    }
-}
-
-impl Flow {
-    /// The server has answered everything and no transaction is open.
-    pub fn at_boundary(&self) -> bool {
-        self.pending == 0 && !self.unsynced && !self.copy_in && self.status == b'I'
-    }
-}
 
 /// The pool mode's policy for the server the relay holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,36 +69,6 @@ pub enum RelayEnd {
     ClientGone,
     /// The server connection failed; carries PostgreSQL's FATAL error if it sent one.
     ServerLost(Option<ErrorFields>),
-}
-
-/// Applies a client message to the protocol bookkeeping. Returns false for Terminate, which
-/// is not forwarded.
-fn track_client(tag: u8, flow: &mut Flow) -> Result<bool, SessionError> {
-    match tag {
-        fe::QUERY | fe::FUNCTION_CALL => {
-            flow.pending += 1;
-            flow.syncs_after_execute = None;
-        }
-        fe::SYNC => {
-            if !flow.copy_in {
-                flow.pending += 1;
-            }
-            flow.unsynced = false;
-            if let Some(k) = flow.syncs_after_execute.as_mut() {
-                *k += 1;
-            }
-        }
-        fe::EXECUTE => {
-            flow.unsynced = true;
-            flow.syncs_after_execute = Some(0);
-        }
-        fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE => flow.unsynced = true,
-        fe::FLUSH | fe::COPY_DATA => {}
-        fe::COPY_DONE | fe::COPY_FAIL => flow.copy_in = false,
-        fe::TERMINATE => return Ok(false),
-        other => return Err(SessionError::UnknownMessage(other)),
-    }
-    Ok(true)
 }
 
 /// Output buffers of one relay: what goes to the server and to the client next.
@@ -202,7 +135,7 @@ impl Session {
             };
             let tag = self.cbuf[0];
             frontend::validate(tag, &self.cbuf[HEADER_LEN..n]).map_err(SessionError::from_frame)?;
-            if !track_client(tag, flow)? {
+            if !flow.client(tag).map_err(SessionError::UnknownMessage)? {
                 return Ok(false);
             }
             let msg = &self.cbuf[..n];
@@ -282,7 +215,7 @@ fn take_server(
         let body = &server.buf[5..n];
         match tag {
             be::ERROR_RESPONSE => {
-                flow.copy_in = false;
+                flow.error_response();
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 if e.is_fatal() {
                     if policy.forwards_fatal() {
@@ -293,10 +226,7 @@ fn take_server(
                 }
             }
             be::COPY_IN_RESPONSE => {
-                flow.copy_in = true;
-                if let Some(k) = flow.syncs_after_execute.take() {
-                    flow.pending = flow.pending.saturating_sub(k);
-                }
+                flow.copy_in_response();
             }
             be::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status_bytes(body)
@@ -346,10 +276,9 @@ fn take_server(
             true
         };
         if tag == be::READY_FOR_QUERY {
-            flow.status = body.first().copied().unwrap_or(b'I');
             // Only ReadyForQuery messages the client sees answer what it sent.
+            flow.ready_for_query(body.first().copied().unwrap_or(b'I'), forwarded);
             if forwarded {
-                flow.pending = flow.pending.saturating_sub(1);
                 if let Some(x) = extras.as_mut() {
                     x.sets.ready(flow.status);
                 }
