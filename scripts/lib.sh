@@ -23,13 +23,26 @@ ensure_packages() {
   fi
 }
 
+# Shoal needs Rust 1.80 or newer (Cargo.toml's rust-version).
 ensure_rust() {
   if ! command -v cargo >/dev/null; then
     [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
   fi
-  if ! command -v cargo >/dev/null; then
-    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c rustfmt,clippy
+  if ! command -v cargo >/dev/null && curl -sSf --max-time 10 -o /tmp/rustup-init.sh https://sh.rustup.rs 2>/dev/null; then
+    sh /tmp/rustup-init.sh -y --profile minimal -c rustfmt,clippy
     export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  if ! command -v cargo >/dev/null; then
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get install -y -qq cargo rustc >/dev/null 2>&1 || true
+  fi
+  local v
+  v=$(rustc --version 2>/dev/null | awk '{print $2}')
+  if [ -z "$v" ] || [ "$(printf '%s\n1.80.0\n' "$v" | sort -V | head -n 1)" != "1.80.0" ]; then
+    echo "Shoal needs Rust 1.80 or newer (found: ${v:-none}). Install it with rustup" >&2
+    echo "(https://rustup.rs: curl -sSf https://sh.rustup.rs | sh) or from a newer" >&2
+    echo "distribution package, then run this again." >&2
+    return 1
   fi
 }
 
@@ -67,8 +80,12 @@ psql_admin() {
 # Client libraries for the compatibility suite (tests/clients/).
 ensure_client_libs() {
   local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  python3 -m pip install -q --disable-pip-version-check -r "$root/tests/clients/python/requirements.txt" 2>&1 \
-    | grep -v "Running pip as the 'root' user" || true
+  # pip only when the libraries are not installed yet.
+  local req="$root/tests/clients/python/requirements.txt"
+  if ! python3 -c "import psycopg, asyncpg" 2>/dev/null; then
+    python3 -m pip install -q --disable-pip-version-check -r "$req" 2>&1 \
+      | grep -v "Running pip as the 'root' user" || true
+  fi
   if command -v go >/dev/null; then
     (cd "$root/tests/clients/go" && go mod download)
   fi
@@ -76,7 +93,7 @@ ensure_client_libs() {
     (cd "$root/tests/clients/java" && mvn -q dependency:copy \
       -Dartifact=org.postgresql:postgresql:42.7.4 -DoutputDirectory=lib)
   fi
-  if command -v npm >/dev/null; then
+  if command -v npm >/dev/null && [ ! -d "$root/tests/clients/node/node_modules/pg" ]; then
     (cd "$root/tests/clients/node" && npm install --silent --no-audit --no-fund >/dev/null)
   fi
 }
