@@ -12,6 +12,10 @@ struct Cli {
     /// front of PostgreSQL at 127.0.0.1:5432 (see `scripts/quickstart`).
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
+    /// Once every listener is bound, write their addresses to this file (one per line:
+    /// `tcp ADDR` or `unix PATH`), for supervisors and tests to wait on.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -76,7 +80,7 @@ fn main() -> anyhow::Result<()> {
                 _ = term.recv() => tracing::info!("SIGTERM received"),
             }
         };
-        shoal::run::serve(config, stop).await
+        shoal::run::serve(config, cli.ready_file.as_deref(), stop).await
     })?;
     Ok(())
 }

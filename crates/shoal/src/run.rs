@@ -2,6 +2,7 @@
 //! then drain — running transactions may finish within `shutdown_timeout`.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,8 +13,13 @@ use crate::config::{secs, Config};
 use crate::listener;
 
 /// Serves until `stop` resolves, then shuts down gracefully. Fails only if a listener cannot
-/// be bound.
-pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+/// be bound (or `ready_file` cannot be written). Once every listener is up, their addresses
+/// are written to `ready_file`, if given (atomically: the file appears complete).
+pub async fn serve(
+    config: Config,
+    ready_file: Option<&Path>,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     crate::clock::start();
     crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
@@ -27,6 +33,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
         tcp.push(l);
     }
     let mut unix_paths = Vec::new();
+    let mut ready = String::new();
     if let Some(dir) = &s.unix_socket_dir {
         let port = tcp
             .first()
@@ -36,12 +43,20 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()>) -> std::io::R
             std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
         })?;
         tracing::info!(path = %path.display(), "listening");
+        ready.push_str(&format!("unix {}\n", path.display()));
         unix_paths.push(path);
         tokio::spawn(listener::accept_unix(l, app.clone()));
     }
     for l in tcp {
-        tracing::info!(addr = %l.local_addr()?, "listening");
+        let addr = l.local_addr()?;
+        tracing::info!(%addr, "listening");
+        ready.push_str(&format!("tcp {addr}\n"));
         tokio::spawn(listener::accept_tcp(l, app.clone()));
+    }
+    if let Some(path) = ready_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, &ready)?;
+        std::fs::rename(&tmp, path)?;
     }
     stop.await;
     let _ = tx.send(true);

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Passwords of the roles the cluster is created with.
@@ -291,9 +291,12 @@ impl Shoal {
         let config_dir = tempfile::tempdir().unwrap();
         let path = config_dir.path().join("shoal.toml");
         std::fs::write(&path, config).unwrap();
+        let ready = config_dir.path().join("ready");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
         cmd.arg("--config")
             .arg(&path)
+            .arg("--ready-file")
+            .arg(&ready)
             .env("SHOAL_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
@@ -303,44 +306,35 @@ impl Shoal {
         }
         let mut child = cmd.spawn().expect("shoal starts");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel::<Result<SocketAddr, String>>();
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
-        for (stream, tx) in [
-            (
-                Box::new(stdout) as Box<dyn std::io::Read + Send>,
-                tx.clone(),
-            ),
-            (Box::new(stderr), tx),
+        for stream in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
         ] {
             let log = log.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let plain = strip_ansi(&line);
-                    if plain.contains("listening") {
-                        if let Some(a) = plain.split("addr=").nth(1) {
-                            if let Ok(addr) = a.trim().parse() {
-                                let _ = tx.send(Ok(addr));
-                            }
-                        }
-                    }
-                    if plain.contains("Error") || plain.contains("error:") {
-                        let _ = tx.send(Err(plain.clone()));
-                    }
-                    log.lock().unwrap().push(plain);
+                    log.lock().unwrap().push(strip_ansi(&line));
                 }
-                let _ = tx.send(Err("shoal exited".into()));
             });
         }
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(a)) => a,
-            other => {
-                let _ = child.kill();
-                panic!(
-                    "shoal did not start: {other:?}; log: {:?}",
-                    log.lock().unwrap()
-                );
+        // Shoal writes the ready file once every listener is bound.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let addr: SocketAddr = loop {
+            if let Ok(text) = std::fs::read_to_string(&ready) {
+                let tcp = text.lines().find_map(|l| l.strip_prefix("tcp "));
+                break tcp.and_then(|a| a.parse().ok()).expect("a TCP listener");
             }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("shoal exited ({status}): {:?}", log.lock().unwrap());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "shoal did not start: {:?}",
+                log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
         };
         Shoal {
             child,
