@@ -1,14 +1,15 @@
 //! Client `SET`s in transaction mode: which ones hold for the client's session, so they can be
 //! replayed on whichever server runs its next transaction.
 //!
-//! Shoal follows single-statement simple queries (`SET [SESSION] name …`, `SET TIME ZONE …`,
+//! Shoal follows single statements (`SET [SESSION] name …`, `SET TIME ZONE …`,
 //! `SET SESSION CHARACTERISTICS AS TRANSACTION …`, `SET ROLE`, `SET SESSION AUTHORIZATION`,
-//! `RESET name`, `RESET ALL`, `DISCARD ALL`). A `SET` takes effect for the session when its
-//! transaction commits (at once outside a transaction block) and is forgotten if the
-//! transaction rolls back, as in PostgreSQL. `SET LOCAL` lasts for its transaction only and
-//! needs nothing. Other ways of changing settings (several statements in one query, the
-//! extended protocol, `set_config()`) are not replayed; the server is still cleaned before
-//! another client uses it.
+//! `RESET name`, `RESET ALL`, `DISCARD ALL`), sent as a simple query or as an
+//! extended-protocol statement (named or unnamed, as pgJDBC and pgx send them). A `SET` takes
+//! effect for the session when its transaction commits (at once outside a transaction block)
+//! and is forgotten if the transaction rolls back, as in PostgreSQL. `SET LOCAL` lasts for its
+//! transaction only and needs nothing. Other ways of changing settings (several statements in
+//! one query, `set_config()`, inside functions) are not replayed; the server is still cleaned
+//! before another client uses it.
 
 /// One session-level change a client made.
 #[derive(Debug, Clone, PartialEq, Eq)]
