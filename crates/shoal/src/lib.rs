@@ -15,6 +15,8 @@
 //!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
 //! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
+//! - [`server_session`]: what a pooled server's session holds for its clients (parameters,
+//!   SETs, dirt and its owner, statements, replies owed), with one owner.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
@@ -37,6 +39,7 @@ pub mod prepared;
 pub mod route;
 pub mod run;
 pub mod server;
+pub mod server_session;
 pub mod session;
 pub mod sets;
 pub mod trim;

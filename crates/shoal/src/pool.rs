@@ -242,7 +242,7 @@ impl Pool {
             return;
         };
         conn.last_used = clock::now_ms();
-        conn.expect.clear();
+        conn.session.checked_in();
         if self.past_lifetime(&conn) {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());

@@ -99,22 +99,8 @@ pub struct ServerConn {
     pub secret_key: i32,
     /// Current values of the parameters the server reports (ParameterStatus), kept up to date.
     pub params: Vec<(String, String)>,
-    /// Client parameters the pooler applied on this connection (sorted by name); compared with
-    /// the next client's to skip work when they match.
-    pub applied: Vec<(String, String)>,
-    /// A client changed session state on this connection (`SET`, `RESET`, `DISCARD`,
-    /// `LISTEN` outside Shoal's bookkeeping): the next client gets it cleaned first.
-    pub session_dirty: bool,
-    /// The client whose state makes this connection dirty (its connection id; 0: none). That
-    /// client may have the connection back as it is: the state is its own.
-    pub dirty_owner: u64,
-    /// [`crate::sets::SessionSets::fingerprint`] of the client `SET`s replayed here
-    /// (0: none).
-    pub sets_applied: u64,
-    /// Named statements prepared on this connection (transaction mode).
-    pub statements: crate::prepared::ServerStatements,
-    /// Replies this connection owes for what was sent to it, and what to do with them.
-    pub expect: std::collections::VecDeque<crate::prepared::Expect>,
+    /// What the server's session holds for its clients (changed only through its methods).
+    pub session: crate::server_session::ServerSession,
     /// [`crate::clock::now_ms`] at connect and at the last checkin.
     pub created: u64,
     pub last_used: u64,
@@ -144,12 +130,7 @@ impl ServerConn {
             process_id: 0,
             secret_key: 0,
             params: Vec::new(),
-            applied: Vec::new(),
-            session_dirty: false,
-            dirty_owner: 0,
-            sets_applied: 0,
-            statements: Default::default(),
-            expect: Default::default(),
+            session: Default::default(),
             created: now,
             last_used: now,
         };
@@ -266,7 +247,7 @@ impl ServerConn {
     pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         frontend::query(&mut out, sql);
-        self.statements.unnamed_dropped();
+        self.session.unnamed_dropped();
         self.stream.write_all(&out).await?;
         self.read_until_ready().await
     }
@@ -280,9 +261,60 @@ impl ServerConn {
     ) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         frontend::parse_bind_execute(&mut out, sql, params);
-        self.statements.unnamed_dropped();
+        self.session.unnamed_dropped();
         self.stream.write_all(&out).await?;
         self.read_until_ready().await
+    }
+
+    /// Makes the session what `client` expects: nothing a previous client left, its startup
+    /// `params`, its held `sets`. Costs nothing when the server already matches; otherwise
+    /// one write and one wait, bounded by `timeout` (the caller drops a server that fails).
+    pub async fn prepare_for(
+        &mut self,
+        client: u64,
+        params: &[(String, String)],
+        sets: Option<&crate::sets::SessionSets>,
+        timeout: Duration,
+    ) -> Result<(), ServerError> {
+        let plan = self
+            .session
+            .plan(client, params, sets.map_or(0, |s| s.fingerprint));
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let mut out = BytesMut::new();
+        let mut replies = 0;
+        if plan.clean {
+            frontend::query(&mut out, crate::params::CLEAN_SESSION_SQL);
+            replies += 1;
+        }
+        if plan.reset_params {
+            frontend::query(&mut out, "RESET ALL");
+            replies += 1;
+        }
+        if plan.apply_params {
+            frontend::parse_bind_execute(
+                &mut out,
+                &crate::params::apply_statement(params.len()),
+                &crate::params::apply_values(params),
+            );
+            replies += 1;
+        }
+        if let Some(s) = sets.filter(|_| plan.replay_sets) {
+            frontend::query(&mut out, &s.replay_sql());
+            replies += 1;
+        }
+        match tokio::time::timeout(timeout, self.run_batch(&out, replies)).await {
+            Ok(r) => r,
+            Err(_) => Err(ServerError::ResetTimeout(timeout)),
+        }
+    }
+
+    /// Runs a reset query (session mode's `server_reset_query`): afterwards nothing of any
+    /// client is left.
+    pub async fn reset_session(&mut self, query: &str) -> Result<(), ServerError> {
+        self.session.reset();
+        self.simple_query(query).await
     }
 
     /// Sends pooler-issued requests (`out`, answered by `replies` ReadyForQuery messages) in

@@ -9,7 +9,6 @@ use bytes::BytesMut;
 use shoal_wire::backend;
 use shoal_wire::sqlstate;
 
-use super::prepare::prepare_server;
 use super::{auth, finish, handshake, Session, SessionError};
 use crate::app::App;
 use crate::cancel::Registration;
@@ -148,7 +147,7 @@ async fn login(
                 tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
                 SessionError::fatal(c.code, c.message)
             })?;
-            prepare_server(&mut l, 0, &req.params, None, pool.settings.reset_timeout)
+            l.prepare_for(0, &req.params, None, pool.settings.reset_timeout)
                 .await
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.

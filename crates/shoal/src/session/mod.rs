@@ -11,7 +11,6 @@ mod flow;
 mod handshake;
 mod hygiene;
 mod login;
-mod prepare;
 mod relay;
 
 use std::sync::atomic::Ordering;
@@ -37,7 +36,6 @@ use crate::server::ServerError;
 use crate::{prepared, sets};
 use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
-use prepare::prepare_server;
 use relay::{Policy, RelayEnd};
 
 /// Why a session ended abnormally. `Fatal` is reported to the client before closing.
@@ -333,15 +331,13 @@ impl Session {
         self.set_active(false);
         match end {
             Ok(RelayEnd::Boundary) => {
-                if lease.session_dirty && lease.dirty_owner == 0 {
-                    lease.dirty_owner = self.id;
-                }
-                if lease.buf.is_empty() && lease.expect.is_empty() {
+                lease.session.transaction_ended(self.id);
+                if lease.buf.is_empty() && lease.session.owes_nothing() {
                     self.pool.checkin(lease);
                 } else {
                     // Bytes nobody asked for, or replies still owed: this server is not at a
                     // true boundary, and no other client may have it.
-                    tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.expect.len(), "server not at a clean boundary; closing it");
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.session.owed(), "server not at a clean boundary; closing it");
                     drop(lease);
                 }
                 Ok(false)
@@ -447,7 +443,10 @@ impl Session {
                 Ok(mut lease) => {
                     let sets = self.extras.as_ref().map(|x| &x.sets);
                     let timeout = self.pool.settings.reset_timeout;
-                    match prepare_server(&mut lease, self.id, &self.params, sets, timeout).await {
+                    match lease
+                        .prepare_for(self.id, &self.params, sets, timeout)
+                        .await
+                    {
                         Ok(()) => return Ok(Some(lease)),
                         Err(e) => {
                             drop(lease);
@@ -562,12 +561,7 @@ impl Session {
                 lease.simple_query("ROLLBACK").await?;
             }
             if reset && !self.pool.settings.reset_query.is_empty() {
-                lease.applied.clear();
-                lease.session_dirty = false;
-                lease.dirty_owner = 0;
-                lease.statements.clear();
-                lease.sets_applied = 0;
-                lease.simple_query(&self.pool.settings.reset_query).await?;
+                lease.reset_session(&self.pool.settings.reset_query).await?;
             }
             Ok::<(), ServerError>(())
         };

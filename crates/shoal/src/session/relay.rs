@@ -143,15 +143,16 @@ impl Session {
                 super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]);
             }
             if policy.per_transaction() {
+                let (statements, queue, dirty) = server.session.translation();
                 Translator {
                     registry: &self.pool.statements,
                     params: crate::prepared::params_key(&self.params),
                     client_id: self.id,
                     client: &mut self.statements,
-                    server: &mut server.statements,
-                    queue: &mut server.expect,
+                    server: statements,
+                    queue,
                     max_per_server: self.pool.settings.max_prepared_statements.max(1),
-                    dirty: &mut server.session_dirty,
+                    dirty,
                 }
                 .client_message(msg, &mut out.to_server)
                 .map_err(SessionError::from_frame)?;
@@ -162,7 +163,7 @@ impl Session {
         }
         if policy.per_transaction() {
             emit_due(
-                &mut server.expect,
+                server.session.translation().1,
                 &mut self.statements,
                 &mut out.to_client,
                 &mut flow.pending,
@@ -196,7 +197,7 @@ fn take_server(
         if let Some(total) = stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]) {
             if policy.per_transaction() {
                 emit_due(
-                    &mut server.expect,
+                    server.session.translation().1,
                     client,
                     &mut out.to_client,
                     &mut flow.pending,
@@ -237,14 +238,14 @@ fn take_server(
                 if crate::server::set_param_bytes(&mut server.params, k, v)
                     && policy.per_transaction()
                 {
-                    server.session_dirty = true;
+                    server.session.mark_dirty();
                 }
             }
             be::COMMAND_COMPLETE if policy.per_transaction() => {
                 if crate::params::changes_session_state(body) {
-                    server.session_dirty = true;
+                    server.session.mark_dirty();
                     if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
-                        server.expect.front()
+                        server.session.next_owed()
                     {
                         super::Extras::get(extras).sets.executed(op.clone());
                     }
@@ -262,9 +263,10 @@ fn take_server(
             _ => {}
         }
         let forwarded = if policy.per_transaction() {
+            let (statements, queue, _) = server.session.translation();
             server_reply(
-                &mut server.expect,
-                &mut server.statements,
+                queue,
+                statements,
                 client,
                 &server.buf[..n],
                 &mut out.to_client,
@@ -290,7 +292,7 @@ fn take_server(
         }
         if policy.per_transaction() {
             emit_due(
-                &mut server.expect,
+                server.session.translation().1,
                 client,
                 &mut out.to_client,
                 &mut flow.pending,

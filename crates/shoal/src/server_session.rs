@@ -1,0 +1,186 @@
+//! What a pooled server's session holds beyond its connection, with one owner: the client
+//! parameters and SETs applied on it, whether a client left state behind (and which client),
+//! the statements it has prepared and the replies it still owes. Every change goes through
+//! these methods, so "is this server right for the next client?" has one answer.
+//!
+//! Pure bookkeeping: [`crate::server::ServerConn::prepare_for`] turns a [`Plan`] into the
+//! SQL it sends.
+
+use std::collections::VecDeque;
+
+use crate::prepared::{Expect, ServerStatements};
+
+#[derive(Default, Debug)]
+pub struct ServerSession {
+    /// Client parameters applied (sorted by name); compared with the next client's.
+    applied: Vec<(String, String)>,
+    /// A client left session state here that Shoal does not replay.
+    dirty: bool,
+    /// The client whose state that is (connection id; 0: none or unknown).
+    dirty_owner: u64,
+    /// [`crate::sets::SessionSets::fingerprint`] of the SETs replayed here (0: none).
+    sets_applied: u64,
+    statements: ServerStatements,
+    expect: VecDeque<Expect>,
+}
+
+/// What a server needs before a client's transaction runs on it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// `DISCARD ALL`: another client's state, or Shoal's statement records, must go.
+    pub clean: bool,
+    /// `RESET ALL` before applying parameters (the previous client's are in force).
+    pub reset_params: bool,
+    /// Apply the client's startup parameters.
+    pub apply_params: bool,
+    /// Replay the client's held SETs.
+    pub replay_sets: bool,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        *self == Plan::default()
+    }
+}
+
+impl ServerSession {
+    /// A client's message leaves state behind.
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    /// The transaction of `client` ended here: state left now is that client's.
+    pub fn transaction_ended(&mut self, client: u64) {
+        if self.dirty && self.dirty_owner == 0 {
+            self.dirty_owner = client;
+        }
+    }
+
+    /// What the server needs for `client` (0: a client not yet identified, as at login),
+    /// with startup `params` and held SETs of fingerprint `sets` (0: none). Records the
+    /// result as if done: if doing it fails, the caller drops the server.
+    pub fn plan(&mut self, client: u64, params: &[(String, String)], sets: u64) -> Plan {
+        let mut plan = Plan::default();
+        if client != 0 && self.dirty && self.dirty_owner == client {
+            // The state here is this client's own (its temporary tables, its SETs as they
+            // stand): it gets its session back as it left it.
+            self.sets_applied = sets;
+        }
+        plan.clean = self.statements.needs_clean
+            || (self.dirty && (self.dirty_owner == 0 || self.dirty_owner != client))
+            || (self.sets_applied != 0 && self.sets_applied != sets);
+        if plan.clean {
+            self.reset();
+        }
+        if plan.clean || self.applied[..] != *params {
+            plan.reset_params = !plan.clean && !self.applied.is_empty();
+            plan.apply_params = !params.is_empty();
+            params.clone_into(&mut self.applied);
+            self.sets_applied = 0;
+        }
+        if sets != 0 && self.sets_applied != sets {
+            plan.replay_sets = true;
+            self.sets_applied = sets;
+        }
+        if !plan.is_empty() {
+            // Pooler queries are simple queries: they drop the unnamed statement.
+            self.statements.unnamed_dropped();
+        }
+        plan
+    }
+
+    /// The session was reset (`DISCARD ALL` or the session-mode reset query): nothing of any
+    /// client is left, and no statement is prepared.
+    pub fn reset(&mut self) {
+        self.applied.clear();
+        self.dirty = false;
+        self.dirty_owner = 0;
+        self.sets_applied = 0;
+        self.statements.clear();
+    }
+
+    /// The server answered everything Shoal translated for.
+    pub fn owes_nothing(&self) -> bool {
+        self.expect.is_empty()
+    }
+
+    pub fn owed(&self) -> usize {
+        self.expect.len()
+    }
+
+    /// Back in the pool: nothing is owed to anyone any more.
+    pub fn checked_in(&mut self) {
+        self.expect.clear();
+    }
+
+    /// The reply the server owes next.
+    pub fn next_owed(&self) -> Option<&Expect> {
+        self.expect.front()
+    }
+
+    /// What the statement translation works on while a client holds the server: the
+    /// prepared statements, the replies owed, and the dirty flag.
+    pub fn translation(&mut self) -> (&mut ServerStatements, &mut VecDeque<Expect>, &mut bool) {
+        (&mut self.statements, &mut self.expect, &mut self.dirty)
+    }
+
+    /// A simple query of the pooler's ran: the unnamed statement is gone.
+    pub fn unnamed_dropped(&mut self) {
+        self.statements.unnamed_dropped();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(v: &str) -> Vec<(String, String)> {
+        vec![("application_name".into(), v.into())]
+    }
+
+    #[test]
+    fn a_fresh_server_only_gets_the_parameters() {
+        let mut s = ServerSession::default();
+        let p = s.plan(1, &params("a"), 0);
+        assert_eq!(
+            p,
+            Plan {
+                apply_params: true,
+                ..Plan::default()
+            }
+        );
+        assert!(s.plan(1, &params("a"), 0).is_empty(), "nothing to do twice");
+        let p = s.plan(2, &params("b"), 0);
+        assert!(p.reset_params && p.apply_params && !p.clean);
+    }
+
+    #[test]
+    fn dirt_is_cleaned_for_others_but_kept_for_its_owner() {
+        let mut s = ServerSession::default();
+        s.plan(1, &[], 0);
+        s.mark_dirty();
+        s.transaction_ended(1);
+        assert!(
+            s.plan(1, &[], 0).is_empty(),
+            "client 1 gets its own state back"
+        );
+        let p = s.plan(2, &[], 0);
+        assert!(p.clean, "client 2 gets a clean session");
+        assert!(s.plan(2, &[], 0).is_empty());
+        // Dirt left by a client that was never identified is cleaned for everyone.
+        s.mark_dirty();
+        assert!(s.plan(0, &[], 0).clean);
+    }
+
+    #[test]
+    fn held_sets_are_replayed_and_another_clients_are_cleaned() {
+        let mut s = ServerSession::default();
+        let p = s.plan(1, &[], 7);
+        assert!(p.replay_sets && !p.clean);
+        assert!(s.plan(1, &[], 7).is_empty());
+        let p = s.plan(2, &[], 0);
+        assert!(p.clean, "client 1's SETs are in force");
+        let p = s.plan(3, &[], 9);
+        assert!(p.replay_sets && !p.clean);
+    }
+}
