@@ -1,10 +1,13 @@
-//! The client transport seam: TCP or Unix socket today, TLS or io_uring later, behind the few
-//! operations the session needs.
+//! The client transport seam: TCP or Unix sockets, and any other byte stream (an in-process
+//! `tokio::io::duplex` in tests; TLS next), behind the few operations the session needs.
 //!
 //! Reads go through `poll_read`, which lets tokio forget a socket's readiness when a read
 //! returns less than the buffer could take: the next wait then costs no extra `read` that
-//! would only say "would block". An idle client holds no buffer: the session waits with
-//! [`ClientStream::readable`] and takes a buffer only when bytes are there.
+//! would only say "would block". An idle client on a socket holds no buffer: the session
+//! waits for readiness alone ([`ClientStream::poll_read_ready`]) and takes a buffer only when
+//! bytes are there ([`ClientStream::read_now`]). A stream that buffers by itself (TLS
+//! records, a duplex pipe; [`ClientStream::is_buffered`]) cannot say "readable" without
+//! reading, so for it the idle wait reads.
 
 use std::io;
 use std::pin::Pin;
@@ -14,9 +17,16 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
+/// Any byte stream a client can arrive on.
+pub trait ClientIo: AsyncRead + AsyncWrite + Send + Sync + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin> ClientIo for T {}
+
 pub enum ClientStream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A stream that owns its buffering (no readiness to wait on).
+    Buffered(Box<dyn ClientIo>),
 }
 
 /// Reads what is available into `buf`'s spare capacity (`Ready(Ok(0))` is end of stream).
@@ -29,19 +39,27 @@ pub fn poll_read_buf<S: AsyncRead + Unpin>(
 }
 
 impl ClientStream {
-    /// Waits until a read would not block (data, EOF or error), holding no buffer meanwhile.
-    pub async fn readable(&self) -> io::Result<()> {
-        match self {
-            ClientStream::Tcp(s) => s.readable().await,
-            ClientStream::Unix(s) => s.readable().await,
-        }
-    }
-
-    /// Readiness without a waiter node in the caller's future: the socket keeps the waker.
+    /// Readiness without a waiter node in the caller's future: the socket keeps the waker. A
+    /// buffered stream is always "ready" (only a read can tell).
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             ClientStream::Tcp(s) => s.poll_read_ready(cx),
             ClientStream::Unix(s) => s.poll_read_ready(cx),
+            ClientStream::Buffered(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// A stream that buffers by itself: the idle wait must read (see the module doc).
+    pub fn is_buffered(&self) -> bool {
+        matches!(self, ClientStream::Buffered(_))
+    }
+
+    /// One read that does not wait: `Ok(None)` if nothing was there (stale readiness).
+    pub fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.poll_read_buf(&mut cx, buf) {
+            Poll::Ready(r) => r.map(Some),
+            Poll::Pending => Ok(None),
         }
     }
 
@@ -53,6 +71,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
             ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
+            ClientStream::Buffered(s) => poll_read_buf(s, cx, buf),
         }
     }
 
@@ -60,6 +79,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
+            ClientStream::Buffered(s) => Pin::new(s).poll_write(cx, data),
         }
     }
 
@@ -75,6 +95,10 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.write_all(data).await,
             ClientStream::Unix(s) => s.write_all(data).await,
+            ClientStream::Buffered(s) => {
+                s.write_all(data).await?;
+                s.flush().await
+            }
         }
     }
 
@@ -84,6 +108,7 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Some(s.as_raw_fd()),
             ClientStream::Unix(s) => Some(s.as_raw_fd()),
+            ClientStream::Buffered(_) => None,
         }
     }
 
@@ -102,6 +127,7 @@ impl ClientStream {
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
             ClientStream::Unix(_) => "unix".into(),
+            ClientStream::Buffered(_) => "in-process".into(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! then drain — running transactions may finish within `shutdown_timeout`.
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,11 +12,55 @@ use crate::app::App;
 use crate::config::{secs, Config};
 use crate::listener;
 
-/// Serves until `stop` resolves, then shuts down gracefully. Fails only if a listener cannot
-/// be bound (or `ready_file` cannot be written). Once every listener is up, their addresses
-/// are written to `ready_file`, if given (atomically: the file appears complete).
+/// Listening sockets, bound by the caller (so an embedder or a test can choose them; see
+/// [`bind`]).
+#[derive(Default)]
+pub struct Listeners {
+    pub tcp: Vec<tokio::net::TcpListener>,
+    /// Unix sockets with their paths (removed at exit).
+    pub unix: Vec<(tokio::net::UnixListener, PathBuf)>,
+}
+
+/// Binds every listener the configuration names. Fails with the address that could not be
+/// bound.
+pub fn bind(config: &Config) -> std::io::Result<Listeners> {
+    let s = &config.server;
+    let mut l = Listeners::default();
+    for addr in &s.listen {
+        let t = listener::bind_tcp(*addr, s.listen_backlog)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+        l.tcp.push(t);
+    }
+    if let Some(dir) = &s.unix_socket_dir {
+        let port = l
+            .tcp
+            .first()
+            .and_then(|t| t.local_addr().ok())
+            .map_or(6432, |a| a.port());
+        let u = listener::bind_unix(dir, port, s.listen_backlog).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
+        })?;
+        l.unix.push(u);
+    }
+    Ok(l)
+}
+
+/// Binds the configured listeners and serves (see [`serve_on`]).
 pub async fn serve(
     config: Config,
+    ready_file: Option<&Path>,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let listeners = bind(&config)?;
+    serve_on(config, listeners, ready_file, stop).await
+}
+
+/// Serves on `listeners` until `stop` resolves, then shuts down gracefully. Once every
+/// listener is accepting, their addresses are written to `ready_file`, if given (atomically:
+/// the file appears complete).
+pub async fn serve_on(
+    config: Config,
+    listeners: Listeners,
     ready_file: Option<&Path>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -24,30 +68,15 @@ pub async fn serve(
     crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx);
-    let s = &app.config.server;
-    // Bind everything before announcing anything, so "listening" means every listener is up.
-    let mut tcp = Vec::new();
-    for addr in &s.listen {
-        let l = listener::bind_tcp(*addr, s.listen_backlog)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-        tcp.push(l);
-    }
     let mut unix_paths = Vec::new();
     let mut ready = String::new();
-    if let Some(dir) = &s.unix_socket_dir {
-        let port = tcp
-            .first()
-            .and_then(|l| l.local_addr().ok())
-            .map_or(6432, |a| a.port());
-        let (l, path) = listener::bind_unix(dir, port, s.listen_backlog).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
-        })?;
+    for (l, path) in listeners.unix {
         tracing::info!(path = %path.display(), "listening");
         ready.push_str(&format!("unix {}\n", path.display()));
         unix_paths.push(path);
         tokio::spawn(listener::accept_unix(l, app.clone()));
     }
-    for l in tcp {
+    for l in listeners.tcp {
         let addr = l.local_addr()?;
         tracing::info!(%addr, "listening");
         ready.push_str(&format!("tcp {addr}\n"));

@@ -1,5 +1,9 @@
-//! The start of a client connection: the untagged first packet (SSLRequest, GSSENCRequest,
+//! The start of a client connection: the untagged first packets (SSLRequest, GSSENCRequest,
 //! CancelRequest or StartupMessage), answered before authentication.
+//!
+//! [`read_packet`] reads one packet and says what it is; [`negotiate`] is the loop around it,
+//! and the one place where a TLS upgrade slots in: answer an SSLRequest with `S`, replace the
+//! stream with the TLS one, read on.
 
 use bytes::BytesMut;
 use shoal_wire::sqlstate;
@@ -9,9 +13,69 @@ use super::SessionError;
 use crate::app::App;
 use crate::net::ClientStream;
 
-/// Reads first packets until a StartupMessage arrives. Returns `None` when the connection was
-/// only a CancelRequest (handled here) or the client left.
-pub async fn read_startup(
+/// What a client's first packet asked for.
+pub enum FirstPacket {
+    Startup(StartupMessage),
+    Cancel {
+        process_id: i32,
+        secret_key: i32,
+    },
+    SslRequest,
+    GssEncRequest,
+    /// The client started TLS without asking (`sslnegotiation=direct`).
+    DirectTls,
+}
+
+/// Reads one first packet. `None` when the client left. `buf` holds what was read past it.
+pub async fn read_packet(
+    stream: &mut ClientStream,
+    buf: &mut BytesMut,
+) -> Result<Option<FirstPacket>, SessionError> {
+    let len = loop {
+        if buf.first() == Some(&TLS_HANDSHAKE_BYTE) {
+            return Ok(Some(FirstPacket::DirectTls));
+        }
+        match startup::startup_len(buf) {
+            // As PostgreSQL: a first packet that is not one is logged, not answered (whatever
+            // sent it does not speak the protocol).
+            Err(e) => return Err(SessionError::Quiet(e.to_string())),
+            Ok(Some(n)) => break n,
+            Ok(None) => {}
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Ok(None);
+        }
+    };
+    while buf.len() < len {
+        buf.reserve(len - buf.len());
+        if stream.read_buf(buf).await? == 0 {
+            return Ok(None);
+        }
+    }
+    let packet = buf.split_to(len);
+    match startup::parse_startup(&packet) {
+        Ok(StartupPacket::Ssl) => Ok(Some(FirstPacket::SslRequest)),
+        Ok(StartupPacket::GssEnc) => Ok(Some(FirstPacket::GssEncRequest)),
+        Ok(StartupPacket::Cancel {
+            process_id,
+            secret_key,
+        }) => Ok(Some(FirstPacket::Cancel {
+            process_id,
+            secret_key,
+        })),
+        Ok(StartupPacket::Startup(m)) => Ok(Some(FirstPacket::Startup(m))),
+        Err(e @ startup::StartupError::UnsupportedProtocol { .. }) => Err(SessionError::fatal(
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            e.to_string(),
+        )),
+        Err(e) => Err(SessionError::Quiet(e.to_string())),
+    }
+}
+
+/// Reads first packets until a StartupMessage arrives, answering encryption requests and
+/// routing cancel requests. `None` when the connection was only a CancelRequest or the
+/// client left.
+pub async fn negotiate(
     stream: &mut ClientStream,
     app: &App,
 ) -> Result<Option<StartupMessage>, SessionError> {
@@ -19,60 +83,11 @@ pub async fn read_startup(
     // As PostgreSQL: one SSLRequest and one GSSENCRequest at most (libpq may send both).
     let (mut ssl_done, mut gss_done) = (false, false);
     loop {
-        let len = loop {
-            if buf.first() == Some(&TLS_HANDSHAKE_BYTE) {
-                // A direct-TLS client (sslnegotiation=direct) cannot read a plain error.
-                return Err(SessionError::Quiet(
-                    "client started TLS directly; TLS is not enabled".into(),
-                ));
-            }
-            match startup::startup_len(&buf) {
-                // As PostgreSQL: a first packet that is not one is logged, not answered
-                // (whatever sent it does not speak the protocol).
-                Err(e) => return Err(SessionError::Quiet(e.to_string())),
-                Ok(Some(n)) => break n,
-                Ok(None) => {}
-            }
-            if stream.read_buf(&mut buf).await? == 0 {
-                return Ok(None);
-            }
+        let Some(packet) = read_packet(stream, &mut buf).await? else {
+            return Ok(None);
         };
-        while buf.len() < len {
-            buf.reserve(len - buf.len());
-            if stream.read_buf(&mut buf).await? == 0 {
-                return Ok(None);
-            }
-        }
-        let packet = buf.split_to(len);
-        match startup::parse_startup(&packet) {
-            Ok(kind @ (StartupPacket::Ssl | StartupPacket::GssEnc)) => {
-                let done = if matches!(kind, StartupPacket::Ssl) {
-                    &mut ssl_done
-                } else {
-                    &mut gss_done
-                };
-                if std::mem::replace(done, true) {
-                    return Err(SessionError::fatal(
-                        sqlstate::PROTOCOL_VIOLATION,
-                        "encryption was already negotiated on this connection",
-                    ));
-                }
-                if !buf.is_empty() {
-                    return Err(SessionError::fatal(
-                        sqlstate::PROTOCOL_VIOLATION,
-                        "received unencrypted data after encryption request",
-                    ));
-                }
-                stream.write_all(b"N").await?;
-            }
-            Ok(StartupPacket::Cancel {
-                process_id,
-                secret_key,
-            }) => {
-                app.cancels.cancel(process_id, secret_key).await;
-                return Ok(None);
-            }
-            Ok(StartupPacket::Startup(m)) => {
+        let done = match packet {
+            FirstPacket::Startup(m) => {
                 if !buf.is_empty() {
                     return Err(SessionError::fatal(
                         sqlstate::PROTOCOL_VIOLATION,
@@ -81,13 +96,36 @@ pub async fn read_startup(
                 }
                 return Ok(Some(m));
             }
-            Err(e @ startup::StartupError::UnsupportedProtocol { .. }) => {
-                return Err(SessionError::fatal(
-                    sqlstate::FEATURE_NOT_SUPPORTED,
-                    e.to_string(),
+            FirstPacket::Cancel {
+                process_id,
+                secret_key,
+            } => {
+                app.cancels.cancel(process_id, secret_key).await;
+                return Ok(None);
+            }
+            // A direct-TLS client cannot read a plain error.
+            FirstPacket::DirectTls => {
+                return Err(SessionError::Quiet(
+                    "client started TLS directly; TLS is not enabled".into(),
                 ))
             }
-            Err(e) => return Err(SessionError::Quiet(e.to_string())),
+            FirstPacket::SslRequest => &mut ssl_done,
+            FirstPacket::GssEncRequest => &mut gss_done,
+        };
+        if std::mem::replace(done, true) {
+            return Err(SessionError::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                "encryption was already negotiated on this connection",
+            ));
         }
+        if !buf.is_empty() {
+            return Err(SessionError::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                "received unencrypted data after encryption request",
+            ));
+        }
+        // Declined: the client goes on in plain text (TLS will answer `S` here and upgrade
+        // `stream`).
+        stream.write_all(b"N").await?;
     }
 }

@@ -87,7 +87,7 @@ async fn login(
     // Each phase is boxed so a login in flight holds only the state of its current phase:
     // in a connect storm thousands wait here at once, and what they leave behind in the
     // heap is what idle clients later pay for.
-    let Some(startup) = Box::pin(handshake::read_startup(stream, app)).await? else {
+    let Some(startup) = Box::pin(handshake::negotiate(stream, app)).await? else {
         return Ok(None);
     };
     let req = StartupRequest::from_startup(&startup).map_err(|e| {

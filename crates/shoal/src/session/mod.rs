@@ -15,7 +15,6 @@ mod relay;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -291,23 +290,35 @@ impl Session {
                             ));
                         }
                     }
-                    let stream = &self.stream;
-                    std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
-                    relay::reserve_for_next(&mut self.cbuf, false);
-                    // One non-waiting read: if the readiness was stale, go back to waiting
-                    // without holding the buffer.
-                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                    match self.stream.poll_read_buf(&mut cx, &mut self.cbuf) {
-                        Poll::Ready(Ok(0)) if self.app.shutting_down() => {
+                    let read = if self.stream.is_buffered() {
+                        relay::reserve_for_next(&mut self.cbuf, false);
+                        Box::pin(self.stream.read_buf(&mut self.cbuf))
+                            .await
+                            .map(Some)
+                    } else {
+                        // Readiness first, holding no buffer; then one read that does not
+                        // wait.
+                        let stream = &self.stream;
+                        match std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await {
+                            Ok(()) => {
+                                relay::reserve_for_next(&mut self.cbuf, false);
+                                self.stream.read_now(&mut self.cbuf)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    };
+                    match read {
+                        Ok(Some(0)) if self.app.shutting_down() => {
                             // Shutdown closed our read side: say why, as PostgreSQL does.
                             return Err(SessionError::fatal(
                                 sqlstate::ADMIN_SHUTDOWN,
                                 "terminating connection because Shoal is shutting down",
                             ));
                         }
-                        Poll::Ready(Ok(0)) => return Ok(()),
-                        Poll::Ready(Ok(_)) | Poll::Pending => {}
-                        Poll::Ready(Err(e)) => return Err(e.into()),
+                        Ok(Some(0)) => return Ok(()),
+                        // Data, or stale readiness: go on (a stale wakeup holds no buffer).
+                        Ok(_) => {}
+                        Err(e) => return Err(e.into()),
                     }
                     self.account_large(false)?;
                 }
@@ -586,10 +597,6 @@ mod size_tests {
             .await
             .unwrap();
         let stream = Box::new(ClientStream::Tcp(client));
-        println!(
-            "readable future: {} bytes",
-            std::mem::size_of_val(&stream.readable())
-        );
         let mut rx2 = app.shutdown.clone();
         println!(
             "changed future: {} bytes",
