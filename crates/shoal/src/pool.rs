@@ -93,6 +93,59 @@ impl std::ops::DerefMut for Lease {
     }
 }
 
+/// In what state a client leaves the server it held, for [`Lease::release`].
+#[derive(Debug, Clone, Copy)]
+pub struct Leaving {
+    /// Replies are still owed (a query may be running, a batch is unsynced, a COPY is open).
+    pub busy: bool,
+    /// A transaction block is open.
+    pub in_transaction: bool,
+    /// Run the pool's `server_reset_query` (session mode).
+    pub reset: bool,
+}
+
+impl Lease {
+    /// The way back to the pool: a healthy server at a boundary goes back as it is.
+    pub fn checkin(self) {
+        let pool = self.pool.clone();
+        pool.checkin(self);
+    }
+
+    /// The client left (or broke the protocol) while holding this server: make it clean
+    /// before anyone else gets it, or close it. A server with a query possibly running gets
+    /// a CancelRequest and is closed; an open transaction is rolled back; in session mode the
+    /// reset query runs; all of it bounded by `server_reset_timeout`.
+    pub async fn release(mut self, how: Leaving) {
+        if how.busy {
+            let target = crate::cancel::CancelTarget {
+                addr: self.addr,
+                process_id: self.process_id,
+                secret_key: self.secret_key,
+            };
+            drop(self);
+            tokio::spawn(crate::cancel::forward(target));
+            return;
+        }
+        let reset_query = self.pool.settings.reset_query.clone();
+        let timeout = self.pool.settings.reset_timeout;
+        let clean = async {
+            if how.in_transaction {
+                self.simple_query("ROLLBACK").await?;
+            }
+            if how.reset && !reset_query.is_empty() {
+                self.reset_session(&reset_query).await?;
+            }
+            Ok::<(), ServerError>(())
+        };
+        match tokio::time::timeout(timeout, clean).await {
+            Ok(Ok(())) => self.checkin(),
+            _ => {
+                tracing::debug!(pool = %self.pool.name, server = self.id, "server not reusable after its client left")
+            }
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {

@@ -162,7 +162,7 @@ async fn login(
             if session_mode {
                 lease = Some(l);
             } else {
-                pool.checkin(l);
+                l.checkin();
             }
             p
         }

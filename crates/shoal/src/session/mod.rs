@@ -30,8 +30,7 @@ use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::SharedParams;
-use crate::pool::Lease;
-use crate::server::ServerError;
+use crate::pool::{Lease, Leaving};
 use crate::{prepared, sets};
 use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
@@ -136,6 +135,15 @@ async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionEr
                 .await;
             }
         }
+    }
+}
+
+/// How the client leaves its server, from what the protocol still owes.
+fn leaving(flow: &Flow, reset: bool) -> Leaving {
+    Leaving {
+        busy: flow.pending > 0 || flow.copy_in || flow.unsynced,
+        in_transaction: flow.status != b'I',
+        reset,
     }
 }
 
@@ -344,7 +352,7 @@ impl Session {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
                 if lease.buf.is_empty() && lease.session.owes_nothing() {
-                    self.pool.checkin(lease);
+                    lease.checkin();
                 } else {
                     // Bytes nobody asked for, or replies still owed: this server is not at a
                     // true boundary, and no other client may have it.
@@ -354,11 +362,11 @@ impl Session {
                 Ok(false)
             }
             Ok(RelayEnd::Terminate) => {
-                self.abandon(lease, &flow, false).await;
+                lease.release(leaving(&flow, false)).await;
                 Ok(true)
             }
             Ok(RelayEnd::ClientGone) => {
-                self.abandon(lease, &flow, false).await;
+                lease.release(leaving(&flow, false)).await;
                 self.gone_or_shut_down().map(|()| true)
             }
             Ok(RelayEnd::ServerLost(fatal)) => {
@@ -380,7 +388,7 @@ impl Session {
                 Ok(false)
             }
             Err(e) => {
-                self.abandon(lease, &flow, false).await;
+                lease.release(leaving(&flow, false)).await;
                 Err(e)
             }
         }
@@ -394,11 +402,11 @@ impl Session {
         self.cancel.slot.clear().await;
         match end {
             Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {
-                self.abandon(lease, &flow, true).await;
+                lease.release(leaving(&flow, true)).await;
                 Ok(())
             }
             Ok(RelayEnd::ClientGone) => {
-                self.abandon(lease, &flow, true).await;
+                lease.release(leaving(&flow, true)).await;
                 self.gone_or_shut_down()
             }
             Ok(RelayEnd::ServerLost(fatal)) => {
@@ -413,7 +421,7 @@ impl Session {
                 }
             }
             Err(e) => {
-                self.abandon(lease, &flow, true).await;
+                lease.release(leaving(&flow, true)).await;
                 Err(e)
             }
         }
@@ -555,31 +563,6 @@ impl Session {
             self.stream.write_all(&out).await?;
         }
         Ok(())
-    }
-
-    /// The client left (or broke the protocol) while holding a server: make the server clean
-    /// before anyone else gets it, or close it.
-    async fn abandon(&self, mut lease: Lease, flow: &Flow, reset: bool) {
-        if flow.pending > 0 || flow.copy_in || flow.unsynced {
-            // A query may still be running: stop it, and do not reuse the connection.
-            let target = cancel_target(&lease);
-            drop(lease);
-            tokio::spawn(crate::cancel::forward(target));
-            return;
-        }
-        let clean = async {
-            if flow.status != b'I' {
-                lease.simple_query("ROLLBACK").await?;
-            }
-            if reset && !self.pool.settings.reset_query.is_empty() {
-                lease.reset_session(&self.pool.settings.reset_query).await?;
-            }
-            Ok::<(), ServerError>(())
-        };
-        match tokio::time::timeout(Duration::from_secs(5), clean).await {
-            Ok(Ok(())) => self.pool.checkin(lease),
-            _ => tracing::debug!(conn = self.id, "server not reusable after client left"),
-        }
     }
 }
 
