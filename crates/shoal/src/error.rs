@@ -12,6 +12,24 @@ use crate::server::ServerError;
 /// Which side failed, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
+    /// The client left, or its connection failed.
+    ClientGone,
+    /// The client broke the protocol (malformed or unknown messages, bad startup packets).
+    ClientProtocol,
+    /// A limit refused the client (connections, logins, message size, memory).
+    ClientLimit,
+    /// Authentication failed.
+    Auth,
+    /// The user or database is not served here.
+    Routing,
+    /// The client did not log in within `client_login_timeout`.
+    LoginTimeout,
+    /// Shoal is shutting down.
+    Shutdown,
+    /// The server connection was lost under the client (its FATAL passed on).
+    ServerLost,
+    /// The server broke the protocol.
+    ServerProtocol,
     /// No server became free within `query_wait_timeout`.
     PoolTimeout,
     /// The pool is closing (shutdown).
@@ -28,12 +46,36 @@ impl ErrorKind {
     /// A stable name for logs and metrics.
     pub fn label(self) -> &'static str {
         match self {
+            ErrorKind::ClientGone => "client_gone",
+            ErrorKind::ClientProtocol => "client_protocol",
+            ErrorKind::ClientLimit => "client_limit",
+            ErrorKind::Auth => "auth",
+            ErrorKind::Routing => "routing",
+            ErrorKind::LoginTimeout => "login_timeout",
+            ErrorKind::Shutdown => "shutdown",
+            ErrorKind::ServerLost => "server_lost",
+            ErrorKind::ServerProtocol => "server_protocol",
             ErrorKind::PoolTimeout => "pool_timeout",
             ErrorKind::PoolClosed => "pool_closed",
             ErrorKind::ServerUnavailable => "server_unavailable",
             ErrorKind::ServerRefused => "server_refused",
             ErrorKind::ServerTimeout => "server_timeout",
         }
+    }
+}
+
+/// The kind of an error the client is told about with `code`, where only the code is known.
+pub fn kind_of_code(code: &str) -> ErrorKind {
+    match code {
+        sqlstate::PROTOCOL_VIOLATION | sqlstate::FEATURE_NOT_SUPPORTED => ErrorKind::ClientProtocol,
+        sqlstate::TOO_MANY_CONNECTIONS
+        | sqlstate::PROGRAM_LIMIT_EXCEEDED
+        | sqlstate::OUT_OF_MEMORY => ErrorKind::ClientLimit,
+        sqlstate::INVALID_PASSWORD => ErrorKind::Auth,
+        sqlstate::INVALID_AUTHORIZATION | sqlstate::INVALID_CATALOG_NAME => ErrorKind::Routing,
+        sqlstate::ADMIN_SHUTDOWN | sqlstate::CANNOT_CONNECT_NOW => ErrorKind::Shutdown,
+        sqlstate::QUERY_CANCELED => ErrorKind::PoolTimeout,
+        _ => ErrorKind::ServerLost,
     }
 }
 
@@ -181,5 +223,19 @@ mod tests {
         assert_eq!((c.code, c.kind), ("28P01", ErrorKind::ServerRefused));
         assert!(!c.retry_safe);
         assert_eq!(c.kind.label(), "server_refused");
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_kinds_and_labels() {
+        assert_eq!(kind_of_code("08P01"), ErrorKind::ClientProtocol);
+        assert_eq!(kind_of_code("53300"), ErrorKind::ClientLimit);
+        assert_eq!(kind_of_code("28P01"), ErrorKind::Auth);
+        assert_eq!(kind_of_code("3D000"), ErrorKind::Routing);
+        assert_eq!(kind_of_code("57P01").label(), "shutdown");
     }
 }

@@ -26,7 +26,7 @@ use shoal_wire::{sqlstate, FrameError};
 use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
-use crate::error::{known_code, ClientError};
+use crate::error::{known_code, ClientError, ErrorKind};
 use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::SharedParams;
@@ -72,6 +72,22 @@ impl SessionError {
 
     fn server_protocol(e: FrameError) -> Self {
         SessionError::ServerProtocol(e.to_string())
+    }
+
+    /// Its kind, in the one taxonomy of [`crate::error`] (the label logs and metrics use).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SessionError::ClientGone | SessionError::Io(_) => ErrorKind::ClientGone,
+            SessionError::Quiet(_) | SessionError::UnknownMessage(_) => ErrorKind::ClientProtocol,
+            SessionError::ServerProtocol(_) => ErrorKind::ServerProtocol,
+            SessionError::Fatal { code, message } => {
+                if message.contains("client_login_timeout") {
+                    ErrorKind::LoginTimeout
+                } else {
+                    crate::error::kind_of_code(code)
+                }
+            }
+        }
     }
 
     /// The error to show the client, if it should get one.
@@ -126,7 +142,7 @@ async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionEr
             tracing::debug!(conn = id, "client disconnected")
         }
         Err(e) => {
-            tracing::info!(conn = id, peer = %stream.peer(), error = %Escaped(&e), "closing client connection");
+            tracing::info!(conn = id, peer = %stream.peer(), kind = %e.kind().label(), error = %Escaped(&e), "closing client connection");
             if let Some((code, message)) = e.client_message() {
                 let _ = tokio::time::timeout(
                     Duration::from_secs(1),
