@@ -32,6 +32,8 @@ pub struct App {
     pub shutdown: watch::Receiver<bool>,
     /// Logged-in clients' sockets, for the shutdown notice.
     pub client_fds: crate::net::ClientFds,
+    /// Client-facing TLS.
+    pub tls: crate::tls::TlsState,
 }
 
 /// Counts a client for as long as it lives (until a session takes the count over).
@@ -80,8 +82,14 @@ impl Drop for LoginGuard {
 pub static CHURN: AtomicU64 = AtomicU64::new(0);
 
 impl App {
-    pub fn new(config: Config, shutdown: watch::Receiver<bool>) -> Arc<App> {
-        Arc::new(App {
+    /// Fails when a TLS certificate or key cannot be loaded (naming the file).
+    pub fn new(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Arc<App>, crate::tls::TlsError> {
+        let tls = crate::tls::TlsState::load(&config.tls)?;
+        Ok(Arc::new(App {
+            tls,
             routes: crate::route::Registry::new(config.clone()),
             config,
             cancels: Arc::new(CancelRegistry::default()),
@@ -92,7 +100,7 @@ impl App {
             next_conn_id: AtomicU64::new(1),
             shutdown,
             client_fds: Default::default(),
-        })
+        }))
     }
 
     pub fn client_left(&self) {

@@ -172,11 +172,57 @@ pub struct UserSection {
     pub pool_size: Option<usize>,
 }
 
+/// How clients may or must use TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientTls {
+    /// Encryption requests are declined; plain-text clients only.
+    Disable,
+    /// TLS when the client asks for it (the default with a certificate).
+    Allow,
+    /// Plain-text logins are refused (`28000`) before any password exchange.
+    Require,
+}
+
+/// A certificate served to clients that ask for one of `server_names` (SNI).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateSection {
+    pub server_names: Vec<String>,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// Client-facing TLS (`[tls]`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// The default certificate chain (PEM) and its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// `allow` when a certificate is configured, `disable` otherwise.
+    pub client_tls: Option<ClientTls>,
+    /// More certificates, chosen by the server name the client asks for.
+    pub certificates: Vec<CertificateSection>,
+}
+
+impl TlsSection {
+    pub fn mode(&self) -> ClientTls {
+        self.client_tls.unwrap_or(if self.cert_file.is_some() {
+            ClientTls::Allow
+        } else {
+            ClientTls::Disable
+        })
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
     server: ServerSection,
+    #[serde(default)]
+    tls: TlsSection,
     #[serde(default)]
     pool: PoolSection,
     #[serde(default)]
@@ -240,6 +286,7 @@ pub struct Database {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub server: ServerSection,
+    pub tls: TlsSection,
     pub pool: PoolSection,
     pub databases: BTreeMap<String, Database>,
     pub users: BTreeMap<String, User>,
@@ -370,8 +417,22 @@ impl Config {
             let user = resolve_user(&name, u, env).map_err(|m| invalid(&section, m))?;
             users.insert(name, user);
         }
+        let t = &raw.tls;
+        if t.cert_file.is_some() != t.key_file.is_some() {
+            return Err(invalid(
+                "tls",
+                "tls.cert_file and tls.key_file go together".into(),
+            ));
+        }
+        if t.mode() != ClientTls::Disable && t.cert_file.is_none() {
+            return Err(invalid(
+                "tls",
+                "tls.client_tls needs a certificate: set tls.cert_file and tls.key_file".into(),
+            ));
+        }
         Ok(Config {
             server: raw.server,
+            tls: raw.tls,
             pool: raw.pool,
             databases,
             users,

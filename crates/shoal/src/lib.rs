@@ -7,6 +7,7 @@
 //! - [`net`]: the client transport seam (TCP, Unix; TLS later).
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
+//! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.
 //! - [`params`]: client session parameters and how they are applied to servers.
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
@@ -42,4 +43,5 @@ pub mod server;
 pub mod server_session;
 pub mod session;
 pub mod sets;
+pub mod tls;
 pub mod trim;

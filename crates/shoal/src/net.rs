@@ -27,6 +27,17 @@ pub enum ClientStream {
     Unix(UnixStream),
     /// A stream that owns its buffering (no readiness to wait on).
     Buffered(Box<dyn ClientIo>),
+    /// TLS over TCP (buffered too).
+    Tls(Box<crate::tls::ClientTlsStream>),
+    /// Only while the transport is being replaced (the TLS handshake).
+    Upgrading,
+}
+
+fn upgrading() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "client transport is being upgraded",
+    )
 }
 
 /// Reads what is available into `buf`'s spare capacity (`Ready(Ok(0))` is end of stream).
@@ -45,13 +56,19 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => s.poll_read_ready(cx),
             ClientStream::Unix(s) => s.poll_read_ready(cx),
-            ClientStream::Buffered(_) => Poll::Ready(Ok(())),
+            ClientStream::Buffered(_) | ClientStream::Tls(_) | ClientStream::Upgrading => {
+                Poll::Ready(Ok(()))
+            }
         }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientStream::Tls(_))
     }
 
     /// A stream that buffers by itself: the idle wait must read (see the module doc).
     pub fn is_buffered(&self) -> bool {
-        matches!(self, ClientStream::Buffered(_))
+        matches!(self, ClientStream::Buffered(_) | ClientStream::Tls(_))
     }
 
     /// One read that does not wait: `Ok(None)` if nothing was there (stale readiness).
@@ -72,6 +89,8 @@ impl ClientStream {
             ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
             ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
             ClientStream::Buffered(s) => poll_read_buf(s, cx, buf),
+            ClientStream::Tls(s) => poll_read_buf(s, cx, buf),
+            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
 
@@ -80,6 +99,15 @@ impl ClientStream {
             ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Buffered(s) => Pin::new(s).poll_write(cx, data),
+            // TLS records are written as they are made: flush so nothing waits in rustls.
+            ClientStream::Tls(s) => match Pin::new(&mut **s).poll_write(cx, data) {
+                Poll::Ready(Ok(n)) => {
+                    let _ = Pin::new(&mut **s).poll_flush(cx);
+                    Poll::Ready(Ok(n))
+                }
+                other => other,
+            },
+            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
 
@@ -99,6 +127,11 @@ impl ClientStream {
                 s.write_all(data).await?;
                 s.flush().await
             }
+            ClientStream::Tls(s) => {
+                s.write_all(data).await?;
+                s.flush().await
+            }
+            ClientStream::Upgrading => Err(upgrading()),
         }
     }
 
@@ -108,7 +141,8 @@ impl ClientStream {
         match self {
             ClientStream::Tcp(s) => Some(s.as_raw_fd()),
             ClientStream::Unix(s) => Some(s.as_raw_fd()),
-            ClientStream::Buffered(_) => None,
+            ClientStream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
+            ClientStream::Buffered(_) | ClientStream::Upgrading => None,
         }
     }
 
@@ -116,6 +150,7 @@ impl ClientStream {
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
         match self {
             ClientStream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            ClientStream::Tls(s) => s.get_ref().0.inner.peer_addr().ok().map(|a| a.ip()),
             _ => None,
         }
     }
@@ -128,6 +163,14 @@ impl ClientStream {
                 .unwrap_or_else(|_| "?".into()),
             ClientStream::Unix(_) => "unix".into(),
             ClientStream::Buffered(_) => "in-process".into(),
+            ClientStream::Tls(s) => s
+                .get_ref()
+                .0
+                .inner
+                .peer_addr()
+                .map(|a| format!("{a} (TLS)"))
+                .unwrap_or_else(|_| "? (TLS)".into()),
+            ClientStream::Upgrading => "upgrading".into(),
         }
     }
 }

@@ -67,7 +67,7 @@ pub async fn serve_on(
     crate::clock::start();
     crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
-    let app = App::new(config, rx);
+    let app = App::new(config, rx).map_err(std::io::Error::other)?;
     let mut unix_paths = Vec::new();
     let mut ready = String::new();
     for (l, path) in listeners.unix {

@@ -16,7 +16,7 @@ async fn a_session_over_an_in_process_pipe() {
     let config = Config::parse(&base_config(pg(), &[&db], ""), "test", &|_| None).unwrap();
     shoal::clock::start();
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    let app = App::new(config, shutdown);
+    let app = App::new(config, shutdown).unwrap();
     let mut clients = Vec::new();
     for i in 0..3 {
         let (ours, theirs) = tokio::io::duplex(64 * 1024);

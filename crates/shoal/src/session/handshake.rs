@@ -86,6 +86,7 @@ pub async fn negotiate(
         let Some(packet) = read_packet(stream, &mut buf).await? else {
             return Ok(None);
         };
+        let ssl = matches!(packet, FirstPacket::SslRequest);
         let done = match packet {
             FirstPacket::Startup(m) => {
                 if !buf.is_empty() {
@@ -103,11 +104,17 @@ pub async fn negotiate(
                 app.cancels.cancel(process_id, secret_key).await;
                 return Ok(None);
             }
-            // A direct-TLS client cannot read a plain error.
             FirstPacket::DirectTls => {
-                return Err(SessionError::Quiet(
-                    "client started TLS directly; TLS is not enabled".into(),
-                ))
+                if ssl_done || !app.tls.enabled() || !matches!(stream, ClientStream::Tcp(_)) {
+                    // A direct-TLS client cannot read a plain error.
+                    return Err(SessionError::Quiet(
+                        "client started TLS directly; TLS is not enabled".into(),
+                    ));
+                }
+                ssl_done = true;
+                let hello = buf.split().freeze();
+                upgrade(stream, app, hello).await?;
+                continue;
             }
             FirstPacket::SslRequest => &mut ssl_done,
             FirstPacket::GssEncRequest => &mut gss_done,
@@ -124,8 +131,33 @@ pub async fn negotiate(
                 "received unencrypted data after encryption request",
             ));
         }
-        // Declined: the client goes on in plain text (TLS will answer `S` here and upgrade
-        // `stream`).
-        stream.write_all(b"N").await?;
+        let tls = ssl && app.tls.enabled() && matches!(stream, ClientStream::Tcp(_));
+        if tls {
+            stream.write_all(b"S").await?;
+            upgrade(stream, app, bytes::Bytes::new()).await?;
+        } else {
+            // Declined: the client goes on in plain text.
+            stream.write_all(b"N").await?;
+        }
+    }
+}
+
+/// Replaces a TCP client's stream with TLS over it (`hello`: bytes of the handshake already
+/// read).
+async fn upgrade(
+    stream: &mut ClientStream,
+    app: &App,
+    hello: bytes::Bytes,
+) -> Result<(), SessionError> {
+    let ClientStream::Tcp(tcp) = std::mem::replace(stream, ClientStream::Upgrading) else {
+        return Err(SessionError::Quiet("TLS over a non-TCP stream".into()));
+    };
+    match app.tls.accept(tcp, hello).await {
+        Ok(tls) => {
+            *stream = ClientStream::Tls(Box::new(tls));
+            Ok(())
+        }
+        // The client cannot read a plain error in the middle of a TLS handshake.
+        Err(e) => Err(SessionError::Quiet(format!("TLS handshake failed: {e}"))),
     }
 }

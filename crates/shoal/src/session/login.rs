@@ -116,10 +116,20 @@ async fn login(
             format!("too many client connections: server.max_client_conn ({max}) reached"),
         ));
     }
+    if app.tls.mode == crate::config::ClientTls::Require && !stream.is_tls() {
+        return Err(SessionError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            "TLS is required: connect with sslmode=require (or stricter)",
+        ));
+    }
+    let server_name = match &*stream {
+        ClientStream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
+        _ => None,
+    };
     let route = RouteRequest {
         user: &req.user,
         database: &req.database,
-        server_name: None,
+        server_name: server_name.as_deref(),
     };
     let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
     let user = app.routes.user(&route).map_err(refused)?;

@@ -590,7 +590,7 @@ mod size_tests {
     async fn session_future_fits_a_small_task() {
         let config = crate::config::Config::embedded_default().unwrap();
         let (_tx, rx) = tokio::sync::watch::channel(false);
-        let app = App::new(config, rx);
+        let app = App::new(config, rx).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await

@@ -1,0 +1,210 @@
+//! Client-facing TLS: certificates loaded from PEM files, one chosen per connection by the
+//! server name the client asks for (SNI), and the handshake that turns a client's socket into
+//! a TLS stream — after an SSLRequest, or directly (PostgreSQL 17's `sslnegotiation=direct`,
+//! ALPN `postgresql`).
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::config::{ClientTls, TlsSection};
+
+/// Why TLS could not be set up; names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: io::Error },
+    #[error("{path}: no certificate found (PEM \"CERTIFICATE\" blocks expected)")]
+    NoCertificate { path: String },
+    #[error("{path}: no private key found (PEM PKCS#8, RSA or EC key expected)")]
+    NoKey { path: String },
+    #[error("{path}: the key does not fit the certificate or is not supported: {reason}")]
+    BadKey { path: String, reason: String },
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// A certificate chain and its key, ready to sign handshakes.
+fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
+    let pem = read(cert)?;
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &pem[..])
+        .collect::<Result<_, _>>()
+        .map_err(|source| TlsError::Read {
+            path: cert.display().to_string(),
+            source,
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: cert.display().to_string(),
+        });
+    }
+    let pem = read(key)?;
+    let key_der: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &pem[..])
+        .map_err(|source| TlsError::Read {
+            path: key.display().to_string(),
+            source,
+        })?
+        .ok_or_else(|| TlsError::NoKey {
+            path: key.display().to_string(),
+        })?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError::BadKey {
+            path: key.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|e| TlsError::BadKey {
+        path: key.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(Arc::new(certified))
+}
+
+/// Picks the certificate for the server name a client asked for; the default one otherwise.
+#[derive(Debug)]
+struct BySni {
+    default: Arc<CertifiedKey>,
+    named: Vec<(String, Arc<CertifiedKey>)>,
+}
+
+impl ResolvesServerCert for BySni {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let name = hello.server_name();
+        Some(
+            name.and_then(|n| {
+                self.named
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                    .map(|(_, c)| c.clone())
+            })
+            .unwrap_or_else(|| self.default.clone()),
+        )
+    }
+}
+
+/// What Shoal needs to serve TLS to clients.
+pub struct TlsState {
+    pub mode: ClientTls,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl TlsState {
+    /// Loads every certificate and key named in `[tls]`; fails naming the file at fault.
+    pub fn load(section: &TlsSection) -> Result<TlsState, TlsError> {
+        let mode = section.mode();
+        let (Some(cert), Some(key)) = (&section.cert_file, &section.key_file) else {
+            return Ok(TlsState {
+                mode,
+                acceptor: None,
+            });
+        };
+        let default = load_pair(cert, key)?;
+        let mut named = Vec::new();
+        for c in &section.certificates {
+            let pair = load_pair(&c.cert_file, &c.key_file)?;
+            for n in &c.server_names {
+                named.push((n.clone(), pair.clone()));
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::BadKey {
+                path: cert.display().to_string(),
+                reason: e.to_string(),
+            })?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(BySni { default, named }));
+        // PostgreSQL's ALPN name: required by clients that start TLS directly.
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(TlsState {
+            mode,
+            acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        })
+    }
+
+    /// Whether encryption requests are answered `S`.
+    pub fn enabled(&self) -> bool {
+        self.acceptor.is_some() && self.mode != ClientTls::Disable
+    }
+
+    /// The TLS handshake over `tcp`, whose first bytes may already have been read
+    /// (`already`, for a client that started TLS directly).
+    pub async fn accept(&self, tcp: TcpStream, already: Bytes) -> io::Result<ClientTlsStream> {
+        let acceptor = self
+            .acceptor
+            .as_ref()
+            .ok_or_else(|| io::Error::other("TLS is not configured"))?;
+        acceptor
+            .accept(Prefixed {
+                prefix: already,
+                inner: tcp,
+            })
+            .await
+    }
+}
+
+/// A client's TLS stream.
+pub type ClientTlsStream = tokio_rustls::server::TlsStream<Prefixed<TcpStream>>;
+
+/// The server name (SNI) a TLS client asked for.
+pub fn server_name(s: &ClientTlsStream) -> Option<&str> {
+    s.get_ref().1.server_name()
+}
+
+/// A stream whose first bytes were already read: they are read again first.
+pub struct Prefixed<S> {
+    prefix: Bytes,
+    pub inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,258 @@
+//! Client-facing TLS with certificates made at run time (no key is checked in): libpq
+//! (`psql`) with `sslmode=require` and `verify-full`, SNI choosing the certificate, a client
+//! that starts TLS directly (ALPN `postgresql`), `client_tls = "require"`, and handshake
+//! garbage.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    /// A CA, and certificates it signs for `names` (plus 127.0.0.1), written as PEM files.
+    fn new() -> Pki {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "Shoal test CA");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let ca = params.self_signed(&key).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki {
+            dir,
+            ca,
+            ca_key: key,
+        };
+        std::fs::write(pki.path("ca.pem"), pki.ca.pem()).unwrap();
+        pki
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Issues `<stem>.pem`/`<stem>.key` for `names`.
+    fn issue(&self, stem: &str, names: &[&str]) {
+        let mut sans: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        sans.push("127.0.0.1".into());
+        let mut params = rcgen::CertificateParams::new(sans).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, names[0]);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        std::fs::write(self.path(&format!("{stem}.pem")), cert.pem()).unwrap();
+        std::fs::write(self.path(&format!("{stem}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+fn shoal_with_tls(db: &str, pki: &Pki, mode: &str) -> Shoal {
+    pki.issue("default", &["localhost"]);
+    pki.issue("other", &["other.test"]);
+    let tls = format!(
+        "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nclient_tls = \"{mode}\"\n\
+         [[tls.certificates]]\nserver_names = [\"other.test\"]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.path("default.pem"),
+        pki.path("default.key"),
+        pki.path("other.pem"),
+        pki.path("other.key"),
+    );
+    pg().create_database(db);
+    Shoal::start(&base_config(pg(), &[db], &tls))
+}
+
+/// Runs `psql` through Shoal with a libpq connection string; returns (success, output).
+fn psql(shoal: &Shoal, conn: &str, sql: &str) -> (bool, String) {
+    let out = Command::new("psql")
+        .arg(format!("port={} {conn}", shoal.port()))
+        .args(["-X", "-At", "-c", sql])
+        .env("PGPASSWORD", APP_PASSWORD)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .output()
+        .expect("psql runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text.trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libpq_over_tls_with_sni_and_verification() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "allow");
+    let ca = pki.path("ca.pem");
+    // require: encrypted, no verification.
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(ok && out == "1", "{out}");
+    // verify-full against the default certificate's name.
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=localhost hostaddr=127.0.0.1 user=app dbname={db} sslmode=verify-full sslrootcert={ca}"),
+        "SELECT 2",
+    );
+    assert!(ok && out == "2", "{out}");
+    // SNI picks the other certificate: verify-full for other.test passes only with it.
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=other.test hostaddr=127.0.0.1 user=app dbname={db} sslmode=verify-full sslrootcert={ca}"),
+        "SELECT 3",
+    );
+    assert!(ok && out == "3", "{out}");
+    // A name no certificate has fails verification (the default certificate is served).
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=nope.test hostaddr=127.0.0.1 user=app dbname={db} sslmode=verify-full sslrootcert={ca}"),
+        "SELECT 4",
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("does not match"), "{out}");
+    // Plain text still works with "allow".
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=disable"),
+        "SELECT 5",
+    );
+    assert!(ok && out == "5", "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_refuses_plain_text_before_any_password() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "require");
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=disable"),
+        "SELECT 1",
+    );
+    assert!(!ok);
+    assert!(out.contains("TLS is required"), "{out}");
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(ok && out == "1", "{out}");
+}
+
+fn tls_client(pki: &Pki) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(pki.path("ca.pem")).unwrap();
+    for c in rustls_pemfile::certs(&mut &pem[..]) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// PostgreSQL 17's `sslnegotiation=direct`: the ClientHello is the first thing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_tls_with_alpn() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "require");
+    let tcp = tokio::net::TcpStream::connect(shoal.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tls_client(&pki)
+        .connect(name, tcp)
+        .await
+        .expect("direct TLS");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"postgresql"[..]));
+    let (client, conn) = tokio_postgres::Config::new()
+        .user("app")
+        .password(APP_PASSWORD)
+        .dbname(&db)
+        .connect_raw(tls, tokio_postgres::NoTls)
+        .await
+        .expect("login over direct TLS");
+    tokio::spawn(conn);
+    let v: i32 = client.query_one("SELECT 7", &[]).await.unwrap().get(0);
+    assert_eq!(v, 7);
+    // Through SSLRequest with the same client stack.
+    let mut tcp = tokio::net::TcpStream::connect(shoal.addr).await.unwrap();
+    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await
+        .unwrap();
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"S");
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tls_client(&pki).connect(name, tcp).await.unwrap();
+    let (client, conn) = tokio_postgres::Config::new()
+        .user("app")
+        .password(APP_PASSWORD)
+        .dbname(&db)
+        .connect_raw(tls, tokio_postgres::NoTls)
+        .await
+        .expect("login after SSLRequest");
+    tokio::spawn(conn);
+    for i in 0..20 {
+        let v: i32 = client
+            .query_one("SELECT $1::int", &[&i])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, i);
+    }
+}
+
+/// Garbage instead of a ClientHello, and a client that stops mid-handshake: closed, and
+/// Shoal goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_garbage_and_stalls() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "allow");
+    let mut tcp = tokio::net::TcpStream::connect(shoal.addr).await.unwrap();
+    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await
+        .unwrap();
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"S");
+    tcp.write_all(b"this is not a TLS record at all\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tcp.read_to_end(&mut rest),
+    )
+    .await
+    .expect("closed, not left hanging");
+    // Direct TLS that stops after one byte of a record.
+    let mut stalled = tokio::net::TcpStream::connect(shoal.addr).await.unwrap();
+    stalled.write_all(&[0x16, 0x03]).await.unwrap();
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(ok && out == "1", "{out}");
+    drop(stalled);
+    let _ = Path::new(&pki.path("ca.pem"));
+}
