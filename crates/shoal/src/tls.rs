@@ -84,18 +84,21 @@ struct BySni {
     named: Vec<(String, Arc<CertifiedKey>)>,
 }
 
+impl BySni {
+    fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        name.and_then(|n| {
+            self.named
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(n))
+                .map(|(_, c)| c.clone())
+        })
+        .unwrap_or_else(|| self.default.clone())
+    }
+}
+
 impl ResolvesServerCert for BySni {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let name = hello.server_name();
-        Some(
-            name.and_then(|n| {
-                self.named
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(n))
-                    .map(|(_, c)| c.clone())
-            })
-            .unwrap_or_else(|| self.default.clone()),
-        )
+        Some(self.pick(hello.server_name()))
     }
 }
 
@@ -103,6 +106,7 @@ impl ResolvesServerCert for BySni {
 pub struct TlsState {
     pub mode: ClientTls,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    certs: Option<Arc<BySni>>,
 }
 
 impl TlsState {
@@ -113,6 +117,7 @@ impl TlsState {
             return Ok(TlsState {
                 mode,
                 acceptor: None,
+                certs: None,
             });
         };
         let default = load_pair(cert, key)?;
@@ -131,13 +136,27 @@ impl TlsState {
                 reason: e.to_string(),
             })?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(BySni { default, named }));
+            .with_cert_resolver(Arc::new(BySni {
+                default: default.clone(),
+                named: named.clone(),
+            }));
         // PostgreSQL's ALPN name: required by clients that start TLS directly.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         Ok(TlsState {
             mode,
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            certs: Some(Arc::new(BySni { default, named })),
         })
+    }
+
+    /// The `tls-server-end-point` channel binding data (RFC 5929) of a connection made with
+    /// `server_name`: the SHA-256 hash of the certificate served to it. (Certificates signed
+    /// with SHA-384 or SHA-512 would need that hash instead; SHA-256 and weaker use SHA-256.)
+    pub fn end_point(&self, server_name: Option<&str>) -> Option<Vec<u8>> {
+        use sha2::Digest;
+        let cert = self.certs.as_ref()?.pick(server_name);
+        let leaf = cert.cert.first()?;
+        Some(sha2::Sha256::digest(leaf.as_ref()).to_vec())
     }
 
     /// Whether encryption requests are answered `S`.

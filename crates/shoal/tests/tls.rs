@@ -256,3 +256,31 @@ async fn handshake_garbage_and_stalls() {
     drop(stalled);
     let _ = Path::new(&pki.path("ca.pem"));
 }
+
+/// SCRAM-SHA-256-PLUS: libpq's `channel_binding=require` binds the login to the certificate
+/// Shoal served, so a man in the middle with another certificate could not relay it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_binding_require_works_over_tls() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "allow");
+    for host in [
+        "host=localhost hostaddr=127.0.0.1",
+        "host=other.test hostaddr=127.0.0.1",
+    ] {
+        let (ok, out) = psql(
+            &shoal,
+            &format!("{host} user=app dbname={db} sslmode=require channel_binding=require"),
+            "SELECT 1",
+        );
+        assert!(ok && out == "1", "{host}: {out}");
+    }
+    // Without TLS there is nothing to bind to: libpq refuses, as against PostgreSQL.
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=disable channel_binding=require"),
+        "SELECT 1",
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("channel binding"), "{out}");
+}

@@ -13,6 +13,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 pub const MECHANISM: &str = "SCRAM-SHA-256";
+/// SCRAM with channel binding (`tls-server-end-point`), offered on TLS connections.
+pub const MECHANISM_PLUS: &str = "SCRAM-SHA-256-PLUS";
 /// PostgreSQL's default iteration count for new verifiers.
 pub const DEFAULT_ITERATIONS: u32 = 4096;
 const NONCE_LEN: usize = 18;
@@ -139,6 +141,17 @@ pub struct ServerExchange {
     client_first_bare: String,
     server_first: String,
     nonce: String,
+    /// The channel binding data the client must prove (with `p=tls-server-end-point`).
+    binding: Option<Vec<u8>>,
+}
+
+/// What channel binding the server side can offer for one exchange.
+#[derive(Debug, Clone, Copy)]
+pub struct Binding<'a> {
+    /// The client chose SCRAM-SHA-256-PLUS.
+    pub plus: bool,
+    /// The `tls-server-end-point` data of this connection, when it is TLS.
+    pub end_point: Option<&'a [u8]>,
 }
 
 /// Outcome of a successful exchange.
@@ -162,9 +175,28 @@ fn attr(part: Option<&str>, name: char) -> Result<&str, ScramError> {
 impl ServerExchange {
     /// Starts an exchange from the client-first message; returns the server-first message.
     pub fn new(client_first: &[u8], verifier: Verifier) -> Result<(Self, String), ScramError> {
+        Self::with_binding(
+            client_first,
+            verifier,
+            Binding {
+                plus: false,
+                end_point: None,
+            },
+        )
+    }
+
+    /// As [`ServerExchange::new`], on a connection that may offer channel binding: a client
+    /// that chose SCRAM-SHA-256-PLUS must bind to `binding.end_point`; a client that says it
+    /// could bind but believes the server cannot (`y`) while the server could is refused, as
+    /// that is a downgrade (RFC 5802).
+    pub fn with_binding(
+        client_first: &[u8],
+        verifier: Verifier,
+        binding: Binding<'_>,
+    ) -> Result<(Self, String), ScramError> {
         let mut server_nonce = [0u8; NONCE_LEN];
         rand::thread_rng().fill_bytes(&mut server_nonce);
-        Self::with_nonce(client_first, verifier, &B64.encode(server_nonce))
+        Self::start(client_first, verifier, &B64.encode(server_nonce), binding)
     }
 
     /// As [`ServerExchange::new`] with a given server nonce (for test vectors).
@@ -173,16 +205,50 @@ impl ServerExchange {
         verifier: Verifier,
         server_nonce: &str,
     ) -> Result<(Self, String), ScramError> {
+        Self::start(
+            client_first,
+            verifier,
+            server_nonce,
+            Binding {
+                plus: false,
+                end_point: None,
+            },
+        )
+    }
+
+    fn start(
+        client_first: &[u8],
+        verifier: Verifier,
+        server_nonce: &str,
+        binding: Binding<'_>,
+    ) -> Result<(Self, String), ScramError> {
         let msg = std::str::from_utf8(client_first)
             .map_err(|_| ScramError::Malformed("client-first is not UTF-8"))?;
         let (cb_flag, rest) = msg
             .split_once(',')
             .ok_or(ScramError::Malformed("missing GS2 header"))?;
-        match cb_flag {
-            "n" | "y" => {}
+        let bound = match cb_flag {
+            "n" | "y" if binding.plus => {
+                return Err(ScramError::Malformed(
+                    "SCRAM-SHA-256-PLUS chosen without channel binding",
+                ))
+            }
+            "n" => None,
+            "y" if binding.end_point.is_some() => {
+                return Err(ScramError::Malformed(
+                    "channel binding negotiation error: the server supports channel binding",
+                ))
+            }
+            "y" => None,
+            "p=tls-server-end-point" if binding.plus => Some(
+                binding
+                    .end_point
+                    .ok_or(ScramError::ChannelBinding)?
+                    .to_vec(),
+            ),
             _ if cb_flag.starts_with("p=") => return Err(ScramError::ChannelBinding),
             _ => return Err(ScramError::Malformed("bad channel binding flag")),
-        }
+        };
         let (authzid, bare) = rest
             .split_once(',')
             .ok_or(ScramError::Malformed("missing GS2 header"))?;
@@ -212,6 +278,7 @@ impl ServerExchange {
             client_first_bare: bare.to_owned(),
             server_first: server_first.clone(),
             nonce,
+            binding: bound,
         };
         Ok((ex, server_first))
     }
@@ -225,7 +292,12 @@ impl ServerExchange {
             .ok_or(ScramError::Malformed("missing proof"))?;
         let mut parts = without_proof.split(',');
         let cb = attr(parts.next(), 'c')?;
-        if B64.decode(cb).ok().as_deref() != Some(self.gs2_header.as_bytes()) {
+        let mut expected = self.gs2_header.as_bytes().to_vec();
+        if let Some(b) = &self.binding {
+            expected.extend_from_slice(b);
+        }
+        let given = B64.decode(cb).unwrap_or_default();
+        if !bool::from(given.ct_eq(&expected)) {
             return Err(ScramError::Malformed("channel binding data does not match"));
         }
         if attr(parts.next(), 'r')? != self.nonce {
@@ -341,6 +413,53 @@ pub fn verify_server_final(server_final: &[u8], expected: &[u8; 32]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SCRAM-SHA-256-PLUS exchange as a client that binds to `end_point` makes it.
+    fn plus_exchange(verifier: &Verifier, server_has: &[u8], client_binds: &[u8]) -> bool {
+        let client_nonce = "fyko+d2lbbFgONRv9qkxdawL";
+        let first = format!("p=tls-server-end-point,,n=,r={client_nonce}");
+        let (ex, server_first) = ServerExchange::with_binding(
+            first.as_bytes(),
+            verifier.clone(),
+            Binding {
+                plus: true,
+                end_point: Some(server_has),
+            },
+        )
+        .unwrap();
+        let nonce = server_first.split(',').next().unwrap()[2..].to_string();
+        let mut cbind = b"p=tls-server-end-point,,".to_vec();
+        cbind.extend_from_slice(client_binds);
+        let without_proof = format!("c={},r={nonce}", B64.encode(&cbind));
+        let salted = salted_password("pencil", &verifier.salt, verifier.iterations);
+        let client_key = hmac(&salted, b"Client Key");
+        let stored: [u8; 32] = Sha256::digest(client_key).into();
+        let auth = format!("n=,r={client_nonce},{server_first},{without_proof}");
+        let sig = hmac(&stored, auth.as_bytes());
+        let proof: Vec<u8> = client_key.iter().zip(sig).map(|(a, b)| a ^ b).collect();
+        let last = format!("{without_proof},p={}", B64.encode(proof));
+        ex.finish(last.as_bytes()).is_ok()
+    }
+
+    #[test]
+    fn channel_binding_to_the_servers_certificate() {
+        let v = Verifier::from_password_with_salt("pencil", b"saltsaltsaltsalt".to_vec(), 16);
+        assert!(plus_exchange(&v, b"cert-hash", b"cert-hash"));
+        // A man in the middle terminates TLS with another certificate: the binding differs.
+        assert!(!plus_exchange(&v, b"cert-hash", b"other-hash"));
+        // A client that could bind but was told the server cannot: a downgrade.
+        let e = ServerExchange::with_binding(
+            b"y,,n=,r=abc",
+            v.clone(),
+            Binding {
+                plus: false,
+                end_point: Some(b"h"),
+            },
+        );
+        assert!(e.is_err());
+        // Without TLS, `y` is fine.
+        assert!(ServerExchange::new(b"y,,n=,r=abc", v).is_ok());
+    }
 
     #[test]
     fn passwords_are_saslprep_normalised() {

@@ -4,7 +4,7 @@ use bytes::BytesMut;
 use rand::RngCore;
 use shoal_wire::backend;
 use shoal_wire::frontend::{self, tag};
-use shoal_wire::scram::{ScramError, ServerExchange, MECHANISM};
+use shoal_wire::scram::{Binding, ScramError, ServerExchange, MECHANISM, MECHANISM_PLUS};
 use shoal_wire::{md5, sqlstate, Frame};
 use subtle::ConstantTimeEq;
 
@@ -56,7 +56,13 @@ fn malformed(e: impl std::fmt::Display) -> SessionError {
 }
 
 /// Runs the exchange the user's method calls for and sends AuthenticationOk on success.
-pub async fn authenticate(stream: &mut ClientStream, user: &User) -> Result<(), SessionError> {
+/// `end_point`: the connection's TLS channel binding data, when it is TLS (SCRAM-SHA-256-PLUS
+/// is offered then).
+pub async fn authenticate(
+    stream: &mut ClientStream,
+    user: &User,
+    end_point: Option<&[u8]>,
+) -> Result<(), SessionError> {
     let mut out = BytesMut::new();
     match &user.auth {
         ClientAuth::Trust => {}
@@ -73,12 +79,17 @@ pub async fn authenticate(stream: &mut ClientStream, user: &User) -> Result<(), 
             }
         }
         ClientAuth::Scram(verifier) => {
-            backend::authentication_sasl(&mut out, &[MECHANISM]);
+            if end_point.is_some() {
+                backend::authentication_sasl(&mut out, &[MECHANISM_PLUS, MECHANISM]);
+            } else {
+                backend::authentication_sasl(&mut out, &[MECHANISM]);
+            }
             stream.write_all(&out).await?;
             let f = read_password_message(stream).await?;
             let (mechanism, client_first) =
                 frontend::parse_sasl_initial(f.body()).map_err(malformed)?;
-            if mechanism != MECHANISM {
+            let plus = mechanism == MECHANISM_PLUS && end_point.is_some();
+            if mechanism != MECHANISM && !plus {
                 return Err(SessionError::fatal(
                     sqlstate::PROTOCOL_VIOLATION,
                     format!(
@@ -86,8 +97,10 @@ pub async fn authenticate(stream: &mut ClientStream, user: &User) -> Result<(), 
                     ),
                 ));
             }
+            let binding = Binding { plus, end_point };
             let (exchange, server_first) =
-                ServerExchange::new(client_first, verifier.clone()).map_err(malformed)?;
+                ServerExchange::with_binding(client_first, verifier.clone(), binding)
+                    .map_err(malformed)?;
             out.clear();
             backend::authentication_sasl_continue(&mut out, server_first.as_bytes());
             stream.write_all(&out).await?;

@@ -133,7 +133,12 @@ async fn login(
     };
     let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
     let user = app.routes.user(&route).map_err(refused)?;
-    Box::pin(auth::authenticate(stream, &user)).await?;
+    let end_point = if stream.is_tls() {
+        app.tls.end_point(server_name.as_deref())
+    } else {
+        None
+    };
+    Box::pin(auth::authenticate(stream, &user, end_point.as_deref())).await?;
     let pool = app.routes.pool(&route, &user).map_err(refused)?;
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
