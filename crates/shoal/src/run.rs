@@ -68,6 +68,7 @@ pub async fn serve_on(
     crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx).map_err(std::io::Error::other)?;
+    tokio::spawn(reload_on_sighup(app.clone()));
     let mut unix_paths = Vec::new();
     let mut ready = String::new();
     for (l, path) in listeners.unix {
@@ -119,4 +120,21 @@ pub async fn serve_on(
         "stopped; idle clients are disconnected"
     );
     Ok(())
+}
+
+/// SIGHUP re-reads the TLS certificate and key files; a bad file is refused (logged) and the
+/// certificates in use stay. Connections already made are untouched.
+async fn reload_on_sighup(app: std::sync::Arc<App>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match app.tls.reload(&app.config.tls) {
+            Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: TLS certificates not reloaded; the old ones stay")
+            }
+        }
+    }
 }

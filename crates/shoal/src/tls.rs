@@ -102,9 +102,15 @@ impl ResolvesServerCert for BySni {
     }
 }
 
-/// What Shoal needs to serve TLS to clients.
+/// What Shoal needs to serve TLS to clients. The certificates can be replaced while Shoal
+/// runs ([`TlsState::reload`]); connections already made keep theirs.
 pub struct TlsState {
     pub mode: ClientTls,
+    loaded: std::sync::RwLock<Arc<Loaded>>,
+}
+
+/// One generation of loaded certificates.
+struct Loaded {
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     certs: Option<Arc<BySni>>,
 }
@@ -112,10 +118,30 @@ pub struct TlsState {
 impl TlsState {
     /// Loads every certificate and key named in `[tls]`; fails naming the file at fault.
     pub fn load(section: &TlsSection) -> Result<TlsState, TlsError> {
-        let mode = section.mode();
+        Ok(TlsState {
+            mode: section.mode(),
+            loaded: std::sync::RwLock::new(Arc::new(Self::load_files(section)?)),
+        })
+    }
+
+    /// Re-reads the certificate and key files (SIGHUP). A file that cannot be used is
+    /// refused with the reason and the certificates in use stay.
+    pub fn reload(&self, section: &TlsSection) -> Result<(), TlsError> {
+        let fresh = Self::load_files(section)?;
+        *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<Loaded> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn load_files(section: &TlsSection) -> Result<Loaded, TlsError> {
         let (Some(cert), Some(key)) = (&section.cert_file, &section.key_file) else {
-            return Ok(TlsState {
-                mode,
+            return Ok(Loaded {
                 acceptor: None,
                 certs: None,
             });
@@ -142,8 +168,7 @@ impl TlsState {
             }));
         // PostgreSQL's ALPN name: required by clients that start TLS directly.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
-        Ok(TlsState {
-            mode,
+        Ok(Loaded {
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
             certs: Some(Arc::new(BySni { default, named })),
         })
@@ -154,22 +179,23 @@ impl TlsState {
     /// with SHA-384 or SHA-512 would need that hash instead; SHA-256 and weaker use SHA-256.)
     pub fn end_point(&self, server_name: Option<&str>) -> Option<Vec<u8>> {
         use sha2::Digest;
-        let cert = self.certs.as_ref()?.pick(server_name);
+        let cert = self.current().certs.as_ref()?.pick(server_name);
         let leaf = cert.cert.first()?;
         Some(sha2::Sha256::digest(leaf.as_ref()).to_vec())
     }
 
     /// Whether encryption requests are answered `S`.
     pub fn enabled(&self) -> bool {
-        self.acceptor.is_some() && self.mode != ClientTls::Disable
+        self.current().acceptor.is_some() && self.mode != ClientTls::Disable
     }
 
     /// The TLS handshake over `tcp`, whose first bytes may already have been read
     /// (`already`, for a client that started TLS directly).
     pub async fn accept(&self, tcp: TcpStream, already: Bytes) -> io::Result<ClientTlsStream> {
         let acceptor = self
+            .current()
             .acceptor
-            .as_ref()
+            .clone()
             .ok_or_else(|| io::Error::other("TLS is not configured"))?;
         acceptor
             .accept(Prefixed {

@@ -284,3 +284,54 @@ async fn channel_binding_require_works_over_tls() {
     assert!(!ok, "{out}");
     assert!(out.contains("channel binding"), "{out}");
 }
+
+/// SIGHUP re-reads the certificate files: new logins get the renewed certificate, a
+/// connection made before keeps working, and a broken file is refused with the old
+/// certificate kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_reload_on_sighup_without_dropping_clients() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "allow");
+    let ca = pki.path("ca.pem");
+    let verify = |host: &str| {
+        psql(
+            &shoal,
+            &format!("host={host} hostaddr=127.0.0.1 user=app dbname={db} sslmode=verify-full sslrootcert={ca}"),
+            "SELECT 1",
+        )
+    };
+    // A client connected over TLS before the reload.
+    let tcp = tokio::net::TcpStream::connect(shoal.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tls_client(&pki).connect(name, tcp).await.unwrap();
+    let (before, conn) = tokio_postgres::Config::new()
+        .user("app")
+        .password(APP_PASSWORD)
+        .dbname(&db)
+        .connect_raw(tls, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    assert!(!verify("renewed.test").0, "not yet");
+    // Renew: the default certificate now names renewed.test.
+    pki.issue("default", &["renewed.test"]);
+    shoal.signal(libc::SIGHUP);
+    eventually("the reload", std::time::Duration::from_secs(10), || {
+        shoal.log_contains("TLS certificates reloaded")
+    })
+    .await;
+    let (ok, out) = verify("renewed.test");
+    assert!(ok, "{out}");
+    let v: i32 = before.query_one("SELECT 5", &[]).await.unwrap().get(0);
+    assert_eq!(v, 5, "the connection made before the reload goes on");
+    // A broken key file: refused, the renewed certificate stays in use.
+    std::fs::write(pki.path("default.key"), "not a key").unwrap();
+    shoal.signal(libc::SIGHUP);
+    eventually("the refusal", std::time::Duration::from_secs(10), || {
+        shoal.log_contains("not reloaded")
+    })
+    .await;
+    let (ok, out) = verify("renewed.test");
+    assert!(ok, "{out}");
+}
