@@ -34,6 +34,11 @@ pub struct App {
     pub client_fds: crate::net::ClientFds,
     /// Client-facing TLS.
     pub tls: crate::tls::TlsState,
+    /// Failed logins, for delays and bans.
+    pub login_failures: crate::login_failures::LoginFailures,
+    /// A per-process secret that makes the fake SCRAM salt of an unknown user stable within
+    /// this process and unpredictable outside it.
+    mock_secret: [u8; 16],
 }
 
 /// Counts a client for as long as it lives (until a session takes the count over).
@@ -88,8 +93,14 @@ impl App {
         shutdown: watch::Receiver<bool>,
     ) -> Result<Arc<App>, crate::tls::TlsError> {
         let tls = crate::tls::TlsState::load(&config.tls)?;
+        let login_failures = crate::login_failures::LoginFailures::new(
+            config.server.auth_failure_ban,
+            crate::config::secs(config.server.auth_failure_window),
+        );
         Ok(Arc::new(App {
             tls,
+            login_failures,
+            mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),
             config,
             cancels: Arc::new(CancelRegistry::default()),
@@ -149,6 +160,13 @@ impl App {
         *count += 1;
         guard.addr = Some(ip);
         Ok(guard)
+    }
+
+    /// Seed of the fake SCRAM salt for a user that does not exist.
+    pub fn unknown_user_seed(&self, name: &str) -> Vec<u8> {
+        let mut seed = self.mock_secret.to_vec();
+        seed.extend_from_slice(name.as_bytes());
+        seed
     }
 
     pub fn shutting_down(&self) -> bool {

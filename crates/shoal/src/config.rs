@@ -66,6 +66,8 @@ pub struct ServerSection {
     pub max_client_conn: usize,
     pub max_logins_in_progress: usize,
     pub max_logins_per_address: usize,
+    pub auth_failure_ban: u32,
+    pub auth_failure_window: f64,
     pub client_login_timeout: f64,
     pub max_packet_size: usize,
     pub max_large_message_memory: usize,
@@ -85,6 +87,8 @@ impl Default for ServerSection {
             max_client_conn: 10_000,
             max_logins_in_progress: 10_000,
             max_logins_per_address: 0,
+            auth_failure_ban: 10,
+            auth_failure_window: 60.0,
             client_login_timeout: 15.0,
             max_packet_size: 64 * 1024 * 1024,
             max_large_message_memory: 512 * 1024 * 1024,
@@ -371,6 +375,7 @@ impl Config {
         }
         for (key, v) in [
             ("client_login_timeout", s.client_login_timeout),
+            ("auth_failure_window", s.auth_failure_window),
             ("shutdown_timeout", s.shutdown_timeout),
             ("server_idle_timeout", raw.pool.server_idle_timeout),
             ("server_lifetime", raw.pool.server_lifetime),

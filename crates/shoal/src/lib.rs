@@ -23,6 +23,7 @@
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
 //! - [`trim`]: giving freed heap back to the OS after connect storms.
+//! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
 //! - [`logsafe`]: escaping client-controlled text in log lines.
 
 pub mod app;
@@ -32,6 +33,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod listener;
+pub mod login_failures;
 pub mod logsafe;
 pub mod net;
 pub mod params;

@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Command::CheckConfig { file }) => {
             let c = Config::from_file(&file)?;
+            shoal::tls::TlsState::load(&c.tls)?;
             println!(
                 "{}: OK ({} database(s), {} user(s))",
                 file.display(),

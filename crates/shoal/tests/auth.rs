@@ -93,12 +93,30 @@ async fn psql_logs_in_with_scram_and_md5() {
 async fn unknown_user_and_database_get_their_sqlstates() {
     let db = unique_db("auth");
     let shoal = shoal_with_users(&db, "");
-    let err = shoal
+    // An unknown user is told exactly what a wrong password is told (no user probing).
+    let unknown = shoal
         .try_connect(&shoal.conninfo("nobody", "x", &db))
         .await
         .err()
         .unwrap();
-    assert_eq!(code(&err), "28000");
+    let wrong = shoal
+        .try_connect(&shoal.conninfo("app", "x", &db))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code(&unknown), "28P01");
+    assert_eq!(code(&wrong), "28P01");
+    let text = |e: &tokio_postgres::Error| e.as_db_error().unwrap().message().to_string();
+    assert_eq!(
+        text(&unknown).replace("nobody", "USER"),
+        text(&wrong).replace("app", "USER")
+    );
+    eventually(
+        "the log says why",
+        std::time::Duration::from_secs(5),
+        || shoal.log_contains("is not configured"),
+    )
+    .await;
     let err = shoal
         .try_connect(&shoal.conninfo("app", APP_PASSWORD, "nodb"))
         .await
@@ -223,4 +241,41 @@ async fn non_ascii_passwords_are_saslprep_normalised() {
         .expect("the normal form is the same password");
     tokio::spawn(conn);
     assert_eq!(simple_rows(&client, "SELECT 1").await, vec!["1"]);
+}
+
+/// Failed logins from one address as one user slow down and then ban that pair for the
+/// window; the same user from elsewhere, and other users, are unaffected.
+#[tokio::test]
+async fn failed_logins_are_delayed_then_banned() {
+    let db = unique_db("auth");
+    pg().create_database(&db);
+    let config = with_server_keys(
+        &base_config(pg(), &[&db], ""),
+        "auth_failure_ban = 3\nauth_failure_window = 30",
+    );
+    let shoal = Shoal::start(&config);
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        let e = shoal
+            .try_connect(&shoal.conninfo("app", "wrong", &db))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(code(&e), "28P01");
+    }
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(300),
+        "the second and third failures were delayed"
+    );
+    // Banned now, even with the right password.
+    let e = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code(&e), "28000");
+    assert!(format!("{e:?}").contains("too many failed logins"), "{e:?}");
+    // Another user from the same address is not affected.
+    let c = shoal.connect_as("raw", "any", &db).await;
+    c.simple_query("SELECT 1").await.unwrap();
 }

@@ -123,6 +123,23 @@ impl Verifier {
         })
     }
 
+    /// A verifier no password matches, with a salt that is stable for `seed`: an exchange for
+    /// a user that does not exist looks like one for a user that does (PostgreSQL does the
+    /// same), so user names cannot be probed.
+    pub fn unmatchable(seed: &[u8]) -> Verifier {
+        let salt = Sha256::digest(seed)[..16].to_vec();
+        let mut stored_key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut stored_key);
+        let mut server_key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut server_key);
+        Verifier {
+            iterations: DEFAULT_ITERATIONS,
+            salt,
+            stored_key,
+            server_key,
+        }
+    }
+
     pub fn to_text(&self) -> String {
         format!(
             "SCRAM-SHA-256${}:{}${}:{}",

@@ -55,6 +55,24 @@ fn malformed(e: impl std::fmt::Display) -> SessionError {
     SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string())
 }
 
+/// A login as a user Shoal does not serve: a SCRAM exchange that no password passes, ending
+/// with the same `28P01` a wrong password gets, so that which users exist cannot be probed.
+/// (The reason is in Shoal's log.) `seed` makes the fake salt stable per user name.
+pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) -> SessionError {
+    let user = User {
+        name: name.to_owned(),
+        auth: ClientAuth::Scram(shoal_wire::scram::Verifier::unmatchable(seed)),
+        server_user: String::new(),
+        server_password: None,
+        pool_mode: None,
+        pool_size: None,
+    };
+    match authenticate(stream, &user, None).await {
+        Ok(()) => auth_failed(name),
+        Err(e) => e,
+    }
+}
+
 /// Runs the exchange the user's method calls for and sends AuthenticationOk on success.
 /// `end_point`: the connection's TLS channel binding data, when it is TLS (SCRAM-SHA-256-PLUS
 /// is offered then).

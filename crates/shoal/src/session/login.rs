@@ -132,13 +132,47 @@ async fn login(
         server_name: server_name.as_deref(),
     };
     let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
-    let user = app.routes.user(&route).map_err(refused)?;
+    let addr = stream.peer_ip();
+    if let Some(left) = addr.and_then(|a| app.login_failures.banned(a, &req.user)) {
+        return Err(SessionError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!(
+                "too many failed logins for this user from this address: try again in {} s",
+                left.as_secs().max(1)
+            ),
+        ));
+    }
     let end_point = if stream.is_tls() {
         app.tls.end_point(server_name.as_deref())
     } else {
         None
     };
-    Box::pin(auth::authenticate(stream, &user, end_point.as_deref())).await?;
+    let result = match app.routes.user(&route) {
+        Ok(user) => Box::pin(auth::authenticate(stream, &user, end_point.as_deref()))
+            .await
+            .map(|()| user),
+        Err(e) => {
+            // Answered like a wrong password (no probing which users exist); the log says why.
+            tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused");
+            let seed = app.unknown_user_seed(&req.user);
+            Err(Box::pin(auth::refuse_unknown(stream, &req.user, &seed)).await)
+        }
+    };
+    let user = match result {
+        Ok(user) => {
+            if let Some(a) = addr {
+                app.login_failures.succeeded(a, &req.user);
+            }
+            user
+        }
+        Err(e) => {
+            if let (Some(a), true) = (addr, e.kind() == crate::error::ErrorKind::Auth) {
+                let delay = app.login_failures.failed(a, &req.user);
+                tokio::time::sleep(delay).await;
+            }
+            return Err(e);
+        }
+    };
     let pool = app.routes.pool(&route, &user).map_err(refused)?;
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
