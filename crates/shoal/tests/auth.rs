@@ -279,3 +279,38 @@ async fn failed_logins_are_delayed_then_banned() {
     let c = shoal.connect_as("raw", "any", &db).await;
     c.simple_query("SELECT 1").await.unwrap();
 }
+
+/// Passwords never reach the log, at any level.
+#[tokio::test]
+async fn secrets_are_not_logged_even_at_trace() {
+    let db = unique_db("auth");
+    pg().create_database(&db);
+    let config = base_config(pg(), &[&db], "");
+    let shoal = Shoal::start_with_env(&config, &[("SHOAL_LOG", "trace")]);
+    let c = shoal.connect(&db).await;
+    c.simple_query("SELECT 1").await.unwrap();
+    let wrong = "wrong-secret-0xC0FFEE";
+    let _ = shoal
+        .try_connect(&shoal.conninfo("app", wrong, &db))
+        .await
+        .err()
+        .unwrap();
+    let _ = shoal
+        .try_connect(&shoal.conninfo("nobody", wrong, &db))
+        .await
+        .err()
+        .unwrap();
+    eventually(
+        "the refusals are logged",
+        std::time::Duration::from_secs(5),
+        || shoal.log_contains("login refused") && shoal.log_contains("closing client connection"),
+    )
+    .await;
+    let log = shoal.log.lock().unwrap();
+    for secret in [APP_PASSWORD, wrong] {
+        assert!(
+            !log.iter().any(|l| l.contains(secret)),
+            "{secret} appears in the log"
+        );
+    }
+}
