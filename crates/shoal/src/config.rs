@@ -147,10 +147,48 @@ pub struct DatabaseSection {
     #[serde(default = "default_port")]
     pub port: u16,
     pub dbname: Option<String>,
+    #[serde(default)]
+    pub sslmode: SslMode,
+    pub sslrootcert: Option<PathBuf>,
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    #[serde(default = "default_true")]
+    pub sslsni: bool,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
     pub max_client_conn: Option<usize>,
+}
+
+/// TLS to PostgreSQL, with libpq's meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain text only.
+    Disable,
+    /// TLS if the server offers it, unverified; plain text otherwise.
+    #[default]
+    Prefer,
+    /// TLS, unverified.
+    Require,
+    /// TLS, certificate chain verified (not the host name).
+    VerifyCa,
+    /// TLS, chain and host name verified.
+    VerifyFull,
+}
+
+/// How Shoal connects to a database's PostgreSQL over TLS.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTlsSettings {
+    pub mode: SslMode,
+    pub rootcert: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub sni: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_host() -> String {
@@ -280,6 +318,7 @@ pub struct Database {
     pub host: String,
     pub port: u16,
     pub dbname: String,
+    pub tls: UpstreamTlsSettings,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -406,6 +445,13 @@ impl Config {
                 name.clone(),
                 Database {
                     dbname: d.dbname.unwrap_or_else(|| name.clone()),
+                    tls: UpstreamTlsSettings {
+                        mode: d.sslmode,
+                        rootcert: d.sslrootcert,
+                        cert: d.sslcert,
+                        key: d.sslkey,
+                        sni: d.sslsni,
+                    },
                     name,
                     host: d.host,
                     port: d.port,

@@ -122,6 +122,8 @@ fn server_cause(e: &ServerError) -> String {
             format!("the server asks for a password, but none is configured for \"{user}\"")
         }
         ServerError::Db(f) => f.message.clone(),
+        // The reason (no address in it): a name mismatch, an unknown issuer, no SSL.
+        ServerError::Tls(reason) => format!("TLS: {reason}"),
         ServerError::ResetTimeout(t) => format!("no answer within server_reset_timeout ({t:?})"),
     }
 }

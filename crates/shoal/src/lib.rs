@@ -8,6 +8,7 @@
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.
+//! - [`upstream_tls`]: TLS to PostgreSQL per database (libpq's `sslmode`s).
 //! - [`params`]: client session parameters and how they are applied to servers.
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
@@ -47,3 +48,4 @@ pub mod session;
 pub mod sets;
 pub mod tls;
 pub mod trim;
+pub mod upstream_tls;

@@ -31,6 +31,9 @@ pub enum RouteError {
     UnknownUser(String),
     #[error("database \"{0}\" does not exist in Shoal's configuration")]
     UnknownDatabase(String),
+    /// The database's TLS settings cannot be used (a file is missing or wrong).
+    #[error("database \"{0}\" is misconfigured in Shoal: {1}")]
+    Misconfigured(String, String),
 }
 
 impl RouteError {
@@ -38,6 +41,7 @@ impl RouteError {
         match self {
             RouteError::UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION,
             RouteError::UnknownDatabase(_) => sqlstate::INVALID_CATALOG_NAME,
+            RouteError::Misconfigured(..) => sqlstate::CONNECTION_FAILURE,
         }
     }
 }
@@ -87,22 +91,27 @@ impl Registry {
             .get(req.database)
             .ok_or_else(|| RouteError::UnknownDatabase(req.database.to_owned()))?;
         let mut pools = self.lock_pools();
-        let pool = pools
-            .entry((db.name.clone(), user.name.clone()))
-            .or_insert_with(|| {
-                Pool::new(
-                    format!("{}/{}", db.name, user.name),
-                    config.pool_settings(db, user),
-                    Upstream {
-                        host: db.host.clone(),
-                        port: db.port,
-                        dbname: db.dbname.clone(),
-                        user: user.server_user.clone(),
-                        password: user.server_password.clone(),
-                    },
-                )
-            });
-        Ok(pool.clone())
+        let key = (db.name.clone(), user.name.clone());
+        if let Some(pool) = pools.get(&key) {
+            return Ok(pool.clone());
+        }
+        let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
+            .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
+        let pool = Pool::new(
+            format!("{}/{}", db.name, user.name),
+            config.pool_settings(db, user),
+            Upstream {
+                host: db.host.clone(),
+                port: db.port,
+                dbname: db.dbname.clone(),
+                user: user.server_user.clone(),
+                password: user.server_password.clone(),
+                tls: tls.map(Arc::new),
+                tls_settings: db.tls.clone(),
+            },
+        );
+        pools.insert(key, pool.clone());
+        Ok(pool)
     }
 
     /// Every pool routing can reach.
@@ -136,7 +145,8 @@ impl Registry {
                     && pool.upstream.port == d.port
                     && pool.upstream.dbname == d.dbname
                     && pool.upstream.user == u.server_user
-                    && pool.upstream.password == u.server_password;
+                    && pool.upstream.password == u.server_password
+                    && pool.upstream.tls_settings == d.tls;
                 !same_upstream || pool.settings != config.pool_settings(d, u)
             })
             .map(|(k, _)| k.clone())

@@ -25,6 +25,117 @@ pub struct Upstream {
     pub dbname: String,
     pub user: String,
     pub password: Option<String>,
+    /// TLS to the server (`None`: `sslmode = "disable"`).
+    pub tls: Option<std::sync::Arc<crate::upstream_tls::UpstreamTls>>,
+    /// The settings `tls` was built from (to tell whether a new configuration changes them).
+    pub tls_settings: crate::config::UpstreamTlsSettings,
+}
+
+/// The byte stream to a server: plain TCP, or TLS over it.
+pub enum ServerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl ServerStream {
+    /// The TCP socket underneath (for readiness checks while the server is idle).
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            ServerStream::Plain(s) => s,
+            ServerStream::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ServerStream::Tls(_))
+    }
+}
+
+impl tokio::io::AsyncRead for ServerStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ServerStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, data),
+            // Records are pushed out as they are made: nothing may wait inside rustls.
+            ServerStream::Tls(s) => match std::pin::Pin::new(&mut **s).poll_write(cx, data) {
+                std::task::Poll::Ready(Ok(n)) => {
+                    let _ = std::pin::Pin::new(&mut **s).poll_flush(cx);
+                    std::task::Poll::Ready(Ok(n))
+                }
+                other => other,
+            },
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Asks the server for TLS (SSLRequest) and does the handshake as `sslmode` says.
+async fn negotiate_tls(
+    mut tcp: TcpStream,
+    up: &Upstream,
+    tls: &crate::upstream_tls::UpstreamTls,
+) -> Result<ServerStream, ServerError> {
+    use crate::config::SslMode;
+    let mut out = BytesMut::new();
+    out.extend_from_slice(&8i32.to_be_bytes());
+    out.extend_from_slice(&shoal_wire::startup::SSL_REQUEST_CODE.to_be_bytes());
+    tcp.write_all(&out).await?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' => {}
+        b'N' if tls.mode == SslMode::Prefer => return Ok(ServerStream::Plain(tcp)),
+        b'N' => {
+            return Err(ServerError::Tls(format!(
+                "the server does not support SSL, but sslmode is {:?}",
+                tls.mode
+            )))
+        }
+        _ => return Err(ServerError::Protocol("bad answer to SSLRequest".into())),
+    }
+    let name = rustls::pki_types::ServerName::try_from(up.host.clone())
+        .map_err(|e| ServerError::Tls(format!("invalid server name \"{}\": {e}", up.host)))?;
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    Ok(ServerStream::Tls(Box::new(stream)))
 }
 
 impl std::fmt::Debug for Upstream {
@@ -58,6 +169,8 @@ pub enum ServerError {
     NoPassword(String),
     #[error("{}", .0.message)]
     Db(ErrorFields),
+    #[error("TLS to the server failed: {0}")]
+    Tls(String),
     #[error("server did not answer within server_reset_timeout ({0:?}) while being prepared for a client")]
     ResetTimeout(Duration),
 }
@@ -91,7 +204,7 @@ static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 /// A live, authenticated server connection.
 pub struct ServerConn {
     pub id: u64,
-    pub stream: TcpStream,
+    pub stream: ServerStream,
     /// Bytes read from the server and not yet handled.
     pub buf: BytesMut,
     pub addr: SocketAddr,
@@ -121,6 +234,15 @@ impl ServerConn {
         };
         stream.set_nodelay(true)?;
         let addr = stream.peer_addr()?;
+        let stream = match &up.tls {
+            None => ServerStream::Plain(stream),
+            Some(tls) => {
+                match tokio::time::timeout(timeout, negotiate_tls(stream, up, tls)).await {
+                    Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
+                    Ok(r) => r?,
+                }
+            }
+        };
         let now = crate::clock::now_ms();
         let mut conn = ServerConn {
             id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
@@ -375,11 +497,11 @@ impl ServerConn {
             return true;
         }
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if self.stream.poll_read_ready(&mut cx).is_pending() {
+        if self.stream.tcp().poll_read_ready(&mut cx).is_pending() {
             return false;
         }
         let mut probe = [0u8; 1];
-        !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        !matches!(self.stream.tcp().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     /// Sends Terminate and closes; errors are irrelevant at this point.

@@ -21,6 +21,8 @@ pub struct Pg {
     pub port: u16,
     pub dir: PathBuf,
     bin: PathBuf,
+    /// More `-c name=value` server options.
+    extra_opts: String,
 }
 
 fn pg_bindir() -> PathBuf {
@@ -83,6 +85,13 @@ extern "C" fn stop_clusters() {
 impl Pg {
     /// Creates and starts a cluster on `port` with SCRAM authentication and the test roles.
     pub fn start_on(port: u16) -> Pg {
+        Self::start_with(port, &[], "")
+    }
+
+    /// As [`Pg::start_on`], with `files` (name, content) written into the data directory
+    /// (owned by postgres, mode 0600: certificates and keys) and `extra_opts` added to the
+    /// server's options.
+    pub fn start_with(port: u16, files: &[(&str, &str)], extra_opts: &str) -> Pg {
         let bin = pg_bindir();
         let dir = tempfile::Builder::new()
             .prefix("shoal-test-pg")
@@ -130,7 +139,25 @@ impl Pg {
                 libc::atexit(stop_clusters)
             };
         });
-        let pg = Pg { port, dir, bin };
+        for (name, content) in files {
+            let path = dir.join("db").join(name);
+            std::fs::write(&path, content).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            if is_root() {
+                Command::new("chown")
+                    .args(["postgres:postgres"])
+                    .arg(&path)
+                    .status()
+                    .unwrap();
+            }
+        }
+        let pg = Pg {
+            port,
+            dir,
+            bin,
+            extra_opts: extra_opts.to_owned(),
+        };
         pg.pg_ctl_start();
         pg.psql_admin(&format!(
             "CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}' SUPERUSER;
@@ -145,9 +172,10 @@ impl Pg {
 
     pub fn pg_ctl_start(&self) {
         let opts = format!(
-            "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+            "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off {}",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            self.extra_opts
         );
         let out = pg_command(&self.bin.join("pg_ctl"))
             .arg("-D")
