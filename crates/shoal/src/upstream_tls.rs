@@ -151,22 +151,31 @@ impl UpstreamTls {
         let verify = matches!(settings.mode, SslMode::VerifyCa | SslMode::VerifyFull);
         let builder = if verify {
             let mut roots = RootCertStore::empty();
-            let Some(path) = &settings.rootcert else {
-                return Err(UpstreamTlsError::Config(format!(
-                    "sslmode {:?} needs sslrootcert (the CA that signed the server's certificate)",
-                    settings.mode
-                )));
-            };
-            let pem = read_pem(path)?;
-            for c in rustls_pemfile::certs(&mut &pem[..]) {
-                let c = c.map_err(|e| UpstreamTlsError::Read {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-                roots.add(c).map_err(|e| UpstreamTlsError::Read {
-                    path: path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
+            match &settings.rootcert {
+                Some(path) => {
+                    let pem = read_pem(path)?;
+                    for c in rustls_pemfile::certs(&mut &pem[..]) {
+                        let c = c.map_err(|e| UpstreamTlsError::Read {
+                            path: path.display().to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        roots.add(c).map_err(|e| UpstreamTlsError::Read {
+                            path: path.display().to_string(),
+                            reason: e.to_string(),
+                        })?;
+                    }
+                }
+                // The system's trusted roots (a managed PostgreSQL with a public CA).
+                None => {
+                    let found = rustls_native_certs::load_native_certs();
+                    let (added, _) = roots.add_parsable_certificates(found.certs);
+                    if added == 0 {
+                        return Err(UpstreamTlsError::Config(format!(
+                            "sslmode {:?} without sslrootcert needs the system's root certificates, and none were found",
+                            settings.mode
+                        )));
+                    }
+                }
             }
             let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
