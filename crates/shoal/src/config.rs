@@ -54,6 +54,10 @@ pub enum AuthMethod {
     Md5,
     #[serde(rename = "trust")]
     Trust,
+    /// A TLS client certificate, verified against `[tls] ca_file`, whose common name is the
+    /// user name (as PostgreSQL's `cert` method).
+    #[serde(rename = "cert")]
+    Cert,
 }
 
 /// Listener and process-wide settings (`[server]`).
@@ -244,6 +248,9 @@ pub struct TlsSection {
     pub key_file: Option<PathBuf>,
     /// `allow` when a certificate is configured, `disable` otherwise.
     pub client_tls: Option<ClientTls>,
+    /// CA certificates (PEM) that client certificates must chain to; clients may then present
+    /// one (required by users with `auth_method = "cert"`).
+    pub ca_file: Option<PathBuf>,
     /// More certificates, chosen by the server name the client asks for.
     pub certificates: Vec<CertificateSection>,
 }
@@ -289,6 +296,8 @@ pub enum ClientAuth {
     /// The stored MD5 secret (`md5` + hex).
     Md5(String),
     Trust,
+    /// A verified TLS client certificate naming the user.
+    Cert,
 }
 
 /// A user after validation: credentials resolved, environment variables read.
@@ -481,6 +490,17 @@ impl Config {
                 "tls.client_tls needs a certificate: set tls.cert_file and tls.key_file".into(),
             ));
         }
+        if t.ca_file.is_none() {
+            if let Some((name, _)) = users
+                .iter()
+                .find(|(_, u): &(&String, &User)| matches!(u.auth, ClientAuth::Cert))
+            {
+                return Err(invalid(
+                    &format!("users.{name}"),
+                    format!("users.{name}: auth_method = \"cert\" needs tls.ca_file"),
+                ));
+            }
+        }
         Ok(Config {
             server: raw.server,
             tls: raw.tls,
@@ -538,6 +558,12 @@ fn resolve_user(
     let method = u.auth_method.unwrap_or(AuthMethod::ScramSha256);
     let auth = match (method, &password, &u.secret) {
         (AuthMethod::Trust, _, _) => ClientAuth::Trust,
+        (AuthMethod::Cert, _, None) => ClientAuth::Cert,
+        (AuthMethod::Cert, _, Some(_)) => {
+            return Err(format!(
+                "users.{name}: auth_method = \"cert\" takes no secret (the certificate is the credential)"
+            ))
+        }
         (_, Some(_), Some(_)) => {
             return Err(format!(
                 "users.{name}: give either a password or a secret, not both"

@@ -155,17 +155,45 @@ impl TlsState {
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::BadKey {
                 path: cert.display().to_string(),
                 reason: e.to_string(),
-            })?
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(BySni {
-                default: default.clone(),
-                named: named.clone(),
-            }));
+            })?;
+        let builder = match &section.ca_file {
+            None => builder.with_no_client_auth(),
+            // Clients may present a certificate; if they do it must chain to these CAs.
+            Some(ca) => {
+                let pem = read(ca)?;
+                let mut roots = rustls::RootCertStore::empty();
+                for c in rustls_pemfile::certs(&mut &pem[..]) {
+                    let c = c.map_err(|source| TlsError::Read {
+                        path: ca.display().to_string(),
+                        source,
+                    })?;
+                    roots.add(c).map_err(|e| TlsError::BadKey {
+                        path: ca.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::BadKey {
+                    path: ca.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_cert_resolver(Arc::new(BySni {
+            default: default.clone(),
+            named: named.clone(),
+        }));
         // PostgreSQL's ALPN name: required by clients that start TLS directly.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         Ok(Loaded {
@@ -208,6 +236,14 @@ impl TlsState {
 
 /// A client's TLS stream.
 pub type ClientTlsStream = tokio_rustls::server::TlsStream<Prefixed<TcpStream>>;
+
+/// The common name of the certificate a client presented (verified during the handshake).
+pub fn peer_common_name(s: &ClientTlsStream) -> Option<String> {
+    let leaf = s.get_ref().1.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
+}
 
 /// The server name (SNI) a TLS client asked for.
 pub fn server_name(s: &ClientTlsStream) -> Option<&str> {

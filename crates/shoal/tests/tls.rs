@@ -335,3 +335,66 @@ async fn certificates_reload_on_sighup_without_dropping_clients() {
     let (ok, out) = verify("renewed.test");
     assert!(ok, "{out}");
 }
+
+/// `auth_method = "cert"`: a client certificate chaining to `[tls] ca_file` whose common name
+/// is the user name; a certificate for another name, from an untrusted CA, or none is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_authentication() {
+    use std::os::unix::fs::PermissionsExt;
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    pki.issue("default", &["localhost"]);
+    pki.issue("certuser", &["certuser"]);
+    pki.issue("someone", &["someone"]);
+    let stranger = Pki::new();
+    stranger.issue("certuser", &["certuser"]);
+    for p in [&pki, &stranger] {
+        for k in ["certuser.key", "someone.key"] {
+            let path = p.path(k);
+            if Path::new(&path).exists() {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
+    }
+    let extra = format!(
+        "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nca_file = \"{}\"\n\
+         [users.certuser]\nauth_method = \"cert\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n",
+        pki.path("default.pem"),
+        pki.path("default.key"),
+        pki.path("ca.pem"),
+    );
+    pg().create_database(&db);
+    let shoal = Shoal::start(&base_config(pg(), &[&db], &extra));
+    let login = |p: &Pki, stem: &str| {
+        psql(
+            &shoal,
+            &format!(
+                "host=127.0.0.1 user=certuser dbname={db} sslmode=require sslcert={} sslkey={}",
+                p.path(&format!("{stem}.pem")),
+                p.path(&format!("{stem}.key"))
+            ),
+            "SELECT current_user",
+        )
+    };
+    let (ok, out) = login(&pki, "certuser");
+    assert!(ok && out == "app", "{out}");
+    let (ok, out) = login(&pki, "someone");
+    assert!(!ok);
+    assert!(out.contains("certificate authentication failed"), "{out}");
+    let (ok, out) = login(&stranger, "certuser");
+    assert!(!ok, "an untrusted CA is refused: {out}");
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=certuser dbname={db} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(!ok);
+    assert!(out.contains("requires a valid client certificate"), "{out}");
+    // Password users are unaffected by ca_file.
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={db} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(ok && out == "1", "{out}");
+}

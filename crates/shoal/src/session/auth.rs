@@ -84,6 +84,30 @@ pub async fn authenticate(
     let mut out = BytesMut::new();
     match &user.auth {
         ClientAuth::Trust => {}
+        ClientAuth::Cert => {
+            // As PostgreSQL's `cert`: a client certificate verified at the TLS handshake
+            // (against `[tls] ca_file`) whose common name is the user name.
+            let cn = match &*stream {
+                ClientStream::Tls(s) => crate::tls::peer_common_name(s),
+                _ => None,
+            };
+            let Some(cn) = cn else {
+                return Err(SessionError::fatal(
+                    sqlstate::INVALID_AUTHORIZATION,
+                    "connection requires a valid client certificate",
+                ));
+            };
+            if !bool::from(cn.as_bytes().ct_eq(user.name.as_bytes())) {
+                tracing::info!(user = %crate::logsafe::Escaped(&user.name), certificate_cn = %crate::logsafe::Escaped(&cn), "certificate does not name the user");
+                return Err(SessionError::fatal(
+                    sqlstate::INVALID_AUTHORIZATION,
+                    format!(
+                        "certificate authentication failed for user \"{}\"",
+                        user.name
+                    ),
+                ));
+            }
+        }
         ClientAuth::Md5(stored) => {
             let mut salt = [0u8; 4];
             rand::thread_rng().fill_bytes(&mut salt);
