@@ -158,6 +158,7 @@ pub struct DatabaseSection {
     pub sslkey: Option<PathBuf>,
     #[serde(default = "default_true")]
     pub sslsni: bool,
+    pub client_tls: Option<ClientTls>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -216,6 +217,7 @@ pub struct UserSection {
     pub server_password_env: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    pub client_tls: Option<ClientTls>,
 }
 
 /// How clients may or must use TLS.
@@ -309,6 +311,8 @@ pub struct User {
     pub server_password: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    /// Overrides the database's and `[tls] client_tls` for this user.
+    pub client_tls: Option<ClientTls>,
 }
 
 impl std::fmt::Debug for User {
@@ -328,6 +332,8 @@ pub struct Database {
     pub port: u16,
     pub dbname: String,
     pub tls: UpstreamTlsSettings,
+    /// Overrides `[tls] client_tls` for this database.
+    pub client_tls: Option<ClientTls>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -454,6 +460,7 @@ impl Config {
                 name.clone(),
                 Database {
                     dbname: d.dbname.unwrap_or_else(|| name.clone()),
+                    client_tls: d.client_tls,
                     tls: UpstreamTlsSettings {
                         mode: d.sslmode,
                         rootcert: d.sslrootcert,
@@ -484,7 +491,12 @@ impl Config {
                 "tls.cert_file and tls.key_file go together".into(),
             ));
         }
-        if t.mode() != ClientTls::Disable && t.cert_file.is_none() {
+        let overrides_need_tls = databases
+            .values()
+            .map(|d: &Database| d.client_tls)
+            .chain(users.values().map(|u: &User| u.client_tls))
+            .any(|m| m.is_some_and(|m| m != ClientTls::Disable));
+        if (t.mode() != ClientTls::Disable || overrides_need_tls) && t.cert_file.is_none() {
             return Err(invalid(
                 "tls",
                 "tls.client_tls needs a certificate: set tls.cert_file and tls.key_file".into(),
@@ -604,6 +616,7 @@ fn resolve_user(
         auth,
         server_user: u.server_user.unwrap_or_else(|| name.to_owned()),
         server_password,
+        client_tls: u.client_tls,
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
     })

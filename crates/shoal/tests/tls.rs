@@ -398,3 +398,47 @@ async fn certificate_authentication() {
     );
     assert!(ok && out == "1", "{out}");
 }
+
+/// `client_tls` per database (and per user) tightens or loosens the global setting, checked
+/// before any password is exchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_tls_per_database_and_user() {
+    let strict = unique_db("tls");
+    let lax = unique_db("tls");
+    pg().create_database(&strict);
+    pg().create_database(&lax);
+    let pki = Pki::new();
+    pki.issue("default", &["localhost"]);
+    let extra = format!(
+        "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+         [databases.{strict}]\nport = {port}\nclient_tls = \"require\"\n\
+         [databases.{lax}]\nport = {port}\n\
+         [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\nclient_tls = \"require\"\n",
+        pki.path("default.pem"),
+        pki.path("default.key"),
+        port = pg().port,
+    );
+    let shoal = Shoal::start(&base_config(pg(), &[], &extra));
+    let plain = |user: &str, db: &str| {
+        psql(
+            &shoal,
+            &format!("host=127.0.0.1 user={user} dbname={db} sslmode=disable"),
+            "SELECT 1",
+        )
+    };
+    let (ok, out) = plain("app", &strict);
+    assert!(!ok && out.contains("TLS is required"), "{out}");
+    let (ok, out) = plain("app", &lax);
+    assert!(ok, "{out}");
+    let (ok, out) = plain("raw", &lax);
+    assert!(
+        !ok && out.contains("TLS is required"),
+        "the user's own setting: {out}"
+    );
+    let (ok, out) = psql(
+        &shoal,
+        &format!("host=127.0.0.1 user=app dbname={strict} sslmode=require"),
+        "SELECT 1",
+    );
+    assert!(ok, "{out}");
+}

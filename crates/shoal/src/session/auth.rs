@@ -66,6 +66,7 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
         server_password: None,
         pool_mode: None,
         pool_size: None,
+        client_tls: None,
     };
     match authenticate(stream, &user, None).await {
         Ok(()) => auth_failed(name),

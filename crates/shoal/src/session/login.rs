@@ -116,12 +116,6 @@ async fn login(
             format!("too many client connections: server.max_client_conn ({max}) reached"),
         ));
     }
-    if app.tls.mode == crate::config::ClientTls::Require && !stream.is_tls() {
-        return Err(SessionError::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            "TLS is required: connect with sslmode=require (or stricter)",
-        ));
-    }
     let server_name = match &*stream {
         ClientStream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
         _ => None,
@@ -147,7 +141,28 @@ async fn login(
     } else {
         None
     };
-    let result = match app.routes.user(&route) {
+    // TLS requirement: the user's, else the database's, else `[tls] client_tls` — checked
+    // before any password is exchanged.
+    let found = app.routes.user(&route);
+    let db_tls = app
+        .routes
+        .config()
+        .databases
+        .get(&req.database)
+        .and_then(|d| d.client_tls);
+    let tls_mode = found
+        .as_ref()
+        .ok()
+        .and_then(|u| u.client_tls)
+        .or(db_tls)
+        .unwrap_or(app.tls.mode);
+    if tls_mode == crate::config::ClientTls::Require && !stream.is_tls() {
+        return Err(SessionError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            "TLS is required: connect with sslmode=require (or stricter)",
+        ));
+    }
+    let result = match found {
         Ok(user) => Box::pin(auth::authenticate(stream, &user, end_point.as_deref()))
             .await
             .map(|()| user),
