@@ -28,6 +28,8 @@ pub enum ScramError {
     ChannelBinding,
     #[error("password authentication failed")]
     BadProof,
+    #[error("the server's SCRAM verifier differs from the one the client was checked against (password changed?)")]
+    VerifierChanged,
     #[error("invalid SCRAM secret: {0}")]
     BadSecret(&'static str),
 }
@@ -413,6 +415,47 @@ impl ClientExchange {
     }
 }
 
+impl ClientExchange {
+    /// Answers server-first without the password (SCRAM passthrough): with the ClientKey
+    /// recovered from a client's proof and the verifier that client was checked against. The
+    /// server must use that verifier's salt and iteration count (it does while the password is
+    /// unchanged); otherwise this fails with [`ScramError::VerifierChanged`].
+    pub fn respond_with_key(
+        self,
+        server_first: &[u8],
+        client_key: &[u8; 32],
+        verifier: &Verifier,
+    ) -> Result<ClientFinal, ScramError> {
+        let msg = std::str::from_utf8(server_first)
+            .map_err(|_| ScramError::Malformed("server-first is not UTF-8"))?;
+        let mut parts = msg.split(',');
+        let nonce = attr(parts.next(), 'r')?;
+        if !nonce.starts_with(&self.nonce) {
+            return Err(ScramError::Malformed("server nonce does not extend ours"));
+        }
+        let salt = B64
+            .decode(attr(parts.next(), 's')?)
+            .map_err(|_| ScramError::Malformed("salt is not base64"))?;
+        let iterations: u32 = attr(parts.next(), 'i')?
+            .parse()
+            .map_err(|_| ScramError::Malformed("bad iteration count"))?;
+        if salt != verifier.salt || iterations != verifier.iterations {
+            return Err(ScramError::VerifierChanged);
+        }
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
+        let signature = hmac(&verifier.stored_key, auth_message.as_bytes());
+        let mut proof = [0u8; 32];
+        for i in 0..32 {
+            proof[i] = client_key[i] ^ signature[i];
+        }
+        Ok(ClientFinal {
+            message: format!("{without_proof},p={}", B64.encode(proof)),
+            server_signature: hmac(&verifier.server_key, auth_message.as_bytes()),
+        })
+    }
+}
+
 /// Checks server-final against the expected signature (constant-time).
 pub fn verify_server_final(server_final: &[u8], expected: &[u8; 32]) -> Result<(), ScramError> {
     let msg = std::str::from_utf8(server_final)
@@ -476,6 +519,36 @@ mod tests {
         assert!(e.is_err());
         // Without TLS, `y` is fine.
         assert!(ServerExchange::new(b"y,,n=,r=abc", v).is_ok());
+    }
+
+    #[test]
+    fn passthrough_logs_in_with_the_recovered_client_key() {
+        let v = Verifier::from_password_with_salt("pencil", b"saltsaltsaltsalt".to_vec(), 16);
+        // A client logs in to Shoal; Shoal recovers its ClientKey.
+        let (client, first) = ClientExchange::new();
+        let (server, server_first) = ServerExchange::new(first.as_bytes(), v.clone()).unwrap();
+        let fin = client
+            .respond(server_first.as_bytes(), |salt, i| {
+                salted_password("pencil", salt, i)
+            })
+            .unwrap();
+        let key = server.finish(fin.message.as_bytes()).unwrap().client_key;
+        // Shoal logs in upstream (a server holding the same verifier) without the password.
+        let (up, first) = ClientExchange::new();
+        let (upstream, server_first) = ServerExchange::new(first.as_bytes(), v.clone()).unwrap();
+        let fin = up
+            .respond_with_key(server_first.as_bytes(), &key, &v)
+            .unwrap();
+        let done = upstream.finish(fin.message.as_bytes()).unwrap();
+        verify_server_final(done.server_final.as_bytes(), &fin.server_signature).unwrap();
+        // A server whose verifier changed (another salt) is recognised.
+        let other = Verifier::from_password_with_salt("pencil", b"othersaltothersa".to_vec(), 16);
+        let (up, first) = ClientExchange::new();
+        let (_, server_first) = ServerExchange::new(first.as_bytes(), other).unwrap();
+        assert_eq!(
+            up.respond_with_key(server_first.as_bytes(), &key, &v).err(),
+            Some(ScramError::VerifierChanged)
+        );
     }
 
     #[test]
