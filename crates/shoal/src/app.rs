@@ -36,6 +36,8 @@ pub struct App {
     pub tls: crate::tls::TlsState,
     /// Failed logins, for delays and bans.
     pub login_failures: crate::login_failures::LoginFailures,
+    /// Secrets found by auth_query.
+    pub secrets: crate::auth_query::SecretCache,
     /// A per-process secret that makes the fake SCRAM salt of an unknown user stable within
     /// this process and unpredictable outside it.
     mock_secret: [u8; 16],
@@ -100,6 +102,7 @@ impl App {
         Ok(Arc::new(App {
             tls,
             login_failures,
+            secrets: Default::default(),
             mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),
             config,

@@ -159,6 +159,9 @@ pub struct DatabaseSection {
     #[serde(default = "default_true")]
     pub sslsni: bool,
     pub client_tls: Option<ClientTls>,
+    pub auth_user: Option<String>,
+    pub auth_query: Option<String>,
+    pub auth_query_cache_ttl: Option<f64>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -218,6 +221,41 @@ pub struct UserSection {
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub client_tls: Option<ClientTls>,
+}
+
+/// Looking up users' secrets in PostgreSQL, as the configured `user` (whose upstream
+/// credentials Shoal connects with), by `query` (one parameter: the user name; it returns
+/// the name and the secret), cached for `cache_ttl`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthQuery {
+    pub user: String,
+    pub query: String,
+    pub cache_ttl: Duration,
+}
+
+/// PostgreSQL's own catalog; a `SECURITY DEFINER` function over it is the safer choice.
+pub const DEFAULT_AUTH_QUERY: &str =
+    "SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1";
+
+/// A secret Shoal logs in upstream with instead of a password (SCRAM or MD5 passthrough).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Passthrough {
+    /// The ClientKey recovered from the client's SCRAM proof, and the verifier it matched.
+    Scram {
+        client_key: [u8; 32],
+        verifier: Box<str>,
+    },
+    /// The stored MD5 secret (`md5` + hex).
+    Md5(String),
+}
+
+impl std::fmt::Debug for Passthrough {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Passthrough::Scram { .. } => "Passthrough::Scram(..)",
+            Passthrough::Md5(_) => "Passthrough::Md5(..)",
+        })
+    }
 }
 
 /// How clients may or must use TLS.
@@ -313,6 +351,8 @@ pub struct User {
     pub pool_size: Option<usize>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
+    /// Upstream login without a password (users found by auth_query).
+    pub passthrough: Option<std::sync::Arc<Passthrough>>,
 }
 
 impl std::fmt::Debug for User {
@@ -334,6 +374,8 @@ pub struct Database {
     pub tls: UpstreamTlsSettings,
     /// Overrides `[tls] client_tls` for this database.
     pub client_tls: Option<ClientTls>,
+    /// Users not in the configuration are looked up in PostgreSQL (see [`AuthQuery`]).
+    pub auth_query: Option<AuthQuery>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -461,6 +503,13 @@ impl Config {
                 Database {
                     dbname: d.dbname.unwrap_or_else(|| name.clone()),
                     client_tls: d.client_tls,
+                    auth_query: d.auth_user.map(|user| AuthQuery {
+                        user,
+                        query: d
+                            .auth_query
+                            .unwrap_or_else(|| DEFAULT_AUTH_QUERY.to_owned()),
+                        cache_ttl: secs(d.auth_query_cache_ttl.unwrap_or(10.0)),
+                    }),
                     tls: UpstreamTlsSettings {
                         mode: d.sslmode,
                         rootcert: d.sslrootcert,
@@ -501,6 +550,19 @@ impl Config {
                 "tls",
                 "tls.client_tls needs a certificate: set tls.cert_file and tls.key_file".into(),
             ));
+        }
+        for d in databases.values() {
+            if let Some(aq) = &d.auth_query {
+                if !users.contains_key(&aq.user) {
+                    return Err(invalid(
+                        &format!("databases.{}", d.name),
+                        format!(
+                            "databases.{}.auth_user: \"{}\" is not a configured user",
+                            d.name, aq.user
+                        ),
+                    ));
+                }
+            }
         }
         if t.ca_file.is_none() {
             if let Some((name, _)) = users
@@ -617,6 +679,7 @@ fn resolve_user(
         server_user: u.server_user.unwrap_or_else(|| name.to_owned()),
         server_password,
         client_tls: u.client_tls,
+        passthrough: None,
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
     })

@@ -124,6 +124,7 @@ fn server_cause(e: &ServerError) -> String {
         ServerError::Db(f) => f.message.clone(),
         // The reason (no address in it): a name mismatch, an unknown issuer, no SSL.
         ServerError::Tls(reason) => format!("TLS: {reason}"),
+        ServerError::Passthrough(reason) => reason.clone(),
         ServerError::ResetTimeout(t) => format!("no answer within server_reset_timeout ({t:?})"),
     }
 }

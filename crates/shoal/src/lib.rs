@@ -20,6 +20,7 @@
 //! - [`server_session`]: what a pooled server's session holds for its clients (parameters,
 //!   SETs, dirt and its owner, statements, replies owed), with one owner.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
+//! - [`auth_query`]: users looked up in PostgreSQL (auth_query), for SCRAM/MD5 passthrough.
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
@@ -28,6 +29,7 @@
 //! - [`logsafe`]: escaping client-controlled text in log lines.
 
 pub mod app;
+pub mod auth_query;
 pub mod bufpool;
 pub mod cancel;
 pub mod clock;

@@ -93,7 +93,14 @@ impl Registry {
         let mut pools = self.lock_pools();
         let key = (db.name.clone(), user.name.clone());
         if let Some(pool) = pools.get(&key) {
-            return Ok(pool.clone());
+            // A user found by auth_query whose password changed needs a pool that logs in
+            // with the new secret; clients on the old one keep it.
+            if pool.upstream.passthrough == user.passthrough {
+                return Ok(pool.clone());
+            }
+            if let Some(old) = pools.remove(&key) {
+                tokio::spawn(async move { old.close_idle().await });
+            }
         }
         let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
             .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
@@ -108,6 +115,7 @@ impl Registry {
                 password: user.server_password.clone(),
                 tls: tls.map(Arc::new),
                 tls_settings: db.tls.clone(),
+                passthrough: user.passthrough.clone(),
             },
         );
         pools.insert(key, pool.clone());

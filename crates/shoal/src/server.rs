@@ -29,6 +29,8 @@ pub struct Upstream {
     pub tls: Option<std::sync::Arc<crate::upstream_tls::UpstreamTls>>,
     /// The settings `tls` was built from (to tell whether a new configuration changes them).
     pub tls_settings: crate::config::UpstreamTlsSettings,
+    /// A secret to log in with instead of `password` (auth_query users).
+    pub passthrough: Option<std::sync::Arc<crate::config::Passthrough>>,
 }
 
 /// The byte stream to a server: plain TCP, or TLS over it.
@@ -171,6 +173,8 @@ pub enum ServerError {
     Db(ErrorFields),
     #[error("TLS to the server failed: {0}")]
     Tls(String),
+    #[error("cannot log in upstream without the password: {0}")]
+    Passthrough(String),
     #[error("server did not answer within server_reset_timeout ({0:?}) while being prepared for a client")]
     ResetTimeout(Duration),
 }
@@ -267,6 +271,8 @@ impl ServerConn {
         frontend::startup(&mut out, &[("user", &up.user), ("database", &up.dbname)]);
         self.stream.write_all(&out).await?;
         let mut scram: Option<ScramSha256> = None;
+        // SCRAM passthrough: the exchange, then the server signature it must answer with.
+        let mut passthrough: Option<Result<shoal_wire::scram::ClientExchange, [u8; 32]>> = None;
         loop {
             let frame = self.read_frame().await?;
             match frame.tag() {
@@ -281,7 +287,10 @@ impl ServerConn {
                         AuthRequest::Ok => continue,
                         AuthRequest::Cleartext => frontend::password(&mut out, password()?),
                         AuthRequest::Md5 { salt } => {
-                            let stored = md5::stored_secret(&up.user, password()?);
+                            let stored = match (&up.password, up.passthrough.as_deref()) {
+                                (None, Some(crate::config::Passthrough::Md5(s))) => s.clone(),
+                                _ => md5::stored_secret(&up.user, password()?),
+                            };
                             frontend::password(&mut out, &md5::salted_response(&stored, salt));
                         }
                         AuthRequest::Sasl { mechanisms } => {
@@ -290,12 +299,53 @@ impl ServerConn {
                                     "server offers no supported SASL mechanism ({mechanisms:?})"
                                 )));
                             }
+                            if let (None, Some(crate::config::Passthrough::Scram { .. })) =
+                                (&up.password, up.passthrough.as_deref())
+                            {
+                                let (ex, first) = shoal_wire::scram::ClientExchange::new();
+                                frontend::sasl_initial_response(
+                                    &mut out,
+                                    "SCRAM-SHA-256",
+                                    first.as_bytes(),
+                                );
+                                passthrough = Some(Ok(ex));
+                                self.stream.write_all(&out).await?;
+                                continue;
+                            }
                             let s = ScramSha256::new(
                                 password()?.as_bytes(),
                                 ChannelBinding::unsupported(),
                             );
                             frontend::sasl_initial_response(&mut out, "SCRAM-SHA-256", s.message());
                             scram = Some(s);
+                        }
+                        AuthRequest::SaslContinue(data) if passthrough.is_some() => {
+                            let Some(Ok(ex)) = passthrough.take() else {
+                                return Err(ServerError::Protocol("SASL continue twice".into()));
+                            };
+                            let Some(crate::config::Passthrough::Scram {
+                                client_key,
+                                verifier,
+                            }) = up.passthrough.as_deref()
+                            else {
+                                return Err(ServerError::Protocol("no passthrough key".into()));
+                            };
+                            let v = shoal_wire::scram::Verifier::parse(verifier)
+                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
+                            let fin = ex
+                                .respond_with_key(data, client_key, &v)
+                                .map_err(|e| ServerError::Passthrough(e.to_string()))?;
+                            frontend::sasl_response(&mut out, fin.message.as_bytes());
+                            passthrough = Some(Err(fin.server_signature));
+                        }
+                        AuthRequest::SaslFinal(data) if passthrough.is_some() => {
+                            let Some(Err(expected)) = passthrough.take() else {
+                                return Err(ServerError::Protocol("SASL final too early".into()));
+                            };
+                            shoal_wire::scram::verify_server_final(data, &expected).map_err(
+                                |e| ServerError::Protocol(format!("server SCRAM signature: {e}")),
+                            )?;
+                            continue;
                         }
                         AuthRequest::SaslContinue(data) => {
                             let s = scram.as_mut().ok_or_else(|| {
@@ -455,6 +505,54 @@ impl ServerConn {
             }
         }
         first.map_or(Ok(()), |f| Err(ServerError::Db(f)))
+    }
+
+    /// Runs `sql` with text `params` and returns its first row as text columns (`None`
+    /// columns are NULL), or `None` when it returned no row.
+    pub async fn query_row(
+        &mut self,
+        sql: &str,
+        params: &[&str],
+    ) -> Result<Option<Vec<Option<String>>>, ServerError> {
+        let mut out = BytesMut::new();
+        frontend::parse_bind_execute(&mut out, sql, params);
+        self.session.unnamed_dropped();
+        self.stream.write_all(&out).await?;
+        let mut row = None;
+        let mut first_error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                b'D' if row.is_none() => {
+                    let mut r = shoal_wire::frame::Reader::new(frame.body());
+                    let n = r.i16()?;
+                    let mut cols = Vec::new();
+                    for _ in 0..n.max(0) {
+                        let len = r.i32()?;
+                        cols.push(if len < 0 {
+                            None
+                        } else {
+                            Some(String::from_utf8_lossy(r.bytes(len as usize)?).into_owned())
+                        });
+                    }
+                    row = Some(cols);
+                }
+                tag::ERROR_RESPONSE => {
+                    let e = backend::parse_error(frame.body())?;
+                    if e.is_fatal() {
+                        return Err(ServerError::Db(e));
+                    }
+                    first_error.get_or_insert(e);
+                }
+                tag::READY_FOR_QUERY => {
+                    return match first_error {
+                        Some(e) => Err(ServerError::Db(e)),
+                        None => Ok(row),
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Reads replies to a pooler-issued request up to ReadyForQuery; fails with the first

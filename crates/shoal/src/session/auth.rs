@@ -67,9 +67,10 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
         pool_mode: None,
         pool_size: None,
         client_tls: None,
+        passthrough: None,
     };
     match authenticate(stream, &user, None).await {
-        Ok(()) => auth_failed(name),
+        Ok(_) => auth_failed(name),
         Err(e) => e,
     }
 }
@@ -81,8 +82,10 @@ pub async fn authenticate(
     stream: &mut ClientStream,
     user: &User,
     end_point: Option<&[u8]>,
-) -> Result<(), SessionError> {
+) -> Result<Option<[u8; 32]>, SessionError> {
     let mut out = BytesMut::new();
+    // SCRAM recovers the client's ClientKey: what SCRAM passthrough logs in upstream with.
+    let mut client_key = None;
     match &user.auth {
         ClientAuth::Trust => {}
         ClientAuth::Cert => {
@@ -156,10 +159,11 @@ pub async fn authenticate(
             out.clear();
             backend::authentication_sasl_final(&mut out, done.server_final.as_bytes());
             stream.write_all(&out).await?;
+            client_key = Some(done.client_key);
         }
     }
     out.clear();
     backend::authentication_ok(&mut out);
     stream.write_all(&out).await?;
-    Ok(())
+    Ok(client_key)
 }

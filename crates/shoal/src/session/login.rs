@@ -141,15 +141,31 @@ async fn login(
     } else {
         None
     };
+    // Who the user is: configured in Shoal, or found by the database's auth_query.
+    let config = app.routes.config();
+    let database = config.databases.get(&req.database);
+    let mut found = app.routes.user(&route);
+    if let (Err(_), Some(db)) = (&found, database) {
+        if let Some(aq) = &db.auth_query {
+            match app.secrets.user(&config, db, aq, &req.user).await {
+                Ok(Some(user)) => found = Ok(user),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(database = %db.name, error = %Escaped(&e), "auth_query failed");
+                    return Err(SessionError::fatal(
+                        sqlstate::CONNECTION_FAILURE,
+                        format!(
+                            "cannot look up the user: the auth_query of database \"{}\" failed",
+                            db.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     // TLS requirement: the user's, else the database's, else `[tls] client_tls` — checked
     // before any password is exchanged.
-    let found = app.routes.user(&route);
-    let db_tls = app
-        .routes
-        .config()
-        .databases
-        .get(&req.database)
-        .and_then(|d| d.client_tls);
+    let db_tls = database.and_then(|d| d.client_tls);
     let tls_mode = found
         .as_ref()
         .ok()
@@ -163,9 +179,36 @@ async fn login(
         ));
     }
     let result = match found {
-        Ok(user) => Box::pin(auth::authenticate(stream, &user, end_point.as_deref()))
-            .await
-            .map(|()| user),
+        Ok(mut user) => {
+            let r = Box::pin(auth::authenticate(stream, &user, end_point.as_deref())).await;
+            match r {
+                Ok(client_key) => {
+                    // A user from auth_query logs in upstream with its secret (passthrough).
+                    if user.server_password.is_none() && user.passthrough.is_none() {
+                        user.passthrough = match (&user.auth, client_key) {
+                            (crate::config::ClientAuth::Scram(v), Some(k)) => {
+                                Some(Arc::new(crate::config::Passthrough::Scram {
+                                    client_key: k,
+                                    verifier: v.to_text().into(),
+                                }))
+                            }
+                            (crate::config::ClientAuth::Md5(s), _) => {
+                                Some(Arc::new(crate::config::Passthrough::Md5(s.clone())))
+                            }
+                            _ => None,
+                        };
+                    }
+                    Ok(user)
+                }
+                Err(e) => {
+                    if database.is_some_and(|d| d.auth_query.is_some()) {
+                        // The password may have changed in PostgreSQL: look again next time.
+                        app.secrets.forget(&req.database, &req.user);
+                    }
+                    Err(e)
+                }
+            }
+        }
         Err(e) => {
             // Answered like a wrong password (no probing which users exist); the log says why.
             tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused");
