@@ -12,19 +12,20 @@ use tokio::time::Instant;
 use crate::config::{AuthQuery, ClientAuth, Config, Database, User};
 use crate::server::{ServerConn, ServerError, Upstream};
 
-/// Secrets by (database, user name): `None` caches "no such user".
+/// (database, user name) → the secret (`None`: no such user) and when it was fetched.
+type Entries = HashMap<(String, String), (Option<String>, Instant)>;
+
+/// Secrets found by auth_query, cached.
 #[derive(Default)]
 pub struct SecretCache {
-    entries: Mutex<HashMap<(String, String), (Option<String>, Instant)>>,
+    entries: Mutex<Entries>,
 }
 
 /// Entries kept at most; past it the cache starts over.
 const MAX_ENTRIES: usize = 100_000;
 
 impl SecretCache {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Option<String>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
