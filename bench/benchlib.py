@@ -180,7 +180,31 @@ class Proc:
         self.popen.wait()
 
 
-def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0):
+def make_cert(work):
+    """A self-signed certificate for localhost (EC P-256), readable by the postgres user that
+    PgBouncer runs as; returns (cert_path, key_path)."""
+    cert = os.path.join(work.path, "bench-cert.pem")
+    key = os.path.join(work.path, "bench-key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True)
+    os.chmod(cert, 0o644)
+    os.chmod(key, 0o600)
+    if is_root():
+        import pwd
+        pw = pwd.getpwnam("postgres")
+        os.chown(key, pw.pw_uid, pw.pw_gid)
+        os.chown(cert, pw.pw_uid, pw.pw_gid)
+    return cert, key
+
+
+def tls_section(tls):
+    if not tls:
+        return ""
+    return f'\n[tls]\ncert_file = "{tls[0]}"\nkey_file = "{tls[1]}"\nclient_tls = "require"\n'
+
+
+def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0, tls=None):
     port = free_port()
     cfg = work.file("shoal.toml", f"""
 [server]
@@ -202,7 +226,7 @@ port = {pg.port}
 [users.{BENCH_USER}]
 secret = "{BENCH_SECRET}"
 server_password = "{BENCH_PASSWORD}"
-""")
+""" + tls_section(tls))
     log = open(os.path.join(work.path, "shoal.log"), "w")
     p = subprocess.Popen([os.path.join(release_dir, "shoal"), "--config", cfg],
                          stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, SHOAL_LOG=os.environ.get("SHOAL_LOG","warn")))
@@ -210,7 +234,7 @@ server_password = "{BENCH_PASSWORD}"
     return Proc("shoal", p, port)
 
 
-def start_pgbouncer(work, pg, pool_size, mode="transaction"):
+def start_pgbouncer(work, pg, pool_size, mode="transaction", tls=None):
     port = free_port()
     users = work.file("userlist.txt", f'"{BENCH_USER}" "{BENCH_SECRET}"\n', 0o644)
     ini = work.file("pgbouncer.ini", f"""
@@ -232,7 +256,7 @@ logfile = {work.path}/pgbouncer.log
 pidfile =
 log_connections = 0
 log_disconnections = 0
-""")
+""" + (f"client_tls_sslmode = require\nclient_tls_cert_file = {tls[0]}\nclient_tls_key_file = {tls[1]}\n" if tls else ""))
     exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     # runuser applies PAM limits (1024 descriptors); PgBouncer may raise its soft limit to
     # the hard one, as Shoal runs with.
