@@ -181,21 +181,31 @@ class Proc:
 
 
 def make_cert(work):
-    """A self-signed certificate for localhost (EC P-256), readable by the postgres user that
-    PgBouncer runs as; returns (cert_path, key_path)."""
-    cert = os.path.join(work.path, "bench-cert.pem")
-    key = os.path.join(work.path, "bench-key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost"],
-                   check=True, capture_output=True)
+    """A throwaway CA and a server certificate for localhost / 127.0.0.1 (EC P-256) signed by
+    it, readable by the postgres user that PgBouncer runs as; returns (cert, key, ca)."""
+    def path(name):
+        return os.path.join(work.path, name)
+
+    def openssl(*argv):
+        subprocess.run(["openssl", *argv], check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", path("bench-ca-key.pem"), "-out", path("bench-ca.pem"),
+            "-days", "2", "-subj", "/CN=shoal bench CA")
+    openssl("req", *ec, "-keyout", path("bench-key.pem"), "-out", path("bench.csr"), "-subj", "/CN=localhost")
+    ext = work.file("bench-ext.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", path("bench.csr"), "-CA", path("bench-ca.pem"), "-CAkey", path("bench-ca-key.pem"),
+            "-CAcreateserial", "-out", path("bench-cert.pem"), "-days", "2", "-extfile", ext)
+    cert, key, ca = path("bench-cert.pem"), path("bench-key.pem"), path("bench-ca.pem")
     os.chmod(cert, 0o644)
+    os.chmod(ca, 0o644)
     os.chmod(key, 0o600)
     if is_root():
         import pwd
         pw = pwd.getpwnam("postgres")
         os.chown(key, pw.pw_uid, pw.pw_gid)
         os.chown(cert, pw.pw_uid, pw.pw_gid)
-    return cert, key
+    return cert, key, ca
 
 
 def tls_section(tls):

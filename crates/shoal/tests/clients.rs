@@ -106,13 +106,25 @@ fn java_pgjdbc() {
     println!("{text}");
 }
 
-/// A certificate for `localhost` (self-signed, made now) and the `[tls]` section requiring it.
+/// A CA and a certificate it signs for `localhost` and 127.0.0.1 (made now, no key checked
+/// in), and the `[tls]` section requiring TLS with it; the CA is `ca.pem` in `dir`.
 fn tls_required(dir: &std::path::Path) -> String {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Shoal clients test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
     std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
     std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
     format!(
@@ -122,34 +134,43 @@ fn tls_required(dir: &std::path::Path) -> String {
     )
 }
 
-/// The same suites over TLS (Shoal requiring it): psycopg 3 and asyncpg, node-postgres, pgx.
+/// The same suites over TLS (Shoal requiring it): psycopg 3 and asyncpg, node-postgres, pgx;
+/// each once encrypting only (`sslmode=require`) and once verifying the certificate and the
+/// host name against the CA (`verify-full`).
 #[test]
 fn client_libraries_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let tls = tls_required(dir.path());
+    let ca = dir.path().join("ca.pem").display().to_string();
     let url = |mode: &'static str| {
+        let ca = ca.clone();
         move |port: u16, db: &str| {
-            vec![format!(
-                "postgresql://app:{APP_PASSWORD}@127.0.0.1:{port}/{db}?sslmode={mode}"
-            )]
+            vec![match mode {
+                "verify-full" => format!(
+                    "postgresql://app:{APP_PASSWORD}@127.0.0.1:{port}/{db}?sslmode=verify-full&sslrootcert={ca}"
+                ),
+                _ => format!("postgresql://app:{APP_PASSWORD}@127.0.0.1:{port}/{db}?sslmode={mode}"),
+            }]
         }
     };
     let py = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/clients/python/compat.py"
     );
-    let text = run_with_config("python3", &[py], ".", &tls, url("require"));
-    assert!(
-        text.contains("psycopg") && text.contains("asyncpg"),
-        "{text}"
-    );
     let node = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/clients/node/compat.js"
     );
-    let text = run_with_config("node", &[node], ".", &tls, url("no-verify"));
-    assert!(text.contains("node-postgres"), "{text}");
     let go = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/go");
-    let text = run_with_config("go", &["run", "."], go, &tls, url("require"));
-    assert!(text.contains("pgx v5"), "{text}");
+    for (mode, node_mode) in [("require", "no-verify"), ("verify-full", "verify-full")] {
+        let text = run_with_config("python3", &[py], ".", &tls, url(mode));
+        assert!(
+            text.contains("psycopg") && text.contains("asyncpg"),
+            "{mode}: {text}"
+        );
+        let text = run_with_config("node", &[node], ".", &tls, url(node_mode));
+        assert!(text.contains("node-postgres"), "{mode}: {text}");
+        let text = run_with_config("go", &["run", "."], go, &tls, url(mode));
+        assert!(text.contains("pgx v5"), "{mode}: {text}");
+    }
 }

@@ -336,6 +336,156 @@ async fn certificates_reload_on_sighup_without_dropping_clients() {
     assert!(ok, "{out}");
 }
 
+/// Logs in over direct TLS trusting only the test CA; returns the client and the DER of the
+/// certificate the server presented.
+async fn tls_login(
+    shoal: &Shoal,
+    connector: &tokio_rustls::TlsConnector,
+    db: &str,
+) -> Result<(tokio_postgres::Client, Vec<u8>), String> {
+    let tcp = tokio::net::TcpStream::connect(shoal.addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let presented = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref().to_vec())
+        .unwrap_or_default();
+    let (client, conn) = tokio_postgres::Config::new()
+        .user("app")
+        .password(APP_PASSWORD)
+        .dbname(db)
+        .connect_raw(tls, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("login: {e}"))?;
+    tokio::spawn(conn);
+    Ok((client, presented))
+}
+
+fn pem_der(path: &str) -> Vec<u8> {
+    let pem = std::fs::read(path).unwrap();
+    let cert = rustls_pemfile::certs(&mut &pem[..])
+        .next()
+        .unwrap()
+        .unwrap();
+    cert.as_ref().to_vec()
+}
+
+/// Certificates renewed three times while clients keep logging in over TLS and long-lived TLS
+/// clients keep running transactions: not one login or transaction fails, and logins after
+/// each reload are served the renewed certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_renewal_under_load_fails_nothing() {
+    let db = unique_db("tls");
+    let pki = Pki::new();
+    let shoal = shoal_with_tls(&db, &pki, "require");
+    let connector = tls_client(&pki);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut workers = Vec::new();
+    // Two long-lived clients running transactions back to back.
+    for _ in 0..2 {
+        let (client, _) = tls_login(&shoal, &connector, &db).await.unwrap();
+        let (stop, done) = (stop.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match client.query_one("SELECT 1 + 1", &[]).await {
+                    Ok(row) if row.get::<_, i32>(0) == 2 => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    other => failures.push(format!("{other:?}")),
+                }
+            }
+            failures
+        }));
+    }
+    // Three clients logging in again and again (a new TLS handshake each time).
+    for _ in 0..3 {
+        let (shoal_addr, connector, db) = (shoal.addr, connector.clone(), db.clone());
+        let (stop, done) = (stop.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let attempt = async {
+                    let tcp = tokio::net::TcpStream::connect(shoal_addr)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                    let tls = connector
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("handshake: {e}"))?;
+                    let (client, conn) = tokio_postgres::Config::new()
+                        .user("app")
+                        .password(APP_PASSWORD)
+                        .dbname(&db)
+                        .connect_raw(tls, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| format!("login: {e}"))?;
+                    tokio::spawn(conn);
+                    let v: i32 = client
+                        .query_one("SELECT 7", &[])
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .get(0);
+                    if v != 7 {
+                        return Err(format!("got {v}"));
+                    }
+                    Ok::<_, String>(())
+                };
+                match attempt.await {
+                    Ok(()) => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => failures.push(e),
+                }
+            }
+            failures
+        }));
+    }
+    for round in 1..=3usize {
+        // Some traffic before each renewal.
+        let target = done.load(std::sync::atomic::Ordering::Relaxed) + 50;
+        eventually("traffic", std::time::Duration::from_secs(30), || {
+            done.load(std::sync::atomic::Ordering::Relaxed) >= target
+        })
+        .await;
+        pki.issue("default", &["localhost", &format!("round{round}.test")]);
+        shoal.signal(libc::SIGHUP);
+        eventually("the reload", std::time::Duration::from_secs(10), || {
+            shoal.log_count("TLS certificates reloaded") >= round
+        })
+        .await;
+        let (_, presented) = tls_login(&shoal, &connector, &db).await.unwrap();
+        assert_eq!(
+            presented,
+            pem_der(&pki.path("default.pem")),
+            "a login after reload {round} gets the renewed certificate"
+        );
+    }
+    let target = done.load(std::sync::atomic::Ordering::Relaxed) + 50;
+    eventually(
+        "traffic after the last renewal",
+        std::time::Duration::from_secs(30),
+        || done.load(std::sync::atomic::Ordering::Relaxed) >= target,
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut failures = Vec::new();
+    for w in workers {
+        failures.extend(w.await.unwrap());
+    }
+    assert!(failures.is_empty(), "failed under reload: {failures:?}");
+}
+
 /// `auth_method = "cert"`: a client certificate chaining to `[tls] ca_file` whose common name
 /// is the user name; a certificate for another name, from an untrusted CA, or none is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

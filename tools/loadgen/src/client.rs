@@ -15,8 +15,9 @@ use hdrhistogram::Histogram;
 use rand::Rng;
 use shoal_wire::backend::{self, AuthRequest};
 use shoal_wire::{frontend, md5, scram, Frame};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpSocket;
+use tokio_rustls::TlsConnector;
 
 use crate::{Args, Report};
 
@@ -95,6 +96,10 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         .await?
         .next()
         .context("target address")?;
+    let tls = match args.tls {
+        true => Some(tls_connector(&args)?),
+        false => None,
+    };
     let args = Arc::new(args);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let started = Instant::now();
@@ -127,6 +132,7 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         stats.attempted.fetch_add(1, Ordering::Relaxed);
         tasks.push(tokio::spawn(connection(
             args.clone(),
+            tls.clone(),
             target,
             source,
             stats.clone(),
@@ -160,6 +166,43 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
     Ok(())
 }
 
+/// A TLS client configuration trusting only `--sslrootcert` (the system's roots are not
+/// read: a benchmark's certificate is its own).
+fn tls_connector(args: &Args) -> anyhow::Result<TlsConnector> {
+    let path = args
+        .sslrootcert
+        .as_ref()
+        .context("--tls needs --sslrootcert")?;
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// SSLRequest, the server's `S`, then the TLS handshake.
+async fn start_tls(
+    args: &Args,
+    connector: &TlsConnector,
+    mut stream: tokio::net::TcpStream,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut req = [0u8; 8];
+    req[..4].copy_from_slice(&8i32.to_be_bytes());
+    req[4..].copy_from_slice(&shoal_wire::startup::SSL_REQUEST_CODE.to_be_bytes());
+    stream.write_all(&req).await?;
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).await?;
+    anyhow::ensure!(answer[0] == b'S', "server refused TLS");
+    let name = rustls::pki_types::ServerName::try_from(args.tls_server_name.clone())?;
+    Ok(connector.connect(name, stream).await?)
+}
+
 fn bound_socket(source: Ipv4Addr) -> std::io::Result<TcpSocket> {
     let socket = TcpSocket::new_v4()?;
     set_bind_no_port(&socket);
@@ -187,20 +230,37 @@ fn set_bind_no_port(socket: &TcpSocket) {
 
 async fn connection(
     args: Arc<Args>,
+    tls: Option<TlsConnector>,
     target: SocketAddr,
     source: Ipv4Addr,
     stats: Arc<Stats>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let stream = match bound_socket(source) {
         Ok(s) => s.connect(target).await,
         Err(e) => Err(e),
     };
-    let mut stream = match stream {
+    let stream = match stream {
         Ok(s) => s,
         Err(e) => return stats.error(format!("connect: {}", e.kind())),
     };
     let _ = stream.set_nodelay(true);
+    match tls {
+        None => session(args, stream, stats, stop).await,
+        Some(connector) => match start_tls(&args, &connector, stream).await {
+            Ok(stream) => session(args, stream, stats, stop).await,
+            Err(e) => stats.error(format!("tls: {e}")),
+        },
+    }
+}
+
+/// Logs in, then queries every interval until told to stop.
+async fn session<S: AsyncRead + AsyncWrite + Unpin>(
+    args: Arc<Args>,
+    mut stream: S,
+    stats: Arc<Stats>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut buf = BytesMut::new();
     if let Err(e) = login(&args, &mut stream, &mut buf, &stats).await {
         return stats.error(format!("login: {e}"));
@@ -250,9 +310,13 @@ async fn connection(
     let mut bye = BytesMut::new();
     frontend::terminate(&mut bye);
     let _ = stream.write_all(&bye).await;
+    let _ = stream.shutdown().await;
 }
 
-async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Result<Frame> {
+async fn read_frame<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> anyhow::Result<Frame> {
     loop {
         if let Some(f) = Frame::split(buf, 1 << 26)? {
             return Ok(f);
@@ -267,8 +331,8 @@ async fn read_frame(stream: &mut TcpStream, buf: &mut BytesMut) -> anyhow::Resul
 }
 
 /// Runs one simple query; returns the SQLSTATE of an error, if any.
-async fn run_query(
-    stream: &mut TcpStream,
+async fn run_query<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     query: &[u8],
     buf: &mut BytesMut,
 ) -> anyhow::Result<Option<String>> {
@@ -284,9 +348,9 @@ async fn run_query(
     }
 }
 
-async fn login(
+async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     args: &Args,
-    stream: &mut TcpStream,
+    stream: &mut S,
     buf: &mut BytesMut,
     stats: &Stats,
 ) -> anyhow::Result<()> {

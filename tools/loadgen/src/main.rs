@@ -51,6 +51,16 @@ pub struct Args {
     /// Source addresses are 127.<second octet>.x.y; give each generator its own.
     #[arg(long, default_value_t = 1)]
     source_octet: u8,
+    /// Connect over TLS (SSLRequest, then a TLS handshake), verifying the server against
+    /// `--sslrootcert` and `--tls-server-name`.
+    #[arg(long)]
+    tls: bool,
+    /// PEM CA file that signed the server's certificate (with `--tls`).
+    #[arg(long)]
+    sslrootcert: Option<std::path::PathBuf>,
+    /// Name the server's certificate must carry (with `--tls`).
+    #[arg(long, default_value = "localhost")]
+    tls_server_name: String,
     /// Write the final report as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,

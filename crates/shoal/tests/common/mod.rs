@@ -430,7 +430,18 @@ impl Shoal {
     }
 
     pub fn log_contains(&self, needle: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+        self.log_count(needle) > 0
+    }
+
+    /// Log lines containing `needle`: waits on events that happen more than once.
+    #[allow(dead_code)]
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 }
 
