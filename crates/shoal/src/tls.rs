@@ -102,6 +102,9 @@ impl ResolvesServerCert for BySni {
     }
 }
 
+/// The largest TLS record Shoal writes to a client, header included.
+pub const MAX_TLS_RECORD: usize = 8192;
+
 /// What Shoal needs to serve TLS to clients. The certificates can be replaced while Shoal
 /// runs ([`TlsState::reload`]); connections already made keep theirs.
 pub struct TlsState {
@@ -196,6 +199,10 @@ impl TlsState {
         }));
         // PostgreSQL's ALPN name: required by clients that start TLS directly.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
+        // Records no larger than libpq's initial 8 KiB input buffer: with bigger ones, a
+        // client on libpq's asynchronous API can wait for bytes that already sit decrypted
+        // inside its TLS library (psycopg, ruby-pg and others have hung so).
+        config.max_fragment_size = Some(MAX_TLS_RECORD);
         Ok(Loaded {
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
             certs: Some(Arc::new(BySni { default, named })),

@@ -162,6 +162,13 @@ fn client_libraries_over_tls() {
         "/../../tests/clients/node/compat.js"
     );
     let go = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/go");
+    // libpq's asynchronous API over TLS with results of many sizes: no stall.
+    let sizes = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/clients/python/tls_sizes.py"
+    );
+    let text = run_with_config("python3", &[sizes], ".", &tls, url("require"));
+    assert!(text.contains("result sizes"), "{text}");
     for (mode, node_mode) in [("require", "no-verify"), ("verify-full", "verify-full")] {
         let text = run_with_config("python3", &[py], ".", &tls, url(mode));
         assert!(
