@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use tokio::time::Instant;
 
-use crate::config::{AuthQuery, ClientAuth, Config, Database, User};
+use crate::config::{AuthQuery, ClientAuth, Database, User};
 use crate::server::{ServerConn, ServerError, Upstream};
 
 /// (database, user name) → the secret (`None`: no such user) and when it was fetched.
@@ -38,7 +38,8 @@ impl SecretCache {
     /// (or it has no password).
     pub async fn user(
         &self,
-        config: &Config,
+        auth_user: &User,
+        connect_timeout: std::time::Duration,
         db: &Database,
         aq: &AuthQuery,
         name: &str,
@@ -52,7 +53,7 @@ impl SecretCache {
         let secret = match cached {
             Some(s) => s,
             None => {
-                let s = fetch(config, db, aq, name).await?;
+                let s = fetch(auth_user, connect_timeout, db, aq, name).await?;
                 let mut entries = self.lock();
                 if entries.len() >= MAX_ENTRIES {
                     entries.clear();
@@ -81,20 +82,19 @@ impl SecretCache {
             pool_size: None,
             client_tls: None,
             passthrough: None,
+            max_client_conn: None,
         }))
     }
 }
 
 /// Runs the auth_query on a short-lived connection as the auth user.
 async fn fetch(
-    config: &Config,
+    auth_user: &User,
+    timeout: std::time::Duration,
     db: &Database,
     aq: &AuthQuery,
     name: &str,
 ) -> Result<Option<String>, ServerError> {
-    let auth_user = config.users.get(&aq.user).ok_or_else(|| {
-        ServerError::Protocol(format!("auth_user \"{}\" is not configured", aq.user))
-    })?;
     let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
         .map_err(|e| ServerError::Tls(e.to_string()))?;
     let upstream = Upstream {
@@ -107,7 +107,6 @@ async fn fetch(
         tls_settings: db.tls.clone(),
         passthrough: None,
     };
-    let timeout = crate::config::secs(config.pool.server_connect_timeout);
     let mut conn = ServerConn::connect(&upstream, timeout).await?;
     let row = tokio::time::timeout(timeout, conn.query_row(&aq.query, &[name]))
         .await

@@ -28,6 +28,7 @@
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
 //! - [`logsafe`]: escaping client-controlled text in log lines.
 
+pub mod api;
 pub mod app;
 pub mod auth_query;
 pub mod bufpool;
@@ -48,6 +49,7 @@ pub mod server;
 pub mod server_session;
 pub mod session;
 pub mod sets;
+pub mod tenant;
 pub mod tls;
 pub mod trim;
 pub mod upstream_tls;

@@ -20,6 +20,9 @@ pub struct StartupRequest {
     pub params: Vec<(String, String)>,
     /// `_pq_.` protocol options we do not know, to list in NegotiateProtocolVersion.
     pub unrecognized: Vec<String>,
+    /// The tenant named in `options` as `reference=<tenant>` (Supavisor's way); taken out of
+    /// the options, never sent to a server.
+    pub reference: Option<String>,
 }
 
 /// A startup packet Shoal cannot serve, as a message for the client.
@@ -76,10 +79,18 @@ fn split_options(options: &str) -> Vec<String> {
     out
 }
 
-fn parse_options(options: &str, params: &mut Vec<(String, String)>) -> Result<(), ParamError> {
+fn parse_options(
+    options: &str,
+    params: &mut Vec<(String, String)>,
+    reference: &mut Option<String>,
+) -> Result<(), ParamError> {
     let args = split_options(options);
     let mut it = args.iter();
     while let Some(arg) = it.next() {
+        if let Some(tenant) = arg.strip_prefix("reference=") {
+            *reference = Some(tenant.to_owned());
+            continue;
+        }
         let setting = if arg == "-c" {
             it.next()
                 .ok_or_else(|| ParamError::BadOption(arg.clone()))?
@@ -111,7 +122,7 @@ impl StartupRequest {
                     return Err(ParamError::Replication)
                 }
                 "replication" => {}
-                "options" => parse_options(v, &mut params)?,
+                "options" => parse_options(v, &mut params, &mut req.reference)?,
                 k if k.starts_with("_pq_.") => req.unrecognized.push(k.to_owned()),
                 _ => params.push((k.clone(), v.clone())),
             }
@@ -222,6 +233,17 @@ mod tests {
             ]
         );
         assert_eq!(r.unrecognized, vec!["_pq_.compression".to_string()]);
+    }
+
+    #[test]
+    fn reference_names_a_tenant_and_is_not_a_setting() {
+        let m = msg(&[
+            ("user", "u"),
+            ("options", "reference=acme -c search_path=x"),
+        ]);
+        let r = StartupRequest::from_startup(&m).unwrap();
+        assert_eq!(r.reference.as_deref(), Some("acme"));
+        assert_eq!(r.params, vec![("search_path".into(), "x".into())]);
     }
 
     #[test]

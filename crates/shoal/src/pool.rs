@@ -66,6 +66,15 @@ pub struct Pool {
     /// Named prepared statements of this pool's clients, by text (transaction mode).
     pub statements: crate::prepared::StatementRegistry,
     pub stats: PoolStats,
+    /// The pool size now (`settings.size` is what it was made with; tenants resize live).
+    size: AtomicUsize,
+    /// Set when the pool was ended (tenant banned, deleted or terminated): why, for its
+    /// clients' FATAL.
+    ended: std::sync::OnceLock<String>,
+    /// This pool's logged-in clients' sockets, so ending the pool can end them.
+    pub client_fds: crate::net::ClientFds,
+    /// When the last client left (milliseconds on [`clock`]), for closing unused pools.
+    pub unused_since: AtomicU64,
 }
 
 /// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
@@ -161,6 +170,10 @@ impl Pool {
         let pool = Arc::new(Pool {
             name,
             permits: Arc::new(Semaphore::new(settings.size)),
+            size: AtomicUsize::new(settings.size),
+            ended: std::sync::OnceLock::new(),
+            client_fds: Default::default(),
+            unused_since: AtomicU64::new(clock::now_ms()),
             settings,
             upstream,
             idle: Mutex::new(VecDeque::new()),
@@ -212,7 +225,7 @@ impl Pool {
                         return Err(CheckoutError::WaitTimeout {
                             pool: self.name.clone(),
                             waited: self.settings.wait_timeout,
-                            size: self.settings.size,
+                            size: self.size(),
                         })
                     }
                     Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
@@ -296,7 +309,7 @@ impl Pool {
         };
         conn.last_used = clock::now_ms();
         conn.session.checked_in();
-        if self.past_lifetime(&conn) {
+        if self.past_lifetime(&conn) || self.ended().is_some() {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());
         } else {
@@ -355,6 +368,63 @@ impl Pool {
             }
             drop(permit);
         }
+    }
+
+    /// Servers idle in the pool now.
+    pub fn idle_count(&self) -> usize {
+        self.lock_idle().len()
+    }
+
+    pub fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// Changes the pool size without disturbing clients: growing adds permits at once;
+    /// shrinking takes permits back as running transactions end, and closes idle servers
+    /// beyond the new size.
+    pub async fn resize(self: &Arc<Self>, new: usize) {
+        let old = self.size.swap(new, Ordering::Relaxed);
+        if new > old {
+            self.permits.add_permits(new - old);
+        } else if new < old {
+            let permits = self.permits.clone();
+            let delta = (old - new) as u32;
+            tokio::spawn(async move {
+                if let Ok(p) = permits.acquire_many_owned(delta).await {
+                    p.forget();
+                }
+            });
+            let surplus = self
+                .stats
+                .servers
+                .load(Ordering::Relaxed)
+                .saturating_sub(new);
+            let closing: Vec<ServerConn> = {
+                let mut idle = self.lock_idle();
+                let n = surplus.min(idle.len());
+                idle.drain(..n).collect()
+            };
+            for c in closing {
+                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                c.close().await;
+            }
+        }
+        tracing::info!(pool = %self.name, from = old, to = new, "pool resized");
+    }
+
+    /// Ends the pool: no more checkouts, its clients are told `reason` and disconnected, its
+    /// idle servers closed (busy ones close when their client goes).
+    pub async fn end(&self, reason: String) -> usize {
+        let _ = self.ended.set(reason);
+        self.permits.close();
+        let n = self.client_fds.shut_reads();
+        self.close_idle().await;
+        n
+    }
+
+    /// Why the pool was ended, if it was.
+    pub fn ended(&self) -> Option<&str> {
+        self.ended.get().map(String::as_str)
     }
 
     /// Closes every idle server (shutdown).

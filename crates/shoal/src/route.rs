@@ -1,19 +1,21 @@
-//! Routing: from who a client says it is (its startup packet; later also the TLS server name
-//! it asked for) to the user it must authenticate as and the pool that serves it, backed by a
-//! registry of pools that can change while Shoal runs.
+//! Routing: from who a client says it is (its startup packet, and the TLS server name it
+//! asked for) to the scope it belongs to (the config file's databases, or one tenant), the
+//! user it must authenticate as and the pool that serves it, backed by a registry that
+//! changes while Shoal runs.
 //!
-//! This is the one place that tenants (routing by `user.tenant`, SNI or database), the admin
-//! console and live reload change: sessions only ask it [`Registry::user`] and
+//! This is the one place that knows tenants exist: sessions ask it [`Registry::resolve`] and
 //! [`Registry::pool`].
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use shoal_wire::sqlstate;
 
-use crate::config::{Config, User};
+use crate::config::{Config, Database, PoolSettings, User};
 use crate::pool::Pool;
 use crate::server::Upstream;
+use crate::tenant::{TenantRoute, Tenants};
 
 /// What a client asks for.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +24,9 @@ pub struct RouteRequest<'a> {
     pub database: &'a str,
     /// The TLS server name (SNI) the client connected with, once TLS is terminated here.
     pub server_name: Option<&'a str>,
+    /// The tenant named in the startup `options` (`reference=<tenant>`).
+    pub reference: Option<&'a str>,
+    pub addr: Option<IpAddr>,
 }
 
 /// Why a client cannot be routed, with what to tell it.
@@ -34,6 +39,14 @@ pub enum RouteError {
     /// The database's TLS settings cannot be used (a file is missing or wrong).
     #[error("database \"{0}\" is misconfigured in Shoal: {1}")]
     Misconfigured(String, String),
+    #[error("tenant \"{0}\" does not exist")]
+    UnknownTenant(String),
+    #[error("the connection names two tenants (\"{0}\" and \"{1}\"): by user name, TLS server name and options they must agree")]
+    TenantConflict(String, String),
+    #[error("tenant \"{0}\" is banned{1}")]
+    TenantBanned(String, String),
+    #[error("connections from this address are not allowed for tenant \"{0}\"")]
+    AddressNotAllowed(String),
 }
 
 impl RouteError {
@@ -42,25 +55,86 @@ impl RouteError {
             RouteError::UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION,
             RouteError::UnknownDatabase(_) => sqlstate::INVALID_CATALOG_NAME,
             RouteError::Misconfigured(..) => sqlstate::CONNECTION_FAILURE,
+            RouteError::UnknownTenant(_) => sqlstate::INVALID_CATALOG_NAME,
+            RouteError::TenantConflict(..) => sqlstate::INVALID_AUTHORIZATION,
+            RouteError::TenantBanned(..) => sqlstate::CONNECTION_REJECTED,
+            RouteError::AddressNotAllowed(_) => sqlstate::INVALID_AUTHORIZATION,
         }
     }
 }
 
-/// The routable configuration and the pools made from it.
+/// Where a login goes.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// The config file's databases and users (database name as the client sent it).
+    File(Arc<Config>, String),
+    Tenant(Arc<TenantRoute>),
+}
+
+/// A routed login: its scope and the user name to authenticate (a `user.tenant` name
+/// without its tenant).
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub scope: Scope,
+    pub user: String,
+}
+
+impl Routed {
+    /// The database the login reaches (`None`: a config-file name that does not exist,
+    /// reported after authentication, as PostgreSQL does).
+    pub fn database(&self) -> Option<&Database> {
+        match &self.scope {
+            Scope::File(c, name) => c.databases.get(name),
+            Scope::Tenant(t) => Some(&t.database),
+        }
+    }
+
+    /// The user as configured (config file, or the tenant's list).
+    pub fn configured_user(&self) -> Option<User> {
+        match &self.scope {
+            Scope::File(c, _) => c.users.get(&self.user).cloned(),
+            Scope::Tenant(t) => t.users().get(&self.user).cloned(),
+        }
+    }
+
+    /// The user that runs the database's auth_query.
+    pub fn auth_user(&self) -> Option<User> {
+        match &self.scope {
+            Scope::File(c, name) => {
+                let aq = c.databases.get(name)?.auth_query.as_ref()?;
+                c.users.get(&aq.user).cloned()
+            }
+            Scope::Tenant(t) => t.manager().cloned(),
+        }
+    }
+
+    pub fn tenant(&self) -> Option<&Arc<TenantRoute>> {
+        match &self.scope {
+            Scope::Tenant(t) => Some(t),
+            Scope::File(..) => None,
+        }
+    }
+}
+
+type PoolKey = (String, String);
+
+/// The routable configuration, the tenants, and the pools made from them.
 pub struct Registry {
     config: RwLock<Arc<Config>>,
-    pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    pub tenants: Tenants,
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
 }
 
 impl Registry {
     pub fn new(config: Config) -> Registry {
         Registry {
             config: RwLock::new(Arc::new(config)),
+            tenants: Tenants::default(),
             pools: Mutex::new(HashMap::new()),
         }
     }
 
-    fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Pool>>> {
+    fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<Pool>>> {
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -72,30 +146,122 @@ impl Registry {
             .clone()
     }
 
-    /// The user a client must authenticate as. Checked before authentication; the database is
-    /// checked after it, as PostgreSQL does (an unauthenticated client learns nothing about
-    /// which databases exist).
-    pub fn user(&self, req: &RouteRequest<'_>) -> Result<User, RouteError> {
-        self.config()
-            .users
-            .get(req.user)
-            .cloned()
-            .ok_or_else(|| RouteError::UnknownUser(req.user.to_owned()))
+    /// The tenant a client names, if any: by `options` reference, by the text after the last
+    /// dot of its user name, by its TLS server name (exact `sni_hostname`, or the first label
+    /// under `[tenants] sni_base_domain`). Every name given must agree. Returns the tenant id
+    /// and the user name to authenticate.
+    fn tenant_named<'a>(
+        &self,
+        config: &Config,
+        req: &RouteRequest<'a>,
+    ) -> Result<Option<(String, &'a str)>, RouteError> {
+        let mut named: Option<String> = None;
+        let mut agree = |id: String| -> Result<(), RouteError> {
+            match &named {
+                Some(n) if *n != id => Err(RouteError::TenantConflict(n.clone(), id)),
+                _ => {
+                    named = Some(id);
+                    Ok(())
+                }
+            }
+        };
+        if let Some(r) = req.reference {
+            agree(r.to_owned())?;
+        }
+        if let Some(sni) = req.server_name {
+            let sni = sni.to_ascii_lowercase();
+            if let Some(id) = self.tenants.by_sni(&sni) {
+                agree(id)?;
+            } else if let Some(base) = &config.tenants.sni_base_domain {
+                let base = base.trim_start_matches('.').to_ascii_lowercase();
+                if let Some(label) = sni.strip_suffix(&base).and_then(|s| s.strip_suffix('.')) {
+                    if !label.is_empty() && !label.contains('.') {
+                        agree(label.to_owned())?;
+                    }
+                }
+            }
+        }
+        let mut user = req.user;
+        if let Some((base, suffix)) = req.user.rsplit_once('.') {
+            let suffix_is_tenant = self.tenants.get(suffix).is_some();
+            match &named {
+                // Named otherwise: strip the same tenant; another tenant's name conflicts;
+                // any other dot is part of the user name.
+                Some(n) if n == suffix => user = base,
+                Some(n) if suffix_is_tenant => {
+                    return Err(RouteError::TenantConflict(n.clone(), suffix.to_owned()))
+                }
+                Some(_) => {}
+                None if suffix_is_tenant => {
+                    named = Some(suffix.to_owned());
+                    user = base;
+                }
+                // `first.last` as a config-file user stays one; otherwise the suffix names
+                // a tenant that does not exist.
+                None if config.users.contains_key(req.user) => {}
+                None if config.store.is_some()
+                    && crate::tenant::model::valid_external_id(suffix)
+                    && !base.is_empty() =>
+                {
+                    named = Some(suffix.to_owned());
+                    user = base;
+                }
+                None => {}
+            }
+        }
+        Ok(named.map(|n| (n, user)))
     }
 
-    /// The pool serving an authenticated `user` for `req`, made on first use.
-    pub fn pool(&self, req: &RouteRequest<'_>, user: &User) -> Result<Arc<Pool>, RouteError> {
+    /// Where a login goes, checked before authentication: an unknown or banned tenant, or an
+    /// address outside its allow list, is refused before any password is exchanged.
+    pub fn resolve(&self, req: &RouteRequest<'_>) -> Result<Routed, RouteError> {
         let config = self.config();
-        let db = config
-            .databases
-            .get(req.database)
-            .ok_or_else(|| RouteError::UnknownDatabase(req.database.to_owned()))?;
+        let Some((id, user)) = self.tenant_named(&config, req)? else {
+            return Ok(Routed {
+                scope: Scope::File(config, req.database.to_owned()),
+                user: req.user.to_owned(),
+            });
+        };
+        let tenant = self
+            .tenants
+            .get(&id)
+            .ok_or_else(|| RouteError::UnknownTenant(id.clone()))?;
+        if tenant.tenant.banned_at(std::time::SystemTime::now()) {
+            let reason = tenant
+                .tenant
+                .ban_reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            return Err(RouteError::TenantBanned(id, reason));
+        }
+        if !tenant.allows(req.addr) {
+            return Err(RouteError::AddressNotAllowed(id));
+        }
+        Ok(Routed {
+            scope: Scope::Tenant(tenant),
+            user: user.to_owned(),
+        })
+    }
+
+    /// The pool serving an authenticated `user` for `routed`, made on first use.
+    pub fn pool(&self, routed: &Routed, user: &User) -> Result<Arc<Pool>, RouteError> {
+        let (db, settings) = match &routed.scope {
+            Scope::File(config, name) => {
+                let db = config
+                    .databases
+                    .get(name)
+                    .ok_or_else(|| RouteError::UnknownDatabase(name.clone()))?;
+                (db, config.pool_settings(db, user))
+            }
+            Scope::Tenant(t) => (&t.database, t.pool_settings(&self.config(), user)),
+        };
         let mut pools = self.lock_pools();
         let key = (db.name.clone(), user.name.clone());
         if let Some(pool) = pools.get(&key) {
             // A user found by auth_query whose password changed needs a pool that logs in
             // with the new secret; clients on the old one keep it.
-            if pool.upstream.passthrough == user.passthrough {
+            if pool.upstream.passthrough == user.passthrough && pool.ended().is_none() {
                 return Ok(pool.clone());
             }
             if let Some(old) = pools.remove(&key) {
@@ -104,9 +270,13 @@ impl Registry {
         }
         let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
             .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
+        let name = match routed.tenant() {
+            Some(t) => format!("{}/{}", t.id(), user.name),
+            None => format!("{}/{}", db.name, user.name),
+        };
         let pool = Pool::new(
-            format!("{}/{}", db.name, user.name),
-            config.pool_settings(db, user),
+            name,
+            settings,
             Upstream {
                 host: db.host.clone(),
                 port: db.port,
@@ -127,6 +297,16 @@ impl Registry {
         self.lock_pools().values().cloned().collect()
     }
 
+    /// A tenant's pools.
+    pub fn tenant_pools(&self, id: &str) -> Vec<Arc<Pool>> {
+        let db = format!("{}{id}", crate::tenant::DB_PREFIX);
+        self.lock_pools()
+            .iter()
+            .filter(|((d, _), _)| *d == db)
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
     /// Takes a pool out of routing: new logins get a fresh pool; clients attached to the old
     /// one keep it until they leave, and its idle servers are closed.
     pub fn remove_pool(&self, database: &str, user: &str) -> Option<Arc<Pool>> {
@@ -140,22 +320,17 @@ impl Registry {
 
     /// Routes later logins by `config`. Pools whose settings, upstream or credentials changed
     /// (or whose database or user is gone) are removed as by [`Registry::remove_pool`];
-    /// unchanged pools, and every attached client, carry on untouched.
+    /// unchanged pools, tenant pools, and every attached client, carry on untouched.
     pub fn replace_config(&self, config: Config) {
-        let stale: Vec<(String, String)> = self
+        let stale: Vec<PoolKey> = self
             .lock_pools()
             .iter()
+            .filter(|((db, _), _)| !db.starts_with(crate::tenant::DB_PREFIX))
             .filter(|((db, user), pool)| {
                 let (Some(d), Some(u)) = (config.databases.get(db), config.users.get(user)) else {
                     return true;
                 };
-                let same_upstream = pool.upstream.host == d.host
-                    && pool.upstream.port == d.port
-                    && pool.upstream.dbname == d.dbname
-                    && pool.upstream.user == u.server_user
-                    && pool.upstream.password == u.server_password
-                    && pool.upstream.tls_settings == d.tls;
-                !same_upstream || pool.settings != config.pool_settings(d, u)
+                !same_upstream(pool, d, u) || pool.settings != config.pool_settings(d, u)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -164,6 +339,123 @@ impl Registry {
             self.remove_pool(&db, &user);
         }
     }
+
+    /// Adds or replaces a tenant. Its pools whose upstream or credentials changed are
+    /// replaced (attached clients stay on the old pool until they leave); pools whose only
+    /// change is their size are resized in place; pools of users no longer listed end.
+    pub async fn put_tenant(&self, route: TenantRoute) {
+        let id = route.id().to_owned();
+        let config = self.config();
+        let new_users = route.users().clone();
+        let database = route.database.clone();
+        let settings_of: HashMap<String, PoolSettings> = new_users
+            .values()
+            .map(|u| (u.name.clone(), route.pool_settings(&config, u)))
+            .collect();
+        let auth_query = database.auth_query.is_some();
+        self.tenants.insert(route);
+        for pool in self.tenant_pools(&id) {
+            let user = pool_user(&pool);
+            let listed = new_users.get(&user);
+            let keep_settings = match listed {
+                Some(u) => same_upstream(&pool, &database, u).then(|| &settings_of[&user]),
+                // A passthrough (auth_query) user stays while auth_query is on and the
+                // upstream is the same.
+                None if auth_query && pool.upstream.passthrough.is_some() => {
+                    let same = pool.upstream.host == database.host
+                        && pool.upstream.port == database.port
+                        && pool.upstream.dbname == database.dbname
+                        && pool.upstream.tls_settings == database.tls;
+                    same.then_some(&pool.settings)
+                }
+                None => None,
+            };
+            match keep_settings {
+                Some(s) if without_size(s) == without_size(&pool.settings) => {
+                    if s.size != pool.size() {
+                        pool.resize(s.size).await;
+                    }
+                }
+                _ if listed.is_none() && !auth_query => {
+                    self.end_pool(&pool, "its user was removed from the tenant")
+                        .await;
+                }
+                _ => {
+                    self.remove_pool(&database.name, &user);
+                }
+            }
+        }
+    }
+
+    /// Removes a tenant: its clients are told why and disconnected, its pools closed.
+    pub async fn remove_tenant(&self, id: &str, reason: &str) -> Option<usize> {
+        let old = self.tenants.remove(id)?;
+        drop(old);
+        Some(self.end_tenant_pools(id, reason).await)
+    }
+
+    /// Ends every pool of a tenant (ban, terminate); returns how many clients were told.
+    pub async fn end_tenant_pools(&self, id: &str, reason: &str) -> usize {
+        let mut n = 0;
+        for pool in self.tenant_pools(id) {
+            n += self.end_pool(&pool, reason).await;
+        }
+        n
+    }
+
+    async fn end_pool(&self, pool: &Arc<Pool>, reason: &str) -> usize {
+        {
+            let mut pools = self.lock_pools();
+            pools.retain(|_, p| !Arc::ptr_eq(p, pool));
+        }
+        pool.end(reason.to_owned()).await
+    }
+
+    /// Closes tenant pools no client has used for `idle`: a tenant costs nothing again
+    /// until its next login.
+    pub fn close_unused_tenant_pools(&self, idle: std::time::Duration) -> usize {
+        let now = crate::clock::now_ms();
+        let idle_ms = idle.as_millis() as u64;
+        let unused: Vec<PoolKey> = self
+            .lock_pools()
+            .iter()
+            .filter(|((db, _), p)| {
+                db.starts_with(crate::tenant::DB_PREFIX)
+                    && p.stats.clients.load(std::sync::atomic::Ordering::Relaxed) == 0
+                    && now.saturating_sub(p.unused_since.load(std::sync::atomic::Ordering::Relaxed))
+                        >= idle_ms
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (db, user) in &unused {
+            self.remove_pool(db, user);
+        }
+        unused.len()
+    }
+}
+
+fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
+    pool.upstream.host == d.host
+        && pool.upstream.port == d.port
+        && pool.upstream.dbname == d.dbname
+        && pool.upstream.user == u.server_user
+        && pool.upstream.password == u.server_password
+        && pool.upstream.tls_settings == d.tls
+}
+
+fn without_size(s: &PoolSettings) -> PoolSettings {
+    PoolSettings {
+        size: 0,
+        ..s.clone()
+    }
+}
+
+/// The user part of a pool's name (`tenant/user`).
+fn pool_user(pool: &Pool) -> String {
+    pool.name
+        .split_once('/')
+        .map(|(_, u)| u.to_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -186,22 +478,32 @@ mod tests {
             user,
             database,
             server_name: None,
+            reference: None,
+            addr: None,
         }
+    }
+
+    fn user_of(r: &Registry, user: &str, db: &str) -> (Routed, User) {
+        let routed = r.resolve(&req(user, db)).unwrap();
+        let u = routed.configured_user().unwrap();
+        (routed, u)
     }
 
     #[tokio::test]
     async fn routes_known_names_and_refuses_others() {
         let r = Registry::new(config(3));
-        let u = r.user(&req("u", "d")).unwrap();
-        assert_eq!(
-            r.user(&req("nobody", "d")).unwrap_err().code(),
-            sqlstate::INVALID_AUTHORIZATION
-        );
-        let p = r.pool(&req("u", "d"), &u).unwrap();
+        let (routed, u) = user_of(&r, "u", "d");
+        assert!(r
+            .resolve(&req("nobody", "d"))
+            .unwrap()
+            .configured_user()
+            .is_none());
+        let p = r.pool(&routed, &u).unwrap();
         assert_eq!(p.name, "d/u");
-        assert!(Arc::ptr_eq(&p, &r.pool(&req("u", "d"), &u).unwrap()));
+        assert!(Arc::ptr_eq(&p, &r.pool(&routed, &u).unwrap()));
+        let (nodb, u) = user_of(&r, "u", "nodb");
         assert_eq!(
-            r.pool(&req("u", "nodb"), &u).err(),
+            r.pool(&nodb, &u).err(),
             Some(RouteError::UnknownDatabase("nodb".into()))
         );
     }
@@ -209,18 +511,118 @@ mod tests {
     #[tokio::test]
     async fn pools_change_with_the_config_at_run_time() {
         let r = Registry::new(config(3));
-        let u = r.user(&req("u", "d")).unwrap();
-        let before = r.pool(&req("u", "d"), &u).unwrap();
+        let (routed, u) = user_of(&r, "u", "d");
+        let before = r.pool(&routed, &u).unwrap();
         // The same settings: the pool stays.
         r.replace_config(config(3));
-        assert!(Arc::ptr_eq(&before, &r.pool(&req("u", "d"), &u).unwrap()));
+        let (routed, u) = user_of(&r, "u", "d");
+        assert!(Arc::ptr_eq(&before, &r.pool(&routed, &u).unwrap()));
         // A new pool size: new logins get a new pool; the old one lives on for its clients.
         r.replace_config(config(5));
-        let after = r.pool(&req("u", "d"), &u).unwrap();
+        let (routed, u) = user_of(&r, "u", "d");
+        let after = r.pool(&routed, &u).unwrap();
         assert!(!Arc::ptr_eq(&before, &after));
         assert_eq!(after.settings.size, 5);
         assert_eq!(before.settings.size, 3);
         assert!(r.remove_pool("d", "u").is_some());
         assert!(r.pools().is_empty());
+    }
+
+    fn tenant(id: &str, sni: Option<&str>) -> TenantRoute {
+        let mut t: crate::tenant::model::Tenant = serde_json::from_value(serde_json::json!({
+            "db_host": "127.0.0.1", "db_database": "x", "require_user": true,
+            "users": [{"db_user": "app", "db_password": "pw"}],
+            "sni_hostname": sni,
+            "allow_list": ["10.0.0.0/8"]
+        }))
+        .unwrap();
+        t.external_id = id.into();
+        TenantRoute::new(t, std::path::Path::new("/nonexistent")).unwrap()
+    }
+
+    fn with_store() -> Config {
+        Config::parse(
+            "[store]\nurl = \"sqlite::memory:\"\n[tenants]\nsni_base_domain = \"db.example.com\"\n[databases.d]\nport = 1\n[users.u]\npassword = \"p\"\n[users.\"first.last\"]\npassword = \"p\"\n",
+            "test",
+            &|_| None,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn tenants_are_named_by_user_sni_or_reference_and_must_agree() {
+        let r = Registry::new(with_store());
+        r.put_tenant(tenant("acme", Some("pg.acme.test"))).await;
+        r.put_tenant(tenant("other", None)).await;
+        let ip: Option<IpAddr> = Some("10.1.2.3".parse().unwrap());
+        let at =
+            |user: &'static str, sni: Option<&'static str>, reference: Option<&'static str>| {
+                r.resolve(&RouteRequest {
+                    user,
+                    database: "d",
+                    server_name: sni,
+                    reference,
+                    addr: ip,
+                })
+            };
+        let id = |x: Result<Routed, RouteError>| {
+            let x = x.unwrap();
+            (x.tenant().map(|t| t.id().to_owned()), x.user)
+        };
+        assert_eq!(
+            id(at("app.acme", None, None)),
+            (Some("acme".into()), "app".into())
+        );
+        assert_eq!(
+            id(at("app", Some("pg.acme.test"), None)),
+            (Some("acme".into()), "app".into())
+        );
+        assert_eq!(
+            id(at("app", Some("other.db.example.com"), None)),
+            (Some("other".into()), "app".into())
+        );
+        assert_eq!(
+            id(at("app", None, Some("other"))),
+            (Some("other".into()), "app".into())
+        );
+        assert_eq!(
+            id(at("app.acme", Some("pg.acme.test"), Some("acme"))),
+            (Some("acme".into()), "app".into())
+        );
+        // Config-file users, dotted or not, stay in the config file.
+        assert_eq!(id(at("u", None, None)), (None, "u".into()));
+        assert_eq!(
+            id(at("first.last", None, None)),
+            (None, "first.last".into())
+        );
+        // Disagreements and unknown tenants are refused.
+        assert!(matches!(
+            at("app.other", Some("pg.acme.test"), None),
+            Err(RouteError::TenantConflict(..))
+        ));
+        assert!(matches!(
+            at("app", Some("pg.acme.test"), Some("other")),
+            Err(RouteError::TenantConflict(..))
+        ));
+        assert!(matches!(
+            at("app.nosuch", None, None),
+            Err(RouteError::UnknownTenant(_))
+        ));
+        assert!(matches!(
+            at("app", None, Some("nosuch")),
+            Err(RouteError::UnknownTenant(_))
+        ));
+        // The allow list.
+        let outside = r.resolve(&RouteRequest {
+            user: "app.acme",
+            database: "d",
+            server_name: None,
+            reference: None,
+            addr: Some("192.168.1.1".parse().unwrap()),
+        });
+        assert_eq!(
+            outside.unwrap_err(),
+            RouteError::AddressNotAllowed("acme".into())
+        );
     }
 }

@@ -83,6 +83,9 @@ pub async fn serve_on(
         ready.push_str(&format!("tcp {addr}\n"));
         tokio::spawn(listener::accept_tcp(l, app.clone()));
     }
+    if let Some(api) = start_tenants(&app).await? {
+        ready.push_str(&format!("api {api}\n"));
+    }
     if let Some(path) = ready_file {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, &ready)?;
@@ -120,6 +123,81 @@ pub async fn serve_on(
         "stopped; idle clients are disconnected"
     );
     Ok(())
+}
+
+/// Opens the tenant store (when configured), loads its tenants into routing, follows a
+/// shared store's changes, closes unused tenant pools, and serves the management API (when
+/// configured). Returns the API's address.
+async fn start_tenants(app: &std::sync::Arc<App>) -> std::io::Result<Option<std::net::SocketAddr>> {
+    let Some(section) = app.config.store.clone() else {
+        return Ok(None);
+    };
+    let store = crate::tenant::store::Store::open(&section)
+        .await
+        .map_err(std::io::Error::other)?;
+    let shared = store.shared_url().map(str::to_owned);
+    let service = std::sync::Arc::new(crate::tenant::service::TenantService::new(
+        app.clone(),
+        store,
+        &section.data_dir,
+    ));
+    let n = service.sync_all().await.map_err(std::io::Error::other)?;
+    tracing::info!(tenants = n, store = %redact_url(&section.url()), "tenant store opened");
+    if let Some(url) = shared {
+        tokio::spawn(crate::tenant::service::follow_shared_store(
+            service.clone(),
+            url,
+            secs(section.resync_interval.max(1.0)),
+        ));
+    }
+    let idle = secs(app.config.tenants.pool_idle_close);
+    let routes_app = app.clone();
+    tokio::spawn(async move {
+        let mut tick =
+            tokio::time::interval(Duration::from_secs(5).min(idle.max(Duration::from_millis(200))));
+        loop {
+            tick.tick().await;
+            let closed = routes_app.routes.close_unused_tenant_pools(idle);
+            if closed > 0 {
+                tracing::debug!(closed, "closed unused tenant pools");
+            }
+        }
+    });
+    let Some(api) = app.config.api.clone() else {
+        return Ok(None);
+    };
+    let auth = crate::api::auth::ApiAuth::from_env(
+        &api.jwt_secret_env,
+        api.token_env.as_deref(),
+        &section.data_dir,
+    )?;
+    let listener = tokio::net::TcpListener::bind(api.listen)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {} (api.listen): {e}", api.listen),
+            )
+        })?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "management API listening");
+    tokio::spawn(crate::api::serve(
+        listener,
+        crate::api::router(service, auth),
+    ));
+    Ok(Some(addr))
+}
+
+/// A store URL for the log, without its password.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..s + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// SIGHUP re-reads the TLS certificate and key files; a bad file is refused (logged) and the

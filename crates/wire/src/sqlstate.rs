@@ -3,6 +3,8 @@
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CONNECTION_FAILURE: &str = "08006";
 pub const CONNECTION_EXCEPTION: &str = "08000";
+/// sqlserver_rejected_establishment_of_sqlconnection: a banned tenant.
+pub const CONNECTION_REJECTED: &str = "08004";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 pub const INVALID_AUTHORIZATION: &str = "28000";
 pub const INVALID_PASSWORD: &str = "28P01";

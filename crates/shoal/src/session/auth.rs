@@ -68,6 +68,7 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
         pool_size: None,
         client_tls: None,
         passthrough: None,
+        max_client_conn: None,
     };
     match authenticate(stream, &user, None).await {
         Ok(_) => auth_failed(name),

@@ -120,13 +120,15 @@ async fn login(
         ClientStream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
         _ => None,
     };
+    let addr = stream.peer_ip();
     let route = RouteRequest {
         user: &req.user,
         database: &req.database,
         server_name: server_name.as_deref(),
+        reference: req.reference.as_deref(),
+        addr,
     };
     let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
-    let addr = stream.peer_ip();
     if let Some(left) = addr.and_then(|a| app.login_failures.banned(a, &req.user)) {
         return Err(SessionError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
@@ -136,18 +138,37 @@ async fn login(
             ),
         ));
     }
+    let routed = match app.routes.resolve(&route) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused before authentication");
+            if let (Some(a), RouteError::UnknownTenant(_)) = (addr, &e) {
+                // Probing for tenant names is rate-limited like guessing passwords.
+                let delay = app.login_failures.failed(a, &req.user);
+                tokio::time::sleep(delay).await;
+            }
+            return Err(refused(e));
+        }
+    };
     let end_point = if stream.is_tls() {
         app.tls.end_point(server_name.as_deref())
     } else {
         None
     };
-    // Who the user is: configured in Shoal, or found by the database's auth_query.
-    let config = app.routes.config();
-    let database = config.databases.get(&req.database);
-    let mut found = app.routes.user(&route);
+    // Who the user is: configured (config file or tenant), or found by the database's
+    // auth_query.
+    let database = routed.database();
+    let mut found = routed
+        .configured_user()
+        .ok_or_else(|| RouteError::UnknownUser(routed.user.clone()));
     if let (Err(_), Some(db)) = (&found, database) {
-        if let Some(aq) = &db.auth_query {
-            match app.secrets.user(&config, db, aq, &req.user).await {
+        if let (Some(aq), Some(auth_user)) = (&db.auth_query, routed.auth_user()) {
+            let timeout = crate::config::secs(app.routes.config().pool.server_connect_timeout);
+            match app
+                .secrets
+                .user(&auth_user, timeout, db, aq, &routed.user)
+                .await
+            {
                 Ok(Some(user)) => found = Ok(user),
                 Ok(None) => {}
                 Err(e) => {
@@ -163,8 +184,8 @@ async fn login(
             }
         }
     }
-    // TLS requirement: the user's, else the database's, else `[tls] client_tls` — checked
-    // before any password is exchanged.
+    // TLS requirement: the user's, else the database's (a tenant's `enforce_ssl`), else
+    // `[tls] client_tls` — checked before any password is exchanged.
     let db_tls = database.and_then(|d| d.client_tls);
     let tls_mode = found
         .as_ref()
@@ -201,9 +222,9 @@ async fn login(
                     Ok(user)
                 }
                 Err(e) => {
-                    if database.is_some_and(|d| d.auth_query.is_some()) {
+                    if let Some(d) = database.filter(|d| d.auth_query.is_some()) {
                         // The password may have changed in PostgreSQL: look again next time.
-                        app.secrets.forget(&req.database, &req.user);
+                        app.secrets.forget(&d.name, &routed.user);
                     }
                     Err(e)
                 }
@@ -213,7 +234,7 @@ async fn login(
             // Answered like a wrong password (no probing which users exist); the log says why.
             tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused");
             let seed = app.unknown_user_seed(&req.user);
-            Err(Box::pin(auth::refuse_unknown(stream, &req.user, &seed)).await)
+            Err(Box::pin(auth::refuse_unknown(stream, &routed.user, &seed)).await)
         }
     };
     let user = match result {
@@ -231,7 +252,7 @@ async fn login(
             return Err(e);
         }
     };
-    let pool = app.routes.pool(&route, &user).map_err(refused)?;
+    let pool = app.routes.pool(&routed, &user).map_err(refused)?;
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
@@ -305,6 +326,10 @@ impl std::ops::Deref for PoolClient {
 
 impl Drop for PoolClient {
     fn drop(&mut self) {
-        self.0.stats.clients.fetch_sub(1, Ordering::Relaxed);
+        if self.0.stats.clients.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0
+                .unused_since
+                .store(crate::clock::now_ms(), Ordering::Relaxed);
+        }
     }
 }

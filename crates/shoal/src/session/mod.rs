@@ -219,6 +219,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         if let Some(fd) = self.stream.raw_fd() {
             self.app.client_fds.remove(fd);
+            self.pool.client_fds.remove(fd);
         }
         budget::release(&mut self.large_kib);
         self.set_active(false);
@@ -244,6 +245,7 @@ impl Session {
         client.into_session();
         if let Some(fd) = stream.raw_fd() {
             app.client_fds.insert(fd);
+            pool.client_fds.insert(fd);
         }
         let session = Session {
             id,
@@ -265,13 +267,27 @@ impl Session {
     /// The client's read side ended: it left, or shutdown closed it (then it is told why,
     /// as PostgreSQL tells its sessions).
     fn gone_or_shut_down(&self) -> Result<(), SessionError> {
+        match self.ended() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Why Shoal is ending this client, if it is: shutdown, or its pool was ended (tenant
+    /// banned, deleted or terminated).
+    fn ended(&self) -> Option<SessionError> {
         if self.app.shutting_down() {
-            return Err(SessionError::fatal(
+            return Some(SessionError::fatal(
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because Shoal is shutting down",
             ));
         }
-        Ok(())
+        self.pool.ended().map(|why| {
+            SessionError::fatal(
+                sqlstate::ADMIN_SHUTDOWN,
+                format!("terminating connection: {why}"),
+            )
+        })
     }
 
     /// Holds or frees this client's share of the large-message budget.
@@ -307,11 +323,8 @@ impl Session {
                         // Idle: hold no buffer, no server, no timer, no budget.
                         budget::release(&mut self.large_kib);
                         crate::bufpool::give(std::mem::take(&mut self.cbuf));
-                        if self.app.shutting_down() {
-                            return Err(SessionError::fatal(
-                                sqlstate::ADMIN_SHUTDOWN,
-                                "terminating connection because Shoal is shutting down",
-                            ));
+                        if let Some(e) = self.ended() {
+                            return Err(e);
                         }
                     }
                     let read = if self.stream.is_buffered() {
@@ -332,12 +345,15 @@ impl Session {
                         }
                     };
                     match read {
-                        Ok(Some(0)) if self.app.shutting_down() => {
-                            // Shutdown closed our read side: say why, as PostgreSQL does.
-                            return Err(SessionError::fatal(
-                                sqlstate::ADMIN_SHUTDOWN,
-                                "terminating connection because Shoal is shutting down",
-                            ));
+                        Ok(Some(0)) if self.ended().is_some() => {
+                            // Shutdown or the end of our pool closed our read side: say
+                            // why, as PostgreSQL does.
+                            return Err(self.ended().unwrap_or_else(|| {
+                                SessionError::fatal(
+                                    sqlstate::ADMIN_SHUTDOWN,
+                                    "terminating connection",
+                                )
+                            }));
                         }
                         Ok(Some(0)) => return Ok(()),
                         // Data, or stale readiness: go on (a stale wakeup holds no buffer).

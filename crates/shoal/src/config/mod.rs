@@ -11,10 +11,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
+mod service;
+pub use service::{ApiSection, StoreSection, TenantsSection};
+
 /// The configuration used when `shoal` starts without `--config`: one pool in front of a
 /// local PostgreSQL on port 5432, for trying Shoal out. `scripts/quickstart` starts exactly
 /// that PostgreSQL.
-pub const EMBEDDED_DEFAULT: &str = include_str!("../../../config/default.toml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../../../config/default.toml");
 
 /// A configuration problem, located in the file so the operator can fix it.
 #[derive(Debug, thiserror::Error)]
@@ -318,6 +321,10 @@ struct RawConfig {
     databases: BTreeMap<String, DatabaseSection>,
     #[serde(default)]
     users: BTreeMap<String, UserSection>,
+    api: Option<ApiSection>,
+    store: Option<StoreSection>,
+    #[serde(default)]
+    tenants: TenantsSection,
 }
 
 impl std::fmt::Debug for UserSection {
@@ -353,6 +360,8 @@ pub struct User {
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
     pub passthrough: Option<std::sync::Arc<Passthrough>>,
+    /// Overrides the database's `max_client_conn` (tenant users' `max_clients`).
+    pub max_client_conn: Option<usize>,
 }
 
 impl std::fmt::Debug for User {
@@ -390,6 +399,9 @@ pub struct Config {
     pub pool: PoolSection,
     pub databases: BTreeMap<String, Database>,
     pub users: BTreeMap<String, User>,
+    pub api: Option<ApiSection>,
+    pub store: Option<StoreSection>,
+    pub tenants: TenantsSection,
 }
 
 /// Settings of one (database, user) pool, with overrides applied.
@@ -575,12 +587,25 @@ impl Config {
                 ));
             }
         }
+        if let Some(bad) = databases.keys().find(|n| n.contains(':')) {
+            return Err(invalid(
+                "databases",
+                format!("database name \"{bad}\" contains ':', which Shoal keeps for tenants"),
+            ));
+        }
+        // The API needs a store; a store alone serves the tenants it holds.
+        let store = raw
+            .store
+            .or_else(|| raw.api.as_ref().map(|_| StoreSection::default()));
         Ok(Config {
             server: raw.server,
             tls: raw.tls,
             pool: raw.pool,
             databases,
             users,
+            api: raw.api,
+            store,
+            tenants: raw.tenants,
         })
     }
 
@@ -592,7 +617,10 @@ impl Config {
             mode: user.pool_mode.or(db.pool_mode).unwrap_or(p.pool_mode),
             size: user.pool_size.or(db.pool_size).unwrap_or(p.pool_size),
             min_size: db.min_pool_size.unwrap_or(p.min_pool_size),
-            max_client_conn: db.max_client_conn.unwrap_or(p.max_client_conn),
+            max_client_conn: user
+                .max_client_conn
+                .or(db.max_client_conn)
+                .unwrap_or(p.max_client_conn),
             idle_timeout: secs(p.server_idle_timeout),
             lifetime: secs(p.server_lifetime),
             connect_timeout: secs(p.server_connect_timeout),
@@ -680,6 +708,7 @@ fn resolve_user(
         server_password,
         client_tls: u.client_tls,
         passthrough: None,
+        max_client_conn: None,
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
     })

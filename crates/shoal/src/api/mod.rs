@@ -1,0 +1,317 @@
+//! The management API (HTTP, JSON): Supavisor's tenant routes and bodies, so provisioning
+//! scripts written for Supavisor work unchanged, plus a tenant list, live pool state, a
+//! health check and the OpenAPI document. Every route but `/api/health` and
+//! `/api/openapi.json` needs a bearer token ([`auth`]).
+
+pub mod auth;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::tenant::model::{valid_external_id, Tenant};
+use crate::tenant::service::{ServiceError, TenantService};
+
+/// The OpenAPI 3 document describing this API (a test checks it against the router).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every route, for the OpenAPI test: (method, path).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/api/health"),
+    ("get", "/api/openapi.json"),
+    ("get", "/api/tenants"),
+    ("get", "/api/tenants/{id}"),
+    ("put", "/api/tenants/{id}"),
+    ("patch", "/api/tenants/{id}"),
+    ("delete", "/api/tenants/{id}"),
+    ("get", "/api/tenants/{id}/terminate"),
+    ("get", "/api/tenants/{id}/pools"),
+];
+
+struct Api {
+    service: Arc<TenantService>,
+    auth: auth::ApiAuth,
+}
+
+type Shared = State<Arc<Api>>;
+
+pub fn router(service: Arc<TenantService>, auth: auth::ApiAuth) -> Router {
+    let api = Arc::new(Api { service, auth });
+    Router::new()
+        .route("/api/health", get(health))
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/tenants", get(list))
+        .route(
+            "/api/tenants/{id}",
+            get(get_tenant)
+                .put(put_tenant)
+                .patch(patch_tenant)
+                .delete(delete_tenant),
+        )
+        .route("/api/tenants/{id}/terminate", get(terminate))
+        .route("/api/tenants/{id}/pools", get(pools))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+        .with_state(api)
+}
+
+/// Serves the API on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, router: Router) {
+    if let Err(e) = axum::serve(listener, router).await {
+        tracing::error!(error = %e, "management API stopped");
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+fn field_errors(errors: crate::tenant::model::FieldErrors) -> Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Json(json!({ "errors": errors })),
+    )
+        .into_response()
+}
+
+fn one_field(field: &str, message: &str) -> Response {
+    let mut e = crate::tenant::model::FieldErrors::new();
+    e.insert(field.into(), vec![message.into()]);
+    field_errors(e)
+}
+
+fn service_error(e: ServiceError) -> Response {
+    match e {
+        ServiceError::Invalid(errors) => field_errors(errors),
+        ServiceError::NotFound => error(StatusCode::NOT_FOUND, "tenant not found"),
+        ServiceError::Store(e) => {
+            tracing::error!(error = %e, "tenant store failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the tenant store failed; see Shoal's log",
+            )
+        }
+    }
+}
+
+/// Refuses a request without a valid bearer token.
+/// A response that ends a request early (boxed: responses are large).
+type Refusal = Box<Response>;
+
+fn authorized(api: &Api, headers: &HeaderMap) -> Result<(), Refusal> {
+    let header = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if api.auth.allows(header) {
+        Ok(())
+    } else {
+        Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid bearer token",
+        )))
+    }
+}
+
+fn checked_id(id: &str) -> Result<(), Refusal> {
+    if valid_external_id(id) {
+        Ok(())
+    } else {
+        Err(Box::new(one_field(
+            "external_id",
+            "must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen",
+        )))
+    }
+}
+
+/// A JSON body `{"tenant": {...}}`; type errors name the field.
+fn tenant_body(body: &[u8]) -> Result<Value, Refusal> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &format!("the body is not valid JSON: {e}"),
+        ))
+    })?;
+    match v.get("tenant") {
+        Some(t @ Value::Object(_)) => Ok(t.clone()),
+        _ => Err(Box::new(one_field(
+            "tenant",
+            "the body must be {\"tenant\": {...}}",
+        ))),
+    }
+}
+
+fn tenant_json(t: &Tenant) -> Value {
+    json!({ "data": t })
+}
+
+async fn health() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Page {
+    page: Option<usize>,
+    per_page: Option<usize>,
+}
+
+async fn list(State(api): Shared, headers: HeaderMap, Query(p): Query<Page>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    let per_page = p.per_page.unwrap_or(100).clamp(1, 1000);
+    let page = p.page.unwrap_or(1).max(1);
+    match api.service.list().await {
+        Ok(all) => {
+            let total = all.len();
+            let data: Vec<&Tenant> = all
+                .iter()
+                .skip((page - 1) * per_page)
+                .take(per_page)
+                .collect();
+            Json(json!({ "data": data, "page": page, "per_page": per_page, "total": total }))
+                .into_response()
+        }
+        Err(e) => service_error(e),
+    }
+}
+
+async fn get_tenant(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    match api.service.get(&id).await {
+        Ok(t) => Json(tenant_json(&t)).into_response(),
+        Err(e) => service_error(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct PutQuery {
+    check: Option<bool>,
+}
+
+async fn put_tenant(
+    State(api): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<PutQuery>,
+    body: Bytes,
+) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    if let Err(r) = checked_id(&id) {
+        return *r;
+    }
+    let body = match tenant_body(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    let t: Tenant = match serde_path_to_error::deserialize(body) {
+        Ok(t) => t,
+        Err(e) => {
+            let path = e.path().to_string();
+            return one_field(&path, &e.inner().to_string());
+        }
+    };
+    match api.service.put(t, &id, q.check.unwrap_or(true)).await {
+        Ok(created) => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            match api.service.get(&id).await {
+                Ok(t) => (status, Json(tenant_json(&t))).into_response(),
+                Err(e) => service_error(e),
+            }
+        }
+        Err(e) => service_error(e),
+    }
+}
+
+async fn patch_tenant(
+    State(api): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    let body = match tenant_body(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    match api.service.patch(&id, body).await {
+        Ok(t) => Json(tenant_json(&t)).into_response(),
+        Err(e) => service_error(e),
+    }
+}
+
+async fn delete_tenant(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    match api.service.delete(&id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => service_error(e),
+    }
+}
+
+async fn terminate(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    match api.service.terminate(&id).await {
+        Ok(n) => Json(json!({ "result": "success", "clients": n })).into_response(),
+        Err(e) => service_error(e),
+    }
+}
+
+async fn pools(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    if api.service.app.routes.tenants.get(&id).is_none() {
+        return error(StatusCode::NOT_FOUND, "tenant not found");
+    }
+    let pools: Vec<Value> = api
+        .service
+        .app
+        .routes
+        .tenant_pools(&id)
+        .iter()
+        .map(|p| {
+            let s = &p.stats;
+            json!({
+                "db_user": p.upstream.user,
+                "mode_type": match p.settings.mode {
+                    crate::config::PoolMode::Transaction => "transaction",
+                    crate::config::PoolMode::Session => "session",
+                },
+                "pool_size": p.size(),
+                "clients": s.clients.load(Ordering::Relaxed),
+                "waiting": s.waiting.load(Ordering::Relaxed),
+                "servers": s.servers.load(Ordering::Relaxed),
+                "servers_idle": p.idle_count(),
+                "transactions": s.checkouts.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    Json(json!({ "data": pools })).into_response()
+}

@@ -1,0 +1,106 @@
+//! The sections for what runs beside the pooler: the HTTP management API, the tenant store
+//! and tenant routing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[api]`: the HTTP listener for the tenant API (and, later, metrics). Present: on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSection {
+    #[serde(default = "default_api_listen")]
+    pub listen: SocketAddr,
+    /// Environment variable holding the HS256 secret that signs API tokens (JWTs).
+    #[serde(default = "default_jwt_env")]
+    pub jwt_secret_env: String,
+    /// Environment variable holding a static bearer token, accepted beside JWTs.
+    pub token_env: Option<String>,
+}
+
+fn default_api_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 4000))
+}
+
+fn default_jwt_env() -> String {
+    "API_JWT_SECRET".into()
+}
+
+/// `[store]`: where tenants are kept.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// `sqlite:PATH` (embedded, the default) or `postgres://…` (shared by several nodes).
+    pub url: Option<String>,
+    /// Holds the embedded store, its encryption key when none is given, and the API token
+    /// made when no JWT secret is set.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Environment variable holding the 32-byte key (64 hex digits or base64) that encrypts
+    /// tenant passwords at rest.
+    #[serde(default = "default_key_env")]
+    pub encryption_key_env: String,
+    /// Seconds between full re-reads of a shared store (notifications carry changes at once;
+    /// this heals a missed one).
+    #[serde(default = "default_resync")]
+    pub resync_interval: f64,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            url: None,
+            data_dir: default_data_dir(),
+            encryption_key_env: default_key_env(),
+            resync_interval: default_resync(),
+        }
+    }
+}
+
+impl StoreSection {
+    /// The store's URL, the embedded SQLite file under `data_dir` when none is set.
+    pub fn url(&self) -> String {
+        self.url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite:{}", self.data_dir.join("tenants.db").display()))
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("shoal-data")
+}
+
+fn default_key_env() -> String {
+    "SHOAL_ENC_KEY".into()
+}
+
+fn default_resync() -> f64 {
+    30.0
+}
+
+/// `[tenants]`: how clients name their tenant, and tenant pool upkeep.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantsSection {
+    /// With `db.example.com`, a client connecting with SNI `acme.db.example.com` reaches
+    /// tenant `acme`.
+    pub sni_base_domain: Option<String>,
+    /// Seconds a tenant pool may sit with no client before it is closed (its memory freed);
+    /// the next login makes it again.
+    #[serde(default = "default_pool_idle_close")]
+    pub pool_idle_close: f64,
+}
+
+impl Default for TenantsSection {
+    fn default() -> Self {
+        TenantsSection {
+            sni_base_domain: None,
+            pool_idle_close: default_pool_idle_close(),
+        }
+    }
+}
+
+fn default_pool_idle_close() -> f64 {
+    300.0
+}

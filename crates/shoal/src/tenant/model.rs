@@ -1,0 +1,422 @@
+//! A tenant as operators write it: Supavisor's JSON field names and meanings (its provisioning
+//! scripts work unchanged), plus a few optional fields of Shoal's. Pure data and validation;
+//! no I/O.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::PoolMode;
+
+/// Supavisor's defaults.
+pub const DEFAULT_POOL_SIZE: usize = 15;
+pub const DEFAULT_MAX_CLIENTS: usize = 1000;
+
+/// One tenant: a database on a PostgreSQL server, who may use it, and how.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Tenant {
+    /// Taken from the URL; a body may repeat it (it must then match).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub external_id: String,
+    #[serde(default)]
+    pub db_host: String,
+    #[serde(default = "default_port")]
+    pub db_port: u16,
+    #[serde(default)]
+    pub db_database: String,
+    #[serde(default)]
+    pub ip_version: IpVersion,
+    /// `true`: only the listed users may log in. `false`: other users are looked up with
+    /// `auth_query`, run as the manager user.
+    #[serde(default)]
+    pub require_user: bool,
+    #[serde(default)]
+    pub auth_query: Option<String>,
+    #[serde(default)]
+    pub users: Vec<TenantUser>,
+    #[serde(default)]
+    pub default_pool_size: Option<usize>,
+    #[serde(default)]
+    pub default_max_clients: Option<usize>,
+    /// Seconds an idle client may stay connected (0: forever).
+    #[serde(default)]
+    pub client_idle_timeout: u64,
+    /// Connect to PostgreSQL over TLS.
+    #[serde(default)]
+    pub upstream_ssl: bool,
+    /// `peer`: verify the server's certificate (against `upstream_tls_ca`); `none`: don't.
+    #[serde(default)]
+    pub upstream_verify: Option<UpstreamVerify>,
+    /// PEM CA certificate(s) for `upstream_verify = "peer"`.
+    #[serde(default)]
+    pub upstream_tls_ca: Option<String>,
+    /// Clients must use TLS.
+    #[serde(default)]
+    pub enforce_ssl: bool,
+    /// Clients connecting with this TLS server name reach this tenant.
+    #[serde(default)]
+    pub sni_hostname: Option<String>,
+    /// CIDRs clients may connect from.
+    #[serde(default = "default_allow_list")]
+    pub allow_list: Vec<String>,
+    #[serde(default)]
+    pub banned: bool,
+    #[serde(default)]
+    pub ban_reason: Option<String>,
+    /// RFC 3339 time the ban ends.
+    #[serde(default)]
+    pub banned_until: Option<String>,
+    /// ParameterStatus values reported to clients before a server has been reached.
+    #[serde(default)]
+    pub default_parameter_status: BTreeMap<String, String>,
+    #[serde(default)]
+    pub feature_flags: serde_json::Map<String, serde_json::Value>,
+    /// Shoal: seconds a secret found by auth_query is trusted (default 10).
+    #[serde(default)]
+    pub auth_query_cache_ttl: Option<f64>,
+}
+
+/// A user of a tenant.
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+pub struct TenantUser {
+    #[serde(default)]
+    pub db_user: String,
+    /// Write-only: never serialized back out of the API.
+    #[serde(default, skip_serializing)]
+    pub db_password: Option<String>,
+    #[serde(default)]
+    pub pool_size: Option<usize>,
+    #[serde(default)]
+    pub mode_type: ModeType,
+    #[serde(default)]
+    pub max_clients: Option<usize>,
+    /// The user that runs `auth_query`.
+    #[serde(default)]
+    pub is_manager: bool,
+}
+
+impl std::fmt::Debug for TenantUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantUser")
+            .field("db_user", &self.db_user)
+            .field("is_manager", &self.is_manager)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum IpVersion {
+    #[default]
+    Auto,
+    V4,
+    V6,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeType {
+    #[default]
+    Transaction,
+    Session,
+}
+
+impl From<ModeType> for PoolMode {
+    fn from(m: ModeType) -> PoolMode {
+        match m {
+            ModeType::Transaction => PoolMode::Transaction,
+            ModeType::Session => PoolMode::Session,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamVerify {
+    None,
+    Peer,
+}
+
+fn default_port() -> u16 {
+    5432
+}
+
+fn default_allow_list() -> Vec<String> {
+    vec!["0.0.0.0/0".into(), "::/0".into()]
+}
+
+/// What is wrong with a tenant, field by field (`users[0].db_user`, …).
+pub type FieldErrors = BTreeMap<String, Vec<String>>;
+
+/// A tenant id usable as a DNS label (SNI) and a user-name suffix: lowercase letters, digits
+/// and hyphens, 1–63 characters, not starting or ending with a hyphen.
+pub fn valid_external_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-')
+}
+
+impl Tenant {
+    /// Checks every field; the errors name the fields.
+    pub fn validate(&self) -> Result<(), FieldErrors> {
+        let mut errors = FieldErrors::new();
+        let mut add = |field: &str, msg: &str| {
+            errors
+                .entry(field.to_owned())
+                .or_default()
+                .push(msg.to_owned())
+        };
+        if !valid_external_id(&self.external_id) {
+            add(
+                "external_id",
+                "must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen",
+            );
+        }
+        if self.db_host.trim().is_empty() {
+            add("db_host", "can't be blank");
+        } else if self.db_host.len() > 253 || self.db_host.contains(['/', ' ', '\0']) {
+            add("db_host", "is not a host name or address");
+        }
+        if self.db_port == 0 {
+            add("db_port", "must be between 1 and 65535");
+        }
+        if self.db_database.is_empty() {
+            add("db_database", "can't be blank");
+        } else if self.db_database.len() > 63 || self.db_database.contains('\0') {
+            add("db_database", "is not a PostgreSQL database name");
+        }
+        if self.users.is_empty() {
+            add("users", "at least one user is needed");
+        }
+        if self.users.len() > 1000 {
+            add("users", "at most 1000 users");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, u) in self.users.iter().enumerate() {
+            let f = |name: &str| format!("users[{i}].{name}");
+            if u.db_user.is_empty() || u.db_user.len() > 63 || u.db_user.contains('\0') {
+                add(&f("db_user"), "must be 1-63 characters");
+            } else if !seen.insert(u.db_user.as_str()) {
+                add(&f("db_user"), "is listed twice");
+            }
+            match &u.db_password {
+                None => add(&f("db_password"), "can't be blank"),
+                Some(p) if p.is_empty() || p.len() > 1024 || p.contains('\0') => {
+                    add(&f("db_password"), "must be 1-1024 characters")
+                }
+                Some(_) => {}
+            }
+            if u.pool_size == Some(0) || u.pool_size.is_some_and(|n| n > 10_000) {
+                add(&f("pool_size"), "must be between 1 and 10000");
+            }
+            if u.max_clients == Some(0) {
+                add(&f("max_clients"), "must be at least 1");
+            }
+        }
+        let managers = self.users.iter().filter(|u| u.is_manager).count();
+        if !self.require_user && managers == 0 {
+            add(
+                "users",
+                "require_user is false: one user must be is_manager (it runs auth_query)",
+            );
+        }
+        if managers > 1 {
+            add("users", "at most one user may be is_manager");
+        }
+        if self.default_pool_size == Some(0) || self.default_pool_size.is_some_and(|n| n > 10_000) {
+            add("default_pool_size", "must be between 1 and 10000");
+        }
+        if self.default_max_clients == Some(0) {
+            add("default_max_clients", "must be at least 1");
+        }
+        if let Some(q) = &self.auth_query {
+            if q.trim().is_empty() || q.len() > 4096 {
+                add("auth_query", "must be a query of 1-4096 characters");
+            }
+        }
+        if self.upstream_verify == Some(UpstreamVerify::Peer) {
+            if !self.upstream_ssl {
+                add("upstream_verify", "\"peer\" needs upstream_ssl = true");
+            }
+            match &self.upstream_tls_ca {
+                None => add(
+                    "upstream_tls_ca",
+                    "can't be blank when upstream_verify is \"peer\"",
+                ),
+                Some(pem) if !pem.contains("-----BEGIN CERTIFICATE-----") => {
+                    add("upstream_tls_ca", "is not a PEM certificate")
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(sni) = &self.sni_hostname {
+            let ok = !sni.is_empty()
+                && sni.len() <= 253
+                && sni
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if !ok {
+                add("sni_hostname", "is not a host name");
+            }
+        }
+        if self.allow_list.is_empty() {
+            add(
+                "allow_list",
+                "at least one CIDR is needed (0.0.0.0/0 and ::/0 allow all)",
+            );
+        }
+        for (i, c) in self.allow_list.iter().enumerate() {
+            if c.parse::<ipnet::IpNet>().is_err() {
+                add(
+                    &format!("allow_list[{i}]"),
+                    "is not a CIDR (e.g. 10.0.0.0/8)",
+                );
+            }
+        }
+        if let Some(t) = &self.banned_until {
+            if humantime::parse_rfc3339_weak(t).is_err() {
+                add(
+                    "banned_until",
+                    "is not an RFC 3339 time (e.g. 2030-01-01T00:00:00Z)",
+                );
+            }
+        }
+        if let Some(r) = &self.ban_reason {
+            if r.len() > 1024 {
+                add("ban_reason", "at most 1024 characters");
+            }
+        }
+        if self
+            .auth_query_cache_ttl
+            .is_some_and(|t| !(0.0..=86_400.0).contains(&t))
+        {
+            add(
+                "auth_query_cache_ttl",
+                "must be between 0 and 86400 seconds",
+            );
+        }
+        for (k, v) in &self.default_parameter_status {
+            if k.is_empty() || k.contains('\0') || v.contains('\0') || k.len() + v.len() > 1024 {
+                add(
+                    "default_parameter_status",
+                    "names and values must be short text",
+                );
+                break;
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Whether a ban is in force at `now` (seconds since the epoch).
+    pub fn banned_at(&self, now: std::time::SystemTime) -> bool {
+        if !self.banned {
+            return false;
+        }
+        match self
+            .banned_until
+            .as_deref()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        {
+            Some(until) => now < until,
+            None => true,
+        }
+    }
+
+    /// The manager user (runs auth_query).
+    pub fn manager(&self) -> Option<&TenantUser> {
+        self.users.iter().find(|u| u.is_manager)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supavisor_json() -> serde_json::Value {
+        // A body as Supavisor's documentation shows it.
+        serde_json::json!({
+            "tenant": {
+                "db_host": "localhost",
+                "db_port": 6432,
+                "db_database": "postgres",
+                "ip_version": "auto",
+                "enforce_ssl": false,
+                "require_user": false,
+                "auth_query": "SELECT rolname, rolpassword FROM pg_authid WHERE rolname=$1;",
+                "users": [{
+                    "db_user": "postgres",
+                    "db_password": "postgres",
+                    "pool_size": 20,
+                    "mode_type": "transaction",
+                    "is_manager": true
+                }]
+            }
+        })
+    }
+
+    #[test]
+    fn supavisor_bodies_are_accepted_and_passwords_never_written_out() {
+        let mut t: Tenant = serde_json::from_value(supavisor_json()["tenant"].clone()).unwrap();
+        t.external_id = "acme".into();
+        t.validate().unwrap();
+        assert_eq!(t.db_port, 6432);
+        assert_eq!(t.allow_list, default_allow_list());
+        assert_eq!(t.manager().unwrap().db_user, "postgres");
+        let out = serde_json::to_string(&t).unwrap();
+        assert!(!out.contains("db_password"), "{out}");
+        assert!(!format!("{t:?}").contains("\"postgres\", db_password"));
+    }
+
+    #[test]
+    fn errors_name_the_fields() {
+        let mut t: Tenant = serde_json::from_value(supavisor_json()["tenant"].clone()).unwrap();
+        t.external_id = "Bad_Id".into();
+        t.db_host.clear();
+        t.users[0].db_password = None;
+        t.users[0].is_manager = false;
+        t.allow_list = vec!["10.0.0.0/33".into()];
+        t.banned_until = Some("tomorrow".into());
+        let e = t.validate().unwrap_err();
+        for f in [
+            "external_id",
+            "db_host",
+            "users[0].db_password",
+            "users",
+            "allow_list[0]",
+            "banned_until",
+        ] {
+            assert!(e.contains_key(f), "{f} in {e:?}");
+        }
+    }
+
+    #[test]
+    fn bans_end_when_they_say() {
+        let mut t: Tenant = serde_json::from_value(supavisor_json()["tenant"].clone()).unwrap();
+        let now = std::time::SystemTime::now();
+        assert!(!t.banned_at(now));
+        t.banned = true;
+        assert!(t.banned_at(now));
+        t.banned_until = Some("2000-01-01T00:00:00Z".into());
+        assert!(!t.banned_at(now));
+        t.banned_until = Some("2999-01-01T00:00:00Z".into());
+        assert!(t.banned_at(now));
+    }
+
+    #[test]
+    fn external_ids_are_dns_labels() {
+        for ok in ["acme", "a", "tenant-42", &"x".repeat(63)] {
+            assert!(valid_external_id(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"x".repeat(64), "é"] {
+            assert!(!valid_external_id(bad), "{bad}");
+        }
+    }
+}

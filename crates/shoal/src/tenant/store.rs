@@ -1,0 +1,407 @@
+//! Where tenants are kept: an embedded SQLite file (the default; nothing to set up) or a
+//! PostgreSQL metadata database shared by several Shoal nodes, which tell each other about
+//! changes with NOTIFY. Tenants are stored as their JSON with every password sealed.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::crypto::{CryptoError, Sealer};
+use super::model::Tenant;
+use crate::config::StoreSection;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("tenant store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("tenant store: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("tenant store: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("tenant store: a stored tenant is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("tenant store: {0}")]
+    Crypto(#[from] CryptoError),
+    #[error("tenant store: {0}")]
+    Config(String),
+}
+
+/// The NOTIFY channel a shared store announces changes on (payload: the tenant id).
+pub const CHANNEL: &str = "shoal_tenants";
+
+/// A tenant store.
+pub enum Store {
+    Sqlite {
+        conn: Arc<Mutex<rusqlite::Connection>>,
+        sealer: Sealer,
+    },
+    Postgres {
+        client: tokio_postgres::Client,
+        url: String,
+        sealer: Sealer,
+    },
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Store::Sqlite { .. } => "Store::Sqlite",
+            Store::Postgres { .. } => "Store::Postgres",
+        })
+    }
+}
+
+impl Store {
+    /// Opens (and creates or migrates) the store `section` names.
+    pub async fn open(section: &StoreSection) -> Result<Store, StoreError> {
+        let url = section.url();
+        let key = std::env::var(&section.encryption_key_env).ok();
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            let path = Path::new(path);
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let sealer = match key {
+                Some(k) => Sealer::from_text(&k)?,
+                None => Sealer::from_text(&key_file(&section.data_dir)?)?,
+            };
+            let path = path.to_owned();
+            let conn = tokio::task::spawn_blocking(move || open_sqlite(&path))
+                .await
+                .map_err(|e| StoreError::Config(e.to_string()))??;
+            Ok(Store::Sqlite {
+                conn: Arc::new(Mutex::new(conn)),
+                sealer,
+            })
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let Some(k) = key else {
+                return Err(StoreError::Config(format!(
+                    "a shared (postgres) store needs the encryption key in ${} (the same on every node)",
+                    section.encryption_key_env
+                )));
+            };
+            let sealer = Sealer::from_text(&k)?;
+            let client = pg_connect(&url).await?;
+            migrate_pg(&client).await?;
+            Ok(Store::Postgres {
+                client,
+                url,
+                sealer,
+            })
+        } else {
+            Err(StoreError::Config(
+                "store.url must start with sqlite: or postgres://".into(),
+            ))
+        }
+    }
+
+    /// The shared store's URL (for the change listener).
+    pub fn shared_url(&self) -> Option<&str> {
+        match self {
+            Store::Postgres { url, .. } => Some(url),
+            Store::Sqlite { .. } => None,
+        }
+    }
+
+    fn sealer(&self) -> &Sealer {
+        match self {
+            Store::Sqlite { sealer, .. } | Store::Postgres { sealer, .. } => sealer,
+        }
+    }
+
+    fn to_stored(&self, t: &Tenant) -> Result<String, StoreError> {
+        let mut v = serde_json::to_value(t)?;
+        if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
+            for (u, src) in users.iter_mut().zip(&t.users) {
+                if let (Some(obj), Some(p)) = (u.as_object_mut(), &src.db_password) {
+                    obj.insert(
+                        "db_password".into(),
+                        serde_json::Value::String(self.sealer().seal(p)),
+                    );
+                }
+            }
+        }
+        Ok(v.to_string())
+    }
+
+    fn read_stored(&self, id: &str, body: &str) -> Result<Tenant, StoreError> {
+        let mut v: serde_json::Value = serde_json::from_str(body)?;
+        if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
+            for u in users {
+                if let Some(obj) = u.as_object_mut() {
+                    if let Some(serde_json::Value::String(s)) = obj.get("db_password") {
+                        let plain = self.sealer().open(s)?;
+                        obj.insert("db_password".into(), serde_json::Value::String(plain));
+                    }
+                }
+            }
+        }
+        let mut t: Tenant = serde_json::from_value(v)?;
+        t.external_id = id.to_owned();
+        Ok(t)
+    }
+
+    /// Every tenant.
+    pub async fn list(&self) -> Result<Vec<Tenant>, StoreError> {
+        let rows: Vec<(String, String)> = match self {
+            Store::Sqlite { conn, .. } => {
+                let conn = conn.clone();
+                blocking(move || {
+                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut st =
+                        c.prepare("SELECT external_id, body FROM tenants ORDER BY external_id")?;
+                    let rows = st
+                        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok(rows)
+                })
+                .await?
+            }
+            Store::Postgres { client, .. } => client
+                .query(
+                    "SELECT external_id, body FROM shoal_tenants ORDER BY external_id",
+                    &[],
+                )
+                .await?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect(),
+        };
+        rows.iter()
+            .map(|(id, body)| self.read_stored(id, body))
+            .collect()
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Tenant>, StoreError> {
+        let body: Option<String> = match self {
+            Store::Sqlite { conn, .. } => {
+                let conn = conn.clone();
+                let id = id.to_owned();
+                blocking(move || {
+                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut st = c.prepare("SELECT body FROM tenants WHERE external_id = ?1")?;
+                    let mut rows = st.query([&id])?;
+                    Ok(match rows.next()? {
+                        Some(r) => Some(r.get(0)?),
+                        None => None,
+                    })
+                })
+                .await?
+            }
+            Store::Postgres { client, .. } => client
+                .query_opt(
+                    "SELECT body FROM shoal_tenants WHERE external_id = $1",
+                    &[&id],
+                )
+                .await?
+                .map(|r| r.get(0)),
+        };
+        body.map(|b| self.read_stored(id, &b)).transpose()
+    }
+
+    /// Creates or replaces a tenant; true when it was created.
+    pub async fn put(&self, t: &Tenant) -> Result<bool, StoreError> {
+        let body = self.to_stored(t)?;
+        let id = t.external_id.clone();
+        match self {
+            Store::Sqlite { conn, .. } => {
+                let conn = conn.clone();
+                blocking(move || {
+                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let existed: bool = c
+                        .prepare("SELECT 1 FROM tenants WHERE external_id = ?1")?
+                        .exists([&id])?;
+                    c.execute(
+                        "INSERT INTO tenants (external_id, body, updated_at) VALUES (?1, ?2, strftime('%s','now'))
+                         ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+                        rusqlite::params![id, body],
+                    )?;
+                    Ok(!existed)
+                })
+                .await
+            }
+            Store::Postgres { client, .. } => {
+                let row = client
+                    .query_one(
+                        "WITH up AS (
+                            INSERT INTO shoal_tenants (external_id, body) VALUES ($1, $2)
+                            ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = now()
+                            RETURNING (xmax = 0) AS created
+                         ) SELECT created, pg_notify($3, $1) IS NULL FROM up",
+                        &[&id, &body, &CHANNEL],
+                    )
+                    .await?;
+                Ok(row.get(0))
+            }
+        }
+    }
+
+    /// Deletes a tenant; true when it existed.
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Sqlite { conn, .. } => {
+                let conn = conn.clone();
+                blocking(move || {
+                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+                    Ok(c.execute("DELETE FROM tenants WHERE external_id = ?1", [&id])? > 0)
+                })
+                .await
+            }
+            Store::Postgres { client, .. } => {
+                let n = client
+                    .query(
+                        "WITH d AS (DELETE FROM shoal_tenants WHERE external_id = $1 RETURNING external_id)
+                         SELECT pg_notify($2, external_id) FROM d",
+                        &[&id, &CHANNEL],
+                    )
+                    .await?
+                    .len();
+                Ok(n > 0)
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Config(e.to_string()))?
+}
+
+/// The embedded store's key, made on first use in `data_dir/encryption.key` (mode 0600).
+fn key_file(data_dir: &Path) -> Result<String, StoreError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("encryption.key");
+    match std::fs::read_to_string(&path) {
+        Ok(k) => return Ok(k),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        Err(_) => {}
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let key = Sealer::generate_text();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(key.as_bytes())?;
+    tracing::warn!(
+        path = %path.display(),
+        "no tenant encryption key given: made one for the embedded store (keep it with the store; set SHOAL_ENC_KEY to use your own)"
+    );
+    Ok(key)
+}
+
+fn open_sqlite(path: &Path) -> Result<rusqlite::Connection, StoreError> {
+    let c = rusqlite::Connection::open(path)?;
+    c.busy_timeout(std::time::Duration::from_secs(5))?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    let version: i64 = c.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version < 1 {
+        c.execute_batch(
+            "CREATE TABLE IF NOT EXISTS tenants (
+                external_id TEXT PRIMARY KEY,
+                body TEXT NOT NULL,
+                updated_at INTEGER NOT NULL
+             );
+             PRAGMA user_version = 1;",
+        )?;
+    }
+    Ok(c)
+}
+
+/// Connects to the metadata database; the connection is driven by a task of its own.
+pub async fn pg_connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!(error = %e, "tenant store connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Shoal's own schema in the metadata database, versioned; applied once by whichever node
+/// gets the advisory lock first.
+async fn migrate_pg(client: &tokio_postgres::Client) -> Result<(), StoreError> {
+    const MIGRATIONS: &[&str] = &["CREATE TABLE shoal_tenants (
+            external_id text PRIMARY KEY,
+            body text NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now()
+        )"];
+    client
+        .batch_execute(
+            "SELECT pg_advisory_lock(7406331);
+             CREATE TABLE IF NOT EXISTS shoal_schema (version int NOT NULL);",
+        )
+        .await?;
+    let result = async {
+        let version: i32 = client
+            .query_opt("SELECT version FROM shoal_schema", &[])
+            .await?
+            .map(|r| r.get(0))
+            .unwrap_or(0);
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            client.batch_execute(m).await?;
+            client.execute("DELETE FROM shoal_schema", &[]).await?;
+            client
+                .execute(
+                    "INSERT INTO shoal_schema (version) VALUES ($1)",
+                    &[&(i as i32 + 1)],
+                )
+                .await?;
+        }
+        Ok::<_, StoreError>(())
+    }
+    .await;
+    client
+        .batch_execute("SELECT pg_advisory_unlock(7406331)")
+        .await?;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite_store_keeps_tenants_with_passwords_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let section = StoreSection {
+            url: None,
+            data_dir: dir.path().to_owned(),
+            encryption_key_env: "SHOAL_TEST_NO_SUCH_KEY".into(),
+            resync_interval: 30.0,
+        };
+        let store = Store::open(&section).await.unwrap();
+        let mut t: Tenant = serde_json::from_value(serde_json::json!({
+            "db_host": "h", "db_database": "d", "require_user": true,
+            "users": [{"db_user": "u", "db_password": "s3cret-pw"}]
+        }))
+        .unwrap();
+        t.external_id = "acme".into();
+        assert!(store.put(&t).await.unwrap());
+        assert!(!store.put(&t).await.unwrap(), "the second put replaces");
+        assert_eq!(store.get("acme").await.unwrap().unwrap(), t);
+        assert_eq!(store.list().await.unwrap().len(), 1);
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            let raw = std::fs::read(f.unwrap().path()).unwrap();
+            assert!(
+                !raw.windows(9).any(|w| w == b"s3cret-pw"),
+                "no plaintext password in the store's files"
+            );
+        }
+        let key = dir.path().join("encryption.key");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(store.delete("acme").await.unwrap());
+        assert!(!store.delete("acme").await.unwrap());
+        assert!(store.get("acme").await.unwrap().is_none());
+    }
+}
