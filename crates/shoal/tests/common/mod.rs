@@ -271,6 +271,8 @@ pub fn unique_db(prefix: &str) -> String {
 pub struct Shoal {
     child: Child,
     pub addr: SocketAddr,
+    /// The management API's address, when `[api]` is configured.
+    pub api: Option<SocketAddr>,
     pub log: Arc<Mutex<Vec<String>>>,
     pub config_dir: tempfile::TempDir,
 }
@@ -349,10 +351,17 @@ impl Shoal {
         }
         // Shoal writes the ready file once every listener is bound.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let addr: SocketAddr = loop {
+        let (addr, api): (SocketAddr, Option<SocketAddr>) = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let tcp = text.lines().find_map(|l| l.strip_prefix("tcp "));
-                break tcp.and_then(|a| a.parse().ok()).expect("a TCP listener");
+                let api = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("api "))
+                    .and_then(|a| a.parse().ok());
+                break (
+                    tcp.and_then(|a| a.parse().ok()).expect("a TCP listener"),
+                    api,
+                );
             }
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("shoal exited ({status}): {:?}", log.lock().unwrap());
@@ -367,6 +376,7 @@ impl Shoal {
         Shoal {
             child,
             addr,
+            api,
             log,
             config_dir,
         }

@@ -1,0 +1,744 @@
+//! Tenants end to end: real HTTP requests (curl) to the management API, real PostgreSQL
+//! servers (two, to prove isolation), real clients; every routing method, the isolation
+//! attacks, live changes under load, and a Supavisor provisioning script run unchanged.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const JWT_SECRET: &str = "test-jwt-secret-0123456789";
+
+/// A second PostgreSQL server: tenants on different servers.
+fn pg2() -> &'static Pg {
+    static PG2: OnceLock<Pg> = OnceLock::new();
+    PG2.get_or_init(|| Pg::start_on(free_port()))
+}
+
+/// An HS256 token as Supavisor's operators make them (header.payload.signature).
+fn jwt(claims: Value) -> String {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let head = b64(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let body = b64(claims.to_string().as_bytes());
+    let signing = format!("{head}.{body}");
+    let sig = hmac_sha256(JWT_SECRET.as_bytes(), signing.as_bytes());
+    format!("{signing}.{}", b64(&sig))
+}
+
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let ipad: Vec<u8> = k.iter().map(|b| b ^ 0x36).collect();
+    let opad: Vec<u8> = k.iter().map(|b| b ^ 0x5c).collect();
+    let inner = Sha256::new()
+        .chain_update(&ipad)
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(&opad)
+        .chain_update(inner)
+        .finalize()
+        .to_vec()
+}
+
+fn token() -> String {
+    jwt(json!({"role": "service"}))
+}
+
+struct Http {
+    base: String,
+}
+
+impl Http {
+    fn new(shoal: &Shoal) -> Http {
+        Http {
+            base: format!("http://{}", shoal.api.expect("the API listens")),
+        }
+    }
+
+    /// Sends a request with curl; returns (status, JSON body or Null).
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        auth: Option<&str>,
+    ) -> (u16, Value) {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method])
+            .arg(format!("{}{path}", self.base));
+        if let Some(t) = auth {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        if let Some(b) = body {
+            cmd.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
+        }
+        let out = cmd.output().expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let code: u16 = code.trim().parse().unwrap_or(0);
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    fn authed(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call(method, path, body, Some(&token()))
+    }
+}
+
+fn shoal_with_api(extra: &str) -> (Shoal, Http, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        pg(),
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\n{extra}",
+            data.path().display()
+        ),
+    );
+    let shoal = Shoal::start_with_env(&config, &[("API_JWT_SECRET", JWT_SECRET)]);
+    let http = Http::new(&shoal);
+    (shoal, http, data)
+}
+
+/// A tenant on `pg` database `db` whose user `app` logs in with APP_PASSWORD.
+fn tenant_body(pg: &Pg, db: &str, pool_size: usize) -> Value {
+    json!({"tenant": {
+        "db_host": "127.0.0.1",
+        "db_port": pg.port,
+        "db_database": db,
+        "require_user": true,
+        "default_max_clients": 100,
+        "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": pool_size, "mode_type": "transaction"}]
+    }})
+}
+
+async fn connect(
+    shoal: &Shoal,
+    conninfo: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    shoal
+        .try_connect(&format!("host=127.0.0.1 port={} {conninfo}", shoal.port()))
+        .await
+}
+
+/// A client whose connection task reports the FATAL that ends it: (SQLSTATE, message).
+async fn connect_watched(
+    shoal: &Shoal,
+    conninfo: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<(String, String)>,
+) {
+    let (client, conn) = tokio_postgres::connect(
+        &format!("host=127.0.0.1 port={} {conninfo}", shoal.port()),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let ended = tokio::spawn(async move {
+        match conn.await {
+            Err(e) => match e.as_db_error() {
+                Some(d) => (d.code().code().to_owned(), d.message().to_owned()),
+                None => ("none".into(), e.to_string()),
+            },
+            Ok(()) => ("none".into(), "closed without an error".into()),
+        }
+    });
+    (client, ended)
+}
+
+async fn current_db(c: &tokio_postgres::Client) -> String {
+    c.query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_tokens_are_required_and_checked() {
+    let (_shoal, http, _data) = shoal_with_api("");
+    assert_eq!(http.call("GET", "/api/health", None, None).0, 200);
+    let (code, doc) = http.call("GET", "/api/openapi.json", None, None);
+    assert_eq!(code, 200);
+    assert_eq!(doc["openapi"], "3.0.3");
+    let (code, body) = http.call("GET", "/api/tenants", None, None);
+    assert_eq!(code, 401);
+    assert!(body.get("data").is_none(), "no data without a token");
+    assert_eq!(
+        http.call("GET", "/api/tenants", None, Some("nonsense")).0,
+        401
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expired = jwt(json!({"role": "service", "exp": now - 60}));
+    assert_eq!(
+        http.call("GET", "/api/tenants", None, Some(&expired)).0,
+        401
+    );
+    let fresh = jwt(json!({"role": "service", "exp": now + 600}));
+    assert_eq!(http.call("GET", "/api/tenants", None, Some(&fresh)).0, 200);
+    // A token signed with another secret.
+    let mut forged = token();
+    forged.pop();
+    forged.push(if forged.ends_with('A') { 'B' } else { 'A' });
+    assert_eq!(http.call("GET", "/api/tenants", None, Some(&forged)).0, 401);
+}
+
+/// Every route the API serves is in the OpenAPI document, with its method, and nothing else
+/// is.
+#[test]
+fn the_openapi_document_matches_the_routes() {
+    let doc: Value = serde_json::from_str(shoal::api::OPENAPI).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (path, item) in paths {
+        for method in ["get", "put", "patch", "delete", "post"] {
+            if item.get(method).is_some() {
+                documented.push((method.to_string(), path.clone()));
+            }
+        }
+    }
+    let mut served: Vec<(String, String)> = shoal::api::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(documented, served);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_connect_validate_and_list() {
+    let db = unique_db("tenant");
+    pg().create_database(&db);
+    let (shoal, http, _data) = shoal_with_api("");
+    let (code, body) = http.authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 3)));
+    assert_eq!(code, 201, "{body}");
+    assert!(
+        !body.to_string().contains(APP_PASSWORD),
+        "no password in responses"
+    );
+    // Connectable as soon as PUT returns.
+    let c = connect(
+        &shoal,
+        &format!("user=app.acme password={APP_PASSWORD} dbname=anything"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        current_db(&c).await,
+        db,
+        "the tenant's database, whatever dbname says"
+    );
+    let (code, _) = http.authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 3)));
+    assert_eq!(code, 200, "a second PUT updates");
+    let (code, got) = http.authed("GET", "/api/tenants/acme", None);
+    assert_eq!(code, 200);
+    assert_eq!(got["data"]["db_database"], db.as_str());
+    assert!(got["data"]["users"][0].get("db_password").is_none());
+    let (_, list) = http.authed("GET", "/api/tenants?per_page=10", None);
+    assert_eq!(list["total"], 1);
+    // Validation errors name the fields.
+    let (code, e) = http.authed(
+        "PUT",
+        "/api/tenants/bad",
+        Some(json!({"tenant": {"db_port": 5432, "users": [{"db_user": "x"}], "allow_list": ["nope"]}})),
+    );
+    assert_eq!(code, 422);
+    for f in [
+        "db_host",
+        "db_database",
+        "users[0].db_password",
+        "allow_list[0]",
+    ] {
+        assert!(e["errors"].get(f).is_some(), "{f} in {e}");
+    }
+    let (code, e) = http.authed(
+        "PUT",
+        "/api/tenants/Bad_Id",
+        Some(tenant_body(pg(), &db, 3)),
+    );
+    assert_eq!(code, 422);
+    assert!(e["errors"].get("external_id").is_some(), "{e}");
+    let (code, e) = http.authed(
+        "PUT",
+        "/api/tenants/typed",
+        Some(json!({"tenant": {"db_host": "h", "db_port": "not a number"}})),
+    );
+    assert_eq!(code, 422);
+    assert!(e["errors"].get("db_port").is_some(), "{e}");
+    // The upstream is checked on create: a wrong password is named; check=false skips it.
+    let mut wrong = tenant_body(pg(), &db, 3);
+    wrong["tenant"]["users"][0]["db_password"] = json!("wrong");
+    let (code, e) = http.authed("PUT", "/api/tenants/wrongpw", Some(wrong.clone()));
+    assert_eq!(code, 422);
+    assert!(e["errors"].get("users[0].db_password").is_some(), "{e}");
+    let (code, _) = http.authed("PUT", "/api/tenants/wrongpw?check=false", Some(wrong));
+    assert_eq!(code, 201);
+    let (code, _) = http.authed("GET", "/api/tenants/nosuch", None);
+    assert_eq!(code, 404);
+    // Unknown tenant, wrong password: each refused with its own code.
+    let e = connect(
+        &shoal,
+        &format!("user=app.nosuch password={APP_PASSWORD} dbname=x"),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(code_of(&e), "3D000", "{e}");
+    let e = connect(&shoal, "user=app.acme password=wrong dbname=x")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28P01", "{e}");
+}
+
+fn code_of(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.code().code().to_owned())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+/// Two tenants on two PostgreSQL servers: whatever a client of one sends (user, dbname,
+/// options), it never reaches the other's pool or a config-file pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_isolated() {
+    let db1 = unique_db("iso");
+    let db2 = unique_db("iso");
+    pg().create_database(&db1);
+    pg2().create_database(&db2);
+    let cfgdb = unique_db("cfg");
+    pg().create_database(&cfgdb);
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        pg(),
+        &[&cfgdb],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\n",
+            data.path().display()
+        ),
+    );
+    let shoal = Shoal::start_with_env(&config, &[("API_JWT_SECRET", JWT_SECRET)]);
+    let http = Http::new(&shoal);
+    let mut a = tenant_body(pg(), &db1, 1);
+    a["tenant"]["users"][0]["db_password"] = json!(APP_PASSWORD);
+    assert_eq!(http.authed("PUT", "/api/tenants/alpha", Some(a)).0, 201);
+    // Tenant beta: another server, another password for the same user name.
+    pg2().psql_admin("ALTER ROLE app PASSWORD 'beta-secret'");
+    let mut b = tenant_body(pg2(), &db2, 1);
+    b["tenant"]["users"][0]["db_password"] = json!("beta-secret");
+    assert_eq!(http.authed("PUT", "/api/tenants/beta", Some(b)).0, 201);
+    let a1 = connect(
+        &shoal,
+        &format!("user=app.alpha password={APP_PASSWORD} dbname={db2}"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(current_db(&a1).await, db1);
+    let b1 = connect(&shoal, "user=app.beta password=beta-secret dbname=x")
+        .await
+        .unwrap();
+    assert_eq!(current_db(&b1).await, db2);
+    // Alpha's password does not open beta; beta's does not open alpha.
+    let e = connect(&shoal, &format!("user=app.beta password={APP_PASSWORD}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28P01");
+    let e = connect(&shoal, "user=app.alpha password=beta-secret")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28P01");
+    // A user of one tenant naming the other in options: refused before any password.
+    let e = connect(
+        &shoal,
+        &format!("user=app.alpha password={APP_PASSWORD} options=reference=beta"),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(code_of(&e), "28000", "{e}");
+    // A tenant user with a config-file database name stays in its tenant.
+    let c = connect(
+        &shoal,
+        &format!("user=app.alpha password={APP_PASSWORD} dbname={cfgdb}"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(current_db(&c).await, db1);
+    // The manager-less postgres.beta (a user beta does not list) is refused.
+    let e = connect(&shoal, "user=postgres.beta password=postgres")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28P01");
+    // Session state of one tenant's client is invisible to the other's (pool of one each).
+    a1.batch_execute("CREATE TEMP TABLE mine (x int)")
+        .await
+        .ok();
+    let seen: i64 = b1
+        .query_one("SELECT count(*) FROM pg_class WHERE relname = 'mine'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0);
+    // The config file's pool is unaffected.
+    let cf = shoal.connect(&cfgdb).await;
+    assert_eq!(current_db(&cf).await, cfgdb);
+    pg2().psql_admin(&format!("ALTER ROLE app PASSWORD '{APP_PASSWORD}'"));
+}
+
+/// Routing by `options=reference=…` and by the TLS server name under `sni_base_domain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_by_options_and_sni() {
+    let db = unique_db("route");
+    pg().create_database(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["*.db.test".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.path().join("c.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("k.pem"), key.serialize_pem()).unwrap();
+    let (shoal, http, _data) = shoal_with_api(&format!(
+        "[tenants]\nsni_base_domain = \"db.test\"\n[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        dir.path().join("c.pem").display(),
+        dir.path().join("k.pem").display()
+    ));
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 2)))
+            .0,
+        201
+    );
+    let c = connect(
+        &shoal,
+        &format!("user=app password={APP_PASSWORD} options=reference=acme"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(current_db(&c).await, db);
+    // SNI: psql with host=acme.db.test resolved to 127.0.0.1 by hostaddr.
+    let out = Command::new("psql")
+        .arg(format!(
+            "host=acme.db.test hostaddr=127.0.0.1 port={} user=app dbname=x sslmode=require",
+            shoal.port()
+        ))
+        .args(["-X", "-At", "-c", "SELECT current_database()"])
+        .env("PGPASSWORD", APP_PASSWORD)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text, db);
+    // An SNI of one tenant with a user naming another: refused.
+    let out = Command::new("psql")
+        .arg(format!(
+            "host=acme.db.test hostaddr=127.0.0.1 port={} user=app.other dbname=x sslmode=require",
+            shoal.port()
+        ))
+        .args(["-X", "-At", "-c", "SELECT 1"])
+        .env("PGPASSWORD", APP_PASSWORD)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // `other` does not exist: the suffix is part of the user name, so the password fails.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("password authentication failed"), "{err}");
+}
+
+/// Resize under load (no client notices), ban (clients ended with the reason, new logins
+/// refused), unban, terminate, delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_changes_under_load() {
+    let db = unique_db("live");
+    pg().create_database(&db);
+    let (shoal, http, _data) = shoal_with_api("[tenants]\npool_idle_close = 600\n");
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 2)))
+            .0,
+        201
+    );
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let c = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+            .await
+            .unwrap();
+        let (done, stop) = (done.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match c.query_one("SELECT pg_sleep(0.002), 1", &[]).await {
+                    Ok(_) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            failures
+        }));
+    }
+    let wait_for = |n: u64| {
+        let done = done.clone();
+        async move {
+            let target = done.load(Ordering::Relaxed) + n;
+            eventually("traffic", Duration::from_secs(30), || {
+                done.load(Ordering::Relaxed) >= target
+            })
+            .await;
+        }
+    };
+    wait_for(50).await;
+    // Grow, then shrink, the pool while the clients run.
+    for size in [4, 1, 3] {
+        assert_eq!(
+            http.authed(
+                "PUT",
+                "/api/tenants/acme",
+                Some(tenant_body(pg(), &db, size))
+            )
+            .0,
+            200
+        );
+        wait_for(30).await;
+        let (_, pools) = http.authed("GET", "/api/tenants/acme/pools", None);
+        assert_eq!(pools["data"][0]["pool_size"], size, "{pools}");
+        assert!(
+            pools["data"][0]["clients"].as_u64().unwrap() >= 4,
+            "{pools}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let failures = w.await.unwrap();
+        assert!(failures.is_empty(), "resizing failed clients: {failures:?}");
+    }
+    assert!(pg().backends(&db) <= 4);
+    // Ban: a connected client is ended with the reason; new logins are refused.
+    let (c, ended) =
+        connect_watched(&shoal, &format!("user=app.acme password={APP_PASSWORD}")).await;
+    c.simple_query("SELECT 1").await.unwrap();
+    let (code, _) = http.authed(
+        "PATCH",
+        "/api/tenants/acme",
+        Some(json!({"tenant": {"banned": true, "ban_reason": "unpaid invoice"}})),
+    );
+    assert_eq!(code, 200);
+    let e = c
+        .simple_query("SELECT 1")
+        .await
+        .err()
+        .expect("ended by the ban");
+    let text = format!("{e:?}");
+    assert!(text.contains("57P01") || c.is_closed(), "{text}");
+    let e = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "08004");
+    assert!(format!("{e:?}").contains("unpaid invoice"), "{e:?}");
+    // Unban.
+    let (code, _) = http.authed(
+        "PATCH",
+        "/api/tenants/acme",
+        Some(json!({"tenant": {"banned": false}})),
+    );
+    assert_eq!(code, 200);
+    let c = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    c.simple_query("SELECT 1").await.unwrap();
+    // Terminate: the client is ended, the tenant stays.
+    let (code, t) = http.authed("GET", "/api/tenants/acme/terminate", None);
+    assert_eq!(code, 200);
+    assert_eq!(t["clients"], 1, "{t}");
+    assert!(c.simple_query("SELECT 1").await.is_err());
+    let c = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    // Delete: ended, and the tenant is gone.
+    assert_eq!(http.authed("DELETE", "/api/tenants/acme", None).0, 204);
+    let e = c
+        .simple_query("SELECT 1")
+        .await
+        .err()
+        .expect("ended by the delete");
+    assert!(
+        format!("{e:?}").contains("deleted") || c.is_closed(),
+        "{e:?}"
+    );
+    let e = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "3D000");
+    assert_eq!(http.authed("DELETE", "/api/tenants/acme", None).0, 404);
+}
+
+/// A provisioning script written for Supavisor's API (curl PUT with its JSON), unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supavisor_provisioning_script_runs_unchanged() {
+    let db = unique_db("supa");
+    pg().create_database(&db);
+    let (shoal, http, _data) = shoal_with_api("");
+    let script = r#"
+set -eu
+curl -sf -X PUT "$API/api/tenants/$TENANT" \
+  --header "Accept: application/json" \
+  --header "Content-Type: application/json" \
+  --header "Authorization: Bearer $JWT" \
+  --data-raw "{
+  \"tenant\": {
+    \"db_host\": \"127.0.0.1\",
+    \"db_port\": $DB_PORT,
+    \"db_database\": \"$DB_NAME\",
+    \"ip_version\": \"auto\",
+    \"enforce_ssl\": false,
+    \"require_user\": false,
+    \"auth_query\": \"SELECT rolname, rolpassword FROM pg_authid WHERE rolname=\$1;\",
+    \"users\": [
+      {
+        \"db_user\": \"postgres\",
+        \"db_password\": \"postgres\",
+        \"pool_size\": 3,
+        \"mode_type\": \"transaction\",
+        \"is_manager\": true
+      }
+    ]
+  }
+}"
+"#;
+    let out = Command::new("bash")
+        .args(["-c", script])
+        .env("API", &http.base)
+        .env("TENANT", "dev-tenant")
+        .env("JWT", token())
+        .env("DB_PORT", pg().port.to_string())
+        .env("DB_NAME", &db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(created["data"]["db_database"], db.as_str());
+    // require_user = false: a user the tenant does not list logs in through auth_query
+    // (SCRAM passthrough upstream).
+    let c = connect(
+        &shoal,
+        &format!("user=app.dev-tenant password={APP_PASSWORD}"),
+    )
+    .await
+    .unwrap();
+    let who: String = c
+        .query_one("SELECT current_user", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, "app");
+    assert_eq!(current_db(&c).await, db);
+}
+
+/// The PostgreSQL store shared by two Shoal processes: a change through one is live on the
+/// other within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_store_carries_changes_between_nodes() {
+    let meta = unique_db("meta");
+    pg().create_database(&meta);
+    let db = unique_db("shared");
+    pg().create_database(&db);
+    let url = format!(
+        "postgres://app:{APP_PASSWORD}@127.0.0.1:{}/{meta}",
+        pg().port
+    );
+    let key = "ab".repeat(32);
+    let start = || {
+        let data = tempfile::tempdir().unwrap();
+        let config = base_config(
+            pg(),
+            &[],
+            &format!(
+                "[api]\nlisten = \"127.0.0.1:0\"\n[store]\nurl = \"{url}\"\ndata_dir = \"{}\"\nresync_interval = 30\n",
+                data.path().display()
+            ),
+        );
+        let s = Shoal::start_with_env(
+            &config,
+            &[("API_JWT_SECRET", JWT_SECRET), ("SHOAL_ENC_KEY", &key)],
+        );
+        (s, data)
+    };
+    let (one, _d1) = start();
+    let (two, _d2) = start();
+    let http1 = Http::new(&one);
+    let http2 = Http::new(&two);
+    assert_eq!(
+        http1
+            .authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 2)))
+            .0,
+        201
+    );
+    let started = std::time::Instant::now();
+    let conninfo = format!("user=app.acme password={APP_PASSWORD}");
+    let mut ok = false;
+    while started.elapsed() < Duration::from_secs(1) {
+        if connect(&two, &conninfo).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the tenant was live on the second node within a second");
+    // No password in the metadata database.
+    let (meta_client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let body: String = meta_client
+        .query_one(
+            "SELECT body FROM shoal_tenants WHERE external_id = 'acme'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        body.contains("enc:v1:") && !body.contains(APP_PASSWORD),
+        "{body}"
+    );
+    // Delete through the second: the first drops it within a second.
+    assert_eq!(http2.authed("DELETE", "/api/tenants/acme", None).0, 204);
+    let started = std::time::Instant::now();
+    let mut gone = false;
+    while started.elapsed() < Duration::from_secs(1) {
+        if let Err(e) = connect(&one, &conninfo).await {
+            if code_of(&e) == "3D000" {
+                gone = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        gone,
+        "the delete was live on the first node within a second"
+    );
+}
