@@ -100,6 +100,7 @@ async fn fetch(
     let upstream = Upstream {
         host: db.host.clone(),
         port: db.port,
+        family: db.family,
         dbname: db.dbname.clone(),
         user: auth_user.server_user.clone(),
         password: auth_user.server_password.clone(),

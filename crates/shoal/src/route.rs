@@ -280,6 +280,7 @@ impl Registry {
             Upstream {
                 host: db.host.clone(),
                 port: db.port,
+                family: db.family,
                 dbname: db.dbname.clone(),
                 user: user.server_user.clone(),
                 password: user.server_password.clone(),
@@ -288,6 +289,19 @@ impl Registry {
                 passthrough: user.passthrough.clone(),
             },
         );
+        if let Some(t) = routed.tenant() {
+            // A tenant's `default_parameter_status` answers logins without startup
+            // parameters before any server is reached.
+            let defaults: Vec<(String, String)> = t
+                .tenant
+                .default_parameter_status
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !defaults.is_empty() {
+                pool.remember_login_params(&[], &defaults);
+            }
+        }
         pools.insert(key, pool.clone());
         Ok(pool)
     }
@@ -365,6 +379,7 @@ impl Registry {
                     let same = pool.upstream.host == database.host
                         && pool.upstream.port == database.port
                         && pool.upstream.dbname == database.dbname
+                        && pool.upstream.family == database.family
                         && pool.upstream.tls_settings == database.tls;
                     same.then_some(&pool.settings)
                 }
@@ -380,8 +395,10 @@ impl Registry {
                     self.end_pool(&pool, "its user was removed from the tenant")
                         .await;
                 }
+                // New upstream or credentials: new logins get a new pool; clients on the old
+                // one keep its servers (still logged in) until they leave.
                 _ => {
-                    self.remove_pool(&database.name, &user);
+                    self.lock_pools().retain(|_, p| !Arc::ptr_eq(p, &pool));
                 }
             }
         }
@@ -440,6 +457,7 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.dbname == d.dbname
         && pool.upstream.user == u.server_user
         && pool.upstream.password == u.server_password
+        && pool.upstream.family == d.family
         && pool.upstream.tls_settings == d.tls
 }
 

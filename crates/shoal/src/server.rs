@@ -22,6 +22,7 @@ const SERVER_MAX_MESSAGE: usize = 1 << 30;
 pub struct Upstream {
     pub host: String,
     pub port: u16,
+    pub family: crate::config::IpFamily,
     pub dbname: String,
     pub user: String,
     pub password: Option<String>,
@@ -223,10 +224,39 @@ pub struct ServerConn {
     pub last_used: u64,
 }
 
+/// Connects to the first reachable address of the upstream's host in its address family.
+async fn connect_tcp(up: &Upstream, addr_text: &str) -> std::io::Result<TcpStream> {
+    use crate::config::IpFamily;
+    if up.family == IpFamily::Any {
+        return TcpStream::connect(addr_text).await;
+    }
+    let mut last = None;
+    for addr in tokio::net::lookup_host((up.host.as_str(), up.port)).await? {
+        let wanted = match up.family {
+            IpFamily::V4 => addr.is_ipv4(),
+            IpFamily::V6 => addr.is_ipv6(),
+            IpFamily::Any => true,
+        };
+        if !wanted {
+            continue;
+        }
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("{} has no {:?} address", up.host, up.family),
+        )
+    }))
+}
+
 impl ServerConn {
     pub async fn connect(up: &Upstream, timeout: Duration) -> Result<ServerConn, ServerError> {
         let addr_text = format!("{}:{}", up.host, up.port);
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect(&addr_text)).await {
+        let stream = match tokio::time::timeout(timeout, connect_tcp(up, &addr_text)).await {
             Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
             Ok(Err(source)) => {
                 return Err(ServerError::Connect {

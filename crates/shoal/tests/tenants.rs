@@ -582,6 +582,86 @@ async fn live_changes_under_load() {
     assert_eq!(http.authed("DELETE", "/api/tenants/acme", None).0, 404);
 }
 
+/// A tenant's `client_idle_timeout` disconnects its idle clients (57P05); its allow list and
+/// `enforce_ssl` refuse logins before any password; `default_parameter_status` answers a
+/// login with no server; a password changed by PUT applies to new logins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_tenant_rules() {
+    let db = unique_db("rules");
+    pg().create_database(&db);
+    let (shoal, http, _data) = shoal_with_api("");
+    let mut t = tenant_body(pg(), &db, 2);
+    t["tenant"]["client_idle_timeout"] = json!(1);
+    t["tenant"]["default_parameter_status"] = json!({"server_version": "99.0-tenant"});
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/idle", Some(t.clone())).0,
+        201
+    );
+    let (c, ended) =
+        connect_watched(&shoal, &format!("user=app.idle password={APP_PASSWORD}")).await;
+    let (code, message) = tokio::time::timeout(Duration::from_secs(20), ended)
+        .await
+        .expect("the idle client is disconnected")
+        .unwrap();
+    assert_eq!(code, "57P05", "{message}");
+    assert!(c.is_closed());
+    // The allow list.
+    let mut deny = t.clone();
+    deny["tenant"]["allow_list"] = json!(["10.0.0.0/8"]);
+    deny["tenant"]["client_idle_timeout"] = json!(0);
+    assert_eq!(http.authed("PUT", "/api/tenants/idle", Some(deny)).0, 200);
+    let e = connect(&shoal, &format!("user=app.idle password={APP_PASSWORD}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28000");
+    assert!(format!("{e:?}").contains("not allowed"), "{e:?}");
+    // TLS required.
+    let mut tls = t.clone();
+    tls["tenant"]["enforce_ssl"] = json!(true);
+    tls["tenant"]["client_idle_timeout"] = json!(0);
+    assert_eq!(http.authed("PUT", "/api/tenants/idle", Some(tls)).0, 200);
+    let e = connect(&shoal, &format!("user=app.idle password={APP_PASSWORD}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(code_of(&e), "28000");
+    assert!(format!("{e:?}").contains("TLS is required"), "{e:?}");
+    // A password change applies to new logins (the upstream role changes with it).
+    let role = unique_db("role");
+    pg().psql_admin(&format!("CREATE ROLE {role} LOGIN PASSWORD 'first-secret'"));
+    let mut first = t.clone();
+    first["tenant"]["client_idle_timeout"] = json!(0);
+    first["tenant"]["users"][0]["db_user"] = json!(role);
+    first["tenant"]["users"][0]["db_password"] = json!("first-secret");
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/rot", Some(first.clone()))
+            .0,
+        201
+    );
+    let before = connect(&shoal, &format!("user={role}.rot password=first-secret"))
+        .await
+        .unwrap();
+    before.simple_query("SELECT 1").await.unwrap();
+    pg().psql_admin(&format!("ALTER ROLE {role} PASSWORD 'rotated-secret'"));
+    let mut rotated = first.clone();
+    rotated["tenant"]["users"][0]["db_password"] = json!("rotated-secret");
+    assert_eq!(http.authed("PUT", "/api/tenants/rot", Some(rotated)).0, 200);
+    let c = connect(&shoal, &format!("user={role}.rot password=rotated-secret"))
+        .await
+        .unwrap();
+    let who: String = c
+        .query_one("SELECT current_user", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, role);
+    let old = connect(&shoal, &format!("user={role}.rot password=first-secret")).await;
+    assert_eq!(code_of(&old.err().unwrap()), "28P01");
+    // The client connected before keeps working.
+    before.simple_query("SELECT 1").await.unwrap();
+}
+
 /// A provisioning script written for Supavisor's API (curl PUT with its JSON), unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supavisor_provisioning_script_runs_unchanged() {

@@ -124,6 +124,7 @@ pub struct PoolSection {
     pub server_reset_timeout: f64,
     pub max_prepared_statements: usize,
     pub stats_period: u64,
+    pub client_idle_timeout: f64,
 }
 
 impl Default for PoolSection {
@@ -141,6 +142,7 @@ impl Default for PoolSection {
             server_reset_timeout: 5.0,
             max_prepared_statements: 200,
             stats_period: 60,
+            client_idle_timeout: 0.0,
         }
     }
 }
@@ -379,6 +381,8 @@ pub struct Database {
     pub name: String,
     pub host: String,
     pub port: u16,
+    /// Which addresses of `host` to connect to (tenants' `ip_version`).
+    pub family: IpFamily,
     pub dbname: String,
     pub tls: UpstreamTlsSettings,
     /// Overrides `[tls] client_tls` for this database.
@@ -389,6 +393,15 @@ pub struct Database {
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
     pub max_client_conn: Option<usize>,
+}
+
+/// Which of a host name's addresses Shoal connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IpFamily {
+    #[default]
+    Any,
+    V4,
+    V6,
 }
 
 /// The validated configuration.
@@ -424,6 +437,9 @@ pub struct PoolSettings {
     pub max_prepared_statements: usize,
     /// Seconds between the pool's stats log lines (0: none).
     pub stats_period: u64,
+    /// An idle client (transaction mode, no transaction open) is disconnected after this
+    /// long (zero: never).
+    pub client_idle_timeout: Duration,
 }
 
 pub fn secs(s: f64) -> Duration {
@@ -513,6 +529,7 @@ impl Config {
             databases.insert(
                 name.clone(),
                 Database {
+                    family: IpFamily::Any,
                     dbname: d.dbname.unwrap_or_else(|| name.clone()),
                     client_tls: d.client_tls,
                     auth_query: d.auth_user.map(|user| AuthQuery {
@@ -629,6 +646,7 @@ impl Config {
             reset_timeout: secs(p.server_reset_timeout),
             max_prepared_statements: p.max_prepared_statements,
             stats_period: p.stats_period,
+            client_idle_timeout: secs(p.client_idle_timeout),
         }
     }
 }

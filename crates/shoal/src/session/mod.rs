@@ -207,6 +207,8 @@ pub struct Session {
 pub struct Extras {
     /// Session-level `SET`s to replay on the next server (transaction mode).
     pub sets: sets::SessionSets,
+    /// The idle client's `client_idle_timeout` timer, while it waits.
+    pub idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Extras {
@@ -290,6 +292,34 @@ impl Session {
         })
     }
 
+    /// Readiness of the idle client's socket; `None` when the pool's `client_idle_timeout`
+    /// passes first. The timer lives in the client's extras, so only clients of pools with
+    /// an idle limit pay for one (and the idle future stays small).
+    fn poll_idle(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::io::Result<()>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
+            if let Some(x) = self.extras.as_mut() {
+                x.idle_timer = None;
+            }
+            return Poll::Ready(Some(r));
+        }
+        let limit = self.pool.settings.client_idle_timeout;
+        if limit.is_zero() {
+            return Poll::Pending;
+        }
+        let timer = Extras::get(&mut self.extras)
+            .idle_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
     /// Holds or frees this client's share of the large-message budget.
     fn account_large(&mut self, streaming_copy: bool) -> Result<(), SessionError> {
         let budget = self.app.config.server.max_large_message_memory;
@@ -335,8 +365,20 @@ impl Session {
                     } else {
                         // Readiness first, holding no buffer; then one read that does not
                         // wait.
-                        let stream = &self.stream;
-                        match std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await {
+                        let ready = match std::future::poll_fn(|cx| self.poll_idle(cx)).await {
+                            Some(r) => r,
+                            None => {
+                                let limit = self.pool.settings.client_idle_timeout;
+                                return Err(SessionError::fatal(
+                                    sqlstate::IDLE_SESSION_TIMEOUT,
+                                    format!(
+                                        "closing an idle client: client_idle_timeout ({} s) passed",
+                                        limit.as_secs_f64()
+                                    ),
+                                ));
+                            }
+                        };
+                        match ready {
                             Ok(()) => {
                                 relay::reserve_for_next(&mut self.cbuf, false);
                                 self.stream.read_now(&mut self.cbuf)

@@ -14,6 +14,7 @@ pub mod store;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use crate::config::{
     AuthQuery, ClientAuth, ClientTls, Config, Database, PoolSettings, SslMode, UpstreamTlsSettings,
@@ -77,6 +78,11 @@ impl TenantRoute {
             name: format!("{DB_PREFIX}{id}"),
             host: tenant.db_host.clone(),
             port: tenant.db_port,
+            family: match tenant.ip_version {
+                model::IpVersion::Auto => crate::config::IpFamily::Any,
+                model::IpVersion::V4 => crate::config::IpFamily::V4,
+                model::IpVersion::V6 => crate::config::IpFamily::V6,
+            },
             dbname: tenant.db_database.clone(),
             tls: UpstreamTlsSettings {
                 mode,
@@ -170,6 +176,9 @@ impl TenantRoute {
             .or(self.tenant.default_max_clients)
             .unwrap_or(model::DEFAULT_MAX_CLIENTS);
         s.min_size = 0;
+        if self.tenant.client_idle_timeout > 0 {
+            s.client_idle_timeout = Duration::from_secs(self.tenant.client_idle_timeout);
+        }
         s
     }
 }

@@ -154,6 +154,7 @@ impl TenantService {
         let upstream = crate::server::Upstream {
             host: route.database.host.clone(),
             port: route.database.port,
+            family: route.database.family,
             dbname: route.database.dbname.clone(),
             user: user.server_user.clone(),
             password: user.server_password.clone(),
