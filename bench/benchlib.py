@@ -214,7 +214,8 @@ def tls_section(tls):
     return f'\n[tls]\ncert_file = "{tls[0]}"\nkey_file = "{tls[1]}"\nclient_tls = "require"\n'
 
 
-def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0, tls=None):
+def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0, tls=None,
+                extra="", env=None):
     port = free_port()
     cfg = work.file("shoal.toml", f"""
 [server]
@@ -236,10 +237,11 @@ port = {pg.port}
 [users.{BENCH_USER}]
 secret = "{BENCH_SECRET}"
 server_password = "{BENCH_PASSWORD}"
-""" + tls_section(tls))
+""" + tls_section(tls) + extra)
     log = open(os.path.join(work.path, "shoal.log"), "w")
     p = subprocess.Popen([os.path.join(release_dir, "shoal"), "--config", cfg],
-                         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, SHOAL_LOG=os.environ.get("SHOAL_LOG","warn")))
+                         stdout=log, stderr=subprocess.STDOUT,
+                         env=dict(os.environ, SHOAL_LOG=os.environ.get("SHOAL_LOG", "warn"), **(env or {})))
     wait_port(port)
     return Proc("shoal", p, port)
 

@@ -662,6 +662,84 @@ async fn per_tenant_rules() {
     before.simple_query("SELECT 1").await.unwrap();
 }
 
+/// A noisy tenant saturating its pool of one (and flooding logins with a wrong password)
+/// does not slow a quiet tenant's clients: the quiet client's queries never wait behind the
+/// noisy queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_tenant_does_not_slow_a_quiet_one() {
+    let db = unique_db("noisy");
+    pg().create_database(&db);
+    let (shoal, http, _data) = shoal_with_api("");
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/noisy", Some(tenant_body(pg(), &db, 1)))
+            .0,
+        201
+    );
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/quiet", Some(tenant_body(pg(), &db, 2)))
+            .0,
+        201
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut noise = Vec::new();
+    // Twenty clients queueing for one server, each holding it 50 ms.
+    for _ in 0..20 {
+        let c = connect(&shoal, &format!("user=app.noisy password={APP_PASSWORD}"))
+            .await
+            .unwrap();
+        let stop = stop.clone();
+        noise.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = c.simple_query("SELECT pg_sleep(0.05)").await;
+            }
+        }));
+    }
+    // And a flood of failing logins.
+    for _ in 0..4 {
+        let stop = stop.clone();
+        let port = shoal.port();
+        noise.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = tokio_postgres::connect(
+                    &format!("host=127.0.0.1 port={port} user=app.noisy password=wrong"),
+                    tokio_postgres::NoTls,
+                )
+                .await;
+            }
+        }));
+    }
+    // The noisy queue is full: a noisy query now waits about a second.
+    let noisy = connect(&shoal, &format!("user=app.noisy password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    noisy.simple_query("SELECT 1").await.unwrap();
+    let noisy_wait = t0.elapsed();
+    let quiet = connect(&shoal, &format!("user=app.quiet password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    let mut lat = Vec::new();
+    for _ in 0..50 {
+        let t0 = std::time::Instant::now();
+        quiet.simple_query("SELECT 1").await.unwrap();
+        lat.push(t0.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for n in noise {
+        n.await.unwrap();
+    }
+    lat.sort();
+    let median = lat[lat.len() / 2];
+    assert!(
+        noisy_wait > Duration::from_millis(200),
+        "the noisy tenant was saturated (waited {noisy_wait:?})"
+    );
+    assert!(
+        median * 10 < noisy_wait,
+        "the quiet tenant's median query ({median:?}) is far below the noisy queue's wait ({noisy_wait:?})"
+    );
+}
+
 /// A provisioning script written for Supavisor's API (curl PUT with its JSON), unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supavisor_provisioning_script_runs_unchanged() {
