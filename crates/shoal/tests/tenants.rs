@@ -740,6 +740,81 @@ async fn a_noisy_tenant_does_not_slow_a_quiet_one() {
     );
 }
 
+fn ca_and_server_cert() -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// A tenant reaching its PostgreSQL over verified TLS (`upstream_ssl`, `upstream_verify =
+/// "peer"`, `upstream_tls_ca`); a CA that did not sign the server's certificate fails the
+/// create check, naming the problem. Unused tenant pools are closed after
+/// `pool_idle_close`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_tls_per_tenant_and_idle_pools_close() {
+    let (ca, cert, key) = ca_and_server_cert();
+    let port = free_port();
+    let tls_pg = Pg::start_with(
+        port,
+        &[("server.crt", &cert), ("server.key", &key)],
+        "-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key",
+    );
+    let (shoal, http, _data) = shoal_with_api("[tenants]\npool_idle_close = 0.5\n");
+    let mut t = tenant_body(&tls_pg, "app", 2);
+    t["tenant"]["db_host"] = json!("localhost");
+    t["tenant"]["ip_version"] = json!("v4");
+    t["tenant"]["upstream_ssl"] = json!(true);
+    t["tenant"]["upstream_verify"] = json!("peer");
+    t["tenant"]["upstream_tls_ca"] = json!(ca);
+    let (code, body) = http.authed("PUT", "/api/tenants/secure", Some(t.clone()));
+    assert_eq!(code, 201, "{body}");
+    let c = connect(&shoal, &format!("user=app.secure password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    let ssl: String = c
+        .query_one(
+            "SELECT ssl::text FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ssl, "true");
+    // Another CA: the certificate does not verify.
+    let (other_ca, _, _) = ca_and_server_cert();
+    let mut wrong = t.clone();
+    wrong["tenant"]["upstream_tls_ca"] = json!(other_ca);
+    let (code, e) = http.authed("PUT", "/api/tenants/insecure", Some(wrong));
+    assert_eq!(code, 422);
+    assert!(
+        e["errors"]["db_host"][0]
+            .as_str()
+            .unwrap()
+            .contains("certificate"),
+        "{e}"
+    );
+    // The pool closes once its last client has been gone for pool_idle_close.
+    let (_, pools) = http.authed("GET", "/api/tenants/secure/pools", None);
+    assert_eq!(pools["data"].as_array().unwrap().len(), 1, "{pools}");
+    drop(c);
+    eventually("the unused pool closes", Duration::from_secs(15), || {
+        let (_, pools) = http.authed("GET", "/api/tenants/secure/pools", None);
+        pools["data"].as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+    // The next login makes it again.
+    let c = connect(&shoal, &format!("user=app.secure password={APP_PASSWORD}"))
+        .await
+        .unwrap();
+    c.simple_query("SELECT 1").await.unwrap();
+    tls_pg.stop();
+}
+
 /// A provisioning script written for Supavisor's API (curl PUT with its JSON), unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_supavisor_provisioning_script_runs_unchanged() {
