@@ -36,6 +36,8 @@ pub struct App {
     pub tls: crate::tls::TlsState,
     /// Failed logins, for delays and bans.
     pub login_failures: crate::login_failures::LoginFailures,
+    /// Process-wide counters (connections, TLS, authentication).
+    pub metrics: crate::metrics::ProcessMetrics,
     /// Secrets found by auth_query.
     pub secrets: crate::auth_query::SecretCache,
     /// A per-process secret that makes the fake SCRAM salt of an unknown user stable within
@@ -103,6 +105,7 @@ impl App {
             tls,
             login_failures,
             secrets: Default::default(),
+            metrics: Default::default(),
             mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),
             config,

@@ -39,6 +39,7 @@ pub mod error;
 pub mod listener;
 pub mod login_failures;
 pub mod logsafe;
+pub mod metrics;
 pub mod net;
 pub mod params;
 pub mod pool;

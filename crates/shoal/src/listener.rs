@@ -58,6 +58,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     tune(&stream, &app);
+                    app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
                 }
                 Err(e) => {
@@ -77,6 +78,7 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
+                    app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Unix(stream))));
                 }
                 Err(e) => {

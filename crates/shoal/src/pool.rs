@@ -75,6 +75,9 @@ pub struct Pool {
     pub client_fds: crate::net::ClientFds,
     /// When the last client left (milliseconds on [`clock`]), for closing unused pools.
     pub unused_since: AtomicU64,
+    /// The tenant this pool serves, if any (for metrics and the admin console).
+    pub tenant: Option<String>,
+    pub metrics: crate::metrics::PoolMetrics,
 }
 
 /// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
@@ -166,7 +169,12 @@ impl Drop for Lease {
 }
 
 impl Pool {
-    pub fn new(name: String, settings: PoolSettings, upstream: Upstream) -> Arc<Pool> {
+    pub fn new(
+        name: String,
+        tenant: Option<String>,
+        settings: PoolSettings,
+        upstream: Upstream,
+    ) -> Arc<Pool> {
         let pool = Arc::new(Pool {
             name,
             permits: Arc::new(Semaphore::new(settings.size)),
@@ -174,6 +182,8 @@ impl Pool {
             ended: std::sync::OnceLock::new(),
             client_fds: Default::default(),
             unused_since: AtomicU64::new(clock::now_ms()),
+            tenant,
+            metrics: Default::default(),
             settings,
             upstream,
             idle: Mutex::new(VecDeque::new()),
@@ -210,7 +220,10 @@ impl Pool {
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
         let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(p) => p,
+            Ok(p) => {
+                self.metrics.wait.observe_us(0);
+                p
+            }
             Err(_) => {
                 let started = Instant::now();
                 self.stats.waiting.fetch_add(1, Ordering::Relaxed);
@@ -230,9 +243,9 @@ impl Pool {
                     }
                     Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
                     Ok(Ok(p)) => {
-                        self.stats
-                            .wait_micros
-                            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        let waited = started.elapsed().as_micros() as u64;
+                        self.stats.wait_micros.fetch_add(waited, Ordering::Relaxed);
+                        self.metrics.wait.observe_us(waited);
                         p
                     }
                 }
@@ -274,6 +287,7 @@ impl Pool {
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let conn = self.pop_idle()?;
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+        self.metrics.wait.observe_us(0);
         Some(Lease {
             conn: Some(conn),
             _permit: permit,
@@ -283,7 +297,10 @@ impl Pool {
 
     async fn connect(&self) -> Result<ServerConn, CheckoutError> {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
-        match ServerConn::connect(&self.upstream, self.settings.connect_timeout).await {
+        self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
+        let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
+        self.metrics.connecting.fetch_sub(1, Ordering::Relaxed);
+        match r {
             Ok(conn) => {
                 self.stats.servers.fetch_add(1, Ordering::Relaxed);
                 if self.login_params(&[]).is_none() {
@@ -368,6 +385,11 @@ impl Pool {
             }
             drop(permit);
         }
+    }
+
+    /// Servers held by clients (or being opened for them) now.
+    pub fn in_use(&self) -> usize {
+        self.size().saturating_sub(self.permits.available_permits())
     }
 
     /// Servers idle in the pool now.

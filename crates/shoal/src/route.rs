@@ -276,6 +276,7 @@ impl Registry {
         };
         let pool = Pool::new(
             name,
+            routed.tenant().map(|t| t.id().to_owned()),
             settings,
             Upstream {
                 host: db.host.clone(),

@@ -83,8 +83,30 @@ pub async fn serve_on(
         ready.push_str(&format!("tcp {addr}\n"));
         tokio::spawn(listener::accept_tcp(l, app.clone()));
     }
-    if let Some(api) = start_tenants(&app).await? {
+    let metrics_token = app
+        .config
+        .metrics
+        .token_env
+        .as_ref()
+        .and_then(|e| std::env::var(e).ok())
+        .filter(|t| !t.is_empty());
+    if let Some(api) = start_tenants(&app, metrics_token.clone()).await? {
         ready.push_str(&format!("api {api}\n"));
+    }
+    if let Some(addr) = app.config.metrics.listen {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} (metrics.listen): {e}"),
+            )
+        })?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "metrics listening");
+        ready.push_str(&format!("metrics {addr}\n"));
+        tokio::spawn(crate::api::serve(
+            listener,
+            crate::api::ops::router(app.clone(), metrics_token),
+        ));
     }
     if let Some(path) = ready_file {
         let tmp = path.with_extension("tmp");
@@ -128,7 +150,10 @@ pub async fn serve_on(
 /// Opens the tenant store (when configured), loads its tenants into routing, follows a
 /// shared store's changes, closes unused tenant pools, and serves the management API (when
 /// configured). Returns the API's address.
-async fn start_tenants(app: &std::sync::Arc<App>) -> std::io::Result<Option<std::net::SocketAddr>> {
+async fn start_tenants(
+    app: &std::sync::Arc<App>,
+    metrics_token: Option<String>,
+) -> std::io::Result<Option<std::net::SocketAddr>> {
     let Some(section) = app.config.store.clone() else {
         return Ok(None);
     };
@@ -181,10 +206,9 @@ async fn start_tenants(app: &std::sync::Arc<App>) -> std::io::Result<Option<std:
         })?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "management API listening");
-    tokio::spawn(crate::api::serve(
-        listener,
-        crate::api::router(service, auth),
-    ));
+    let router = crate::api::router(service, auth)
+        .merge(crate::api::ops::router(app.clone(), metrics_token));
+    tokio::spawn(crate::api::serve(listener, router));
     Ok(Some(addr))
 }
 

@@ -4,6 +4,7 @@
 //! `/api/openapi.json` needs a bearer token ([`auth`]).
 
 pub mod auth;
+pub mod ops;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

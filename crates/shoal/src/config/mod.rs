@@ -12,7 +12,7 @@ use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
 mod service;
-pub use service::{ApiSection, StoreSection, TenantsSection};
+pub use service::{ApiSection, MetricsSection, StoreSection, TenantsSection};
 
 /// The configuration used when `shoal` starts without `--config`: one pool in front of a
 /// local PostgreSQL on port 5432, for trying Shoal out. `scripts/quickstart` starts exactly
@@ -327,6 +327,8 @@ struct RawConfig {
     store: Option<StoreSection>,
     #[serde(default)]
     tenants: TenantsSection,
+    #[serde(default)]
+    metrics: MetricsSection,
 }
 
 impl std::fmt::Debug for UserSection {
@@ -415,6 +417,7 @@ pub struct Config {
     pub api: Option<ApiSection>,
     pub store: Option<StoreSection>,
     pub tenants: TenantsSection,
+    pub metrics: MetricsSection,
 }
 
 /// Settings of one (database, user) pool, with overrides applied.
@@ -623,6 +626,7 @@ impl Config {
             api: raw.api,
             store,
             tenants: raw.tenants,
+            metrics: raw.metrics,
         })
     }
 

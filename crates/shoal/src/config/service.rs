@@ -104,3 +104,13 @@ impl Default for TenantsSection {
 fn default_pool_idle_close() -> f64 {
     300.0
 }
+
+/// `[metrics]`: `/metrics`, `/health` and `/ready` on a listener of their own (they are also
+/// served on the API's listener when `[api]` is configured).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    pub listen: Option<SocketAddr>,
+    /// Environment variable holding a bearer token `/metrics` then requires.
+    pub token_env: Option<String>,
+}

@@ -154,10 +154,18 @@ async fn upgrade(
     };
     match app.tls.accept(tcp, hello).await {
         Ok(tls) => {
+            app.metrics
+                .tls_handshakes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             *stream = ClientStream::Tls(Box::new(tls));
             Ok(())
         }
         // The client cannot read a plain error in the middle of a TLS handshake.
-        Err(e) => Err(SessionError::Quiet(format!("TLS handshake failed: {e}"))),
+        Err(e) => {
+            app.metrics
+                .tls_handshake_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(SessionError::Quiet(format!("TLS handshake failed: {e}")))
+        }
     }
 }

@@ -38,11 +38,15 @@ pub(super) async fn login_phase(
         }
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
+    let mut timed_out = false;
     let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream)).await {
-        Err(_) => Err(SessionError::fatal(
-            sqlstate::PROTOCOL_VIOLATION,
-            "client did not finish logging in within client_login_timeout",
-        )),
+        Err(_) => {
+            timed_out = true;
+            Err(SessionError::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                "client did not finish logging in within client_login_timeout",
+            ))
+        }
         Ok(r) => r,
     };
     drop(logging_in);
@@ -65,6 +69,7 @@ pub(super) async fn login_phase(
         }
         Ok(None) => None,
         Err(e) => {
+            app.metrics.rejected(e.code().unwrap_or(""), timed_out);
             finish(id, &mut stream, Err(e)).await;
             None
         }

@@ -74,6 +74,11 @@ impl SessionError {
         SessionError::ServerProtocol(e.to_string())
     }
 
+    /// The SQLSTATE the client is told, if any.
+    pub fn code(&self) -> Option<&'static str> {
+        self.client_message().map(|(c, _)| c)
+    }
+
     /// Its kind, in the one taxonomy of [`crate::error`] (the label logs and metrics use).
     pub fn kind(&self) -> ErrorKind {
         match self {

@@ -79,6 +79,23 @@ struct Outbound {
     client_rest: usize,
     /// The same for a server message.
     server_rest: usize,
+    /// What this transaction did, added to the pool's metrics at its end.
+    counts: crate::metrics::TxnCounts,
+    /// When the transaction (or, in session mode, the current one) began.
+    txn_start: std::time::Instant,
+    /// When the query now running was sent (for the query-duration histogram).
+    query_start: Option<std::time::Instant>,
+}
+
+impl Outbound {
+    /// Adds what was counted to the pool's metrics and starts counting afresh.
+    fn flush_counts(&mut self, pool: &crate::pool::Pool) {
+        let now = std::time::Instant::now();
+        let held = now.duration_since(self.txn_start).as_micros() as u64;
+        pool.metrics.add(&self.counts, held);
+        self.counts = Default::default();
+        self.txn_start = now;
+    }
 }
 
 /// Messages Shoal never looks inside (COPY data both ways, rows from the server) are streamed
@@ -218,6 +235,7 @@ fn take_server(
             be::ERROR_RESPONSE => {
                 flow.error_response();
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
+                out.counts.error(&e.code);
                 if e.is_fatal() {
                     if policy.forwards_fatal() {
                         out.to_client.extend_from_slice(&server.buf[..n]);
@@ -281,6 +299,19 @@ fn take_server(
             // Only ReadyForQuery messages the client sees answer what it sent.
             flow.ready_for_query(body.first().copied().unwrap_or(b'I'), forwarded);
             if forwarded {
+                out.counts.queries += 1;
+                if let Some(t) = out.query_start.take() {
+                    let now = std::time::Instant::now();
+                    out.counts
+                        .query_us
+                        .observe_us(now.duration_since(t).as_micros() as u64);
+                    // Pipelined queries already sent: the next one runs from now.
+                    if flow.pending > 0 {
+                        out.query_start = Some(now);
+                    }
+                }
+            }
+            if forwarded {
                 if let Some(x) = extras.as_mut() {
                     x.sets.ready(flow.status);
                 }
@@ -320,6 +351,9 @@ impl Session {
             to_client: crate::bufpool::take(),
             client_rest: 0,
             server_rest: 0,
+            counts: Default::default(),
+            txn_start: std::time::Instant::now(),
+            query_start: None,
         };
         let server: &mut ServerConn = lease;
         let mut end = self.relay_loop(server, flow, policy, &mut out).await;
@@ -330,6 +364,7 @@ impl Session {
                 "connection lost in the middle of a streamed message".into(),
             ));
         }
+        out.flush_counts(&self.pool);
         crate::bufpool::give(out.to_server);
         crate::bufpool::give(out.to_client);
         end
@@ -343,6 +378,9 @@ impl Session {
         out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
         let mut terminate = !self.take_client(server, flow, out, policy)?;
+        if !out.to_server.is_empty() {
+            out.query_start = Some(std::time::Instant::now());
+        }
         let mut fatal: Option<ErrorFields> = None;
         loop {
             if out.to_client.is_empty() {
@@ -356,6 +394,10 @@ impl Session {
                 }
                 if policy.per_transaction() && flow.at_boundary() {
                     return Ok(RelayEnd::Boundary);
+                }
+                if !policy.per_transaction() && out.counts.queries > 0 && flow.at_boundary() {
+                    // Session mode: each transaction counts when it ends.
+                    out.flush_counts(&self.pool);
                 }
             }
             let read_server = out.to_client.len() < HIGH_WATER && fatal.is_none();
@@ -391,9 +433,15 @@ impl Session {
             })
             .await;
             match step {
-                Step::ToServer(Ok(n)) => out.to_server.advance(n),
+                Step::ToServer(Ok(n)) => {
+                    out.counts.bytes_in += n as u64;
+                    out.to_server.advance(n);
+                }
                 Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
-                Step::ToClient(Ok(n)) => out.to_client.advance(n),
+                Step::ToClient(Ok(n)) => {
+                    out.counts.bytes_out += n as u64;
+                    out.to_client.advance(n);
+                }
                 Step::ToClient(Err(_)) => return Ok(RelayEnd::ClientGone),
                 Step::FromServer(Ok(0)) | Step::FromServer(Err(_)) => {
                     return Ok(RelayEnd::ServerLost(None))
@@ -419,6 +467,9 @@ impl Session {
                         self.account_large(true)?;
                     }
                     terminate = !self.take_client(server, flow, out, policy)?;
+                    if out.query_start.is_none() && !out.to_server.is_empty() {
+                        out.query_start = Some(std::time::Instant::now());
+                    }
                 }
             }
         }

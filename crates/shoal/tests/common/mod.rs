@@ -273,6 +273,8 @@ pub struct Shoal {
     pub addr: SocketAddr,
     /// The management API's address, when `[api]` is configured.
     pub api: Option<SocketAddr>,
+    /// The `[metrics] listen` address, when configured.
+    pub metrics: Option<SocketAddr>,
     pub log: Arc<Mutex<Vec<String>>>,
     pub config_dir: tempfile::TempDir,
 }
@@ -351,16 +353,18 @@ impl Shoal {
         }
         // Shoal writes the ready file once every listener is bound.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let (addr, api): (SocketAddr, Option<SocketAddr>) = loop {
+        let (addr, api, metrics): (SocketAddr, Option<SocketAddr>, Option<SocketAddr>) = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let tcp = text.lines().find_map(|l| l.strip_prefix("tcp "));
-                let api = text
-                    .lines()
-                    .find_map(|l| l.strip_prefix("api "))
-                    .and_then(|a| a.parse().ok());
+                let find = |prefix: &str| {
+                    text.lines()
+                        .find_map(|l| l.strip_prefix(prefix))
+                        .and_then(|a| a.parse().ok())
+                };
                 break (
                     tcp.and_then(|a| a.parse().ok()).expect("a TCP listener"),
-                    api,
+                    find("api "),
+                    find("metrics "),
                 );
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -377,6 +381,7 @@ impl Shoal {
             child,
             addr,
             api,
+            metrics,
             log,
             config_dir,
         }

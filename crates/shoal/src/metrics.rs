@@ -1,0 +1,549 @@
+//! Metrics: counters kept where the work happens, read only when scraped.
+//!
+//! The hot path never takes a lock or allocates for metrics: a session counts a
+//! transaction's queries, bytes, errors and query durations in a [`TxnCounts`] on its own
+//! stack and adds them to its pool's atomics once, when the transaction ends. A scrape walks
+//! the pools and encodes what they hold in the Prometheus text format
+//! (`prometheus-client`); nothing is registered per pool, so pools come and go freely.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+
+/// Histogram bucket upper bounds, in microseconds (then +Inf).
+pub const BUCKETS_US: [u64; 13] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000, 10_000_000,
+    60_000_000,
+];
+const NBUCKETS: usize = BUCKETS_US.len() + 1;
+
+fn bucket_of(us: u64) -> usize {
+    BUCKETS_US
+        .iter()
+        .position(|&b| us <= b)
+        .unwrap_or(BUCKETS_US.len())
+}
+
+/// A histogram updated with relaxed atomics (no lock).
+#[derive(Debug, Default)]
+pub struct AtomicHistogram {
+    counts: [AtomicU64; NBUCKETS],
+    sum_us: AtomicU64,
+}
+
+impl AtomicHistogram {
+    pub fn observe_us(&self, us: u64) {
+        self.counts[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
+        if us > 0 {
+            self.sum_us.fetch_add(us, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds a transaction's local observations.
+    pub fn merge(&self, local: &LocalHistogram) {
+        if local.count == 0 {
+            return;
+        }
+        for (i, &c) in local.counts.iter().enumerate() {
+            if c > 0 {
+                self.counts[i].fetch_add(u64::from(c), Ordering::Relaxed);
+            }
+        }
+        self.sum_us.fetch_add(local.sum_us, Ordering::Relaxed);
+    }
+
+    /// (sum in seconds, count, per-bucket counts with upper bounds in seconds).
+    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets = Vec::with_capacity(NBUCKETS);
+        let mut count = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            let c = c.load(Ordering::Relaxed);
+            count += c;
+            let upper = BUCKETS_US.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e6);
+            buckets.push((upper, c));
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        (sum, count, buckets)
+    }
+}
+
+/// Observations made during one transaction, on the session's stack.
+#[derive(Debug, Default, Clone)]
+pub struct LocalHistogram {
+    counts: [u32; NBUCKETS],
+    sum_us: u64,
+    count: u32,
+}
+
+impl LocalHistogram {
+    pub fn observe_us(&mut self, us: u64) {
+        self.counts[bucket_of(us)] += 1;
+        self.sum_us += us;
+        self.count += 1;
+    }
+}
+
+/// SQLSTATE classes counted apart; the rest is `other`.
+pub const ERROR_CLASSES: [&str; 12] = [
+    "08", "22", "23", "25", "28", "40", "42", "53", "54", "55", "57", "XX",
+];
+const NCLASSES: usize = ERROR_CLASSES.len() + 1;
+
+fn class_of(code: &str) -> usize {
+    let class = code.get(..2).unwrap_or("");
+    ERROR_CLASSES
+        .iter()
+        .position(|c| *c == class)
+        .unwrap_or(ERROR_CLASSES.len())
+}
+
+/// What a session counts while it holds a server, added to the pool at the end.
+#[derive(Debug, Default)]
+pub struct TxnCounts {
+    pub queries: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub errors: [u32; NCLASSES],
+    pub query_us: LocalHistogram,
+}
+
+impl TxnCounts {
+    pub fn error(&mut self, code: &str) {
+        self.errors[class_of(code)] += 1;
+    }
+}
+
+/// A pool's counters beyond [`crate::pool::PoolStats`].
+#[derive(Debug, Default)]
+pub struct PoolMetrics {
+    pub queries: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub errors: [AtomicU64; NCLASSES],
+    pub wait: AtomicHistogram,
+    pub transaction: AtomicHistogram,
+    pub query: AtomicHistogram,
+    pub connecting: AtomicU64,
+}
+
+impl PoolMetrics {
+    /// Adds a finished transaction (held for `held_us`).
+    pub fn add(&self, t: &TxnCounts, held_us: u64) {
+        if t.queries > 0 {
+            self.queries.fetch_add(t.queries, Ordering::Relaxed);
+        }
+        self.bytes_in.fetch_add(t.bytes_in, Ordering::Relaxed);
+        self.bytes_out.fetch_add(t.bytes_out, Ordering::Relaxed);
+        for (i, &n) in t.errors.iter().enumerate() {
+            if n > 0 {
+                self.errors[i].fetch_add(u64::from(n), Ordering::Relaxed);
+            }
+        }
+        self.query.merge(&t.query_us);
+        self.transaction.observe_us(held_us);
+    }
+}
+
+/// Why a connection was refused, for `shoal_connections_rejected_total{reason}`.
+pub const REJECT_REASONS: [&str; 9] = [
+    "too_many_connections",
+    "auth_failed",
+    "not_authorized",
+    "unknown_database",
+    "banned",
+    "shutting_down",
+    "protocol",
+    "login_timeout",
+    "other",
+];
+
+/// Process-wide counters.
+#[derive(Debug, Default)]
+pub struct ProcessMetrics {
+    pub accepted: AtomicU64,
+    rejected: [AtomicU64; REJECT_REASONS.len()],
+    pub tls_handshakes: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
+    pub auth_failures: AtomicU64,
+}
+
+impl ProcessMetrics {
+    /// Counts a login refused with `code` (and an auth failure for 28P01).
+    pub fn rejected(&self, code: &str, timeout: bool) {
+        let reason = match code {
+            _ if timeout => "login_timeout",
+            "53300" => "too_many_connections",
+            "28P01" => "auth_failed",
+            "28000" => "not_authorized",
+            "3D000" => "unknown_database",
+            "08004" => "banned",
+            "57P03" | "57P01" => "shutting_down",
+            "08P01" => "protocol",
+            _ => "other",
+        };
+        if code == "28P01" {
+            self.auth_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(i) = REJECT_REASONS.iter().position(|r| *r == reason) {
+            self.rejected[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn rejected_count(&self, reason: &str) -> u64 {
+        REJECT_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.rejected[i].load(Ordering::Relaxed))
+    }
+}
+
+/// Encodes every metric of a running Shoal on each scrape.
+pub struct ShoalCollector {
+    pub app: Arc<crate::app::App>,
+}
+
+impl std::fmt::Debug for ShoalCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShoalCollector")
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn pool_labels(pool: &crate::pool::Pool) -> Labels {
+    let (tenant, database) = match (&pool.tenant, pool.name.split_once('/')) {
+        (Some(t), _) => (t.clone(), pool.upstream.dbname.clone()),
+        (None, Some((db, _))) => (String::new(), db.to_owned()),
+        (None, None) => (String::new(), pool.name.clone()),
+    };
+    vec![
+        ("tenant", tenant),
+        ("database", database),
+        ("user", pool.upstream.user.clone()),
+        (
+            "mode",
+            match pool.settings.mode {
+                crate::config::PoolMode::Transaction => "transaction".into(),
+                crate::config::PoolMode::Session => "session".into(),
+            },
+        ),
+    ]
+}
+
+fn gauge(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        m.encode_family(labels)?.encode_gauge(v)?;
+    }
+    Ok(())
+}
+
+fn counter(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        m.encode_family(labels)?
+            .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, &AtomicHistogram)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in rows {
+        let (sum, count, buckets) = h.snapshot();
+        m.encode_family(labels)?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+    }
+    Ok(())
+}
+
+/// Descriptors opened under /proc/self/fd, and resident memory from /proc/self/statm.
+fn process_resources() -> (i64, i64) {
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
+    let page = 4096;
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<i64>().ok())
+        .map_or(0, |p| p * page);
+    (fds, rss)
+}
+
+impl Collector for ShoalCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let app = &self.app;
+        let pools = app.routes.pools();
+        let rows = |f: &dyn Fn(&crate::pool::Pool) -> i64| -> Vec<(Labels, i64)> {
+            pools.iter().map(|p| (pool_labels(p), f(p))).collect()
+        };
+        let crows = |f: &dyn Fn(&crate::pool::Pool) -> u64| -> Vec<(Labels, u64)> {
+            pools.iter().map(|p| (pool_labels(p), f(p))).collect()
+        };
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let lu = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as i64;
+        gauge(
+            &mut e,
+            "shoal_pool_clients",
+            "Clients logged in to the pool",
+            &rows(&|p| lu(&p.stats.clients)),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_clients_active",
+            "Clients holding a server",
+            &rows(&|p| p.in_use() as i64),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_clients_waiting",
+            "Clients waiting for a server",
+            &rows(&|p| lu(&p.stats.waiting)),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_clients_idle",
+            "Logged-in clients neither holding nor waiting for a server",
+            &rows(&|p| (lu(&p.stats.clients) - p.in_use() as i64 - lu(&p.stats.waiting)).max(0)),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_servers",
+            "Server connections open",
+            &rows(&|p| lu(&p.stats.servers)),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_servers_idle",
+            "Server connections idle in the pool",
+            &rows(&|p| p.idle_count() as i64),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_servers_in_use",
+            "Server connections held by clients",
+            &rows(&|p| p.in_use() as i64),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_servers_connecting",
+            "Server connections being opened",
+            &rows(&|p| l(&p.metrics.connecting) as i64),
+        )?;
+        gauge(
+            &mut e,
+            "shoal_pool_size",
+            "The pool's size now",
+            &rows(&|p| p.size() as i64),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_transactions",
+            "Transactions (server checkouts)",
+            &crows(&|p| l(&p.stats.checkouts)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_queries",
+            "Queries answered (ReadyForQuery relayed)",
+            &crows(&|p| l(&p.metrics.queries)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_bytes_received",
+            "Bytes from clients to servers",
+            &crows(&|p| l(&p.metrics.bytes_in)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_bytes_sent",
+            "Bytes from servers to clients",
+            &crows(&|p| l(&p.metrics.bytes_out)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_server_connects",
+            "Server connections opened",
+            &crows(&|p| l(&p.stats.connects)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_server_connect_failures",
+            "Server connections that failed to open",
+            &crows(&|p| l(&p.stats.connect_failures)),
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "shoal_pool_errors",
+                "Errors relayed to clients, by SQLSTATE class",
+                None,
+                MetricType::Counter,
+            )?;
+            for p in &pools {
+                for (i, c) in p.metrics.errors.iter().enumerate() {
+                    let v = c.load(Ordering::Relaxed);
+                    if v == 0 {
+                        continue;
+                    }
+                    let mut labels = pool_labels(p);
+                    labels.push((
+                        "class",
+                        ERROR_CLASSES.get(i).copied().unwrap_or("other").to_owned(),
+                    ));
+                    m.encode_family(&labels)?
+                        .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+                }
+            }
+        }
+        let hrows = |f: &dyn for<'a> Fn(&'a crate::pool::Pool) -> &'a AtomicHistogram| -> Vec<(Labels, &AtomicHistogram)> {
+            pools.iter().map(|p| (pool_labels(p), f(p))).collect()
+        };
+        histogram(
+            &mut e,
+            "shoal_pool_wait_seconds",
+            "Time clients waited for a server",
+            &hrows(&|p| &p.metrics.wait),
+        )?;
+        histogram(
+            &mut e,
+            "shoal_pool_transaction_seconds",
+            "Time a client held a server (a transaction, or a session in session mode)",
+            &hrows(&|p| &p.metrics.transaction),
+        )?;
+        histogram(
+            &mut e,
+            "shoal_pool_query_seconds",
+            "Time from a query's first message to its ReadyForQuery",
+            &hrows(&|p| &p.metrics.query),
+        )?;
+        let pm = &app.metrics;
+        counter(
+            &mut e,
+            "shoal_connections_accepted",
+            "Client connections accepted",
+            &[(vec![], l(&pm.accepted))],
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "shoal_connections_rejected",
+                "Logins refused, by reason",
+                None,
+                MetricType::Counter,
+            )?;
+            for r in REJECT_REASONS {
+                let labels: Labels = vec![("reason", r.to_owned())];
+                m.encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&pm.rejected_count(r), None)?;
+            }
+        }
+        counter(
+            &mut e,
+            "shoal_tls_handshakes",
+            "TLS handshakes completed with clients",
+            &[(vec![], l(&pm.tls_handshakes))],
+        )?;
+        counter(
+            &mut e,
+            "shoal_tls_handshake_failures",
+            "TLS handshakes with clients that failed",
+            &[(vec![], l(&pm.tls_handshake_failures))],
+        )?;
+        counter(
+            &mut e,
+            "shoal_auth_failures",
+            "Failed client authentications",
+            &[(vec![], l(&pm.auth_failures))],
+        )?;
+        gauge(
+            &mut e,
+            "shoal_clients",
+            "Clients logged in",
+            &[(vec![], app.clients.load(Ordering::Relaxed) as i64)],
+        )?;
+        gauge(
+            &mut e,
+            "shoal_clients_logging_in",
+            "Connections still logging in",
+            &[(vec![], app.logins.load(Ordering::Relaxed) as i64)],
+        )?;
+        gauge(
+            &mut e,
+            "shoal_tenants",
+            "Tenants known to routing",
+            &[(vec![], app.routes.tenants.len() as i64)],
+        )?;
+        let (fds, rss) = process_resources();
+        gauge(
+            &mut e,
+            "shoal_open_fds",
+            "Open file descriptors",
+            &[(vec![], fds)],
+        )?;
+        gauge(
+            &mut e,
+            "shoal_resident_memory_bytes",
+            "Resident memory",
+            &[(vec![], rss)],
+        )?;
+        Ok(())
+    }
+}
+
+/// The Prometheus text exposition of everything.
+pub fn render(app: &Arc<crate::app::App>) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(ShoalCollector { app: app.clone() }));
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_bucket_and_merge() {
+        let h = AtomicHistogram::default();
+        let mut local = LocalHistogram::default();
+        local.observe_us(40);
+        local.observe_us(700);
+        local.observe_us(100_000_000);
+        h.merge(&local);
+        h.observe_us(1_000);
+        let (sum, count, buckets) = h.snapshot();
+        assert_eq!(count, 4);
+        assert!((sum - 100.00174).abs() < 1e-6);
+        assert_eq!(buckets[0], (50e-6, 1));
+        assert_eq!(buckets[4], (1e-3, 2));
+        assert_eq!(buckets.last().unwrap().1, 1, "+Inf");
+        assert!(buckets.last().unwrap().0.is_infinite());
+    }
+
+    #[test]
+    fn error_classes() {
+        let mut t = TxnCounts::default();
+        t.error("23505");
+        t.error("ZZ000");
+        assert_eq!(t.errors[2], 1);
+        assert_eq!(t.errors[ERROR_CLASSES.len()], 1);
+    }
+}

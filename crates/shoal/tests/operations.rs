@@ -1,0 +1,173 @@
+//! Operating Shoal: `/metrics` read by the reference Prometheus parser while traffic moves
+//! its values, `/health` and `/ready`.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+/// Fetches `url` with curl: (status, body).
+fn get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "-o", "-", "-w", "\n%{http_code}", url]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = cmd.output().expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The samples of an exposition, as parsed by Python's `prometheus_client`.
+fn parse(text: &str) -> Vec<(String, serde_json::Map<String, Value>, f64)> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/ops/parse_metrics.py"
+    );
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the exposition does not parse: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Vec<(String, serde_json::Map<String, Value>, f64)> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    v
+}
+
+fn sample(
+    samples: &[(String, serde_json::Map<String, Value>, f64)],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).and_then(Value::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| *v)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_with_traffic_and_parse() {
+    let db = unique_db("metrics");
+    pg().create_database(&db);
+    let config = base_config(
+        pg(),
+        &[&db],
+        "[metrics]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_TEST_METRICS_TOKEN\"\n",
+    );
+    let shoal = Shoal::start_with_env(&config, &[("SHOAL_TEST_METRICS_TOKEN", "scrape-me")]);
+    let base = format!("http://{}", shoal.metrics.expect("metrics listener"));
+    assert_eq!(
+        get(&format!("{base}/metrics"), None).0,
+        401,
+        "the token is required"
+    );
+    let scrape = || {
+        let (code, text) = get(&format!("{base}/metrics"), Some("scrape-me"));
+        assert_eq!(code, 200);
+        parse(&text)
+    };
+    let c = shoal.connect(&db).await;
+    for _ in 0..20 {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    c.batch_execute("BEGIN; SELECT 1; SELECT 2; COMMIT")
+        .await
+        .unwrap();
+    let _ = c.simple_query("SELEKT").await.expect_err("a syntax error");
+    let rows = c.simple_query("SELECT repeat('x', 100000)").await.unwrap();
+    assert!(!rows.is_empty());
+    let _ = shoal
+        .try_connect(&shoal.conninfo("app", "wrong-password", &db))
+        .await
+        .expect_err("a wrong password");
+    let pool = [("database", db.as_str()), ("user", "app")];
+    let s = scrape();
+    assert!(sample(&s, "shoal_pool_transactions_total", &pool) >= 22.0);
+    assert!(sample(&s, "shoal_pool_queries_total", &pool) >= 23.0);
+    assert!(sample(&s, "shoal_pool_bytes_sent_total", &pool) >= 100_000.0);
+    assert!(sample(&s, "shoal_pool_bytes_received_total", &pool) > 0.0);
+    assert_eq!(
+        sample(
+            &s,
+            "shoal_pool_errors_total",
+            &[("database", &db), ("class", "42")]
+        ),
+        1.0
+    );
+    assert_eq!(sample(&s, "shoal_pool_clients", &pool), 1.0);
+    assert!(sample(&s, "shoal_pool_servers", &pool) >= 1.0);
+    assert!(sample(&s, "shoal_pool_query_seconds_count", &pool) >= 23.0);
+    assert!(sample(&s, "shoal_pool_transaction_seconds_count", &pool) >= 22.0);
+    assert!(sample(&s, "shoal_pool_wait_seconds_count", &pool) >= 22.0);
+    assert!(sample(&s, "shoal_connections_accepted_total", &[]) >= 2.0);
+    assert_eq!(
+        sample(
+            &s,
+            "shoal_connections_rejected_total",
+            &[("reason", "auth_failed")]
+        ),
+        1.0
+    );
+    assert_eq!(sample(&s, "shoal_auth_failures_total", &[]), 1.0);
+    assert!(sample(&s, "shoal_open_fds", &[]) > 3.0);
+    assert!(sample(&s, "shoal_resident_memory_bytes", &[]) > 1_000_000.0);
+    // More traffic moves the counters.
+    for _ in 0..5 {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    let later = scrape();
+    assert_eq!(
+        sample(&later, "shoal_pool_queries_total", &pool),
+        sample(&s, "shoal_pool_queries_total", &pool) + 5.0
+    );
+    drop(c);
+    eventually(
+        "the client leaves",
+        std::time::Duration::from_secs(5),
+        || sample(&scrape(), "shoal_pool_clients", &pool) == 0.0,
+    )
+    .await;
+    // Health and readiness.
+    assert_eq!(get(&format!("{base}/health"), None).0, 200);
+    let (code, body) = get(&format!("{base}/ready"), None);
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_reports_an_unreachable_upstream() {
+    let dead = free_port();
+    let config = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[metrics]\nlisten = \"127.0.0.1:0\"\n\
+         [databases.gone]\nhost = \"127.0.0.1\"\nport = {dead}\n[users.app]\npassword = \"x\"\n"
+    );
+    let shoal = Shoal::start(&config);
+    let base = format!("http://{}", shoal.metrics.unwrap());
+    let (code, body) = get(&format!("{base}/ready"), None);
+    assert_eq!(code, 503);
+    assert!(body.contains("gone"), "{body}");
+    assert_eq!(get(&format!("{base}/health"), None).0, 200);
+}
