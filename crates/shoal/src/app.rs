@@ -175,6 +175,30 @@ impl App {
         seed
     }
 
+    /// Re-reads the configuration file: pools, users, databases and timeouts change for new
+    /// logins (pool sizes in place), TLS certificates are re-read; clients stay connected. An
+    /// invalid file changes nothing. `[server]` settings (listeners, process limits) need a
+    /// restart.
+    pub fn reload(&self) -> Result<String, String> {
+        let Some(path) = self.routes.config().source.clone() else {
+            self.tls
+                .reload(&self.config.tls)
+                .map_err(|e| e.to_string())?;
+            return Ok("no configuration file (embedded default): TLS certificates re-read".into());
+        };
+        let fresh = Config::from_file(&path).map_err(|e| e.to_string())?;
+        crate::tls::TlsState::load(&fresh.tls).map_err(|e| e.to_string())?;
+        self.tls.reload(&fresh.tls).map_err(|e| e.to_string())?;
+        let summary = format!(
+            "{}: {} database(s), {} user(s)",
+            path.display(),
+            fresh.databases.len(),
+            fresh.users.len()
+        );
+        self.routes.replace_config(fresh);
+        Ok(summary)
+    }
+
     pub fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }

@@ -337,21 +337,31 @@ impl Registry {
     /// (or whose database or user is gone) are removed as by [`Registry::remove_pool`];
     /// unchanged pools, tenant pools, and every attached client, carry on untouched.
     pub fn replace_config(&self, config: Config) {
-        let stale: Vec<PoolKey> = self
-            .lock_pools()
-            .iter()
-            .filter(|((db, _), _)| !db.starts_with(crate::tenant::DB_PREFIX))
-            .filter(|((db, user), pool)| {
-                let (Some(d), Some(u)) = (config.databases.get(db), config.users.get(user)) else {
-                    return true;
-                };
-                !same_upstream(pool, d, u) || pool.settings != config.pool_settings(d, u)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut stale: Vec<PoolKey> = Vec::new();
+        let mut resize: Vec<(Arc<Pool>, usize)> = Vec::new();
+        for ((db, user), pool) in self.lock_pools().iter() {
+            if db.starts_with(crate::tenant::DB_PREFIX) {
+                continue;
+            }
+            let (Some(d), Some(u)) = (config.databases.get(db), config.users.get(user)) else {
+                stale.push((db.clone(), user.clone()));
+                continue;
+            };
+            let settings = config.pool_settings(d, u);
+            if !same_upstream(pool, d, u) || without_size(&settings) != without_size(&pool.settings)
+            {
+                stale.push((db.clone(), user.clone()));
+            } else if settings.size != pool.size() {
+                // Only the size changed: the pool is resized in place.
+                resize.push((pool.clone(), settings.size));
+            }
+        }
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         for (db, user) in stale {
             self.remove_pool(&db, &user);
+        }
+        for (pool, size) in resize {
+            tokio::spawn(async move { pool.resize(size).await });
         }
     }
 
@@ -536,13 +546,27 @@ mod tests {
         r.replace_config(config(3));
         let (routed, u) = user_of(&r, "u", "d");
         assert!(Arc::ptr_eq(&before, &r.pool(&routed, &u).unwrap()));
-        // A new pool size: new logins get a new pool; the old one lives on for its clients.
+        // A new pool size: the pool is resized in place.
         r.replace_config(config(5));
         let (routed, u) = user_of(&r, "u", "d");
         let after = r.pool(&routed, &u).unwrap();
-        assert!(!Arc::ptr_eq(&before, &after));
-        assert_eq!(after.settings.size, 5);
-        assert_eq!(before.settings.size, 3);
+        assert!(Arc::ptr_eq(&before, &after));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(after.size(), 5);
+        // Another setting: new logins get a new pool; the old one lives on for its clients.
+        r.replace_config(
+            Config::parse(
+                "[pool]\npool_size = 5\npool_mode = \"session\"\n[databases.d]\nport = 1\n[users.u]\npassword = \"p\"\n",
+                "test",
+                &|_| None,
+            )
+            .unwrap(),
+        );
+        let (routed, u) = user_of(&r, "u", "d");
+        let third = r.pool(&routed, &u).unwrap();
+        assert!(!Arc::ptr_eq(&before, &third));
         assert!(r.remove_pool("d", "u").is_some());
         assert!(r.pools().is_empty());
     }

@@ -232,10 +232,12 @@ async fn reload_on_sighup(app: std::sync::Arc<App>) {
         return;
     };
     while hup.recv().await.is_some() {
-        match app.tls.reload(&app.config.tls) {
-            Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+        match app.reload() {
+            Ok(what) => {
+                tracing::info!(config = %what, "SIGHUP: configuration reloaded; TLS certificates reloaded")
+            }
             Err(e) => {
-                tracing::error!(error = %e, "SIGHUP: TLS certificates not reloaded; the old ones stay")
+                tracing::error!(error = %e, "SIGHUP: configuration not reloaded; the old one (and the old TLS certificates) stay")
             }
         }
     }

@@ -418,6 +418,8 @@ pub struct Config {
     pub store: Option<StoreSection>,
     pub tenants: TenantsSection,
     pub metrics: MetricsSection,
+    /// The file this was read from (reloads read it again); `None` for the embedded default.
+    pub source: Option<PathBuf>,
 }
 
 /// Settings of one (database, user) pool, with overrides applied.
@@ -455,9 +457,11 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string(), &|k| {
+        let mut c = Self::parse(&text, &path.display().to_string(), &|k| {
             std::env::var(k).ok()
-        })
+        })?;
+        c.source = Some(path.to_owned());
+        Ok(c)
     }
 
     pub fn embedded_default() -> Result<Config, ConfigError> {
@@ -627,6 +631,7 @@ impl Config {
             store,
             tenants: raw.tenants,
             metrics: raw.metrics,
+            source: None,
         })
     }
 
