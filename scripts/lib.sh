@@ -23,7 +23,7 @@ ensure_packages() {
   fi
 }
 
-# Shoal needs Rust 1.80 or newer (Cargo.toml's rust-version).
+# Shoal needs Rust 1.87 or newer (Cargo.toml's rust-version).
 ensure_rust() {
   if ! command -v cargo >/dev/null; then
     [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -38,8 +38,8 @@ ensure_rust() {
   fi
   local v
   v=$(rustc --version 2>/dev/null | awk '{print $2}')
-  if [ -z "$v" ] || [ "$(printf '%s\n1.80.0\n' "$v" | sort -V | head -n 1)" != "1.80.0" ]; then
-    echo "Shoal needs Rust 1.80 or newer (found: ${v:-none}). Install it with rustup" >&2
+  if [ -z "$v" ] || [ "$(printf '%s\n1.87.0\n' "$v" | sort -V | head -n 1)" != "1.87.0" ]; then
+    echo "Shoal needs Rust 1.87 or newer (found: ${v:-none}). Install it with rustup" >&2
     echo "(https://rustup.rs: curl -sSf https://sh.rustup.rs | sh) or from a newer" >&2
     echo "distribution package, then run this again." >&2
     return 1

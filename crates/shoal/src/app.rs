@@ -36,6 +36,8 @@ pub struct App {
     pub tls: crate::tls::TlsState,
     /// Failed logins, for delays and bans.
     pub login_failures: crate::login_failures::LoginFailures,
+    /// The admin console's `SHUTDOWN`: `run` stops as on SIGTERM.
+    pub shutdown_request: tokio::sync::Notify,
     /// Process-wide counters (connections, TLS, authentication).
     pub metrics: crate::metrics::ProcessMetrics,
     /// Secrets found by auth_query.
@@ -106,6 +108,7 @@ impl App {
             login_failures,
             secrets: Default::default(),
             metrics: Default::default(),
+            shutdown_request: tokio::sync::Notify::new(),
             mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),
             config,

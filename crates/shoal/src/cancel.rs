@@ -39,10 +39,20 @@ struct SlotState {
     pending: bool,
 }
 
+/// Who a logged-in client is, for the admin console's `SHOW CLIENTS`.
+#[derive(Debug, Clone, Default)]
+pub struct ClientInfo {
+    pub pool: std::sync::Weak<crate::pool::Pool>,
+    pub addr: Option<SocketAddr>,
+    /// [`crate::clock::now_ms`] at login.
+    pub since_ms: u64,
+}
+
 /// One client's cancel state. Kept small: every connected client has one.
 pub struct CancelSlot {
     secret: i32,
     state: Mutex<SlotState>,
+    pub info: ClientInfo,
 }
 
 impl CancelSlot {
@@ -53,6 +63,18 @@ impl CancelSlot {
     /// The client's request is being served (until [`CancelSlot::clear`]).
     pub fn mark_busy(&self) {
         self.lock().busy = true;
+    }
+
+    /// `active` (holds a server), `waiting` (for one) or `idle`.
+    pub fn state(&self) -> &'static str {
+        let s = self.lock();
+        if s.target.is_some() {
+            "active"
+        } else if s.waiting.is_some() {
+            "waiting"
+        } else {
+            "idle"
+        }
     }
 
     /// The request ended without reaching a server: forget a cancel meant for it.
@@ -164,11 +186,12 @@ impl CancelRegistry {
     /// Registers a client. `process_id` is the real server's in session mode (so the client's
     /// `pg_backend_pid()` matches); otherwise, or if that pid is taken by a client of another
     /// server, Shoal picks one above the range of real pids.
-    pub fn register(self: &Arc<Self>, process_id: Option<i32>) -> Registration {
+    pub fn register(self: &Arc<Self>, process_id: Option<i32>, info: ClientInfo) -> Registration {
         let mut rng = rand::thread_rng();
         let slot = Arc::new(CancelSlot {
             secret: rng.gen(),
             state: Mutex::new(SlotState::default()),
+            info,
         });
         let mut map = self.lock();
         let mut pid = process_id.unwrap_or_else(|| rng.gen_range(1 << 30..i32::MAX));
@@ -181,6 +204,14 @@ impl CancelRegistry {
             process_id: pid,
             slot,
         }
+    }
+
+    /// Every registered client: (key, whether it holds a server, whether it waits for one).
+    pub fn clients(&self) -> Vec<(i32, Arc<CancelSlot>)> {
+        let mut v: Vec<(i32, Arc<CancelSlot>)> =
+            self.lock().iter().map(|(k, s)| (*k, s.clone())).collect();
+        v.sort_by_key(|(_, s)| s.info.since_ms);
+        v
     }
 
     fn find(&self, process_id: i32, secret_key: i32) -> Option<Arc<CancelSlot>> {
@@ -254,7 +285,7 @@ mod tests {
             }
         });
         let registry = Arc::new(CancelRegistry::default());
-        let reg = registry.register(None);
+        let reg = registry.register(None, ClientInfo::default());
         reg.slot.set(CancelTarget {
             addr,
             process_id: 1,

@@ -28,6 +28,7 @@
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
 //! - [`logsafe`]: escaping client-controlled text in log lines.
 
+pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth_query;

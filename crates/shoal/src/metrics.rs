@@ -55,6 +55,10 @@ impl AtomicHistogram {
         self.sum_us.fetch_add(local.sum_us, Ordering::Relaxed);
     }
 
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us.load(Ordering::Relaxed)
+    }
+
     /// (sum in seconds, count, per-bucket counts with upper bounds in seconds).
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let mut buckets = Vec::with_capacity(NBUCKETS);

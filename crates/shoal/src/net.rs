@@ -146,6 +146,15 @@ impl ClientStream {
         }
     }
 
+    /// The client's address (none for Unix sockets).
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            ClientStream::Tcp(s) => s.peer_addr().ok(),
+            ClientStream::Tls(s) => s.get_ref().0.inner.peer_addr().ok(),
+            _ => None,
+        }
+    }
+
     /// The client's IP address (none for Unix sockets).
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
         match self {

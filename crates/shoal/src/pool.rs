@@ -54,6 +54,7 @@ pub struct PoolStats {
 }
 
 pub struct Pool {
+    me: Weak<Pool>,
     /// `database/user`, for messages and logs.
     pub name: String,
     pub settings: PoolSettings,
@@ -78,6 +79,53 @@ pub struct Pool {
     /// The tenant this pool serves, if any (for metrics and the admin console).
     pub tenant: Option<String>,
     pub metrics: crate::metrics::PoolMetrics,
+    /// Every open server connection, for the admin console.
+    servers_info: Mutex<HashMap<u64, ServerInfo>>,
+    /// `PAUSE`: checkouts wait until `RESUME`.
+    paused: std::sync::atomic::AtomicBool,
+    resumed: tokio::sync::Notify,
+    /// Per-second averages over the last `stats_period` (`SHOW STATS`).
+    pub averages: Mutex<Averages>,
+}
+
+/// An open server connection as the admin console shows it.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    pub process_id: i32,
+    pub addr: std::net::SocketAddr,
+    /// [`clock::now_ms`] at connect.
+    pub created: u64,
+    pub tls: bool,
+}
+
+/// Removes a server from its pool's list when the connection is dropped, however it ends.
+pub struct ServerTracker {
+    pool: Weak<Pool>,
+    id: u64,
+}
+
+impl Drop for ServerTracker {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.servers_info
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.id);
+        }
+    }
+}
+
+/// What `SHOW STATS` reports as averages: per second (counts, bytes) or per transaction and
+/// query (microseconds), over the last stats period.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Averages {
+    pub xact_count: u64,
+    pub query_count: u64,
+    pub recv: u64,
+    pub sent: u64,
+    pub xact_time: u64,
+    pub query_time: u64,
+    pub wait_time: u64,
 }
 
 /// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
@@ -175,7 +223,8 @@ impl Pool {
         settings: PoolSettings,
         upstream: Upstream,
     ) -> Arc<Pool> {
-        let pool = Arc::new(Pool {
+        let pool = Arc::new_cyclic(|me| Pool {
+            me: me.clone(),
             name,
             permits: Arc::new(Semaphore::new(settings.size)),
             size: AtomicUsize::new(settings.size),
@@ -184,6 +233,10 @@ impl Pool {
             unused_since: AtomicU64::new(clock::now_ms()),
             tenant,
             metrics: Default::default(),
+            servers_info: Mutex::new(HashMap::new()),
+            paused: std::sync::atomic::AtomicBool::new(false),
+            resumed: tokio::sync::Notify::new(),
+            averages: Mutex::new(Averages::default()),
             settings,
             upstream,
             idle: Mutex::new(VecDeque::new()),
@@ -219,6 +272,9 @@ impl Pool {
 
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
+        if self.paused.load(Ordering::Relaxed) {
+            self.wait_resumed().await?;
+        }
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(p) => {
                 self.metrics.wait.observe_us(0);
@@ -284,6 +340,9 @@ impl Pool {
     /// A server without waiting or connecting, when one is free and idle: the common case,
     /// which needs no cancellation handling.
     pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
+        if self.paused.load(Ordering::Relaxed) {
+            return None;
+        }
         let permit = self.permits.clone().try_acquire_owned().ok()?;
         let conn = self.pop_idle()?;
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
@@ -301,7 +360,23 @@ impl Pool {
         let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
         self.metrics.connecting.fetch_sub(1, Ordering::Relaxed);
         match r {
-            Ok(conn) => {
+            Ok(mut conn) => {
+                self.servers_info
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(
+                        conn.id,
+                        ServerInfo {
+                            process_id: conn.process_id,
+                            addr: conn.addr,
+                            created: conn.created,
+                            tls: matches!(conn.stream, crate::server::ServerStream::Tls(_)),
+                        },
+                    );
+                conn.tracker = Some(ServerTracker {
+                    pool: self.self_weak(),
+                    id: conn.id,
+                });
                 self.stats.servers.fetch_add(1, Ordering::Relaxed);
                 if self.login_params(&[]).is_none() {
                     self.remember_login_params(&[], &conn.params);
@@ -385,6 +460,58 @@ impl Pool {
             }
             drop(permit);
         }
+    }
+
+    fn self_weak(&self) -> Weak<Pool> {
+        self.me.clone()
+    }
+
+    /// Open server connections: (id, info, idle now).
+    pub fn server_list(&self) -> Vec<(u64, ServerInfo, bool)> {
+        let idle: std::collections::HashSet<u64> = self.lock_idle().iter().map(|c| c.id).collect();
+        let mut v: Vec<(u64, ServerInfo, bool)> = self
+            .servers_info
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, i)| (*id, i.clone(), idle.contains(id)))
+            .collect();
+        v.sort_by_key(|(id, _, _)| *id);
+        v
+    }
+
+    /// `PAUSE`: new checkouts wait (up to `query_wait_timeout`) until [`Pool::resume`].
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        self.resumed.notify_waiters();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    async fn wait_resumed(&self) -> Result<(), CheckoutError> {
+        let wait = async {
+            loop {
+                let notified = self.resumed.notified();
+                if !self.paused.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        let r = tokio::time::timeout(self.settings.wait_timeout, wait).await;
+        self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+        r.map_err(|_| CheckoutError::WaitTimeout {
+            pool: self.name.clone(),
+            waited: self.settings.wait_timeout,
+            size: self.size(),
+        })
     }
 
     /// Servers held by clients (or being opened for them) now.
@@ -472,8 +599,8 @@ async fn reap(pool: Weak<Pool>) {
         let Some(pool) = pool.upgrade() else { return };
         pool.maintain().await;
         seconds += 1;
-        let period = pool.settings.stats_period;
-        if period > 0 && seconds.is_multiple_of(period) {
+        let period = pool.settings.stats_period.max(1);
+        if seconds.is_multiple_of(period) {
             last = pool.log_stats(last, period);
         }
     }
@@ -486,19 +613,43 @@ struct StatsSnapshot {
     wait_micros: u64,
     connects: u64,
     connect_failures: u64,
+    queries: u64,
+    recv: u64,
+    sent: u64,
+    xact_us: u64,
+    query_us: u64,
 }
 
 impl Pool {
     /// One structured log line with the pool's state and what happened since the last one.
     fn log_stats(&self, last: StatsSnapshot, period: u64) -> StatsSnapshot {
         let s = &self.stats;
+        let m = &self.metrics;
         let now = StatsSnapshot {
             checkouts: s.checkouts.load(Ordering::Relaxed),
             wait_micros: s.wait_micros.load(Ordering::Relaxed),
             connects: s.connects.load(Ordering::Relaxed),
             connect_failures: s.connect_failures.load(Ordering::Relaxed),
+            queries: m.queries.load(Ordering::Relaxed),
+            recv: m.bytes_in.load(Ordering::Relaxed),
+            sent: m.bytes_out.load(Ordering::Relaxed),
+            xact_us: m.transaction.sum_us(),
+            query_us: m.query.sum_us(),
         };
         let checkouts = now.checkouts - last.checkouts;
+        let queries = now.queries - last.queries;
+        *self.averages.lock().unwrap_or_else(|e| e.into_inner()) = Averages {
+            xact_count: checkouts / period,
+            query_count: queries / period,
+            recv: (now.recv - last.recv) / period,
+            sent: (now.sent - last.sent) / period,
+            xact_time: (now.xact_us - last.xact_us) / checkouts.max(1),
+            query_time: (now.query_us - last.query_us) / queries.max(1),
+            wait_time: (now.wait_micros - last.wait_micros) / checkouts.max(1),
+        };
+        if self.settings.stats_period == 0 {
+            return now;
+        }
         if checkouts > 0 || now.connects != last.connects {
             tracing::info!(
                 pool = %self.name,

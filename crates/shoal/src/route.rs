@@ -123,6 +123,10 @@ pub struct Registry {
     config: RwLock<Arc<Config>>,
     pub tenants: Tenants,
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    /// Databases paused by the admin console (`*`: all); pools made later start paused.
+    paused: Mutex<std::collections::HashSet<String>>,
+    /// Pools taken out of routing whose servers may still be open (`WAIT_CLOSE`).
+    retired: Mutex<Vec<std::sync::Weak<Pool>>>,
 }
 
 impl Registry {
@@ -131,6 +135,8 @@ impl Registry {
             config: RwLock::new(Arc::new(config)),
             tenants: Tenants::default(),
             pools: Mutex::new(HashMap::new()),
+            paused: Mutex::new(Default::default()),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
@@ -303,6 +309,12 @@ impl Registry {
                 pool.remember_login_params(&[], &defaults);
             }
         }
+        {
+            let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+            if paused.contains("*") || paused.contains(&db.name) {
+                pool.pause();
+            }
+        }
         pools.insert(key, pool.clone());
         Ok(pool)
     }
@@ -328,6 +340,7 @@ impl Registry {
         let pool = self
             .lock_pools()
             .remove(&(database.to_owned(), user.to_owned()))?;
+        self.retire(&pool);
         let closing = pool.clone();
         tokio::spawn(async move { closing.close_idle().await });
         Some(pool)
@@ -410,9 +423,94 @@ impl Registry {
                 // one keep its servers (still logged in) until they leave.
                 _ => {
                     self.lock_pools().retain(|_, p| !Arc::ptr_eq(p, &pool));
+                    self.retire(&pool);
                 }
             }
         }
+    }
+
+    fn retire(&self, pool: &Arc<Pool>) {
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        r.retain(|w| w.strong_count() > 0);
+        r.push(Arc::downgrade(pool));
+    }
+
+    /// Pools of `database` (all when `None`), as the admin console names databases.
+    pub fn pools_of(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        self.lock_pools()
+            .iter()
+            .filter(|((d, _), _)| database.is_none_or(|want| d == want))
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
+    /// `PAUSE [db]`: the pools (and pools made later) hold new transactions.
+    pub fn pause(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        self.paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(database.unwrap_or("*").to_owned());
+        let mut pools = self.pools_of(database);
+        // Pools taken out of routing still serve their clients: they pause too.
+        pools.extend(self.retired_pools(database));
+        for p in &pools {
+            p.pause();
+        }
+        pools
+    }
+
+    fn retired_pools(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|p| database.is_none_or(|d| crate::admin::show::pool_database(p) == d))
+            .collect()
+    }
+
+    /// `RESUME [db]`.
+    pub fn resume(&self, database: Option<&str>) {
+        let still = {
+            let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+            match database {
+                Some(d) => {
+                    paused.remove(d);
+                }
+                None => paused.clear(),
+            }
+            paused.clone()
+        };
+        for ((db, _), p) in self.lock_pools().iter() {
+            if !still.contains("*") && !still.contains(db) {
+                p.resume();
+            }
+        }
+        for p in self.retired_pools(None) {
+            let db = crate::admin::show::pool_database(&p);
+            if !still.contains("*") && !still.contains(&db) {
+                p.resume();
+            }
+        }
+    }
+
+    /// Servers still open in pools taken out of routing (of `database`, or all).
+    pub fn retired_servers(&self, database: Option<&str>) -> usize {
+        let r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|p| database.is_none_or(|d| crate::admin::show::pool_database(p) == d))
+            .map(|p| p.stats.servers.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
+    /// `KILL db`: ends every client and pool of a database.
+    pub async fn kill(&self, database: &str, reason: &str) -> usize {
+        let mut n = 0;
+        for pool in self.pools_of(Some(database)) {
+            n += self.end_pool(&pool, reason).await;
+        }
+        n
     }
 
     /// Removes a tenant: its clients are told why and disconnected, its pools closed.
@@ -431,7 +529,7 @@ impl Registry {
         n
     }
 
-    async fn end_pool(&self, pool: &Arc<Pool>, reason: &str) -> usize {
+    pub async fn end_pool(&self, pool: &Arc<Pool>, reason: &str) -> usize {
         {
             let mut pools = self.lock_pools();
             pools.retain(|_, p| !Arc::ptr_eq(p, pool));

@@ -113,7 +113,10 @@ pub async fn serve_on(
         std::fs::write(&tmp, &ready)?;
         std::fs::rename(&tmp, path)?;
     }
-    stop.await;
+    tokio::select! {
+        _ = stop => {}
+        _ = app.shutdown_request.notified() => tracing::info!("SHUTDOWN from the admin console"),
+    }
     let _ = tx.send(true);
     let timeout = secs(app.config.server.shutdown_timeout);
     tracing::info!(

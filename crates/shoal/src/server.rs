@@ -222,6 +222,8 @@ pub struct ServerConn {
     /// [`crate::clock::now_ms`] at connect and at the last checkin.
     pub created: u64,
     pub last_used: u64,
+    /// Keeps the server listed in its pool (for `SHOW SERVERS`) while it lives.
+    pub tracker: Option<crate::pool::ServerTracker>,
 }
 
 /// Connects to the first reachable address of the upstream's host in its address family.
@@ -289,6 +291,7 @@ impl ServerConn {
             session: Default::default(),
             created: now,
             last_used: now,
+            tracker: None,
         };
         match tokio::time::timeout(timeout, conn.login(up)).await {
             Err(_) => Err(ServerError::ConnectTimeout(addr_text)),

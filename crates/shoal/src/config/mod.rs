@@ -12,7 +12,7 @@ use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
 mod service;
-pub use service::{ApiSection, MetricsSection, StoreSection, TenantsSection};
+pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
 
 /// The configuration used when `shoal` starts without `--config`: one pool in front of a
 /// local PostgreSQL on port 5432, for trying Shoal out. `scripts/quickstart` starts exactly
@@ -329,6 +329,8 @@ struct RawConfig {
     tenants: TenantsSection,
     #[serde(default)]
     metrics: MetricsSection,
+    #[serde(default)]
+    admin: AdminSection,
 }
 
 impl std::fmt::Debug for UserSection {
@@ -418,6 +420,7 @@ pub struct Config {
     pub store: Option<StoreSection>,
     pub tenants: TenantsSection,
     pub metrics: MetricsSection,
+    pub admin: AdminSection,
     /// The file this was read from (reloads read it again); `None` for the embedded default.
     pub source: Option<PathBuf>,
 }
@@ -631,6 +634,7 @@ impl Config {
             store,
             tenants: raw.tenants,
             metrics: raw.metrics,
+            admin: raw.admin,
             source: None,
         })
     }

@@ -114,3 +114,15 @@ pub struct MetricsSection {
     /// Environment variable holding a bearer token `/metrics` then requires.
     pub token_env: Option<String>,
 }
+
+/// `[admin]`: who may use the admin console (the virtual database `pgbouncer`, or `shoal`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// Configured users allowed every console command.
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// Configured users allowed `SHOW` commands only.
+    #[serde(default)]
+    pub stats_users: Vec<String>,
+}

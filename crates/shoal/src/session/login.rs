@@ -51,7 +51,13 @@ pub(super) async fn login_phase(
     };
     drop(logging_in);
     match r {
-        Ok(Some(done)) => {
+        Ok(Some(Outcome::Admin(user, access))) => {
+            let (guard, _) = app.client_guard();
+            Box::pin(crate::admin::serve(app.clone(), &mut stream, user, access)).await;
+            drop(guard);
+            None
+        }
+        Ok(Some(Outcome::Pool(done))) => {
             let (guard, clients) = app.client_guard();
             let max = app.config.server.max_client_conn;
             if clients > max {
@@ -65,7 +71,7 @@ pub(super) async fn login_phase(
                 return None;
             }
             tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
-            Some(Session::new(&app, id, guard, stream, done))
+            Some(Session::new(&app, id, guard, stream, *done))
         }
         Ok(None) => None,
         Err(e) => {
@@ -74,6 +80,13 @@ pub(super) async fn login_phase(
             None
         }
     }
+}
+
+/// Where a login ends up.
+pub(super) enum Outcome {
+    Pool(Box<LoggedIn>),
+    /// The admin console (a user allowed in by `[admin]`).
+    Admin(String, crate::admin::Access),
 }
 
 /// A logged-in client, ready for its pool mode's loop.
@@ -85,10 +98,7 @@ pub(super) struct LoggedIn {
     pub(super) lease: Option<Lease>,
 }
 
-async fn login(
-    app: &Arc<App>,
-    stream: &mut ClientStream,
-) -> Result<Option<LoggedIn>, SessionError> {
+async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outcome>, SessionError> {
     // Each phase is boxed so a login in flight holds only the state of its current phase:
     // in a connect storm thousands wait here at once, and what they leave behind in the
     // heap is what idle clients later pay for.
@@ -257,6 +267,28 @@ async fn login(
             return Err(e);
         }
     };
+    if routed.tenant().is_none()
+        && crate::admin::is_console(&req.database)
+        && routed.database().is_none()
+    {
+        let Some(access) = crate::admin::access(app, &user.name) else {
+            return Err(SessionError::fatal(
+                sqlstate::INVALID_AUTHORIZATION,
+                format!(
+                    "user \"{}\" may not use the admin console (not in [admin] users or stats_users)",
+                    user.name
+                ),
+            ));
+        };
+        out.clear();
+        for (k, v) in crate::admin::PARAMS {
+            backend::parameter_status(&mut out, k, v);
+        }
+        backend::backend_key_data(&mut out, rand::random::<i32>() & i32::MAX, rand::random());
+        backend::ready_for_query(&mut out, b'I');
+        stream.write_all(&out).await?;
+        return Ok(Some(Outcome::Admin(user.name.clone(), access)));
+    }
     let pool = app.routes.pool(&routed, &user).map_err(refused)?;
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
@@ -300,9 +332,14 @@ async fn login(
             p
         }
     };
-    let cancel = app
-        .cancels
-        .register(lease.as_ref().map(|l: &Lease| l.process_id));
+    let cancel = app.cancels.register(
+        lease.as_ref().map(|l: &Lease| l.process_id),
+        crate::cancel::ClientInfo {
+            pool: Arc::downgrade(&pool),
+            addr: stream.peer_addr(),
+            since_ms: crate::clock::now_ms(),
+        },
+    );
     out.clear();
     for (k, v) in &reported {
         backend::parameter_status(&mut out, k, v);
@@ -311,12 +348,12 @@ async fn login(
     backend::ready_for_query(&mut out, b'I');
     stream.write_all(&out).await?;
     drop(pool);
-    Ok(Some(LoggedIn {
+    Ok(Some(Outcome::Pool(Box::new(LoggedIn {
         pool: pool_client,
         params: req.params,
         cancel,
         lease,
-    }))
+    }))))
 }
 
 /// Counts a logged-in client against its pool for as long as it lives.

@@ -1,0 +1,582 @@
+//! `SHOW …` result sets, with PgBouncer's column names where a column exists in both, so
+//! tools written for PgBouncer's console (exporters, dashboards) read Shoal's unchanged.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::app::App;
+use crate::pool::Pool;
+
+/// A column's type as sent in RowDescription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Text,
+    Int,
+}
+
+/// A result set to send.
+#[derive(Debug, Default)]
+pub struct ResultSet {
+    pub columns: Vec<(&'static str, Kind)>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+impl ResultSet {
+    fn new(columns: &[(&'static str, Kind)]) -> ResultSet {
+        ResultSet {
+            columns: columns.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, values: Vec<Option<String>>) {
+        debug_assert_eq!(values.len(), self.columns.len());
+        self.rows.push(values);
+    }
+}
+
+fn t(s: impl Into<String>) -> Option<String> {
+    Some(s.into())
+}
+
+fn n(v: impl std::fmt::Display) -> Option<String> {
+    Some(v.to_string())
+}
+
+use Kind::{Int, Text};
+
+/// The console's name for a pool's database (`tenant:<id>` for tenants).
+pub fn pool_database(p: &Pool) -> String {
+    match &p.tenant {
+        Some(t) => format!("{}{t}", crate::tenant::DB_PREFIX),
+        None => p.name.split('/').next().unwrap_or("").to_owned(),
+    }
+}
+
+fn mode(p: &Pool) -> &'static str {
+    match p.settings.mode {
+        crate::config::PoolMode::Transaction => "transaction",
+        crate::config::PoolMode::Session => "session",
+    }
+}
+
+fn sorted_pools(app: &App) -> Vec<Arc<Pool>> {
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    pools
+}
+
+/// A wall-clock time `ms_ago` milliseconds before now, as PgBouncer prints times.
+fn time_ago(ms_ago: u64) -> String {
+    let at = std::time::SystemTime::now() - std::time::Duration::from_millis(ms_ago);
+    humantime::format_rfc3339_seconds(at)
+        .to_string()
+        .replace('T', " ")
+        .replace('Z', " UTC")
+}
+
+pub fn pools(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("database", Text),
+        ("user", Text),
+        ("cl_active", Int),
+        ("cl_waiting", Int),
+        ("cl_active_cancel_req", Int),
+        ("cl_waiting_cancel_req", Int),
+        ("sv_active", Int),
+        ("sv_active_cancel", Int),
+        ("sv_being_canceled", Int),
+        ("sv_idle", Int),
+        ("sv_used", Int),
+        ("sv_tested", Int),
+        ("sv_login", Int),
+        ("maxwait", Int),
+        ("maxwait_us", Int),
+        ("pool_mode", Text),
+    ]);
+    for p in sorted_pools(app) {
+        let clients = p.stats.clients.load(Ordering::Relaxed);
+        let waiting = p.stats.waiting.load(Ordering::Relaxed);
+        r.row(vec![
+            t(pool_database(&p)),
+            t(p.upstream.user.clone()),
+            n(clients.saturating_sub(waiting)),
+            n(waiting),
+            n(0),
+            n(0),
+            n(p.in_use()),
+            n(0),
+            n(0),
+            n(p.idle_count()),
+            n(0),
+            n(0),
+            n(p.metrics.connecting.load(Ordering::Relaxed)),
+            n(0),
+            n(0),
+            t(mode(&p)),
+        ]);
+    }
+    r
+}
+
+pub fn stats(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("database", Text),
+        ("total_server_assignment_count", Int),
+        ("total_xact_count", Int),
+        ("total_query_count", Int),
+        ("total_received", Int),
+        ("total_sent", Int),
+        ("total_xact_time", Int),
+        ("total_query_time", Int),
+        ("total_wait_time", Int),
+        ("avg_server_assignment_count", Int),
+        ("avg_xact_count", Int),
+        ("avg_query_count", Int),
+        ("avg_recv", Int),
+        ("avg_sent", Int),
+        ("avg_xact_time", Int),
+        ("avg_query_time", Int),
+        ("avg_wait_time", Int),
+    ]);
+    // One row per database: its pools summed.
+    let mut by_db: std::collections::BTreeMap<String, [u64; 16]> = Default::default();
+    for p in app.routes.pools() {
+        let s = &p.stats;
+        let m = &p.metrics;
+        let a = *p.averages.lock().unwrap_or_else(|e| e.into_inner());
+        let xacts = s.checkouts.load(Ordering::Relaxed);
+        let row = by_db.entry(pool_database(&p)).or_default();
+        let add = [
+            xacts,
+            xacts,
+            m.queries.load(Ordering::Relaxed),
+            m.bytes_in.load(Ordering::Relaxed),
+            m.bytes_out.load(Ordering::Relaxed),
+            m.transaction.sum_us(),
+            m.query.sum_us(),
+            s.wait_micros.load(Ordering::Relaxed),
+            a.xact_count,
+            a.xact_count,
+            a.query_count,
+            a.recv,
+            a.sent,
+            a.xact_time,
+            a.query_time,
+            a.wait_time,
+        ];
+        // Counts and totals add up over a database's pools; average times take the
+        // largest pool's.
+        for (i, (acc, v)) in row.iter_mut().zip(add).enumerate() {
+            if i >= 13 {
+                *acc = (*acc).max(v);
+            } else {
+                *acc += v;
+            }
+        }
+    }
+    for (db, v) in by_db {
+        let mut values = vec![t(db)];
+        values.extend(v.iter().map(|x| n(*x)));
+        r.row(values);
+    }
+    r
+}
+
+pub fn databases(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("name", Text),
+        ("host", Text),
+        ("port", Int),
+        ("database", Text),
+        ("force_user", Text),
+        ("pool_size", Int),
+        ("min_pool_size", Int),
+        ("reserve_pool", Int),
+        ("server_lifetime", Int),
+        ("pool_mode", Text),
+        ("max_connections", Int),
+        ("current_connections", Int),
+        ("paused", Int),
+        ("disabled", Int),
+    ]);
+    let config = app.routes.config();
+    let pools = app.routes.pools();
+    let current = |name: &str| -> (usize, bool) {
+        let mine: Vec<&Arc<Pool>> = pools.iter().filter(|p| pool_database(p) == name).collect();
+        (
+            mine.iter()
+                .map(|p| p.stats.servers.load(Ordering::Relaxed))
+                .sum(),
+            !mine.is_empty() && mine.iter().all(|p| p.is_paused()),
+        )
+    };
+    for d in config.databases.values() {
+        let (conns, paused) = current(&d.name);
+        r.row(vec![
+            t(d.name.clone()),
+            t(d.host.clone()),
+            n(d.port),
+            t(d.dbname.clone()),
+            None,
+            n(d.pool_size.unwrap_or(config.pool.pool_size)),
+            n(d.min_pool_size.unwrap_or(config.pool.min_pool_size)),
+            n(0),
+            n(config.pool.server_lifetime as u64),
+            t(match d.pool_mode.unwrap_or(config.pool.pool_mode) {
+                crate::config::PoolMode::Transaction => "transaction",
+                crate::config::PoolMode::Session => "session",
+            }),
+            n(0),
+            n(conns),
+            n(u8::from(paused)),
+            n(0),
+        ]);
+    }
+    let mut ids = app.routes.tenants.ids();
+    ids.sort();
+    for id in ids {
+        let Some(route) = app.routes.tenants.get(&id) else {
+            continue;
+        };
+        let d = &route.database;
+        let (conns, paused) = current(&d.name);
+        r.row(vec![
+            t(d.name.clone()),
+            t(d.host.clone()),
+            n(d.port),
+            t(d.dbname.clone()),
+            None,
+            n(route
+                .tenant
+                .default_pool_size
+                .unwrap_or(crate::tenant::model::DEFAULT_POOL_SIZE)),
+            n(0),
+            n(0),
+            n(config.pool.server_lifetime as u64),
+            t("transaction"),
+            n(route
+                .tenant
+                .default_max_clients
+                .unwrap_or(crate::tenant::model::DEFAULT_MAX_CLIENTS)),
+            n(conns),
+            n(u8::from(paused)),
+            n(u8::from(route.tenant.banned)),
+        ]);
+    }
+    r
+}
+
+pub fn users(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[("name", Text), ("pool_mode", Text)]);
+    let config = app.routes.config();
+    for u in config.users.values() {
+        r.row(vec![
+            t(u.name.clone()),
+            u.pool_mode.map(|m| match m {
+                crate::config::PoolMode::Transaction => "transaction".to_owned(),
+                crate::config::PoolMode::Session => "session".to_owned(),
+            }),
+        ]);
+    }
+    r
+}
+
+pub fn clients(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("type", Text),
+        ("user", Text),
+        ("database", Text),
+        ("state", Text),
+        ("addr", Text),
+        ("port", Int),
+        ("local_addr", Text),
+        ("local_port", Int),
+        ("connect_time", Text),
+        ("request_time", Text),
+        ("wait", Int),
+        ("wait_us", Int),
+        ("close_needed", Int),
+        ("ptr", Text),
+        ("link", Text),
+        ("remote_pid", Int),
+        ("tls", Text),
+    ]);
+    let now = crate::clock::now_ms();
+    for (key, slot) in app.cancels.clients() {
+        let Some(pool) = slot.info.pool.upgrade() else {
+            continue;
+        };
+        let state = match slot.state() {
+            "waiting" => "waiting",
+            _ => "active",
+        };
+        let since = time_ago(now.saturating_sub(slot.info.since_ms));
+        r.row(vec![
+            t("C"),
+            t(pool.upstream.user.clone()),
+            t(pool_database(&pool)),
+            t(state),
+            slot.info.addr.map(|a| a.ip().to_string()),
+            n(slot.info.addr.map_or(0, |a| a.port())),
+            None,
+            n(0),
+            t(since.clone()),
+            t(since),
+            n(0),
+            n(0),
+            n(0),
+            t(format!("{key:x}")),
+            None,
+            n(0),
+            None,
+        ]);
+    }
+    r
+}
+
+pub fn servers(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("type", Text),
+        ("user", Text),
+        ("database", Text),
+        ("state", Text),
+        ("addr", Text),
+        ("port", Int),
+        ("local_addr", Text),
+        ("local_port", Int),
+        ("connect_time", Text),
+        ("request_time", Text),
+        ("wait", Int),
+        ("wait_us", Int),
+        ("close_needed", Int),
+        ("ptr", Text),
+        ("link", Text),
+        ("remote_pid", Int),
+        ("tls", Text),
+    ]);
+    let now = crate::clock::now_ms();
+    for p in sorted_pools(app) {
+        for (id, info, idle) in p.server_list() {
+            r.row(vec![
+                t("S"),
+                t(p.upstream.user.clone()),
+                t(pool_database(&p)),
+                t(if idle { "idle" } else { "active" }),
+                t(info.addr.ip().to_string()),
+                n(info.addr.port()),
+                None,
+                n(0),
+                t(time_ago(now.saturating_sub(info.created))),
+                t(time_ago(0)),
+                n(0),
+                n(0),
+                n(0),
+                t(format!("{id:x}")),
+                None,
+                n(info.process_id),
+                t(if info.tls { "TLS" } else { "" }),
+            ]);
+        }
+    }
+    r
+}
+
+pub fn config(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("key", Text),
+        ("value", Text),
+        ("default", Text),
+        ("changeable", Text),
+    ]);
+    let c = app.routes.config();
+    let d = crate::config::PoolSection::default();
+    let s = &app.config.server;
+    let rows: Vec<(&str, String, String, bool)> = vec![
+        (
+            "listen_addr",
+            format!("{:?}", s.listen),
+            String::new(),
+            false,
+        ),
+        (
+            "max_client_conn",
+            s.max_client_conn.to_string(),
+            "10000".into(),
+            false,
+        ),
+        (
+            "pool_mode",
+            format!("{:?}", c.pool.pool_mode).to_lowercase(),
+            "transaction".into(),
+            true,
+        ),
+        (
+            "default_pool_size",
+            c.pool.pool_size.to_string(),
+            d.pool_size.to_string(),
+            true,
+        ),
+        (
+            "min_pool_size",
+            c.pool.min_pool_size.to_string(),
+            d.min_pool_size.to_string(),
+            true,
+        ),
+        (
+            "server_idle_timeout",
+            c.pool.server_idle_timeout.to_string(),
+            d.server_idle_timeout.to_string(),
+            true,
+        ),
+        (
+            "server_lifetime",
+            c.pool.server_lifetime.to_string(),
+            d.server_lifetime.to_string(),
+            true,
+        ),
+        (
+            "server_connect_timeout",
+            c.pool.server_connect_timeout.to_string(),
+            d.server_connect_timeout.to_string(),
+            true,
+        ),
+        (
+            "query_wait_timeout",
+            c.pool.query_wait_timeout.to_string(),
+            d.query_wait_timeout.to_string(),
+            true,
+        ),
+        (
+            "server_reset_query",
+            c.pool.server_reset_query.clone(),
+            d.server_reset_query.clone(),
+            true,
+        ),
+        (
+            "client_idle_timeout",
+            c.pool.client_idle_timeout.to_string(),
+            d.client_idle_timeout.to_string(),
+            true,
+        ),
+        (
+            "max_prepared_statements",
+            c.pool.max_prepared_statements.to_string(),
+            d.max_prepared_statements.to_string(),
+            true,
+        ),
+        (
+            "stats_period",
+            c.pool.stats_period.to_string(),
+            d.stats_period.to_string(),
+            true,
+        ),
+        (
+            "client_login_timeout",
+            s.client_login_timeout.to_string(),
+            "15".into(),
+            false,
+        ),
+        (
+            "max_packet_size",
+            s.max_packet_size.to_string(),
+            "67108864".into(),
+            false,
+        ),
+        (
+            "shutdown_timeout",
+            s.shutdown_timeout.to_string(),
+            "30".into(),
+            false,
+        ),
+        (
+            "client_tls",
+            format!("{:?}", app.tls.mode).to_lowercase(),
+            String::new(),
+            false,
+        ),
+    ];
+    for (k, v, def, ch) in rows {
+        r.row(vec![t(k), t(v), t(def), t(if ch { "yes" } else { "no" })]);
+    }
+    r
+}
+
+pub fn lists(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[("list", Text), ("items", Int)]);
+    let config = app.routes.config();
+    let pools = app.routes.pools();
+    let servers: usize = pools
+        .iter()
+        .map(|p| p.stats.servers.load(Ordering::Relaxed))
+        .sum();
+    let idle: usize = pools.iter().map(|p| p.idle_count()).sum();
+    let items: [(&str, usize); 12] = [
+        (
+            "databases",
+            config.databases.len() + app.routes.tenants.len(),
+        ),
+        ("users", config.users.len()),
+        ("pools", pools.len()),
+        ("free_clients", 0),
+        ("used_clients", app.clients.load(Ordering::Relaxed)),
+        ("login_clients", app.logins.load(Ordering::Relaxed)),
+        ("free_servers", idle),
+        ("used_servers", servers.saturating_sub(idle)),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ];
+    for (k, v) in items {
+        r.row(vec![t(k), n(v)]);
+    }
+    r
+}
+
+pub fn version() -> ResultSet {
+    let mut r = ResultSet::new(&[("version", Text)]);
+    r.row(vec![t(format!(
+        "Shoal {} (console compatible with PgBouncer 1.23.1)",
+        env!("CARGO_PKG_VERSION")
+    ))]);
+    r
+}
+
+pub fn help() -> ResultSet {
+    let mut r = ResultSet::new(&[("command", Text)]);
+    for c in [
+        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|HELP",
+        "PAUSE [db]",
+        "RESUME [db]",
+        "SUSPEND",
+        "RELOAD",
+        "KILL db",
+        "WAIT_CLOSE [db]",
+        "SHUTDOWN",
+    ] {
+        r.row(vec![t(c)]);
+    }
+    r
+}
+
+/// The result set of `SHOW <what>`.
+pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
+    Ok(match what {
+        "POOLS" => pools(app),
+        "STATS" => stats(app),
+        "DATABASES" => databases(app),
+        "USERS" => users(app),
+        "CLIENTS" => clients(app),
+        "SERVERS" => servers(app),
+        "CONFIG" => config(app),
+        "LISTS" => lists(app),
+        "VERSION" => version(),
+        "HELP" => help(),
+        other => {
+            return Err(format!(
+                "SHOW {other} is not known: SHOW HELP lists what can be shown"
+            ))
+        }
+    })
+}
