@@ -38,6 +38,12 @@ pub struct App {
     pub login_failures: crate::login_failures::LoginFailures,
     /// The admin console's `SHUTDOWN`: `run` stops as on SIGTERM.
     pub shutdown_request: tokio::sync::Notify,
+    /// A new process took over the listening sockets (see [`crate::upgrade`]).
+    pub handed_over: std::sync::atomic::AtomicBool,
+    /// Shutdown has reached idle clients: each is told `57P01` and closed. (Until then a
+    /// client between transactions keeps its connection, so one that has just logged in
+    /// is not cut before its first query.)
+    pub closing_clients: std::sync::atomic::AtomicBool,
     /// Process-wide counters (connections, TLS, authentication).
     pub metrics: crate::metrics::ProcessMetrics,
     /// Secrets found by auth_query.
@@ -109,6 +115,8 @@ impl App {
             secrets: Default::default(),
             metrics: Default::default(),
             shutdown_request: tokio::sync::Notify::new(),
+            handed_over: std::sync::atomic::AtomicBool::new(false),
+            closing_clients: std::sync::atomic::AtomicBool::new(false),
             mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),
             config,

@@ -54,4 +54,5 @@ pub mod sets;
 pub mod tenant;
 pub mod tls;
 pub mod trim;
+pub mod upgrade;
 pub mod upstream_tls;

@@ -16,6 +16,11 @@ struct Cli {
     /// `tcp ADDR` or `unix PATH`), for supervisors and tests to wait on.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Zero-downtime restarts: listen for a successor on this Unix socket; started with the
+    /// same flag while another Shoal runs, take its listening sockets over (it then drains and
+    /// exits). See docs/operations.md.
+    #[arg(long)]
+    upgrade_socket: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -81,7 +86,13 @@ fn main() -> anyhow::Result<()> {
                 _ = term.recv() => tracing::info!("SIGTERM received"),
             }
         };
-        shoal::run::serve(config, cli.ready_file.as_deref(), stop).await
+        shoal::run::serve(
+            config,
+            cli.ready_file.as_deref(),
+            cli.upgrade_socket.as_deref(),
+            stop,
+        )
+        .await
     })?;
     Ok(())
 }

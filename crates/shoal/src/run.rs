@@ -19,6 +19,32 @@ pub struct Listeners {
     pub tcp: Vec<tokio::net::TcpListener>,
     /// Unix sockets with their paths (removed at exit).
     pub unix: Vec<(tokio::net::UnixListener, PathBuf)>,
+    /// The API's and the metrics' listeners when inherited from a previous process
+    /// (otherwise bound from `[api]` and `[metrics]`).
+    pub api: Option<tokio::net::TcpListener>,
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Sockets handed over by a previous process ([`crate::upgrade`]).
+    pub fn inherited(i: crate::upgrade::Inherited) -> std::io::Result<Listeners> {
+        let tcp = |l: std::net::TcpListener| -> std::io::Result<tokio::net::TcpListener> {
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)
+        };
+        let mut out = Listeners::default();
+        for l in i.tcp {
+            out.tcp.push(tcp(l)?);
+        }
+        for (l, path) in i.unix {
+            l.set_nonblocking(true)?;
+            out.unix
+                .push((tokio::net::UnixListener::from_std(l)?, path));
+        }
+        out.api = i.api.map(tcp).transpose()?;
+        out.metrics = i.metrics.map(tcp).transpose()?;
+        Ok(out)
+    }
 }
 
 /// Binds every listener the configuration names. Fails with the address that could not be
@@ -45,14 +71,37 @@ pub fn bind(config: &Config) -> std::io::Result<Listeners> {
     Ok(l)
 }
 
-/// Binds the configured listeners and serves (see [`serve_on`]).
+/// Binds the configured listeners (or, with `upgrade_socket`, takes them over from a
+/// running process) and serves (see [`serve_on`]).
 pub async fn serve(
     config: Config,
     ready_file: Option<&Path>,
+    upgrade_socket: Option<&Path>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let listeners = bind(&config)?;
-    serve_on(config, listeners, ready_file, stop).await
+    let takeover = match upgrade_socket {
+        Some(p) => crate::upgrade::take_over(p)?,
+        None => None,
+    };
+    let (listeners, takeover) = match takeover {
+        Some(t) => {
+            let crate::upgrade::Takeover { inherited, control } = t;
+            (Listeners::inherited(inherited)?, Some(control))
+        }
+        None => (bind(&config)?, None),
+    };
+    let upgrade = upgrade_socket.map(|p| Upgrade {
+        path: p.to_owned(),
+        confirm: takeover,
+    });
+    serve_with(config, listeners, ready_file, upgrade, stop).await
+}
+
+/// Zero-downtime upgrade state: the control socket's path, and the line to the previous
+/// process when this one took its sockets over.
+struct Upgrade {
+    path: PathBuf,
+    confirm: Option<std::os::unix::net::UnixStream>,
 }
 
 /// Serves on `listeners` until `stop` resolves, then shuts down gracefully. Once every
@@ -64,6 +113,18 @@ pub async fn serve_on(
     ready_file: Option<&Path>,
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_with(config, listeners, ready_file, None, stop).await
+}
+
+async fn serve_with(
+    config: Config,
+    listeners: Listeners,
+    ready_file: Option<&Path>,
+    upgrade: Option<Upgrade>,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    use crate::upgrade::Role;
+    use std::os::fd::AsRawFd;
     crate::clock::start();
     crate::trim::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
@@ -71,9 +132,12 @@ pub async fn serve_on(
     tokio::spawn(reload_on_sighup(app.clone()));
     let mut unix_paths = Vec::new();
     let mut ready = String::new();
+    // The sockets a later process would take over (they stay open while their tasks run).
+    let mut sockets: Vec<(Role, std::os::fd::RawFd)> = Vec::new();
     for (l, path) in listeners.unix {
         tracing::info!(path = %path.display(), "listening");
         ready.push_str(&format!("unix {}\n", path.display()));
+        sockets.push((Role::Unix { path: path.clone() }, l.as_raw_fd()));
         unix_paths.push(path);
         tokio::spawn(listener::accept_unix(l, app.clone()));
     }
@@ -81,6 +145,7 @@ pub async fn serve_on(
         let addr = l.local_addr()?;
         tracing::info!(%addr, "listening");
         ready.push_str(&format!("tcp {addr}\n"));
+        sockets.push((Role::Tcp, l.as_raw_fd()));
         tokio::spawn(listener::accept_tcp(l, app.clone()));
     }
     let metrics_token = app
@@ -90,16 +155,21 @@ pub async fn serve_on(
         .as_ref()
         .and_then(|e| std::env::var(e).ok())
         .filter(|t| !t.is_empty());
-    if let Some(api) = start_tenants(&app, metrics_token.clone()).await? {
+    if let Some((api, fd)) = start_tenants(&app, metrics_token.clone(), listeners.api).await? {
         ready.push_str(&format!("api {api}\n"));
+        sockets.push((Role::Api, fd));
     }
     if let Some(addr) = app.config.metrics.listen {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen on {addr} (metrics.listen): {e}"),
-            )
-        })?;
+        let listener = match listeners.metrics {
+            Some(l) => l,
+            None => tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} (metrics.listen): {e}"),
+                )
+            })?,
+        };
+        sockets.push((Role::Metrics, listener.as_raw_fd()));
         let addr = listener.local_addr()?;
         tracing::info!(%addr, "metrics listening");
         ready.push_str(&format!("metrics {addr}\n"));
@@ -113,9 +183,17 @@ pub async fn serve_on(
         std::fs::write(&tmp, &ready)?;
         std::fs::rename(&tmp, path)?;
     }
+    if let Some(u) = upgrade {
+        if let Some(mut previous) = u.confirm {
+            // Accepting now: the previous process may drain and leave.
+            use std::io::Write;
+            let _ = previous.write_all(b"ok\n");
+        }
+        tokio::spawn(crate::upgrade::serve_control(u.path, sockets, app.clone()));
+    }
     tokio::select! {
         _ = stop => {}
-        _ = app.shutdown_request.notified() => tracing::info!("SHUTDOWN from the admin console"),
+        _ = app.shutdown_request.notified() => tracing::info!("shutdown requested (admin console or upgrade)"),
     }
     let _ = tx.send(true);
     let timeout = secs(app.config.server.shutdown_timeout);
@@ -126,11 +204,27 @@ pub async fn serve_on(
         "shutting down: no new connections; waiting for running transactions"
     );
     let deadline = tokio::time::Instant::now() + timeout;
-    while app.active.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    // Running transactions finish; clients that just logged in get a moment to send their
+    // first query (a connection per transaction, as pgbench -C, should not be cut between
+    // its login and its query): wait for a quiet spell with no transaction and no login.
+    let mut quiet_since = tokio::time::Instant::now();
+    let mut last_churn = crate::app::CHURN.load(Ordering::Relaxed);
+    while tokio::time::Instant::now() < deadline {
+        let churn = crate::app::CHURN.load(Ordering::Relaxed);
+        let busy = app.active.load(Ordering::Relaxed) > 0
+            || app.logins.load(Ordering::Relaxed) > 0
+            || churn != last_churn;
+        last_churn = churn;
+        if busy {
+            quiet_since = tokio::time::Instant::now();
+        } else if quiet_since.elapsed() >= Duration::from_millis(300) {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Idle clients (and any still in a transaction past the timeout) are woken by the end of
     // their read side; each tells its client why (57P01) and closes.
+    app.closing_clients.store(true, Ordering::SeqCst);
     let notified = app.client_fds.shut_reads();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
@@ -140,8 +234,11 @@ pub async fn serve_on(
     for pool in app.routes.pools() {
         pool.close_idle().await;
     }
-    for p in unix_paths {
-        let _ = std::fs::remove_file(p);
+    // After a hand-over the Unix sockets belong to the new process.
+    if !app.handed_over.load(Ordering::SeqCst) {
+        for p in unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
     }
     tracing::info!(
         disconnected = app.clients.load(Ordering::Relaxed),
@@ -156,7 +253,8 @@ pub async fn serve_on(
 async fn start_tenants(
     app: &std::sync::Arc<App>,
     metrics_token: Option<String>,
-) -> std::io::Result<Option<std::net::SocketAddr>> {
+    inherited: Option<tokio::net::TcpListener>,
+) -> std::io::Result<Option<(std::net::SocketAddr, std::os::fd::RawFd)>> {
     let Some(section) = app.config.store.clone() else {
         return Ok(None);
     };
@@ -199,20 +297,24 @@ async fn start_tenants(
         api.token_env.as_deref(),
         &section.data_dir,
     )?;
-    let listener = tokio::net::TcpListener::bind(api.listen)
-        .await
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen on {} (api.listen): {e}", api.listen),
-            )
-        })?;
+    let listener = match inherited {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind(api.listen)
+            .await
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {} (api.listen): {e}", api.listen),
+                )
+            })?,
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "management API listening");
     let router = crate::api::router(service, auth)
         .merge(crate::api::ops::router(app.clone(), metrics_token));
     tokio::spawn(crate::api::serve(listener, router));
-    Ok(Some(addr))
+    Ok(Some((addr, fd)))
 }
 
 /// A store URL for the log, without its password.

@@ -118,7 +118,9 @@ async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outco
         backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
         stream.write_all(&out).await?;
     }
-    if app.shutting_down() {
+    // Logins accepted before shutdown began complete (the drain waits for them); only once
+    // idle clients are being closed is it too late.
+    if app.closing_clients.load(Ordering::Relaxed) {
         return Err(SessionError::fatal(
             sqlstate::CANNOT_CONNECT_NOW,
             "Shoal is shutting down",

@@ -283,7 +283,7 @@ impl Session {
     /// Why Shoal is ending this client, if it is: shutdown, or its pool was ended (tenant
     /// banned, deleted or terminated).
     fn ended(&self) -> Option<SessionError> {
-        if self.app.shutting_down() {
+        if self.app.closing_clients.load(Ordering::Relaxed) {
             return Some(SessionError::fatal(
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because Shoal is shutting down",

@@ -320,6 +320,11 @@ impl Shoal {
     }
 
     pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> Shoal {
+        Self::start_with_args(config, env, &[])
+    }
+
+    /// As [`Shoal::start_with_env`], with more command-line arguments.
+    pub fn start_with_args(config: &str, env: &[(&str, &str)], args: &[&str]) -> Shoal {
         let config_dir = tempfile::tempdir().unwrap();
         let path = config_dir.path().join("shoal.toml");
         std::fs::write(&path, config).unwrap();
@@ -329,6 +334,7 @@ impl Shoal {
             .arg(&path)
             .arg("--ready-file")
             .arg(&ready)
+            .args(args)
             .env("SHOAL_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())

@@ -1,0 +1,173 @@
+//! Zero-downtime restarts and upgrades: a new Shoal process takes over the running one's
+//! listening sockets through a Unix control socket (`--upgrade-socket PATH`).
+//!
+//! The running process listens on PATH. A new process started with the same flag connects,
+//! receives every listening socket (PostgreSQL, Unix, API, metrics) with `SCM_RIGHTS`, starts
+//! accepting on them, and answers `ok`; only then does the old process stop accepting and
+//! drain (running transactions finish, idle clients are told `57P01` and reconnect — to the
+//! new process). The sockets are the same kernel objects throughout, so no connection
+//! attempt is refused or lost. If the new process dies before `ok`, the old one carries on.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// What a handed-over socket is for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Role {
+    Tcp,
+    Unix { path: PathBuf },
+    Api,
+    Metrics,
+}
+
+/// Sockets received from the previous process.
+#[derive(Debug, Default)]
+pub struct Inherited {
+    pub tcp: Vec<std::net::TcpListener>,
+    pub unix: Vec<(std::os::unix::net::UnixListener, PathBuf)>,
+    pub api: Option<std::net::TcpListener>,
+    pub metrics: Option<std::net::TcpListener>,
+}
+
+/// The new process's side of a takeover: the sockets, and the line to tell the old process
+/// it may leave.
+pub struct Takeover {
+    pub inherited: Inherited,
+    /// Write `ok\n` here once accepting on the sockets: the previous process then leaves.
+    pub control: UnixStream,
+}
+
+const MAX_FDS: usize = 64;
+
+/// Asks a running process at `path` for its sockets; `None` when nobody answers there (a
+/// first start, or a stale socket file).
+pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
+    let control = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(_) => return Ok(None),
+    };
+    control.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let msg = nix::sys::socket::recvmsg::<()>(
+        control.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .map_err(std::io::Error::from)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for c in msg.cmsgs().map_err(std::io::Error::from)? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
+            for fd in raw {
+                // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else
+                // owns yet.
+                #[allow(unsafe_code)]
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    let n = msg.bytes;
+    let roles: Vec<Role> = serde_json::from_slice(&buf[..n])
+        .map_err(|e| std::io::Error::other(format!("upgrade manifest: {e}")))?;
+    if roles.len() != fds.len() {
+        return Err(std::io::Error::other(format!(
+            "upgrade: {} sockets described, {} received",
+            roles.len(),
+            fds.len()
+        )));
+    }
+    let mut inherited = Inherited::default();
+    for (role, fd) in roles.into_iter().zip(fds) {
+        match role {
+            Role::Tcp => inherited.tcp.push(std::net::TcpListener::from(fd)),
+            Role::Api => inherited.api = Some(std::net::TcpListener::from(fd)),
+            Role::Metrics => inherited.metrics = Some(std::net::TcpListener::from(fd)),
+            Role::Unix { path } => inherited
+                .unix
+                .push((std::os::unix::net::UnixListener::from(fd), path)),
+        }
+    }
+    tracing::info!(
+        tcp = inherited.tcp.len(),
+        unix = inherited.unix.len(),
+        api = inherited.api.is_some(),
+        metrics = inherited.metrics.is_some(),
+        "took over the listening sockets of the running process"
+    );
+    Ok(Some(Takeover { inherited, control }))
+}
+
+/// The running process's side: serves the control socket at `path`; when a new process
+/// takes the sockets and confirms, asks this one to shut down gracefully.
+pub async fn serve_control(
+    path: PathBuf,
+    sockets: Vec<(Role, RawFd)>,
+    app: std::sync::Arc<crate::app::App>,
+) {
+    let _ = std::fs::remove_file(&path);
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "cannot listen for upgrades");
+            return;
+        }
+    };
+    tracing::info!(path = %path.display(), "listening for upgrades");
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        let sockets = sockets.clone();
+        let handed = tokio::task::spawn_blocking(move || hand_over(stream, &sockets)).await;
+        match handed {
+            Ok(Ok(())) => {
+                tracing::info!(
+                    "a new process took over the listening sockets: draining and leaving"
+                );
+                app.handed_over
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                app.shutdown_request.notify_one();
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "upgrade attempt failed; this process carries on")
+            }
+            Err(e) => tracing::warn!(error = %e, "upgrade attempt failed"),
+        }
+    }
+}
+
+fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let roles: Vec<&Role> = sockets.iter().map(|(r, _)| r).collect();
+    let manifest = serde_json::to_vec(&roles).map_err(std::io::Error::other)?;
+    let fds: Vec<RawFd> = sockets.iter().map(|(_, fd)| *fd).collect();
+    let iov = [std::io::IoSlice::new(&manifest)];
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+    nix::sys::socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &iov,
+        &cmsg,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    // Until the new process confirms it accepts, this one keeps serving.
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+    let mut ok = [0u8; 3];
+    stream.read_exact(&mut ok)?;
+    if &ok != b"ok\n" {
+        return Err(std::io::Error::other("the new process did not confirm"));
+    }
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Zero-downtime restart: a second Shoal process takes the listening sockets over from the
+//! first (`--upgrade-socket`) while pgbench opens a connection per transaction through it;
+//! no transaction fails, and the first process drains and exits.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_under_load_fails_no_transaction() {
+    let db = unique_db("upgrade");
+    pg().create_database(&db);
+    let init = Command::new(pg().bin("pgbench"))
+        .args([
+            "-i",
+            "-q",
+            "-s",
+            "1",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &pg().port.to_string(),
+            "-U",
+            "app",
+            &db,
+        ])
+        .env("PGPASSWORD", APP_PASSWORD)
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("upgrade.sock");
+    let control = control.to_str().unwrap();
+    let metrics = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let config = with_server_keys(&base_config(pg(), &[&db], metrics), "shutdown_timeout = 10");
+    let mut old = Shoal::start_with_args(&config, &[], &["--upgrade-socket", control]);
+    let port = old.port();
+    // pgbench: a new connection for every transaction, for 8 seconds.
+    let bench = std::thread::spawn({
+        let db = db.clone();
+        move || {
+            Command::new(pg().bin("pgbench"))
+                .args([
+                    "-n",
+                    "-S",
+                    "-C",
+                    "-c",
+                    "4",
+                    "-j",
+                    "2",
+                    "-T",
+                    "8",
+                    "-h",
+                    "127.0.0.1",
+                ])
+                .args(["-p", &port.to_string(), "-U", "app", &db])
+                .env("PGPASSWORD", APP_PASSWORD)
+                .output()
+                .unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The upgrade: a new process on the same control socket.
+    let new = Shoal::start_with_args(&config, &[], &["--upgrade-socket", control]);
+    assert_eq!(new.port(), port, "the same listening socket");
+    assert_eq!(new.metrics, old.metrics, "the metrics listener too");
+    assert_eq!(
+        old.wait(Duration::from_secs(30)),
+        Some(true),
+        "the old process drains and exits"
+    );
+    assert!(old.log_contains("took over") || new.log_contains("took over"));
+    let out = bench.join().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "pgbench failed:\n{text}");
+    let processed: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(processed > 100, "{text}");
+    let failed = text
+        .lines()
+        .find(|l| l.starts_with("number of failed transactions"))
+        .unwrap_or("number of failed transactions: 0");
+    assert!(failed.contains(": 0 "), "{text}");
+    // The new process serves, and can itself be upgraded later.
+    let c = new.connect(&db).await;
+    c.simple_query("SELECT 1").await.unwrap();
+    assert!(std::path::Path::new(control).exists());
+}
