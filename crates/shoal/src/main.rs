@@ -21,8 +21,17 @@ struct Cli {
     /// exits). See docs/operations.md.
     #[arg(long)]
     upgrade_socket: Option<PathBuf>,
+    /// Log format: `text` (default) or `json` (one object per line, for log shippers).
+    #[arg(long, env = "SHOAL_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -53,13 +62,20 @@ fn main() -> anyhow::Result<()> {
         }
         None => {}
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_target(false)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_target(false)
+            .with_current_span(false)
+            .init(),
+    }
     let config = match &cli.config {
         Some(path) => Config::from_file(path)?,
         None => {

@@ -112,6 +112,8 @@ pub struct TxnCounts {
     pub bytes_out: u64,
     pub errors: [u32; NCLASSES],
     pub query_us: LocalHistogram,
+    /// The slowest query of the transaction (for the slow-query log).
+    pub slowest_us: u64,
 }
 
 impl TxnCounts {

@@ -86,6 +86,9 @@ pub struct Pool {
     resumed: tokio::sync::Notify,
     /// Per-second averages over the last `stats_period` (`SHOW STATS`).
     pub averages: Mutex<Averages>,
+    /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
+    last_slow_warning: AtomicU64,
+    last_exhausted_warning: AtomicU64,
 }
 
 /// An open server connection as the admin console shows it.
@@ -237,6 +240,8 @@ impl Pool {
             paused: std::sync::atomic::AtomicBool::new(false),
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
+            last_slow_warning: AtomicU64::new(0),
+            last_exhausted_warning: AtomicU64::new(0),
             settings,
             upstream,
             idle: Mutex::new(VecDeque::new()),
@@ -282,7 +287,10 @@ impl Pool {
             }
             Err(_) => {
                 let started = Instant::now();
-                self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+                let waiting = self.stats.waiting.fetch_add(1, Ordering::Relaxed) + 1;
+                if Self::may_warn(&self.last_exhausted_warning, 10_000) {
+                    tracing::warn!(pool = %self.name, size = self.size(), waiting, "pool exhausted: clients are waiting for a server");
+                }
                 let r = tokio::time::timeout(
                     self.settings.wait_timeout,
                     self.permits.clone().acquire_owned(),
@@ -512,6 +520,29 @@ impl Pool {
             waited: self.settings.wait_timeout,
             size: self.size(),
         })
+    }
+
+    /// True at most once per `every_ms` per `slot`: log lines that could flood are
+    /// rate-limited.
+    fn may_warn(slot: &AtomicU64, every_ms: u64) -> bool {
+        let now = clock::now_ms().max(1);
+        let last = slot.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= every_ms)
+            && slot
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// A query took `us`: logged when over `slow_query_threshold` (at most once a second
+    /// per pool).
+    pub fn note_query_time(&self, us: u64) {
+        let limit = self.settings.slow_query;
+        if !limit.is_zero()
+            && us >= limit.as_micros() as u64
+            && Self::may_warn(&self.last_slow_warning, 1000)
+        {
+            tracing::warn!(pool = %self.name, duration_ms = us / 1000, threshold_ms = limit.as_millis() as u64, "slow query");
+        }
     }
 
     /// Servers held by clients (or being opened for them) now.

@@ -264,3 +264,58 @@ async fn reload_under_load() {
         );
     }
 }
+
+/// JSON logs: every line an object; logins and disconnections with their reason; slow
+/// queries and pool exhaustion warned about (rate-limited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_with_connections_slow_queries_and_exhaustion() {
+    let db = unique_db("logs");
+    pg().create_database(&db);
+    let config = base_config(
+        pg(),
+        &[&db],
+        "[pool]\npool_size = 1\nslow_query_threshold = 0.05\nquery_wait_timeout = 10\n",
+    );
+    let shoal = Shoal::start_with_env(&config, &[("SHOAL_LOG_FORMAT", "json")]);
+    let a = shoal.connect(&db).await;
+    let b = shoal.connect(&db).await;
+    let (ra, rb) = tokio::join!(
+        a.simple_query("SELECT pg_sleep(0.2)"),
+        b.simple_query("SELECT pg_sleep(0.2)")
+    );
+    ra.unwrap();
+    rb.unwrap();
+    // Many slow queries, one warning per second at most.
+    for _ in 0..3 {
+        a.simple_query("SELECT pg_sleep(0.06)").await.unwrap();
+    }
+    drop(a);
+    eventually(
+        "the disconnection is logged",
+        std::time::Duration::from_secs(5),
+        || shoal.log_contains("client disconnected"),
+    )
+    .await;
+    let lines: Vec<String> = shoal.log.lock().unwrap().clone();
+    let parsed: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let with = |msg: &str| -> Vec<&Value> {
+        parsed
+            .iter()
+            .filter(|v| v["fields"]["message"].as_str() == Some(msg))
+            .collect()
+    };
+    assert!(!with("client logged in").is_empty());
+    let gone = with("client disconnected");
+    assert_eq!(gone[0]["fields"]["reason"], "client left");
+    assert!(!with("pool exhausted: clients are waiting for a server").is_empty());
+    let slow = with("slow query");
+    assert!(
+        !slow.is_empty() && slow.len() <= 2,
+        "rate-limited: {}",
+        slow.len()
+    );
+    assert_eq!(slow[0]["level"], "WARN");
+}

@@ -83,6 +83,8 @@ pub struct ServerSection {
     pub tcp_keepalive_idle: f64,
     pub tcp_keepalive_interval: f64,
     pub worker_threads: usize,
+    /// Log every login and disconnection (with its reason) at info level.
+    pub log_connections: bool,
 }
 
 impl Default for ServerSection {
@@ -104,6 +106,7 @@ impl Default for ServerSection {
             tcp_keepalive_idle: 300.0,
             tcp_keepalive_interval: 30.0,
             worker_threads: 0,
+            log_connections: true,
         }
     }
 }
@@ -125,6 +128,7 @@ pub struct PoolSection {
     pub max_prepared_statements: usize,
     pub stats_period: u64,
     pub client_idle_timeout: f64,
+    pub slow_query_threshold: f64,
 }
 
 impl Default for PoolSection {
@@ -143,6 +147,7 @@ impl Default for PoolSection {
             max_prepared_statements: 200,
             stats_period: 60,
             client_idle_timeout: 0.0,
+            slow_query_threshold: 0.0,
         }
     }
 }
@@ -448,6 +453,8 @@ pub struct PoolSettings {
     /// An idle client (transaction mode, no transaction open) is disconnected after this
     /// long (zero: never).
     pub client_idle_timeout: Duration,
+    /// Queries slower than this are logged (rate-limited); zero: none.
+    pub slow_query: Duration,
 }
 
 pub fn secs(s: f64) -> Duration {
@@ -660,6 +667,7 @@ impl Config {
             max_prepared_statements: p.max_prepared_statements,
             stats_period: p.stats_period,
             client_idle_timeout: secs(p.client_idle_timeout),
+            slow_query: secs(p.slow_query_threshold),
         }
     }
 }

@@ -70,7 +70,11 @@ pub(super) async fn login_phase(
                 finish(id, &mut stream, Err(e)).await;
                 return None;
             }
-            tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
+            if app.config.server.log_connections {
+                tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.peer(), "client logged in");
+            } else {
+                tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
+            }
             Some(Session::new(&app, id, guard, stream, *done))
         }
         Ok(None) => None,

@@ -137,6 +137,13 @@ pub async fn serve(app: Arc<App>, stream: Box<ClientStream>) {
         None => session.run_transaction_mode().await,
     };
     let id = session.id;
+    if session.app.config.server.log_connections {
+        let reason = match &result {
+            Ok(()) | Err(SessionError::ClientGone) => "client left".to_owned(),
+            Err(e) => e.kind().label().to_owned(),
+        };
+        tracing::info!(conn = id, pool = %session.pool.name, reason = %reason, "client disconnected");
+    }
     Box::pin(finish(id, &mut session.stream, result)).await;
 }
 

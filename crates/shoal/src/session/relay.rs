@@ -90,6 +90,9 @@ struct Outbound {
 impl Outbound {
     /// Adds what was counted to the pool's metrics and starts counting afresh.
     fn flush_counts(&mut self, pool: &crate::pool::Pool) {
+        if self.counts.slowest_us > 0 {
+            pool.note_query_time(self.counts.slowest_us);
+        }
         let now = std::time::Instant::now();
         let held = now.duration_since(self.txn_start).as_micros() as u64;
         pool.metrics.add(&self.counts, held);
@@ -302,9 +305,9 @@ fn take_server(
                 out.counts.queries += 1;
                 if let Some(t) = out.query_start.take() {
                     let now = std::time::Instant::now();
-                    out.counts
-                        .query_us
-                        .observe_us(now.duration_since(t).as_micros() as u64);
+                    let us = now.duration_since(t).as_micros() as u64;
+                    out.counts.query_us.observe_us(us);
+                    out.counts.slowest_us = out.counts.slowest_us.max(us);
                     // Pipelined queries already sent: the next one runs from now.
                     if flow.pending > 0 {
                         out.query_start = Some(now);
