@@ -136,15 +136,25 @@ pub async fn serve(app: Arc<App>, stream: Box<ClientStream>) {
         Some(lease) => Box::pin(session.run_session_mode(*lease)).await,
         None => session.run_transaction_mode().await,
     };
-    let id = session.id;
+    Box::pin(end_session(&mut session, result)).await;
+}
+
+/// Logs the disconnection (boxed with the rest of the ending: the idle future stays small).
+async fn end_session(session: &mut Session, result: Result<(), SessionError>) {
+    log_disconnect(session, &result);
+    finish(session.id, &mut session.stream, result).await;
+}
+
+/// The `log_connections` line for a client that leaves.
+#[inline(never)]
+fn log_disconnect(session: &Session, result: &Result<(), SessionError>) {
     if session.app.config.server.log_connections {
-        let reason = match &result {
-            Ok(()) | Err(SessionError::ClientGone) => "client left".to_owned(),
-            Err(e) => e.kind().label().to_owned(),
+        let reason = match result {
+            Ok(()) | Err(SessionError::ClientGone) => "client left",
+            Err(e) => e.kind().label(),
         };
-        tracing::info!(conn = id, pool = %session.pool.name, reason = %reason, "client disconnected");
+        tracing::info!(conn = session.id, pool = %session.pool.name, reason, "client disconnected");
     }
-    Box::pin(finish(id, &mut session.stream, result)).await;
 }
 
 /// Logs how the session ended and tells the client why, where it should know.
