@@ -10,6 +10,7 @@ import glob
 import hashlib
 import hmac
 import os
+import re
 import shutil
 import signal
 import socket
@@ -246,6 +247,24 @@ server_password = "{BENCH_PASSWORD}"
     return Proc("shoal", p, port)
 
 
+def pgbouncer_version():
+    """(major, minor, patch) of the installed PgBouncer, or None."""
+    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return None
+    m = re.search(r"PgBouncer (\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def pgbouncer_prepared_ok():
+    """Whether the installed PgBouncer follows protocol-level prepared statements in
+    transaction mode (max_prepared_statements, 1.21+)."""
+    v = pgbouncer_version()
+    return v is not None and v >= (1, 21, 0)
+
+
 def start_pgbouncer(work, pg, pool_size, mode="transaction", tls=None):
     port = free_port()
     users = work.file("userlist.txt", f'"{BENCH_USER}" "{BENCH_SECRET}"\n', 0o644)
@@ -268,7 +287,7 @@ logfile = {work.path}/pgbouncer.log
 pidfile =
 log_connections = 0
 log_disconnections = 0
-""" + (f"client_tls_sslmode = require\nclient_tls_cert_file = {tls[0]}\nclient_tls_key_file = {tls[1]}\n" if tls else ""))
+""" + ("max_prepared_statements = 200\n" if pgbouncer_prepared_ok() else "") + (f"client_tls_sslmode = require\nclient_tls_cert_file = {tls[0]}\nclient_tls_key_file = {tls[1]}\n" if tls else ""))
     exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     # runuser applies PAM limits (1024 descriptors); PgBouncer may raise its soft limit to
     # the hard one, as Shoal runs with.

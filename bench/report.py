@@ -50,12 +50,17 @@ def summarize(results):
         if c:
             rt = ratio(s["tps"], p["tps"])
             add("-C tps ≥ PgBouncer", cfg, s["tps"], p["tps"], d and d["tps"], rt, rt is not None and rt >= 1.0)
-    failed = [r for r in results if r["failed"] != 0]
+    def name(r):
+        return f"{r['target']} {r['workload']} {r['mode']}{' -C' if r['connect'] else ''} c={r['clients']}"
+
+    failed = [r for r in results if r["failed"] > 0]
+    broken = [r for r in results if not r.get("ok", True)]
     lines.append("")
     lines.append(f"Failed transactions: {sum(max(r['failed'], 0) for r in results)} in "
-                 f"{len(failed)} of {len(results)} runs" + ("" if not failed else ": " + ", ".join(
-                     f"{r['target']} {r['workload']} {r['mode']}{' -C' if r['connect'] else ''} c={r['clients']}"
-                     for r in failed)))
+                 f"{len(failed)} of {len(results)} runs" + ("" if not failed else ": " + ", ".join(map(name, failed))))
+    if broken:
+        lines.append(f"Runs that did not complete ({len(broken)} of {len(results)}; not counted above): " + "; ".join(
+            f"{name(r)}: {' '.join(r.get('error') or [])}" for r in broken))
     return "\n".join(lines)
 
 
@@ -112,7 +117,10 @@ def write_docs(meta, results, summary, quick):
     body = [START, "",
             f"Run of {meta['date']} (commit {meta['commit']}, {meta['cores']} cores, {meta['pgbouncer']}, "
             f"{meta['seconds']} s{', --quick' if quick else ''}; pool_size {meta['args']['pool_size']}, "
-            f"{meta['args']['duration']} s per run).", "",
+            f"{meta['args']['duration']} s per run)." + (
+                "" if meta.get("pgbouncer_prepared") else
+                f" `-M prepared` runs without PgBouncer: {meta['pgbouncer']} cannot follow protocol-level"
+                " prepared statements in transaction mode (max_prepared_statements needs 1.21+)."), "",
             "### Targets", "", summary, "", "### Plots", ""]
     body += [f"![{n}](bench/{n})" for n in names]
     body += ["", "### All runs", "", table(results), "", END]
