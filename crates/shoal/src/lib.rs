@@ -51,6 +51,7 @@ pub mod server;
 pub mod server_session;
 pub mod session;
 pub mod sets;
+pub mod shard;
 pub mod tenant;
 pub mod tls;
 pub mod trim;

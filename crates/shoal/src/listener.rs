@@ -14,15 +14,28 @@ use crate::app::App;
 use crate::net::ClientStream;
 
 pub fn bind_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(bind_tcp_std(addr, backlog, false)?)
+}
+
+/// A listening socket not yet registered with a runtime; `reuse_port` lets several (one
+/// per shard) share the address, the kernel spreading new connections over them.
+pub fn bind_tcp_std(
+    addr: SocketAddr,
+    backlog: u32,
+    reuse_port: bool,
+) -> std::io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(backlog.min(i32::MAX as u32) as i32)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 pub fn bind_unix(

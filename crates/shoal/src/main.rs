@@ -83,11 +83,27 @@ fn main() -> anyhow::Result<()> {
             Config::embedded_default()?
         }
     };
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if config.server.worker_threads > 0 {
-        rt.worker_threads(config.server.worker_threads);
-    }
-    let rt = rt.enable_all().build().context("starting the runtime")?;
+    let rt = match config.server.runtime {
+        shoal::config::Runtime::MultiThread => {
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            if config.server.worker_threads > 0 {
+                rt.worker_threads(config.server.worker_threads);
+            }
+            rt.enable_all().build().context("starting the runtime")?
+        }
+        shoal::config::Runtime::PerCore => {
+            let n = match config.server.worker_threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n => n,
+            };
+            shoal::shard::start(n).context("starting the shard threads")?;
+            tracing::info!(shards = n, "per-core data plane");
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+        }
+    };
     rt.block_on(async {
         let stop = async {
             use tokio::signal::unix::{signal, SignalKind};

@@ -60,7 +60,9 @@ pub struct Pool {
     pub settings: PoolSettings,
     pub upstream: Upstream,
     permits: Arc<Semaphore>,
-    idle: Mutex<VecDeque<ServerConn>>,
+    /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
+    /// back to the shard whose runtime polls its socket, and checkouts look there first.
+    idle: Box<[Mutex<VecDeque<ServerConn>>]>,
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
@@ -244,7 +246,9 @@ impl Pool {
             last_exhausted_warning: AtomicU64::new(0),
             settings,
             upstream,
-            idle: Mutex::new(VecDeque::new()),
+            idle: (0..crate::shard::count())
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
             login_params: Mutex::new(HashMap::new()),
             statements: Default::default(),
             stats: PoolStats::default(),
@@ -253,8 +257,23 @@ impl Pool {
         pool
     }
 
-    fn lock_idle(&self) -> std::sync::MutexGuard<'_, VecDeque<ServerConn>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<ServerConn>> {
+        self.idle[shard.min(self.idle.len() - 1)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every idle server of every shard, in one list (for upkeep, not the hot path).
+    fn take_all_idle(&self) -> Vec<ServerConn> {
+        (0..self.idle.len())
+            .flat_map(|i| self.lock_shard(i).drain(..).collect::<Vec<_>>())
+            .collect()
+    }
+
+    fn idle_ids(&self) -> Vec<u64> {
+        (0..self.idle.len())
+            .flat_map(|i| self.lock_shard(i).iter().map(|c| c.id).collect::<Vec<_>>())
+            .collect()
     }
 
     /// The ParameterStatus values to report to a client logging in with `params`, if known.
@@ -332,9 +351,20 @@ impl Pool {
     }
 
     /// The most recently used healthy idle server, if any (stale ones are closed).
+    /// The most recently returned idle server of this thread's shard, else of another.
+    fn pop_any(&self) -> Option<ServerConn> {
+        let here = crate::shard::current();
+        if let Some(c) = self.lock_shard(here).pop_back() {
+            return Some(c);
+        }
+        (0..self.idle.len())
+            .filter(|&i| i != here)
+            .find_map(|i| self.lock_shard(i).pop_back())
+    }
+
     fn pop_idle(&self) -> Option<ServerConn> {
         loop {
-            let mut conn = self.lock_idle().pop_back()?;
+            let mut conn = self.pop_any()?;
             if conn.is_stale() || self.past_lifetime(&conn) {
                 tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
                 self.stats.servers.fetch_sub(1, Ordering::Relaxed);
@@ -413,7 +443,8 @@ impl Pool {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());
         } else {
-            self.lock_idle().push_back(conn);
+            let shard = conn.shard;
+            self.lock_shard(shard).push_back(conn);
         }
         // The permit is released when `lease` drops, after the connection is idle again, so
         // the next waiter finds it.
@@ -430,26 +461,25 @@ impl Pool {
         let now = clock::now_ms();
         let lifetime = self.settings.lifetime.as_millis() as u64;
         let idle_timeout = self.settings.idle_timeout.as_millis() as u64;
-        let expired: Vec<ServerConn> = {
-            let mut idle = self.lock_idle();
-            let total = self.stats.servers.load(Ordering::Relaxed);
-            let mut removable = total.saturating_sub(self.settings.min_size);
+        let total = self.stats.servers.load(Ordering::Relaxed);
+        let mut removable = total.saturating_sub(self.settings.min_size);
+        let mut expired: Vec<ServerConn> = Vec::new();
+        for shard in 0..self.idle.len() {
+            let mut idle = self.lock_shard(shard);
             let mut keep = VecDeque::with_capacity(idle.len());
-            let mut out = Vec::new();
             // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
             while let Some(mut c) = idle.pop_front() {
                 let too_old = now.saturating_sub(c.created) >= lifetime;
                 let too_idle = removable > 0 && now.saturating_sub(c.last_used) >= idle_timeout;
                 if too_old || too_idle || c.is_stale() {
                     removable = removable.saturating_sub(1);
-                    out.push(c);
+                    expired.push(c);
                 } else {
                     keep.push_back(c);
                 }
             }
             *idle = keep;
-            out
-        };
+        }
         for c in expired {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(pool = %self.name, server = c.id, "closing idle server connection");
@@ -460,7 +490,10 @@ impl Pool {
                 break;
             };
             match self.connect().await {
-                Ok(conn) => self.lock_idle().push_back(conn),
+                Ok(conn) => {
+                    let shard = conn.shard;
+                    self.lock_shard(shard).push_back(conn)
+                }
                 Err(e) => {
                     tracing::warn!(pool = %self.name, error = %crate::logsafe::Escaped(&e), "cannot open min_pool_size connection");
                     break;
@@ -476,7 +509,7 @@ impl Pool {
 
     /// Open server connections: (id, info, idle now).
     pub fn server_list(&self) -> Vec<(u64, ServerInfo, bool)> {
-        let idle: std::collections::HashSet<u64> = self.lock_idle().iter().map(|c| c.id).collect();
+        let idle: std::collections::HashSet<u64> = self.idle_ids().into_iter().collect();
         let mut v: Vec<(u64, ServerInfo, bool)> = self
             .servers_info
             .lock()
@@ -552,7 +585,7 @@ impl Pool {
 
     /// Servers idle in the pool now.
     pub fn idle_count(&self) -> usize {
-        self.lock_idle().len()
+        (0..self.idle.len()).map(|i| self.lock_shard(i).len()).sum()
     }
 
     pub fn size(&self) -> usize {
@@ -579,11 +612,12 @@ impl Pool {
                 .servers
                 .load(Ordering::Relaxed)
                 .saturating_sub(new);
-            let closing: Vec<ServerConn> = {
-                let mut idle = self.lock_idle();
-                let n = surplus.min(idle.len());
-                idle.drain(..n).collect()
-            };
+            let mut closing: Vec<ServerConn> = Vec::new();
+            for shard in 0..self.idle.len() {
+                let mut idle = self.lock_shard(shard);
+                let n = (surplus - closing.len()).min(idle.len());
+                closing.extend(idle.drain(..n));
+            }
             for c in closing {
                 self.stats.servers.fetch_sub(1, Ordering::Relaxed);
                 c.close().await;
@@ -609,7 +643,7 @@ impl Pool {
 
     /// Closes every idle server (shutdown).
     pub async fn close_idle(&self) {
-        let idle: Vec<ServerConn> = self.lock_idle().drain(..).collect();
+        let idle: Vec<ServerConn> = self.take_all_idle();
         for c in idle {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             c.close().await;
@@ -687,7 +721,7 @@ impl Pool {
                 clients = s.clients.load(Ordering::Relaxed),
                 waiting = s.waiting.load(Ordering::Relaxed),
                 servers = s.servers.load(Ordering::Relaxed),
-                idle = self.lock_idle().len(),
+                idle = self.idle_count(),
                 transactions_per_s = checkouts / period,
                 avg_wait_us = (now.wait_micros - last.wait_micros) / checkouts.max(1),
                 connects = now.connects - last.connects,

@@ -23,6 +23,8 @@ pub struct Listeners {
     /// (otherwise bound from `[api]` and `[metrics]`).
     pub api: Option<tokio::net::TcpListener>,
     pub metrics: Option<tokio::net::TcpListener>,
+    /// Listening sockets of the other shards (per-core data plane), by shard.
+    pub shard_tcp: Vec<(usize, std::net::TcpListener)>,
 }
 
 impl Listeners {
@@ -33,8 +35,12 @@ impl Listeners {
             tokio::net::TcpListener::from_std(l)
         };
         let mut out = Listeners::default();
-        for l in i.tcp {
-            out.tcp.push(tcp(l)?);
+        let shards = crate::shard::count();
+        for (k, l) in i.tcp.into_iter().enumerate() {
+            match k % shards {
+                0 => out.tcp.push(tcp(l)?),
+                s => out.shard_tcp.push((s, l)),
+            }
         }
         for (l, path) in i.unix {
             l.set_nonblocking(true)?;
@@ -52,10 +58,24 @@ impl Listeners {
 pub fn bind(config: &Config) -> std::io::Result<Listeners> {
     let s = &config.server;
     let mut l = Listeners::default();
+    let shards = crate::shard::count();
     for addr in &s.listen {
-        let t = listener::bind_tcp(*addr, s.listen_backlog)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-        l.tcp.push(t);
+        let failed = |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+        };
+        if shards == 1 {
+            l.tcp
+                .push(listener::bind_tcp(*addr, s.listen_backlog).map_err(failed)?);
+            continue;
+        }
+        // One socket per shard on the same address (a port of 0 is chosen by the first).
+        let first = listener::bind_tcp_std(*addr, s.listen_backlog, true).map_err(failed)?;
+        let bound = first.local_addr()?;
+        l.tcp.push(tokio::net::TcpListener::from_std(first)?);
+        for shard in 1..shards {
+            let other = listener::bind_tcp_std(bound, s.listen_backlog, true).map_err(failed)?;
+            l.shard_tcp.push((shard, other));
+        }
     }
     if let Some(dir) = &s.unix_socket_dir {
         let port = l
@@ -147,6 +167,26 @@ async fn serve_with(
         ready.push_str(&format!("tcp {addr}\n"));
         sockets.push((Role::Tcp, l.as_raw_fd()));
         tokio::spawn(listener::accept_tcp(l, app.clone()));
+    }
+    // The other shards accept on their own sockets, in their own runtimes.
+    for (shard, l) in listeners.shard_tcp {
+        sockets.push((Role::Tcp, l.as_raw_fd()));
+        let Some(handle) = crate::shard::handles().get(shard - 1) else {
+            let app = app.clone();
+            tokio::spawn(async move {
+                if let Ok(l) = tokio::net::TcpListener::from_std(l) {
+                    listener::accept_tcp(l, app).await
+                }
+            });
+            continue;
+        };
+        let app = app.clone();
+        handle.spawn(async move {
+            match tokio::net::TcpListener::from_std(l) {
+                Ok(l) => listener::accept_tcp(l, app).await,
+                Err(e) => tracing::error!(shard, error = %e, "a shard cannot accept"),
+            }
+        });
     }
     let metrics_token = app
         .config

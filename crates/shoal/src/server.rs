@@ -224,6 +224,8 @@ pub struct ServerConn {
     pub last_used: u64,
     /// Keeps the server listed in its pool (for `SHOW SERVERS`) while it lives.
     pub tracker: Option<crate::pool::ServerTracker>,
+    /// The shard whose runtime registered this socket (its idle list takes it back).
+    pub shard: usize,
 }
 
 /// Connects to the first reachable address of the upstream's host in its address family.
@@ -292,6 +294,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             tracker: None,
+            shard: crate::shard::current(),
         };
         match tokio::time::timeout(timeout, conn.login(up)).await {
             Err(_) => Err(ServerError::ConnectTimeout(addr_text)),

@@ -42,6 +42,18 @@ pub enum ConfigError {
     },
 }
 
+/// How client sessions are spread over threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// One work-stealing runtime with `worker_threads` threads.
+    #[default]
+    MultiThread,
+    /// One single-threaded runtime per core (`worker_threads` of them), each accepting on
+    /// its own `SO_REUSEPORT` socket: a session never changes thread.
+    PerCore,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolMode {
@@ -83,6 +95,7 @@ pub struct ServerSection {
     pub tcp_keepalive_idle: f64,
     pub tcp_keepalive_interval: f64,
     pub worker_threads: usize,
+    pub runtime: Runtime,
     /// Log every login and disconnection (with its reason) at info level.
     pub log_connections: bool,
 }
@@ -106,6 +119,7 @@ impl Default for ServerSection {
             tcp_keepalive_idle: 300.0,
             tcp_keepalive_interval: 30.0,
             worker_threads: 0,
+            runtime: Runtime::MultiThread,
             log_connections: true,
         }
     }

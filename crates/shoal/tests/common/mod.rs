@@ -283,6 +283,10 @@ pub struct Shoal {
 /// (upstream as `app`) for raw-protocol tests, and the SCRAM user `app`. `extra` is appended.
 pub fn base_config(pg: &Pg, dbs: &[&str], extra: &str) -> String {
     let mut c = String::from("[server]\nlisten = [\"127.0.0.1:0\"]\n");
+    // The whole suite can run on either data plane.
+    if let Ok(rt) = std::env::var("SHOAL_TEST_RUNTIME") {
+        c.push_str(&format!("runtime = \"{rt}\"\n"));
+    }
     if !extra.contains("[pool]") {
         c.push_str("[pool]\nquery_wait_timeout = 10\n");
     }
