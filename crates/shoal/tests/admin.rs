@@ -4,8 +4,6 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -304,50 +302,20 @@ async fn pause_restart_postgres_resume_without_errors() {
     own.create_database("paused");
     let shoal = Shoal::start(&admin_config(&own, "paused", ""));
     let admin = console(&shoal, "admin", ADMIN_PASSWORD).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut workers = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..4 {
-        let c = shoal.connect("paused").await;
-        let (stop, done) = (stop.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                match c
-                    .batch_execute("BEGIN; SELECT pg_sleep(0.005); COMMIT")
-                    .await
-                {
-                    Ok(()) => {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => failures.push(format!("{e:?}")),
-                }
-            }
-            failures
-        }));
+        clients.push(shoal.connect("paused").await);
     }
-    let wait_traffic = |n: u64| {
-        let done = done.clone();
-        async move {
-            let target = done.load(Ordering::Relaxed) + n;
-            eventually("traffic", Duration::from_secs(30), || {
-                done.load(Ordering::Relaxed) >= target
-            })
-            .await;
-        }
-    };
-    wait_traffic(20).await;
+    let traffic = common::traffic::Traffic::start(clients, "BEGIN; SELECT pg_sleep(0.005); COMMIT");
+    traffic.wait_for(20).await;
     admin.simple_query("PAUSE paused").await.unwrap();
     // Paused: no transaction runs, no server is open.
-    let before = done.load(Ordering::Relaxed);
+    let before = traffic.done();
     assert_eq!(own.backends("paused"), 0, "PAUSE closed the servers");
     own.stop();
     own.pg_ctl_start();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        done.load(Ordering::Relaxed) <= before + 4,
-        "transactions were held"
-    );
+    assert!(traffic.done() <= before + 4, "transactions were held");
     let (cols, rows) = show(&admin, "SHOW DATABASES").await;
     let d = rows
         .iter()
@@ -355,12 +323,9 @@ async fn pause_restart_postgres_resume_without_errors() {
         .unwrap();
     assert_eq!(col(&cols, d, "paused"), "1");
     admin.simple_query("RESUME paused").await.unwrap();
-    wait_traffic(20).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let failures = w.await.unwrap();
-        assert!(failures.is_empty(), "clients saw errors: {failures:?}");
-    }
+    traffic.wait_for(20).await;
+    let failures = traffic.stop().await;
+    assert!(failures.is_empty(), "clients saw errors: {failures:?}");
     own.stop();
 }
 

@@ -176,8 +176,6 @@ async fn ready_reports_an_unreachable_upstream() {
 /// log in, running clients see no error; an invalid file is refused and the old config stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_under_load() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
     let db = unique_db("reload");
     pg().create_database(&db);
     let metrics = "[metrics]\nlisten = \"127.0.0.1:0\"\n";
@@ -188,36 +186,12 @@ async fn reload_under_load() {
     ));
     let path = shoal.config_dir.path().join("shoal.toml");
     let base = format!("http://{}", shoal.metrics.unwrap());
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let mut workers = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..4 {
-        let c = shoal.connect(&db).await;
-        let (stop, done) = (stop.clone(), done.clone());
-        workers.push(tokio::spawn(async move {
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                match c.simple_query("SELECT pg_sleep(0.001)").await {
-                    Ok(_) => {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => failures.push(format!("{e:?}")),
-                }
-            }
-            failures
-        }));
+        clients.push(shoal.connect(&db).await);
     }
-    let wait_traffic = |n: u64| {
-        let done = done.clone();
-        async move {
-            let target = done.load(Ordering::Relaxed) + n;
-            eventually("traffic", std::time::Duration::from_secs(30), || {
-                done.load(Ordering::Relaxed) >= target
-            })
-            .await;
-        }
-    };
-    wait_traffic(50).await;
+    let traffic = common::traffic::Traffic::start(clients, "SELECT pg_sleep(0.001)");
+    traffic.wait_for(50).await;
     let size = || {
         let (_, text) = get(&format!("{base}/metrics"), None);
         sample(
@@ -244,7 +218,7 @@ async fn reload_under_load() {
     .await;
     let newbie = shoal.connect_as("newbie", "newbie-secret", &db).await;
     newbie.simple_query("SELECT 1").await.unwrap();
-    wait_traffic(50).await;
+    traffic.wait_for(50).await;
     // An invalid file: refused, the running config stays.
     std::fs::write(&path, "[pool]\npool_size = \"many\"\n").unwrap();
     shoal.signal(libc::SIGHUP);
@@ -254,15 +228,12 @@ async fn reload_under_load() {
     .await;
     let again = shoal.connect_as("newbie", "newbie-secret", &db).await;
     again.simple_query("SELECT 1").await.unwrap();
-    wait_traffic(20).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let failures = w.await.unwrap();
-        assert!(
-            failures.is_empty(),
-            "clients failed during reloads: {failures:?}"
-        );
-    }
+    traffic.wait_for(20).await;
+    let failures = traffic.stop().await;
+    assert!(
+        failures.is_empty(),
+        "clients failed during reloads: {failures:?}"
+    );
 }
 
 /// JSON logs: every line an object; logins and disconnections with their reason; slow

@@ -5,7 +5,7 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -473,38 +473,16 @@ async fn live_changes_under_load() {
             .0,
         201
     );
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut workers = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..4 {
-        let c = connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
-            .await
-            .unwrap();
-        let (done, stop) = (done.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                match c.query_one("SELECT pg_sleep(0.002), 1", &[]).await {
-                    Ok(_) => {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => failures.push(e.to_string()),
-                }
-            }
-            failures
-        }));
+        clients.push(
+            connect(&shoal, &format!("user=app.acme password={APP_PASSWORD}"))
+                .await
+                .unwrap(),
+        );
     }
-    let wait_for = |n: u64| {
-        let done = done.clone();
-        async move {
-            let target = done.load(Ordering::Relaxed) + n;
-            eventually("traffic", Duration::from_secs(30), || {
-                done.load(Ordering::Relaxed) >= target
-            })
-            .await;
-        }
-    };
-    wait_for(50).await;
+    let traffic = common::traffic::Traffic::start(clients, "SELECT pg_sleep(0.002), 1");
+    traffic.wait_for(50).await;
     // Grow, then shrink, the pool while the clients run.
     for size in [4, 1, 3] {
         assert_eq!(
@@ -516,7 +494,7 @@ async fn live_changes_under_load() {
             .0,
             200
         );
-        wait_for(30).await;
+        traffic.wait_for(30).await;
         let (_, pools) = http.authed("GET", "/api/tenants/acme/pools", None);
         assert_eq!(pools["data"][0]["pool_size"], size, "{pools}");
         assert!(
@@ -524,11 +502,8 @@ async fn live_changes_under_load() {
             "{pools}"
         );
     }
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        let failures = w.await.unwrap();
-        assert!(failures.is_empty(), "resizing failed clients: {failures:?}");
-    }
+    let failures = traffic.stop().await;
+    assert!(failures.is_empty(), "resizing failed clients: {failures:?}");
     assert!(pg().backends(&db) <= 4);
     // Ban: a connected client is ended with the reason; new logins are refused.
     let (c, ended) =
@@ -740,24 +715,13 @@ async fn a_noisy_tenant_does_not_slow_a_quiet_one() {
     );
 }
 
-fn ca_and_server_cert() -> (String, String, String) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
 /// A tenant reaching its PostgreSQL over verified TLS (`upstream_ssl`, `upstream_verify =
 /// "peer"`, `upstream_tls_ca`); a CA that did not sign the server's certificate fails the
 /// create check, naming the problem. Unused tenant pools are closed after
 /// `pool_idle_close`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_tls_per_tenant_and_idle_pools_close() {
-    let (ca, cert, key) = ca_and_server_cert();
+    let (ca, cert, key) = common::ca_and_server_cert();
     let port = free_port();
     let tls_pg = Pg::start_with(
         port,
@@ -786,7 +750,7 @@ async fn upstream_tls_per_tenant_and_idle_pools_close() {
         .get(0);
     assert_eq!(ssl, "true");
     // Another CA: the certificate does not verify.
-    let (other_ca, _, _) = ca_and_server_cert();
+    let (other_ca, _, _) = common::ca_and_server_cert();
     let mut wrong = t.clone();
     wrong["tenant"]["upstream_tls_ca"] = json!(other_ca);
     let (code, e) = http.authed("PUT", "/api/tenants/insecure", Some(wrong));

@@ -5,23 +5,9 @@ mod common;
 
 use common::*;
 
-fn ca_and_server_cert() -> (String, String, String) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "localhost");
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_sslmode_against_a_tls_server() {
-    let (ca, cert, key) = ca_and_server_cert();
+    let (ca, cert, key) = common::ca_and_server_cert();
     let port = free_port();
     let tls_pg = Pg::start_with(
         port,

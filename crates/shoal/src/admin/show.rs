@@ -282,26 +282,29 @@ pub fn users(app: &App) -> ResultSet {
     r
 }
 
+/// `SHOW CLIENTS` and `SHOW SERVERS` share PgBouncer's columns.
+const CONNECTION_COLUMNS: &[(&str, Kind)] = &[
+    ("type", Text),
+    ("user", Text),
+    ("database", Text),
+    ("state", Text),
+    ("addr", Text),
+    ("port", Int),
+    ("local_addr", Text),
+    ("local_port", Int),
+    ("connect_time", Text),
+    ("request_time", Text),
+    ("wait", Int),
+    ("wait_us", Int),
+    ("close_needed", Int),
+    ("ptr", Text),
+    ("link", Text),
+    ("remote_pid", Int),
+    ("tls", Text),
+];
+
 pub fn clients(app: &App) -> ResultSet {
-    let mut r = ResultSet::new(&[
-        ("type", Text),
-        ("user", Text),
-        ("database", Text),
-        ("state", Text),
-        ("addr", Text),
-        ("port", Int),
-        ("local_addr", Text),
-        ("local_port", Int),
-        ("connect_time", Text),
-        ("request_time", Text),
-        ("wait", Int),
-        ("wait_us", Int),
-        ("close_needed", Int),
-        ("ptr", Text),
-        ("link", Text),
-        ("remote_pid", Int),
-        ("tls", Text),
-    ]);
+    let mut r = ResultSet::new(CONNECTION_COLUMNS);
     let now = crate::clock::now_ms();
     for (key, slot) in app.cancels.clients() {
         let Some(pool) = slot.info.pool.upgrade() else {
@@ -336,25 +339,7 @@ pub fn clients(app: &App) -> ResultSet {
 }
 
 pub fn servers(app: &App) -> ResultSet {
-    let mut r = ResultSet::new(&[
-        ("type", Text),
-        ("user", Text),
-        ("database", Text),
-        ("state", Text),
-        ("addr", Text),
-        ("port", Int),
-        ("local_addr", Text),
-        ("local_port", Int),
-        ("connect_time", Text),
-        ("request_time", Text),
-        ("wait", Int),
-        ("wait_us", Int),
-        ("close_needed", Int),
-        ("ptr", Text),
-        ("link", Text),
-        ("remote_pid", Int),
-        ("tls", Text),
-    ]);
+    let mut r = ResultSet::new(CONNECTION_COLUMNS);
     let now = crate::clock::now_ms();
     for p in sorted_pools(app) {
         for (id, info, idle) in p.server_list() {

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod raw;
+#[allow(dead_code)]
+pub mod traffic;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -560,4 +562,21 @@ pub async fn wait_until_running(db: &str, query: &str) {
         || pg().psql_admin(&sql) == "1",
     )
     .await;
+}
+
+/// A CA made now and a server certificate it signs for `localhost` (PEM: CA, certificate,
+/// key): no private key is checked in.
+#[allow(dead_code)]
+pub fn ca_and_server_cert() -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
 }
