@@ -384,38 +384,14 @@ impl ClientExchange {
         server_first: &[u8],
         salted: impl FnOnce(&[u8], u32) -> [u8; 32],
     ) -> Result<ClientFinal, ScramError> {
-        let msg = std::str::from_utf8(server_first)
-            .map_err(|_| ScramError::Malformed("server-first is not UTF-8"))?;
-        let mut parts = msg.split(',');
-        let nonce = attr(parts.next(), 'r')?;
-        if !nonce.starts_with(&self.nonce) {
-            return Err(ScramError::Malformed("server nonce does not extend ours"));
-        }
-        let salt = B64
-            .decode(attr(parts.next(), 's')?)
-            .map_err(|_| ScramError::Malformed("salt is not base64"))?;
-        let iterations: u32 = attr(parts.next(), 'i')?
-            .parse()
-            .map_err(|_| ScramError::Malformed("bad iteration count"))?;
-        let salted = salted(&salt, iterations);
+        let first = self.parse_server_first(server_first)?;
+        let salted = salted(&first.salt, first.iterations);
         let client_key = hmac(&salted, b"Client Key");
         let stored_key: [u8; 32] = Sha256::digest(client_key).into();
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
-        let signature = hmac(&stored_key, auth_message.as_bytes());
-        let mut proof = [0u8; 32];
-        for i in 0..32 {
-            proof[i] = client_key[i] ^ signature[i];
-        }
         let server_key = hmac(&salted, b"Server Key");
-        Ok(ClientFinal {
-            message: format!("{without_proof},p={}", B64.encode(proof)),
-            server_signature: hmac(&server_key, auth_message.as_bytes()),
-        })
+        Ok(self.client_final(&first, &client_key, &stored_key, &server_key))
     }
-}
 
-impl ClientExchange {
     /// Answers server-first without the password (SCRAM passthrough): with the ClientKey
     /// recovered from a client's proof and the verifier that client was checked against. The
     /// server must use that verifier's salt and iteration count (it does while the password is
@@ -426,6 +402,22 @@ impl ClientExchange {
         client_key: &[u8; 32],
         verifier: &Verifier,
     ) -> Result<ClientFinal, ScramError> {
+        let first = self.parse_server_first(server_first)?;
+        if first.salt != verifier.salt || first.iterations != verifier.iterations {
+            return Err(ScramError::VerifierChanged);
+        }
+        Ok(self.client_final(
+            &first,
+            client_key,
+            &verifier.stored_key,
+            &verifier.server_key,
+        ))
+    }
+
+    fn parse_server_first<'a>(
+        &self,
+        server_first: &'a [u8],
+    ) -> Result<ServerFirst<'a>, ScramError> {
         let msg = std::str::from_utf8(server_first)
             .map_err(|_| ScramError::Malformed("server-first is not UTF-8"))?;
         let mut parts = msg.split(',');
@@ -439,21 +431,42 @@ impl ClientExchange {
         let iterations: u32 = attr(parts.next(), 'i')?
             .parse()
             .map_err(|_| ScramError::Malformed("bad iteration count"))?;
-        if salt != verifier.salt || iterations != verifier.iterations {
-            return Err(ScramError::VerifierChanged);
-        }
-        let without_proof = format!("c=biws,r={nonce}");
-        let auth_message = format!("{},{},{}", self.client_first_bare, msg, without_proof);
-        let signature = hmac(&verifier.stored_key, auth_message.as_bytes());
+        Ok(ServerFirst {
+            msg,
+            nonce,
+            salt,
+            iterations,
+        })
+    }
+
+    /// client-final with its proof, and the server signature to expect.
+    fn client_final(
+        &self,
+        first: &ServerFirst<'_>,
+        client_key: &[u8; 32],
+        stored_key: &[u8; 32],
+        server_key: &[u8; 32],
+    ) -> ClientFinal {
+        let without_proof = format!("c=biws,r={}", first.nonce);
+        let auth_message = format!("{},{},{}", self.client_first_bare, first.msg, without_proof);
+        let signature = hmac(stored_key, auth_message.as_bytes());
         let mut proof = [0u8; 32];
         for i in 0..32 {
             proof[i] = client_key[i] ^ signature[i];
         }
-        Ok(ClientFinal {
+        ClientFinal {
             message: format!("{without_proof},p={}", B64.encode(proof)),
-            server_signature: hmac(&verifier.server_key, auth_message.as_bytes()),
-        })
+            server_signature: hmac(server_key, auth_message.as_bytes()),
+        }
     }
+}
+
+/// A parsed server-first message.
+struct ServerFirst<'a> {
+    msg: &'a str,
+    nonce: &'a str,
+    salt: Vec<u8>,
+    iterations: u32,
 }
 
 /// Checks server-final against the expected signature (constant-time).
