@@ -113,10 +113,7 @@ impl<'a> Reader<'a> {
 
     /// A NUL-terminated string, which must be valid UTF-8 (all names Shoal inspects are).
     pub fn cstr(&mut self) -> Result<&'a str, FrameError> {
-        let nul = self
-            .buf
-            .iter()
-            .position(|&b| b == 0)
+        let nul = memchr::memchr(0, self.buf)
             .ok_or(FrameError::Malformed("string is not NUL-terminated"))?;
         let s = std::str::from_utf8(&self.buf[..nul])
             .map_err(|_| FrameError::Malformed("string is not valid UTF-8"))?;
@@ -127,10 +124,7 @@ impl<'a> Reader<'a> {
     /// A NUL-terminated string as bytes: query texts and server messages may be in any
     /// encoding, and Shoal must pass them on, not judge them.
     pub fn cstr_bytes(&mut self) -> Result<&'a [u8], FrameError> {
-        let nul = self
-            .buf
-            .iter()
-            .position(|&b| b == 0)
+        let nul = memchr::memchr(0, self.buf)
             .ok_or(FrameError::Malformed("string is not NUL-terminated"))?;
         let s = &self.buf[..nul];
         self.buf = &self.buf[nul + 1..];

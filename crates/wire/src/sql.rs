@@ -99,7 +99,7 @@ fn is_word_char(b: u8) -> bool {
 impl<'a> Lexer<'a> {
     pub fn new(s: &'a [u8]) -> Self {
         // A query text ends at its NUL (the wire form carries one).
-        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+        let end = memchr::memchr(0, s).unwrap_or(s.len());
         Lexer {
             s: &s[..end],
             i: 0,
@@ -281,8 +281,103 @@ const SESSION_FUNCTIONS: &[&[u8]] = &[
     b"dblink_connect_u",
 ];
 
+/// The first word of a query after whitespace and comments, lower-cased; empty when it is
+/// not a plain word or is longer than any keyword Shoal looks for. Lets the per-query checks
+/// (session `SET`s, `EXECUTE`, `DROP DATABASE`) skip the statements they are not about
+/// without lexing the text.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstWord {
+    buf: [u8; 16],
+    len: u8,
+}
+
+impl FirstWord {
+    pub fn of(sql: &[u8]) -> FirstWord {
+        let mut w = FirstWord {
+            buf: [0; 16],
+            len: 0,
+        };
+        let at = leading_comments_len(sql);
+        let rest = &sql[at..];
+        let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
+        let ends_cleanly = rest.get(n).is_none_or(|&b| !is_word_char(b));
+        if n > 0 && n <= w.buf.len() && ends_cleanly {
+            w.buf[..n].copy_from_slice(&rest[..n]);
+            w.buf[..n].make_ascii_lowercase();
+            w.len = n as u8;
+        }
+        w
+    }
+
+    /// The word, lower-case ASCII (empty if none).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+
+    pub fn is(&self, word: &[u8]) -> bool {
+        self.as_bytes() == word
+    }
+
+    pub fn is_any(&self, words: &[&[u8]]) -> bool {
+        words.contains(&self.as_bytes())
+    }
+}
+
+/// Statement kinds that leave nothing in the session by themselves (what else they contain
+/// is for [`plain`] to rule out).
+const PLAIN_FIRST_WORDS: &[&[u8]] = &[
+    b"select", b"insert", b"update", b"delete", b"values", b"table", b"with",
+];
+
+/// Four-byte fragments (lower case) of every word [`scan_anywhere`] reacts to: `temp` (also in
+/// `temporary`, `pg_temp`), `seed` (`setseed`), `_con` (`set_config`, `dblink_connect`), `y_lo`
+/// (the `*advisory_lock*` functions). A text without any of them cannot contain such a word,
+/// quoted or not.
+const WATCHED_FRAGMENTS: [u32; 4] = [
+    u32::from_be_bytes(*b"temp"),
+    u32::from_be_bytes(*b"seed"),
+    u32::from_be_bytes(*b"_con"),
+    u32::from_be_bytes(*b"y_lo"),
+];
+
+/// The common case, decided in one pass without lexing: one plain DML/query statement with no
+/// backslash and none of the watched words anywhere. Exactly the texts for which [`classify`]
+/// would find nothing (a false "no" only costs the full lexer; the property test
+/// `shortcut_agrees_with_the_lexer` holds the two together).
+fn plain(sql: &[u8]) -> bool {
+    if !FirstWord::of(sql).is_any(PLAIN_FIRST_WORDS) {
+        return false;
+    }
+    let text = &sql[..memchr::memchr(0, sql).unwrap_or(sql.len())];
+    if memchr::memchr(b'\\', text).is_some() {
+        return false;
+    }
+    // A `;` only as the last thing in the text (one statement).
+    if let Some(semi) = memchr::memchr(b';', text) {
+        if text[semi + 1..].iter().any(|b| !b.is_ascii_whitespace()) {
+            return false;
+        }
+    }
+    let mut window = 0u32;
+    for &b in text {
+        window = (window << 8) | u32::from(b.to_ascii_lowercase());
+        if WATCHED_FRAGMENTS.contains(&window) {
+            return false;
+        }
+    }
+    true
+}
+
 /// Classifies a query text: what it leaves behind in the session.
 pub fn classify(sql: &[u8]) -> Effects {
+    if plain(sql) {
+        return Effects::default();
+    }
+    classify_lexed(sql)
+}
+
+/// [`classify`] the long way: every token.
+fn classify_lexed(sql: &[u8]) -> Effects {
     let mut fx = Effects::default();
     let mut lex = Lexer::new(sql);
     // Only the first words decide a statement's kind (no allocation: this runs per query).
@@ -398,6 +493,9 @@ fn classify_statement(words: &[Token<'_>], fx: &mut Effects) {
 
 /// Bytes of whitespace and comments before the first token (always on a char boundary).
 pub fn leading_comments_len(sql: &[u8]) -> usize {
+    if sql.first().is_some_and(|b| b.is_ascii_alphabetic()) {
+        return 0;
+    }
     let mut lex = Lexer::new(sql);
     loop {
         let at = lex.i;
@@ -503,9 +601,14 @@ pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
 /// `EXECUTE`, `DEALLOCATE`, also inside `EXPLAIN EXECUTE` or `CREATE TABLE ... AS EXECUTE`):
 /// the pooler's own statements must not be reachable from a client's SQL.
 pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
-    let has_prefix = sql
-        .windows(prefix.len().max(1))
-        .any(|w| w.eq_ignore_ascii_case(prefix));
+    // Cheap first look (one fast scan): a prefix ending in a rare byte such as `_`.
+    let has_prefix = match prefix.split_last() {
+        None => true,
+        Some((&last, head)) => {
+            memchr::memchr2_iter(last.to_ascii_lowercase(), last.to_ascii_uppercase(), sql)
+                .any(|i| i >= head.len() && sql[i - head.len()..i].eq_ignore_ascii_case(head))
+        }
+    };
     if !has_prefix {
         return None;
     }
@@ -712,5 +815,40 @@ mod fuzz {
             let n = leading_comments_len(sql.as_bytes());
             prop_assert!(sql.is_char_boundary(n));
         }
+
+        /// The shortcut for plain statements never disagrees with the lexer: whatever the
+        /// text, `classify` gives what lexing every token gives.
+        #[test]
+        fn shortcut_agrees_with_the_lexer(parts in proptest::collection::vec(
+            prop_oneof![
+                Just("SELECT "), Just("select "), Just("insert "), Just("UPDATE t "),
+                Just("with "), Just("values "), Just("set_config(a) "), Just("SetSeed "),
+                Just("pg_try_advisory_lock(1) "), Just("dblink_connect "), Just("TEMP "),
+                Just("temporary "), Just("pg_temp.x "), Just("create "), Just("into "),
+                Just("'"), Just("\""), Just("$$"), Just(";"), Just("; "), Just("\n"),
+                Just("E'\\'"), Just("'\\'"), Just("--"), Just("/*"), Just("*/"), Just("("),
+                Just("x "), Just("1 "), Just("\0"), Just("selectx "), Just("select$1 "),
+            ], 0..16)) {
+            let sql: String = parts.concat();
+            prop_assert_eq!(classify(sql.as_bytes()), classify_lexed(sql.as_bytes()), "{:?}", sql);
+        }
+    }
+
+    #[test]
+    fn first_word() {
+        assert_eq!(
+            FirstWord::of(b"  /* x */ -- y\n SeLeCt 1").as_bytes(),
+            b"select"
+        );
+        assert_eq!(FirstWord::of(b"select$1").as_bytes(), b"");
+        assert_eq!(FirstWord::of(b"(select 1)").as_bytes(), b"");
+        assert_eq!(FirstWord::of(b"SET").as_bytes(), b"set");
+        assert_eq!(FirstWord::of(b"checkpointcheckpoint").as_bytes(), b"");
+        assert!(plain(
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;"
+        ));
+        assert!(!plain(b"SELECT set_config('a', 'b', false)"));
+        assert!(!plain(b"SELECT 1; SET ROLE x"));
+        assert!(!plain(b"SET ROLE x"));
     }
 }

@@ -69,16 +69,11 @@ impl StatementDef {
 
 /// The session `SET` a query text is, if any (cheap for everything else).
 pub fn set_of(text: &[u8]) -> Option<SetOp> {
-    let text = match text.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'-' | b'/') => &text[sql::leading_comments_len(text)..],
-        _ => text,
-    };
-    match text.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b's' | b'S' | b'r' | b'R' | b'd' | b'D') => {
-            std::str::from_utf8(text).ok().and_then(crate::sets::parse)
-        }
-        _ => None,
+    if !sql::FirstWord::of(text).is_any(&[b"set", b"reset", b"discard"]) {
+        return None;
     }
+    let text = &text[sql::leading_comments_len(text)..];
+    std::str::from_utf8(text).ok().and_then(crate::sets::parse)
 }
 
 /// The query text of a Parse body after its name (up to the NUL).

@@ -305,10 +305,7 @@ impl Translator<'_> {
                 c.forget_all();
             }
         }
-        if matches!(
-            text.iter().find(|b| !b.is_ascii_whitespace()),
-            Some(b'd' | b'D' | b'e' | b'E')
-        ) {
+        if sql::FirstWord::of(text).is_any(&[b"execute", b"deallocate"]) {
             if let Some(cmd) = sql::named_statement_command(text) {
                 let def = self
                     .client

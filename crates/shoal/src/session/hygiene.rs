@@ -10,10 +10,7 @@ use crate::app::App;
 /// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
 /// them to go.
 pub fn database_command(app: &App, query_body: &[u8]) {
-    if !matches!(
-        query_body.iter().find(|b| !b.is_ascii_whitespace()),
-        Some(b'd' | b'D' | b'a' | b'A')
-    ) {
+    if !sql::FirstWord::of(query_body).is_any(&[b"drop", b"alter"]) {
         return;
     }
     let text = Reader::new(query_body).cstr_bytes().unwrap_or_default();

@@ -202,6 +202,12 @@ enum Idle {
     Terminate,
 }
 
+/// Whether the client left (Terminate, or its connection ended) while being served.
+enum Gone {
+    Yes,
+    No,
+}
+
 pub struct Session {
     id: u64,
     /// Counted in [`App::active`] while holding a server.
@@ -363,14 +369,10 @@ impl Session {
     /// runs while the client is active is boxed, so an idle client's task stays small.
     async fn run_transaction_mode(&mut self) -> Result<(), SessionError> {
         loop {
-            match Box::pin(self.handle_idle_messages()).await? {
-                Idle::Terminate => return Ok(()),
-                Idle::NeedServer => {
-                    if Box::pin(self.run_transaction()).await? {
-                        return Ok(());
-                    }
-                }
-                Idle::NeedMore => {
+            // One allocation per burst of activity (not per message or transaction).
+            match Box::pin(self.serve_buffered()).await? {
+                Gone::Yes => return Ok(()),
+                Gone::No => {
                     if self.cbuf.is_empty() {
                         // Idle: hold no buffer, no server, no timer, no budget.
                         budget::release(&mut self.large_kib);
@@ -426,6 +428,22 @@ impl Session {
                     }
                     self.account_large(false)?;
                 }
+            }
+        }
+    }
+
+    /// Serves every complete message buffered, running transactions as they come, until
+    /// more bytes are needed or the client is gone.
+    async fn serve_buffered(&mut self) -> Result<Gone, SessionError> {
+        loop {
+            match self.handle_idle_messages().await? {
+                Idle::NeedServer => {
+                    if self.run_transaction().await? {
+                        return Ok(Gone::Yes);
+                    }
+                }
+                Idle::NeedMore => return Ok(Gone::No),
+                Idle::Terminate => return Ok(Gone::Yes),
             }
         }
     }
