@@ -5,6 +5,11 @@
 //! against the pool size, so waiting clients queue in arrival order and a timed-out wait gives
 //! a clear error. A background reaper closes connections idle too long or past their lifetime
 //! and keeps `min_pool_size` warm.
+//!
+//! Server connections live boxed (a `ServerConn` is ~400 bytes): checkout and checkin move a
+//! pointer between an idle list and a lease instead of copying the struct several times per
+//! transaction.
+#![allow(clippy::vec_box)]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -62,7 +67,7 @@ pub struct Pool {
     permits: Arc<Semaphore>,
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
-    idle: Box<[Mutex<VecDeque<ServerConn>>]>,
+    idle: Box<[Mutex<VecDeque<Box<ServerConn>>>]>,
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
@@ -136,7 +141,7 @@ pub struct Averages {
 /// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
 /// broken or abandoned server is never reused) and frees the permit.
 pub struct Lease {
-    conn: Option<ServerConn>,
+    conn: Option<Box<ServerConn>>,
     _permit: OwnedSemaphorePermit,
     pool: Arc<Pool>,
 }
@@ -257,14 +262,14 @@ impl Pool {
         pool
     }
 
-    fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<ServerConn>> {
+    fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<Box<ServerConn>>> {
         self.idle[shard.min(self.idle.len() - 1)]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every idle server of every shard, in one list (for upkeep, not the hot path).
-    fn take_all_idle(&self) -> Vec<ServerConn> {
+    fn take_all_idle(&self) -> Vec<Box<ServerConn>> {
         (0..self.idle.len())
             .flat_map(|i| self.lock_shard(i).drain(..).collect::<Vec<_>>())
             .collect()
@@ -352,7 +357,7 @@ impl Pool {
 
     /// The most recently used healthy idle server, if any (stale ones are closed).
     /// The most recently returned idle server of this thread's shard, else of another.
-    fn pop_any(&self) -> Option<ServerConn> {
+    fn pop_any(&self) -> Option<Box<ServerConn>> {
         let here = crate::shard::current();
         if let Some(c) = self.lock_shard(here).pop_back() {
             return Some(c);
@@ -362,7 +367,7 @@ impl Pool {
             .find_map(|i| self.lock_shard(i).pop_back())
     }
 
-    fn pop_idle(&self) -> Option<ServerConn> {
+    fn pop_idle(&self) -> Option<Box<ServerConn>> {
         loop {
             let mut conn = self.pop_any()?;
             if conn.is_stale() || self.past_lifetime(&conn) {
@@ -392,7 +397,7 @@ impl Pool {
         })
     }
 
-    async fn connect(&self) -> Result<ServerConn, CheckoutError> {
+    async fn connect(&self) -> Result<Box<ServerConn>, CheckoutError> {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
         let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
@@ -420,7 +425,7 @@ impl Pool {
                     self.remember_login_params(&[], &conn.params);
                 }
                 tracing::debug!(pool = %self.name, server = conn.id, pid = conn.process_id, "server connected");
-                Ok(conn)
+                Ok(Box::new(conn))
             }
             Err(source) => {
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -463,7 +468,7 @@ impl Pool {
         let idle_timeout = self.settings.idle_timeout.as_millis() as u64;
         let total = self.stats.servers.load(Ordering::Relaxed);
         let mut removable = total.saturating_sub(self.settings.min_size);
-        let mut expired: Vec<ServerConn> = Vec::new();
+        let mut expired: Vec<Box<ServerConn>> = Vec::new();
         for shard in 0..self.idle.len() {
             let mut idle = self.lock_shard(shard);
             let mut keep = VecDeque::with_capacity(idle.len());
@@ -612,7 +617,7 @@ impl Pool {
                 .servers
                 .load(Ordering::Relaxed)
                 .saturating_sub(new);
-            let mut closing: Vec<ServerConn> = Vec::new();
+            let mut closing: Vec<Box<ServerConn>> = Vec::new();
             for shard in 0..self.idle.len() {
                 let mut idle = self.lock_shard(shard);
                 let n = (surplus - closing.len()).min(idle.len());
@@ -643,7 +648,7 @@ impl Pool {
 
     /// Closes every idle server (shutdown).
     pub async fn close_idle(&self) {
-        let idle: Vec<ServerConn> = self.take_all_idle();
+        let idle: Vec<Box<ServerConn>> = self.take_all_idle();
         for c in idle {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             c.close().await;

@@ -85,6 +85,9 @@ struct Outbound {
     txn_start: std::time::Instant,
     /// When the query now running was sent (for the query-duration histogram).
     query_start: Option<std::time::Instant>,
+    /// When the last answered ReadyForQuery arrived: the transaction's end, when it is the
+    /// last (saves reading the clock again).
+    last_ready: Option<std::time::Instant>,
 }
 
 impl Outbound {
@@ -93,7 +96,10 @@ impl Outbound {
         if self.counts.slowest_us > 0 {
             pool.note_query_time(self.counts.slowest_us);
         }
-        let now = std::time::Instant::now();
+        let now = self
+            .last_ready
+            .take()
+            .unwrap_or_else(std::time::Instant::now);
         let held = now.duration_since(self.txn_start).as_micros() as u64;
         pool.metrics.add(&self.counts, held);
         self.counts = Default::default();
@@ -305,6 +311,7 @@ fn take_server(
                 out.counts.queries += 1;
                 if let Some(t) = out.query_start.take() {
                     let now = std::time::Instant::now();
+                    out.last_ready = Some(now);
                     let us = now.duration_since(t).as_micros() as u64;
                     out.counts.query_us.observe_us(us);
                     out.counts.slowest_us = out.counts.slowest_us.max(us);
@@ -357,6 +364,7 @@ impl Session {
             counts: Default::default(),
             txn_start: std::time::Instant::now(),
             query_start: None,
+            last_ready: None,
         };
         let server: &mut ServerConn = lease;
         let mut end = self.relay_loop(server, flow, policy, &mut out).await;
@@ -382,7 +390,7 @@ impl Session {
     ) -> Result<RelayEnd, SessionError> {
         let mut terminate = !self.take_client(server, flow, out, policy)?;
         if !out.to_server.is_empty() {
-            out.query_start = Some(std::time::Instant::now());
+            out.query_start = Some(out.txn_start);
         }
         let mut fatal: Option<ErrorFields> = None;
         loop {
