@@ -51,6 +51,8 @@ pub struct ClientInfo {
 /// One client's cancel state. Kept small: every connected client has one.
 pub struct CancelSlot {
     secret: i32,
+    /// The key's process id (kept here, not in each session: an idle client's task is small).
+    process_id: i32,
     state: Mutex<SlotState>,
     pub info: ClientInfo,
 }
@@ -156,11 +158,14 @@ pub struct CancelRegistry {
 /// Removes the client's key when the session ends.
 pub struct Registration {
     registry: Arc<CancelRegistry>,
-    pub process_id: i32,
     pub slot: Arc<CancelSlot>,
 }
 
 impl Registration {
+    pub fn process_id(&self) -> i32 {
+        self.slot.process_id
+    }
+
     pub fn secret_key(&self) -> i32 {
         self.slot.secret
     }
@@ -170,10 +175,10 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut map = self.registry.lock();
         if map
-            .get(&self.process_id)
+            .get(&self.slot.process_id)
             .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
         {
-            map.remove(&self.process_id);
+            map.remove(&self.slot.process_id);
         }
     }
 }
@@ -188,20 +193,20 @@ impl CancelRegistry {
     /// server, Shoal picks one above the range of real pids.
     pub fn register(self: &Arc<Self>, process_id: Option<i32>, info: ClientInfo) -> Registration {
         let mut rng = rand::thread_rng();
-        let slot = Arc::new(CancelSlot {
-            secret: rng.gen(),
-            state: Mutex::new(SlotState::default()),
-            info,
-        });
         let mut map = self.lock();
         let mut pid = process_id.unwrap_or_else(|| rng.gen_range(1 << 30..i32::MAX));
         while map.contains_key(&pid) {
             pid = rng.gen_range(1 << 30..i32::MAX);
         }
+        let slot = Arc::new(CancelSlot {
+            secret: rng.gen(),
+            process_id: pid,
+            state: Mutex::new(SlotState::default()),
+            info,
+        });
         map.insert(pid, slot.clone());
         Registration {
             registry: self.clone(),
-            process_id: pid,
             slot,
         }
     }
@@ -293,7 +298,7 @@ mod tests {
         });
         let abandoned = tokio::time::timeout(
             Duration::from_millis(100),
-            registry.cancel(reg.process_id, reg.secret_key()),
+            registry.cancel(reg.process_id(), reg.secret_key()),
         )
         .await;
         assert!(abandoned.is_err(), "the forward was still waiting");

@@ -63,6 +63,21 @@ fn tune(stream: &tokio::net::TcpStream, app: &App) {
     }
 }
 
+/// Serves a just-accepted client on another shard's runtime (its socket registered there).
+fn hand_over(target: &tokio::runtime::Handle, stream: tokio::net::TcpStream, app: Arc<App>) {
+    match stream.into_std() {
+        Ok(std) => {
+            target.spawn(async move {
+                match tokio::net::TcpStream::from_std(std) {
+                    Ok(s) => crate::session::serve(app, Box::new(ClientStream::Tcp(s))).await,
+                    Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
+    }
+}
+
 /// Accepts until shutdown; each client gets its own task.
 pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
     let mut shutdown = app.shutdown.clone();
@@ -72,7 +87,14 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
                 Ok((stream, _)) => {
                     tune(&stream, &app);
                     app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
+                    let here = crate::shard::current();
+                    match crate::shard::placement_for_new(here).and_then(crate::shard::handle) {
+                        // Accepted on a closed shard: the client lives on an open one.
+                        Some(target) => hand_over(target, stream, app.clone()),
+                        None => {
+                            tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
+                        }
+                    }
                 }
                 Err(e) => {
                     // Out of descriptors and similar: back off briefly instead of spinning.

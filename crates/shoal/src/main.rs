@@ -96,15 +96,31 @@ fn main() -> anyhow::Result<()> {
                 0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
                 n => n,
             };
-            shoal::shard::start(n).context("starting the shard threads")?;
-            tracing::info!(shards = n, "per-core data plane");
+            let packing = config.server.shard_packing;
+            shoal::shard::start(n, packing).context("starting the shard threads")?;
+            tracing::info!(shards = n, packing, "per-core data plane");
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("starting the runtime")?
         }
     };
+    let per_core = config.server.runtime == shoal::config::Runtime::PerCore;
+    let packing = (per_core && config.server.shard_packing).then_some((
+        config.server.shard_open_busy,
+        config.server.shard_close_busy,
+    ));
     rt.block_on(async {
+        if per_core {
+            shoal::shard::set_shard0(tokio::runtime::Handle::current());
+        }
+        if let Some((open_at, close_at)) = packing {
+            tokio::spawn(shoal::shard::monitor(
+                open_at,
+                close_at,
+                std::time::Duration::from_millis(200),
+            ));
+        }
         let stop = async {
             use tokio::signal::unix::{signal, SignalKind};
             let (Ok(mut int), Ok(mut term)) = (

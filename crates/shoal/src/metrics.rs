@@ -494,6 +494,25 @@ impl Collector for ShoalCollector {
             "Tenants known to routing",
             &[(vec![], app.routes.tenants.len() as i64)],
         )?;
+        if crate::shard::count() > 1 {
+            gauge(
+                &mut e,
+                "shoal_shards_open",
+                "Per-core data plane: shards taking clients now",
+                &[(vec![], crate::shard::open() as i64)],
+            )?;
+            let rows: Vec<(Labels, i64)> = crate::shard::client_counts()
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| (vec![("shard", i.to_string())], n as i64))
+                .collect();
+            gauge(
+                &mut e,
+                "shoal_shard_clients",
+                "Per-core data plane: clients living on each shard",
+                &rows,
+            )?;
+        }
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

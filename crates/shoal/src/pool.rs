@@ -376,6 +376,12 @@ impl Pool {
                 tokio::spawn(conn.close());
                 continue;
             }
+            if let Err(e) = conn.follow_to_this_shard() {
+                tracing::warn!(pool = %self.name, server = conn.id, error = %e, "cannot move a server to this shard; closing it");
+                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                drop(conn);
+                continue;
+            }
             return Some(conn);
         }
     }

@@ -626,6 +626,25 @@ impl ServerConn {
     ///
     /// Costs no system call in the usual case: reads drain the socket through `poll_read`,
     /// which clears its readiness, so readiness here means something did arrive.
+    /// Re-registers the socket with this thread's shard, so its wake-ups stay on the thread
+    /// of the client using it (per-core data plane). TLS connections stay where they are.
+    pub fn follow_to_this_shard(&mut self) -> std::io::Result<()> {
+        let here = crate::shard::current();
+        if self.shard == here {
+            return Ok(());
+        }
+        let ServerStream::Plain(tcp) = &self.stream else {
+            return Ok(());
+        };
+        // A duplicate of the descriptor joins this shard's reactor; dropping the old stream
+        // leaves the other shard's reactor and closes the original descriptor.
+        let dup = std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned()?;
+        let moved = TcpStream::from_std(std::net::TcpStream::from(dup))?;
+        self.stream = ServerStream::Plain(moved);
+        self.shard = here;
+        Ok(())
+    }
+
     pub fn is_stale(&mut self) -> bool {
         if !self.buf.is_empty() {
             return true;

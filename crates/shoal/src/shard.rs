@@ -4,6 +4,15 @@
 //!
 //! A thread knows its shard through a thread-local set when its runtime starts; outside a
 //! shard (the default multi-threaded runtime, tests) everything is shard 0 of 1.
+//!
+//! Shards open as load needs them (*packing*): on a machine whose cores are shared with
+//! PostgreSQL and the clients, a second pooler thread that mostly sleeps and wakes costs more
+//! CPU per transaction than it gives. Only the first [`open`] shards take clients; a monitor
+//! ([`monitor`]) opens one more when every open shard is busier than `open_at` (fraction of
+//! wall time spent running tasks) and closes the last when the open shards' work would fit in
+//! one fewer at `close_at`. Clients accepted on a closed shard are handed to an open one, and
+//! idle transaction-mode clients (no server, no buffer) move to balance the open shards at
+//! the moment they go idle ([`placement`]); servers follow their clients at checkout.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,11 +49,138 @@ pub fn handles() -> &'static [tokio::runtime::Handle] {
     HANDLES.get().map(Vec::as_slice).unwrap_or(&[])
 }
 
+static SHARD0: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+
+/// The runtime of shard `i`, once the shards run.
+pub fn handle(i: usize) -> Option<&'static tokio::runtime::Handle> {
+    match i {
+        0 => SHARD0.get(),
+        i => handles().get(i - 1),
+    }
+}
+
+/// Shards taking clients now (see the module doc); all of them when packing is off.
+static OPEN: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Clients living on each shard.
+static CLIENTS: std::sync::OnceLock<Box<[AtomicUsize]>> = std::sync::OnceLock::new();
+
+pub fn open() -> usize {
+    OPEN.load(Ordering::Relaxed).clamp(1, count())
+}
+
+fn clients() -> &'static [AtomicUsize] {
+    CLIENTS.get().map(|c| &c[..]).unwrap_or(&[])
+}
+
+/// Clients on each shard now (for metrics and tests).
+pub fn client_counts() -> Vec<usize> {
+    clients()
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .collect()
+}
+
+/// A client now lives on `shard`.
+pub fn client_arrived(shard: usize) {
+    if let Some(c) = clients().get(shard) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A client left `shard` (ended, or moved away).
+pub fn client_left(shard: usize) {
+    if let Some(c) = clients().get(shard) {
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// The open shard with the fewest clients.
+fn least_loaded() -> usize {
+    let open = open();
+    (0..open)
+        .min_by_key(|&i| clients().get(i).map_or(0, |c| c.load(Ordering::Relaxed)))
+        .unwrap_or(0)
+}
+
+/// Where a client just accepted on shard `here` should live, when not here: on a closed
+/// shard, the least loaded open one.
+pub fn placement_for_new(here: usize) -> Option<usize> {
+    (count() > 1 && here >= open()).then(least_loaded)
+}
+
+/// Where a client going idle on shard `here` should move, if anywhere: off a closed shard,
+/// or from an open shard holding clearly more clients than the least loaded one.
+pub fn placement(here: usize) -> Option<usize> {
+    if count() == 1 {
+        return None;
+    }
+    let target = least_loaded();
+    if here >= open() {
+        return Some(target);
+    }
+    let n = |i: usize| clients().get(i).map_or(0, |c| c.load(Ordering::Relaxed));
+    let (mine, least) = (n(here), n(target));
+    (target != here && mine > least + 2.max(mine / 8)).then_some(target)
+}
+
+/// The packing decision, pure: how many shards should be open next, from the busy fraction
+/// of each open shard over the last interval.
+pub fn next_open(busy: &[f64], open: usize, shards: usize, open_at: f64, close_at: f64) -> usize {
+    let busy = &busy[..open.min(busy.len())];
+    if busy.is_empty() {
+        return open.max(1);
+    }
+    if open < shards && busy.iter().all(|&b| b > open_at) {
+        return open + 1;
+    }
+    let total: f64 = busy.iter().sum();
+    if open > 1 && total < close_at * (open - 1) as f64 {
+        return open - 1;
+    }
+    open
+}
+
+/// Opens and closes shards as their load says, every `every`, until the process ends.
+pub async fn monitor(open_at: f64, close_at: f64, every: std::time::Duration) {
+    let n = count();
+    let busy_of = |i: usize| {
+        handle(i).map_or(std::time::Duration::ZERO, |h| {
+            h.metrics().worker_total_busy_duration(0)
+        })
+    };
+    let mut last: Vec<std::time::Duration> = (0..n).map(busy_of).collect();
+    let mut at = std::time::Instant::now();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = std::time::Instant::now();
+        let wall = now.duration_since(at).as_secs_f64().max(1e-3);
+        let busy: Vec<f64> = (0..n)
+            .map(|i| {
+                let b = busy_of(i);
+                let f = b.saturating_sub(last[i]).as_secs_f64() / wall;
+                last[i] = b;
+                f
+            })
+            .collect();
+        at = now;
+        let open = open();
+        let next = next_open(&busy, open, n, open_at, close_at);
+        if next != open {
+            tracing::info!(open = next, busy = ?busy, "per-core data plane: {} shard(s) open", next);
+            OPEN.store(next, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Starts `n - 1` shard threads, each a single-threaded runtime; the caller's thread is
 /// shard 0. Returns once every runtime is up.
-pub fn start(n: usize) -> std::io::Result<()> {
+pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
     set_count(n);
     enter(0);
+    let _ = CLIENTS.set((0..n).map(|_| AtomicUsize::new(0)).collect());
+    OPEN.store(if packing { 1 } else { n }, Ordering::Relaxed);
     let mut handles = Vec::new();
     for i in 1..n {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -69,4 +205,31 @@ pub fn start(n: usize) -> std::io::Result<()> {
     }
     let _ = HANDLES.set(handles);
     Ok(())
+}
+
+/// Records shard 0's runtime (the caller's, built after [`start`]).
+pub fn set_shard0(handle: tokio::runtime::Handle) {
+    let _ = SHARD0.set(handle);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_open;
+
+    #[test]
+    fn shards_open_under_load_and_close_when_it_fits_in_fewer() {
+        // One shard, busy: open a second; not busy: stay.
+        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 0.75, 0.35), 2);
+        assert_eq!(next_open(&[0.5, 0.0], 1, 2, 0.75, 0.35), 1);
+        // All open: cannot open more.
+        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 0.75, 0.35), 2);
+        // Two open, one of them idle: not every open shard is busy, and the total (0.8) does
+        // not fit in one at 0.35: stay.
+        assert_eq!(next_open(&[0.8, 0.0, 0.0], 2, 3, 0.75, 0.35), 2);
+        // Two open, little total work: close one.
+        assert_eq!(next_open(&[0.2, 0.1], 2, 2, 0.75, 0.35), 1);
+        // Never below one.
+        assert_eq!(next_open(&[0.0], 1, 1, 0.75, 0.35), 1);
+        assert_eq!(next_open(&[], 1, 2, 0.75, 0.35), 1);
+    }
 }

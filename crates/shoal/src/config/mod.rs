@@ -96,6 +96,12 @@ pub struct ServerSection {
     pub tcp_keepalive_interval: f64,
     pub worker_threads: usize,
     pub runtime: Runtime,
+    /// `per_core`: open shards only as load needs them (see [`crate::shard`]).
+    pub shard_packing: bool,
+    /// Busy fraction of every open shard above which another opens.
+    pub shard_open_busy: f64,
+    /// Open shards' total busy fraction under which, per shard left, the last one closes.
+    pub shard_close_busy: f64,
     /// Log every login and disconnection (with its reason) at info level.
     pub log_connections: bool,
 }
@@ -120,6 +126,9 @@ impl Default for ServerSection {
             tcp_keepalive_interval: 30.0,
             worker_threads: 0,
             runtime: Runtime::MultiThread,
+            shard_packing: true,
+            shard_open_busy: 0.75,
+            shard_close_busy: 0.35,
             log_connections: true,
         }
     }
@@ -544,6 +553,13 @@ impl Config {
                     format!("{key} must be a number of seconds ≥ 0"),
                 ));
             }
+        }
+        let (open, close) = (s.shard_open_busy, s.shard_close_busy);
+        if !(open > 0.0 && open <= 1.0 && close >= 0.0 && close < open) {
+            return Err(invalid(
+                "server",
+                "server.shard_open_busy must be in (0, 1] and server.shard_close_busy in [0, shard_open_busy)".into(),
+            ));
         }
         if raw.pool.pool_size == 0 {
             return Err(invalid("pool", "pool.pool_size must be at least 1".into()));

@@ -350,7 +350,7 @@ async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outco
     for (k, v) in &reported {
         backend::parameter_status(&mut out, k, v);
     }
-    backend::backend_key_data(&mut out, cancel.process_id, cancel.secret_key());
+    backend::backend_key_data(&mut out, cancel.process_id(), cancel.secret_key());
     backend::ready_for_query(&mut out, b'I');
     stream.write_all(&out).await?;
     drop(pool);
