@@ -106,18 +106,18 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let per_core = config.server.runtime == shoal::config::Runtime::PerCore;
-    let packing = (per_core && config.server.shard_packing).then_some((
-        config.server.shard_open_busy,
-        config.server.shard_close_busy,
-    ));
+    let packing = (per_core && config.server.shard_packing).then_some(shoal::shard::Thresholds {
+        open_at: config.server.shard_open_busy,
+        close_at: config.server.shard_close_busy,
+        idle_cores: config.server.shard_open_idle_cores,
+    });
     rt.block_on(async {
         if per_core {
             shoal::shard::set_shard0(tokio::runtime::Handle::current());
         }
-        if let Some((open_at, close_at)) = packing {
+        if let Some(thresholds) = packing {
             tokio::spawn(shoal::shard::monitor(
-                open_at,
-                close_at,
+                thresholds,
                 std::time::Duration::from_millis(200),
             ));
         }

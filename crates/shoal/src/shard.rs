@@ -123,33 +123,67 @@ pub fn placement(here: usize) -> Option<usize> {
     (target != here && mine > least + 2.max(mine / 8)).then_some(target)
 }
 
-/// The packing decision, pure: how many shards should be open next, from the busy fraction
-/// of each open shard over the last interval.
-pub fn next_open(busy: &[f64], open: usize, shards: usize, open_at: f64, close_at: f64) -> usize {
+/// What the monitor decides from: each open shard's busy fraction over the last interval and
+/// the machine's idle cores over the same time.
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// Every open shard busier than this (and a core free): open one more.
+    pub open_at: f64,
+    /// Open shards' total work fits in one fewer at this: close the last.
+    pub close_at: f64,
+    /// Idle cores the machine must have for a new shard to be worth opening.
+    pub idle_cores: f64,
+}
+
+/// The packing decision, pure: how many shards should be open next. A shard opens only when
+/// every open one is busy *and* a core is free for it (on a machine whose cores PostgreSQL and
+/// the clients already use, another pooler thread only competes with them); the last closes
+/// when the work would fit in fewer, or when the machine is saturated while the open shards
+/// are not (the pooler is not what limits throughput then).
+pub fn next_open(busy: &[f64], open: usize, shards: usize, idle: f64, t: Thresholds) -> usize {
     let busy = &busy[..open.min(busy.len())];
     if busy.is_empty() {
         return open.max(1);
     }
-    if open < shards && busy.iter().all(|&b| b > open_at) {
+    let all_busy = busy.iter().all(|&b| b > t.open_at);
+    if open < shards && all_busy && idle >= t.idle_cores {
         return open + 1;
     }
     let total: f64 = busy.iter().sum();
-    if open > 1 && total < close_at * (open - 1) as f64 {
+    let saturated = idle < t.idle_cores / 5.0;
+    if open > 1 && (total < t.close_at * (open - 1) as f64 || (saturated && !all_busy)) {
         return open - 1;
     }
     open
 }
 
-/// Opens and closes shards as their load says, every `every`, until the process ends.
-pub async fn monitor(open_at: f64, close_at: f64, every: std::time::Duration) {
+/// Idle and total jiffies of the machine (the first line of `/proc/stat`).
+fn machine_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((idle, v.iter().take(8).sum()))
+}
+
+/// Opens and closes shards as their load says, every `every`, until the process ends. A
+/// change holds for at least a second, so a burst does not make clients move back and forth.
+pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     let n = count();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
     let busy_of = |i: usize| {
         handle(i).map_or(std::time::Duration::ZERO, |h| {
             h.metrics().worker_total_busy_duration(0)
         })
     };
     let mut last: Vec<std::time::Duration> = (0..n).map(busy_of).collect();
+    let mut last_cpu = machine_jiffies();
     let mut at = std::time::Instant::now();
+    let mut changed = at;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -165,11 +199,24 @@ pub async fn monitor(open_at: f64, close_at: f64, every: std::time::Duration) {
             })
             .collect();
         at = now;
+        let cpu = machine_jiffies();
+        // Without /proc, assume a core is free (the thresholds on busy time still apply).
+        let idle = match (last_cpu, cpu) {
+            (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => {
+                cores * (i1.saturating_sub(i0)) as f64 / (t1 - t0) as f64
+            }
+            _ => cores,
+        };
+        last_cpu = cpu;
+        if now.duration_since(changed) < std::time::Duration::from_secs(1) {
+            continue;
+        }
         let open = open();
-        let next = next_open(&busy, open, n, open_at, close_at);
+        let next = next_open(&busy, open, n, idle, t);
         if next != open {
-            tracing::info!(open = next, busy = ?busy, "per-core data plane: {} shard(s) open", next);
+            tracing::info!(open = next, busy = ?busy, idle_cores = idle, "per-core data plane: {} shard(s) open", next);
             OPEN.store(next, Ordering::Relaxed);
+            changed = now;
         }
     }
 }
@@ -214,22 +261,35 @@ pub fn set_shard0(handle: tokio::runtime::Handle) {
 
 #[cfg(test)]
 mod tests {
-    use super::next_open;
+    use super::{next_open, Thresholds};
+
+    const T: Thresholds = Thresholds {
+        open_at: 0.75,
+        close_at: 0.35,
+        idle_cores: 0.5,
+    };
 
     #[test]
-    fn shards_open_under_load_and_close_when_it_fits_in_fewer() {
-        // One shard, busy: open a second; not busy: stay.
-        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 0.75, 0.35), 2);
-        assert_eq!(next_open(&[0.5, 0.0], 1, 2, 0.75, 0.35), 1);
+    fn shards_open_under_load_with_a_free_core_and_close_when_it_fits_in_fewer() {
+        // One shard, busy, a core free: open a second; not busy: stay.
+        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 1.0, T), 2);
+        assert_eq!(next_open(&[0.5, 0.0], 1, 2, 1.0, T), 1);
+        // Busy, but the machine has no core to give (the database and clients use them).
+        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 0.2, T), 1);
         // All open: cannot open more.
-        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 0.75, 0.35), 2);
+        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 1.0, T), 2);
         // Two open, one of them idle: not every open shard is busy, and the total (0.8) does
         // not fit in one at 0.35: stay.
-        assert_eq!(next_open(&[0.8, 0.0, 0.0], 2, 3, 0.75, 0.35), 2);
+        assert_eq!(next_open(&[0.8, 0.0, 0.0], 2, 3, 1.0, T), 2);
         // Two open, little total work: close one.
-        assert_eq!(next_open(&[0.2, 0.1], 2, 2, 0.75, 0.35), 1);
+        assert_eq!(next_open(&[0.2, 0.1], 2, 2, 1.0, T), 1);
+        // Two open, half busy each, the machine saturated: the pooler does not limit
+        // throughput, its second thread only competes: close.
+        assert_eq!(next_open(&[0.45, 0.45], 2, 2, 0.05, T), 1);
+        // Saturated by the pooler itself (every shard busy): keep.
+        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 0.05, T), 2);
         // Never below one.
-        assert_eq!(next_open(&[0.0], 1, 1, 0.75, 0.35), 1);
-        assert_eq!(next_open(&[], 1, 2, 0.75, 0.35), 1);
+        assert_eq!(next_open(&[0.0], 1, 1, 1.0, T), 1);
+        assert_eq!(next_open(&[], 1, 2, 1.0, T), 1);
     }
 }

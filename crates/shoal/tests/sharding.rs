@@ -18,7 +18,7 @@ fn sharded(db: &str, open_busy: f64, close_busy: f64) -> Shoal {
     let config = with_server_keys(
         &config,
         &format!(
-            "runtime = \"per_core\"\nworker_threads = 2\nshard_open_busy = {open_busy}\nshard_close_busy = {close_busy}"
+            "runtime = \"per_core\"\nworker_threads = 2\nshard_open_busy = {open_busy}\nshard_close_busy = {close_busy}\nshard_open_idle_cores = 0"
         ),
     );
     Shoal::start(&config)

@@ -102,6 +102,8 @@ pub struct ServerSection {
     pub shard_open_busy: f64,
     /// Open shards' total busy fraction under which, per shard left, the last one closes.
     pub shard_close_busy: f64,
+    /// Idle cores the machine must have for another shard to open.
+    pub shard_open_idle_cores: f64,
     /// Log every login and disconnection (with its reason) at info level.
     pub log_connections: bool,
 }
@@ -129,6 +131,7 @@ impl Default for ServerSection {
             shard_packing: true,
             shard_open_busy: 0.75,
             shard_close_busy: 0.35,
+            shard_open_idle_cores: 0.5,
             log_connections: true,
         }
     }
@@ -555,10 +558,16 @@ impl Config {
             }
         }
         let (open, close) = (s.shard_open_busy, s.shard_close_busy);
-        if !(open > 0.0 && open <= 1.0 && close >= 0.0 && close < open) {
+        if !(open > 0.0
+            && open <= 1.0
+            && close >= 0.0
+            && close < open
+            && s.shard_open_idle_cores.is_finite()
+            && s.shard_open_idle_cores >= 0.0)
+        {
             return Err(invalid(
                 "server",
-                "server.shard_open_busy must be in (0, 1] and server.shard_close_busy in [0, shard_open_busy)".into(),
+                "server.shard_open_busy must be in (0, 1], server.shard_close_busy in [0, shard_open_busy) and server.shard_open_idle_cores ≥ 0".into(),
             ));
         }
         if raw.pool.pool_size == 0 {
