@@ -47,10 +47,11 @@ pub enum ConfigError {
 #[serde(rename_all = "snake_case")]
 pub enum Runtime {
     /// One work-stealing runtime with `worker_threads` threads.
-    #[default]
     MultiThread,
     /// One single-threaded runtime per core (`worker_threads` of them), each accepting on
-    /// its own `SO_REUSEPORT` socket: a session never changes thread.
+    /// its own `SO_REUSEPORT` socket, packed onto as few as the load needs (see
+    /// [`crate::shard`]): the default, measured cheaper per transaction (docs/benchmarks.md).
+    #[default]
     PerCore,
 }
 
@@ -127,7 +128,7 @@ impl Default for ServerSection {
             tcp_keepalive_idle: 300.0,
             tcp_keepalive_interval: 30.0,
             worker_threads: 0,
-            runtime: Runtime::MultiThread,
+            runtime: Runtime::PerCore,
             shard_packing: true,
             shard_open_busy: 0.75,
             shard_close_busy: 0.35,
