@@ -64,15 +64,16 @@ fn tune(stream: &tokio::net::TcpStream, app: &App) {
 }
 
 /// Serves a just-accepted client on another shard's runtime (its socket registered there).
+/// The socket joins the target's reactor from here, so the task spawned there is the
+/// session's own future (no wrapper holding more state for the client's whole life).
 fn hand_over(target: &tokio::runtime::Handle, stream: tokio::net::TcpStream, app: Arc<App>) {
-    match stream.into_std() {
-        Ok(std) => {
-            target.spawn(async move {
-                match tokio::net::TcpStream::from_std(std) {
-                    Ok(s) => crate::session::serve(app, Box::new(ClientStream::Tcp(s))).await,
-                    Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
-                }
-            });
+    let moved = stream.into_std().and_then(|std| {
+        let _target = target.enter();
+        tokio::net::TcpStream::from_std(std)
+    });
+    match moved {
+        Ok(s) => {
+            target.spawn(crate::session::serve(app, Box::new(ClientStream::Tcp(s))));
         }
         Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
     }

@@ -206,21 +206,25 @@ fn move_to(mut session: Session, target: usize) -> Result<(), Box<Session>> {
         to = target,
         "client moves to another shard"
     );
-    crate::shard::client_left(crate::shard::current());
-    crate::shard::client_arrived(target);
-    handle.spawn(async move {
-        match tokio::net::TcpStream::from_std(std) {
-            Ok(s) => {
-                session.stream = ClientStream::Tcp(s);
-                serve_transaction_mode(session).await;
-            }
-            Err(e) => {
-                session.app.client_fds.remove(fd);
-                session.pool.client_fds.remove(fd);
-                tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
-            }
+    // Registered with the target's reactor from here, so the new task is the session's own
+    // future and nothing more (a wrapper would keep a second copy of the session).
+    let registered = {
+        let _target = handle.enter();
+        tokio::net::TcpStream::from_std(std)
+    };
+    match registered {
+        Ok(s) => {
+            session.stream = ClientStream::Tcp(s);
+            crate::shard::client_left(crate::shard::current());
+            crate::shard::client_arrived(target);
+            handle.spawn(serve_transaction_mode(session));
         }
-    });
+        Err(e) => {
+            session.app.client_fds.remove(fd);
+            session.pool.client_fds.remove(fd);
+            tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
+        }
+    }
     Ok(())
 }
 

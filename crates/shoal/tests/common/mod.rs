@@ -70,7 +70,29 @@ pub fn free_port() -> u16 {
 
 static CLUSTERS: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Shoal processes still running (a `Shoal` kept in a static is never dropped): killed at exit.
+static SHOALS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Stops, at process exit, whatever the tests started and did not stop.
+fn stop_at_exit() {
+    static REGISTER: OnceLock<()> = OnceLock::new();
+    REGISTER.get_or_init(|| {
+        // SAFETY: registering a plain extern "C" function with atexit.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::atexit(stop_clusters)
+        };
+    });
+}
+
 extern "C" fn stop_clusters() {
+    for pid in SHOALS.lock().map(|s| s.clone()).unwrap_or_default() {
+        // SAFETY: kill(2) on a child process we started and have not reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL)
+        };
+    }
     let clusters = CLUSTERS.lock().map(|c| c.clone()).unwrap_or_default();
     for (bin, dir) in clusters {
         let _ = pg_command(&bin.join("pg_ctl"))
@@ -133,14 +155,7 @@ impl Pg {
                    host all all 127.0.0.1/32 scram-sha-256\n";
         std::fs::write(dir.join("db/pg_hba.conf"), hba).unwrap();
         CLUSTERS.lock().unwrap().push((bin.clone(), dir.clone()));
-        static REGISTER: OnceLock<()> = OnceLock::new();
-        REGISTER.get_or_init(|| {
-            // SAFETY: registering a plain extern "C" function with atexit.
-            #[allow(unsafe_code)]
-            unsafe {
-                libc::atexit(stop_clusters)
-            };
-        });
+        stop_at_exit();
         for (name, content) in files {
             let path = dir.join("db").join(name);
             std::fs::write(&path, content).unwrap();
@@ -349,6 +364,8 @@ impl Shoal {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("shoal starts");
+        SHOALS.lock().unwrap().push(child.id());
+        stop_at_exit();
         let log = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
@@ -476,6 +493,10 @@ impl Drop for Shoal {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let id = self.child.id();
+        if let Ok(mut s) = SHOALS.lock() {
+            s.retain(|&p| p != id);
+        }
     }
 }
 
