@@ -170,8 +170,13 @@ fn machine_jiffies() -> Option<(u64, u64)> {
     Some((idle, v.iter().take(8).sum()))
 }
 
+/// Monitor intervals a change must be called for in a row before it is made (1 s at 200 ms).
+pub const SUSTAINED: u32 = 5;
+
 /// Opens and closes shards as their load says, every `every`, until the process ends. A
-/// change holds for at least a second, so a burst does not make clients move back and forth.
+/// change is made only once the same one was called for over [`SUSTAINED`] intervals in a
+/// row: a burst (a login storm, a benchmark's first second) does not make clients move back
+/// and forth.
 pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     let n = count();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
@@ -183,7 +188,8 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     let mut last: Vec<std::time::Duration> = (0..n).map(busy_of).collect();
     let mut last_cpu = machine_jiffies();
     let mut at = std::time::Instant::now();
-    let mut changed = at;
+    // The change called for, and for how many intervals in a row.
+    let mut pending = (0usize, 0u32);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -208,15 +214,21 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
             _ => cores,
         };
         last_cpu = cpu;
-        if now.duration_since(changed) < std::time::Duration::from_secs(1) {
-            continue;
-        }
         let open = open();
         let next = next_open(&busy, open, n, idle, t);
-        if next != open {
+        if next == open {
+            pending = (open, 0);
+            continue;
+        }
+        pending = if pending.0 == next {
+            (next, pending.1 + 1)
+        } else {
+            (next, 1)
+        };
+        if pending.1 >= SUSTAINED {
             tracing::info!(open = next, busy = ?busy, idle_cores = idle, "per-core data plane: {} shard(s) open", next);
             OPEN.store(next, Ordering::Relaxed);
-            changed = now;
+            pending = (next, 0);
         }
     }
 }
