@@ -61,6 +61,27 @@ async fn round(clients: &[tokio_postgres::Client]) {
     futures_util::future::join_all(tasks).await;
 }
 
+/// Runs rounds of queries, `pause` apart, until the gauges satisfy `done`, within `limit`.
+async fn rounds_until(
+    shoal: &Shoal,
+    clients: &[tokio_postgres::Client],
+    pause: Duration,
+    limit: Duration,
+    what: &str,
+    done: impl Fn((i64, i64, i64)) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        round(clients).await;
+        let g = shard_gauges(shoal);
+        if done(g) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {g:?}");
+        tokio::time::sleep(pause).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn light_load_keeps_every_client_on_one_shard() {
     let db = unique_db("packed");
@@ -72,16 +93,15 @@ async fn light_load_keeps_every_client_on_one_shard() {
     // The kernel spreads connections over both shards' sockets, and the login storm itself
     // may open the second shard for a moment; under light traffic every client ends up on
     // shard 0 (handed over at accept, or moved when it next goes idle).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        round(&clients).await;
-        let g = shard_gauges(&shoal);
-        if g == (1, 16, 0) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not packed: {g:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    rounds_until(
+        &shoal,
+        &clients,
+        Duration::from_millis(100),
+        Duration::from_secs(20),
+        "not packed",
+        |g| g == (1, 16, 0),
+    )
+    .await;
     round(&clients).await;
     drop(clients);
     eventually("clients counted out", Duration::from_secs(10), || {
@@ -100,18 +120,15 @@ async fn shards_open_under_load_and_pack_back_when_it_passes() {
         clients.push(shoal.connect(&db).await);
     }
     // Under load the second shard opens, and clients going idle move to balance.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        round(&clients).await;
-        let (open, s0, s1) = shard_gauges(&shoal);
-        if open == 2 && s1 > 0 && s0 + s1 == 16 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no spread: open {open}, shard 0 {s0}, shard 1 {s1}"
-        );
-    }
+    rounds_until(
+        &shoal,
+        &clients,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        "no spread (open, shard 0, shard 1)",
+        |(open, s0, s1)| open == 2 && s1 > 0 && s0 + s1 == 16,
+    )
+    .await;
     // Quiet: the second shard closes; its clients leave it when they next go idle (a round
     // of queries may itself reopen the shard for a moment, so quiet and retry).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);

@@ -176,50 +176,41 @@ fn move_to(mut session: Session, target: usize) -> Result<(), Box<Session>> {
     let Some(handle) = crate::shard::handle(target) else {
         return Err(Box::new(session));
     };
-    if !matches!(session.stream, ClientStream::Tcp(_)) {
-        return Err(Box::new(session));
-    }
-    let ClientStream::Tcp(tcp) = std::mem::replace(&mut session.stream, ClientStream::Upgrading)
-    else {
-        return Ok(());
+    let tcp = match std::mem::replace(&mut session.stream, ClientStream::Upgrading) {
+        ClientStream::Tcp(tcp) => tcp,
+        other => {
+            session.stream = other;
+            return Err(Box::new(session));
+        }
     };
     use std::os::fd::AsRawFd;
     let fd = tcp.as_raw_fd();
-    let std = match tcp.into_std() {
-        Ok(s) => s,
-        Err(e) => {
-            // The socket is gone with the error: forget its descriptor before anything can
-            // reuse the number, and end the session.
-            session.app.client_fds.remove(fd);
-            session.pool.client_fds.remove(fd);
-            tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
-            return Ok(());
-        }
-    };
     if let Some(x) = session.extras.as_mut() {
         // The idle timer belongs to this shard's clock; the next wait starts a new one.
         x.idle_timer = None;
     }
-    tracing::debug!(
-        conn = session.id,
-        from = crate::shard::current(),
-        to = target,
-        "client moves to another shard"
-    );
     // Registered with the target's reactor from here, so the new task is the session's own
     // future and nothing more (a wrapper would keep a second copy of the session).
-    let registered = {
+    let moved = tcp.into_std().and_then(|std| {
         let _target = handle.enter();
         tokio::net::TcpStream::from_std(std)
-    };
-    match registered {
+    });
+    match moved {
         Ok(s) => {
+            tracing::debug!(
+                conn = session.id,
+                from = crate::shard::current(),
+                to = target,
+                "client moves to another shard"
+            );
             session.stream = ClientStream::Tcp(s);
             crate::shard::client_left(crate::shard::current());
             crate::shard::client_arrived(target);
             handle.spawn(serve_transaction_mode(session));
         }
         Err(e) => {
+            // The socket is gone with the error: forget its descriptor before anything can
+            // reuse the number; the session ends here.
             session.app.client_fds.remove(fd);
             session.pool.client_fds.remove(fd);
             tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
