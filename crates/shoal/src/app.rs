@@ -95,7 +95,7 @@ impl Drop for LoginGuard {
     }
 }
 
-/// Grows with every client that connects or leaves (for [`crate::trim`]).
+/// Grows with every client that connects or leaves (for [`crate::memory`]).
 pub static CHURN: AtomicU64 = AtomicU64::new(0);
 
 impl App {

@@ -24,7 +24,7 @@
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
-//! - [`trim`]: giving freed heap back to the OS after connect storms.
+//! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
 //! - [`logsafe`]: escaping client-controlled text in log lines.
 
@@ -40,6 +40,7 @@ pub mod error;
 pub mod listener;
 pub mod login_failures;
 pub mod logsafe;
+pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod params;
@@ -54,6 +55,5 @@ pub mod sets;
 pub mod shard;
 pub mod tenant;
 pub mod tls;
-pub mod trim;
 pub mod upgrade;
 pub mod upstream_tls;

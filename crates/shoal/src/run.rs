@@ -146,7 +146,7 @@ async fn serve_with(
     use crate::upgrade::Role;
     use std::os::fd::AsRawFd;
     crate::clock::start();
-    crate::trim::start(&crate::app::CHURN);
+    crate::memory::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx).map_err(std::io::Error::other)?;
     tokio::spawn(reload_on_sighup(app.clone()));
