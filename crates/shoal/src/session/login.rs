@@ -342,7 +342,7 @@ async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outco
         lease.as_ref().map(|l: &Lease| l.process_id),
         crate::cancel::ClientInfo {
             pool: Arc::downgrade(&pool),
-            addr: stream.peer_addr(),
+            addr: stream.peer_addr().map(Into::into),
             since_ms: crate::clock::now_ms(),
         },
     );
