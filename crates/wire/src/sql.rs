@@ -324,9 +324,21 @@ impl FirstWord {
 }
 
 /// Statement kinds that leave nothing in the session by themselves (what else they contain
-/// is for [`plain`] to rule out).
+/// is for [`plain`] to rule out): queries, DML and the transaction brackets around them.
 const PLAIN_FIRST_WORDS: &[&[u8]] = &[
-    b"select", b"insert", b"update", b"delete", b"values", b"table", b"with",
+    b"select",
+    b"insert",
+    b"update",
+    b"delete",
+    b"values",
+    b"table",
+    b"with",
+    b"begin",
+    b"start",
+    b"commit",
+    b"end",
+    b"rollback",
+    b"abort",
 ];
 
 /// Four-byte fragments (lower case) of every word [`scan_anywhere`] reacts to: `temp` (also in
@@ -344,8 +356,8 @@ const WATCHED_FRAGMENTS: [u32; 4] = [
 /// backslash and none of the watched words anywhere. Exactly the texts for which [`classify`]
 /// would find nothing (a false "no" only costs the full lexer; the property test
 /// `shortcut_agrees_with_the_lexer` holds the two together).
-fn plain(sql: &[u8]) -> bool {
-    if !FirstWord::of(sql).is_any(PLAIN_FIRST_WORDS) {
+fn plain(first: FirstWord, sql: &[u8]) -> bool {
+    if !first.is_any(PLAIN_FIRST_WORDS) {
         return false;
     }
     let text = &sql[..memchr::memchr(0, sql).unwrap_or(sql.len())];
@@ -370,7 +382,13 @@ fn plain(sql: &[u8]) -> bool {
 
 /// Classifies a query text: what it leaves behind in the session.
 pub fn classify(sql: &[u8]) -> Effects {
-    if plain(sql) {
+    classify_with(FirstWord::of(sql), sql)
+}
+
+/// [`classify`] for a caller that already has the text's [`FirstWord`] (it looks at the
+/// statement kind for other reasons too, once per query).
+pub fn classify_with(first: FirstWord, sql: &[u8]) -> Effects {
+    if plain(first, sql) {
         return Effects::default();
     }
     classify_lexed(sql)
@@ -828,6 +846,8 @@ mod fuzz {
                 Just("'"), Just("\""), Just("$$"), Just(";"), Just("; "), Just("\n"),
                 Just("E'\\'"), Just("'\\'"), Just("--"), Just("/*"), Just("*/"), Just("("),
                 Just("x "), Just("1 "), Just("\0"), Just("selectx "), Just("select$1 "),
+                Just("BEGIN "), Just("end "), Just("commit "), Just("Rollback "), Just("start "),
+                Just("set "), Just("discard "), Just("deallocate "), Just("all "),
             ], 0..16)) {
             let sql: String = parts.concat();
             prop_assert_eq!(classify(sql.as_bytes()), classify_lexed(sql.as_bytes()), "{:?}", sql);
@@ -844,11 +864,15 @@ mod fuzz {
         assert_eq!(FirstWord::of(b"(select 1)").as_bytes(), b"");
         assert_eq!(FirstWord::of(b"SET").as_bytes(), b"set");
         assert_eq!(FirstWord::of(b"checkpointcheckpoint").as_bytes(), b"");
+        let plain = |sql: &[u8]| plain(FirstWord::of(sql), sql);
         assert!(plain(
             b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;"
         ));
+        assert!(plain(b"BEGIN;"));
+        assert!(plain(b"end"));
         assert!(!plain(b"SELECT set_config('a', 'b', false)"));
         assert!(!plain(b"SELECT 1; SET ROLE x"));
         assert!(!plain(b"SET ROLE x"));
+        assert!(!plain(b"BEGIN; CREATE TEMP TABLE t ()"));
     }
 }

@@ -69,7 +69,12 @@ impl StatementDef {
 
 /// The session `SET` a query text is, if any (cheap for everything else).
 pub fn set_of(text: &[u8]) -> Option<SetOp> {
-    if !sql::FirstWord::of(text).is_any(&[b"set", b"reset", b"discard"]) {
+    set_of_with(sql::FirstWord::of(text), text)
+}
+
+/// [`set_of`] with the text's first word already read.
+pub fn set_of_with(first: sql::FirstWord, text: &[u8]) -> Option<SetOp> {
+    if !first.is_any(&[b"set", b"reset", b"discard"]) {
         return None;
     }
     let text = &text[sql::leading_comments_len(text)..];
@@ -300,7 +305,7 @@ pub enum Expect {
 /// accepted by a server before. Records it for the client and returns true.
 pub fn parse_without_server(
     registry: &StatementRegistry,
-    params: u64,
+    params: &[(String, String)],
     client: &mut Option<Box<ClientStatements>>,
     msg: &[u8],
 ) -> bool {
@@ -312,7 +317,7 @@ pub fn parse_without_server(
         // A duplicate name must reach the relay, which reports it as PostgreSQL does.
         return false;
     }
-    let def = registry.intern(params, r.rest());
+    let def = registry.intern(params_key(params), r.rest());
     if !def.validated.load(Ordering::Relaxed) {
         return false;
     }

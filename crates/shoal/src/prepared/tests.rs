@@ -47,7 +47,7 @@ impl Fixture {
         let mut out = BytesMut::new();
         Translator {
             registry: &self.registry,
-            params: 0,
+            params: &[],
             client_id: 1,
             client: &mut self.client,
             server: &mut self.server,

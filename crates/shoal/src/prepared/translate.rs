@@ -12,15 +12,16 @@ use shoal_wire::frontend::tag as fe;
 use shoal_wire::sql;
 
 use super::{
-    parse_text, set_of, ClientStatements, Expect, ServerStatements, StatementDef,
+    parse_text, set_of, set_of_with, ClientStatements, Expect, ServerStatements, StatementDef,
     StatementRegistry, Unnamed,
 };
 
 /// Per-attachment state of the translation.
 pub struct Translator<'a> {
     pub registry: &'a StatementRegistry,
-    /// [`super::params_key`] of the client's session parameters.
-    pub params: u64,
+    /// The client's session parameters, hashed ([`super::params_key`]) only when a
+    /// statement is interned: most messages never need it.
+    pub params: &'a [(String, String)],
     /// The client's connection id: whose unnamed statement a server holds.
     pub client_id: u64,
     pub client: &'a mut Option<Box<ClientStatements>>,
@@ -105,7 +106,9 @@ impl Translator<'_> {
         if !def.is_stale() {
             return Some(def);
         }
-        let fresh = self.registry.intern(self.params, &def.body);
+        let fresh = self
+            .registry
+            .intern(super::params_key(self.params), &def.body);
         if let Some(c) = self.client.as_mut() {
             c.named.insert(name.into(), fresh.clone());
         }
@@ -260,7 +263,7 @@ impl Translator<'_> {
             );
             return Ok(());
         }
-        let def = self.registry.intern(self.params, rest);
+        let def = self.registry.intern(super::params_key(self.params), rest);
         self.client
             .get_or_insert_with(Default::default)
             .named
@@ -295,7 +298,9 @@ impl Translator<'_> {
             self.queue.push_back(Expect::Query(None));
             return Ok(());
         }
-        let fx = sql::classify(text);
+        // The statement kind, read once for the three checks below.
+        let first = sql::FirstWord::of(text);
+        let fx = sql::classify_with(first, text);
         if fx.dirty {
             *self.dirty = true;
         }
@@ -305,7 +310,7 @@ impl Translator<'_> {
                 c.forget_all();
             }
         }
-        if sql::FirstWord::of(text).is_any(&[b"execute", b"deallocate"]) {
+        if first.is_any(&[b"execute", b"deallocate"]) {
             if let Some(cmd) = sql::named_statement_command(text) {
                 let def = self
                     .client
@@ -345,7 +350,8 @@ impl Translator<'_> {
             }
         }
         out.extend_from_slice(msg);
-        self.queue.push_back(Expect::Query(set_of(text)));
+        self.queue
+            .push_back(Expect::Query(set_of_with(first, text)));
         Ok(())
     }
 }

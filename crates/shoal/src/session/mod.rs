@@ -709,7 +709,7 @@ impl Session {
                         && self.pool.settings.mode == PoolMode::Transaction
                         && prepared::parse_without_server(
                             &self.pool.statements,
-                            prepared::params_key(&self.params),
+                            &self.params,
                             &mut self.statements,
                             &self.cbuf[..n],
                         ) =>

@@ -172,7 +172,7 @@ impl Session {
                 let (statements, queue, dirty) = server.session.translation();
                 Translator {
                     registry: &self.pool.statements,
-                    params: crate::prepared::params_key(&self.params),
+                    params: &self.params,
                     client_id: self.id,
                     client: &mut self.statements,
                     server: statements,
