@@ -24,6 +24,7 @@
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
+//! - [`reuseport`]: steering new connections to the open shards' listening sockets.
 //! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
 //! - [`logsafe`]: escaping client-controlled text in log lines.
@@ -46,6 +47,7 @@ pub mod net;
 pub mod params;
 pub mod pool;
 pub mod prepared;
+pub mod reuseport;
 pub mod route;
 pub mod run;
 pub mod server;

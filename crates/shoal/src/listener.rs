@@ -80,9 +80,15 @@ fn hand_over(target: &tokio::runtime::Handle, stream: tokio::net::TcpStream, app
 }
 
 /// Accepts until shutdown; each client gets its own task.
-pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
+/// Accepts clients; `steer` on shard 0's socket of a per-core group, which keeps the kernel
+/// giving new connections to open shards only ([`crate::reuseport`]).
+pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
     let mut shutdown = app.shutdown.clone();
+    let mut steered = 0;
     loop {
+        if steer {
+            steer_to_open(&listener, &mut steered);
+        }
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
@@ -91,7 +97,10 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
                     let here = crate::shard::current();
                     match crate::shard::placement_for_new(here).and_then(crate::shard::handle) {
                         // Accepted on a closed shard: the client lives on an open one.
-                        Some(target) => hand_over(target, stream, app.clone()),
+                        Some(target) => {
+                            crate::shard::note_handed_over();
+                            hand_over(target, stream, app.clone())
+                        }
                         None => {
                             tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
                         }
@@ -104,6 +113,17 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>) {
                 }
             },
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Tells the kernel how many shards are open, when that changed since it was last told.
+fn steer_to_open(listener: &TcpListener, steered: &mut usize) {
+    let open = crate::shard::open();
+    if open != *steered {
+        *steered = open;
+        if let Err(e) = crate::reuseport::steer(listener, open) {
+            tracing::debug!(error = %e, "cannot steer new connections: closed shards hand them over");
         }
     }
 }

@@ -512,6 +512,12 @@ impl Collector for ShoalCollector {
                 "Per-core data plane: clients living on each shard",
                 &rows,
             )?;
+            counter(
+                &mut e,
+                "shoal_shard_handovers",
+                "Per-core data plane: clients accepted on a closed shard and handed to an open one",
+                &[(vec![], crate::shard::handed_over())],
+            )?;
         }
         let (fds, rss) = process_resources();
         gauge(

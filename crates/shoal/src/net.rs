@@ -155,15 +155,6 @@ impl ClientStream {
         }
     }
 
-    /// The client's IP address (none for Unix sockets).
-    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
-        match self {
-            ClientStream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
-            ClientStream::Tls(s) => s.get_ref().0.inner.peer_addr().ok().map(|a| a.ip()),
-            _ => None,
-        }
-    }
-
     pub fn peer(&self) -> String {
         match self {
             ClientStream::Tcp(s) => s

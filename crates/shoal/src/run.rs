@@ -166,7 +166,8 @@ async fn serve_with(
         tracing::info!(%addr, "listening");
         ready.push_str(&format!("tcp {addr}\n"));
         sockets.push((Role::Tcp, l.as_raw_fd()));
-        tokio::spawn(listener::accept_tcp(l, app.clone()));
+        let steer = crate::shard::count() > 1;
+        tokio::spawn(listener::accept_tcp(l, app.clone(), steer));
     }
     // The other shards accept on their own sockets, in their own runtimes.
     for (shard, l) in listeners.shard_tcp {
@@ -175,7 +176,7 @@ async fn serve_with(
             let app = app.clone();
             tokio::spawn(async move {
                 if let Ok(l) = tokio::net::TcpListener::from_std(l) {
-                    listener::accept_tcp(l, app).await
+                    listener::accept_tcp(l, app, false).await
                 }
             });
             continue;
@@ -183,7 +184,7 @@ async fn serve_with(
         let app = app.clone();
         handle.spawn(async move {
             match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => listener::accept_tcp(l, app).await,
+                Ok(l) => listener::accept_tcp(l, app, false).await,
                 Err(e) => tracing::error!(shard, error = %e, "a shard cannot accept"),
             }
         });

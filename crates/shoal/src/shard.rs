@@ -64,6 +64,18 @@ static OPEN: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// Clients living on each shard.
 static CLIENTS: std::sync::OnceLock<Box<[AtomicUsize]>> = std::sync::OnceLock::new();
 
+/// Clients accepted on a closed shard and handed to an open one (few while the kernel is
+/// steered to open shards, see [`crate::reuseport`]).
+static HANDED_OVER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn note_handed_over() {
+    HANDED_OVER.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn handed_over() -> u64 {
+    HANDED_OVER.load(Ordering::Relaxed)
+}
+
 pub fn open() -> usize {
     OPEN.load(Ordering::Relaxed).clamp(1, count())
 }

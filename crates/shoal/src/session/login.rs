@@ -29,7 +29,9 @@ pub(super) async fn login_phase(
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.next_conn_id();
     tracing::debug!(conn = id, "client connected");
-    let logging_in = match app.begin_login(stream.peer_ip()) {
+    // Asked of the kernel once per login (a syscall), used three times.
+    let peer = stream.peer_addr();
+    let logging_in = match app.begin_login(peer.map(|a| a.ip())) {
         Ok(g) => g,
         Err(message) => {
             let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
@@ -39,7 +41,7 @@ pub(super) async fn login_phase(
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
     let mut timed_out = false;
-    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream)).await {
+    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream, peer)).await {
         Err(_) => {
             timed_out = true;
             Err(SessionError::fatal(
@@ -102,7 +104,11 @@ pub(super) struct LoggedIn {
     pub(super) lease: Option<Lease>,
 }
 
-async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outcome>, SessionError> {
+async fn login(
+    app: &Arc<App>,
+    stream: &mut ClientStream,
+    peer: Option<std::net::SocketAddr>,
+) -> Result<Option<Outcome>, SessionError> {
     // Each phase is boxed so a login in flight holds only the state of its current phase:
     // in a connect storm thousands wait here at once, and what they leave behind in the
     // heap is what idle clients later pay for.
@@ -141,7 +147,7 @@ async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outco
         ClientStream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
         _ => None,
     };
-    let addr = stream.peer_ip();
+    let addr = peer.map(|a| a.ip());
     let route = RouteRequest {
         user: &req.user,
         database: &req.database,
@@ -342,7 +348,7 @@ async fn login(app: &Arc<App>, stream: &mut ClientStream) -> Result<Option<Outco
         lease.as_ref().map(|l: &Lease| l.process_id),
         crate::cancel::ClientInfo {
             pool: Arc::downgrade(&pool),
-            addr: stream.peer_addr().map(Into::into),
+            addr: peer.map(Into::into),
             since_ms: crate::clock::now_ms(),
         },
     );
