@@ -70,19 +70,21 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
         passthrough: None,
         max_client_conn: None,
     };
-    match authenticate(stream, &user, None).await {
+    match authenticate(stream, &user, None, &mut BytesMut::new()).await {
         Ok(_) => auth_failed(name),
         Err(e) => e,
     }
 }
 
-/// Runs the exchange the user's method calls for and sends AuthenticationOk on success.
-/// `end_point`: the connection's TLS channel binding data, when it is TLS (SCRAM-SHA-256-PLUS
-/// is offered then).
+/// Runs the exchange the user's method calls for. `end_point`: the connection's TLS channel
+/// binding data, when it is TLS (SCRAM-SHA-256-PLUS is offered then). On success the closing
+/// messages (SASLFinal, AuthenticationOk) are left in `done`, unsent, for the caller to send
+/// with the session's parameters: one write and one wake-up of the client fewer.
 pub async fn authenticate(
     stream: &mut ClientStream,
     user: &User,
     end_point: Option<&[u8]>,
+    done: &mut BytesMut,
 ) -> Result<Option<[u8; 32]>, SessionError> {
     let mut out = BytesMut::new();
     // SCRAM recovers the client's ClientKey: what SCRAM passthrough logs in upstream with.
@@ -152,19 +154,15 @@ pub async fn authenticate(
             backend::authentication_sasl_continue(&mut out, server_first.as_bytes());
             stream.write_all(&out).await?;
             let f = read_password_message(stream).await?;
-            let done = match exchange.finish(f.body()) {
-                Ok(done) => done,
+            let finished = match exchange.finish(f.body()) {
+                Ok(finished) => finished,
                 Err(ScramError::BadProof) => return Err(auth_failed(&user.name)),
                 Err(e) => return Err(malformed(e)),
             };
-            out.clear();
-            backend::authentication_sasl_final(&mut out, done.server_final.as_bytes());
-            stream.write_all(&out).await?;
-            client_key = Some(done.client_key);
+            backend::authentication_sasl_final(done, finished.server_final.as_bytes());
+            client_key = Some(finished.client_key);
         }
     }
-    out.clear();
-    backend::authentication_ok(&mut out);
-    stream.write_all(&out).await?;
+    backend::authentication_ok(done);
     Ok(client_key)
 }

@@ -228,7 +228,16 @@ async fn login(
     }
     let result = match found {
         Ok(mut user) => {
-            let r = Box::pin(auth::authenticate(stream, &user, end_point.as_deref())).await;
+            // What authentication ends with (AuthenticationOk) waits in `out` to go out with
+            // the session's parameters: one write, one wake-up of the client, fewer.
+            out.clear();
+            let r = Box::pin(auth::authenticate(
+                stream,
+                &user,
+                end_point.as_deref(),
+                &mut out,
+            ))
+            .await;
             match r {
                 Ok(client_key) => {
                     // A user from auth_query logs in upstream with its secret (passthrough).
@@ -292,7 +301,6 @@ async fn login(
                 ),
             ));
         };
-        out.clear();
         for (k, v) in crate::admin::PARAMS {
             backend::parameter_status(&mut out, k, v);
         }
@@ -352,7 +360,6 @@ async fn login(
             since_ms: crate::clock::now_ms(),
         },
     );
-    out.clear();
     for (k, v) in &reported {
         backend::parameter_status(&mut out, k, v);
     }
