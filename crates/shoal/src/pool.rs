@@ -376,13 +376,14 @@ impl Pool {
                 tokio::spawn(conn.close());
                 continue;
             }
-            if let Err(e) = conn.follow_to_this_shard() {
-                tracing::warn!(pool = %self.name, server = conn.id, error = %e, "cannot move a server to this shard; closing it");
-                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
-                drop(conn);
-                continue;
+            let id = conn.id;
+            match conn.follow_to_this_shard() {
+                Ok(conn) => return Some(conn),
+                Err(e) => {
+                    tracing::warn!(pool = %self.name, server = id, error = %e, "cannot move a server to this shard; closing it");
+                    self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                }
             }
-            return Some(conn);
         }
     }
 

@@ -621,30 +621,34 @@ impl ServerConn {
         }
     }
 
+    /// Re-registers the socket with this thread's shard, so its wake-ups stay on the thread
+    /// of the client using it (per-core data plane). TLS connections stay where they are.
+    pub fn follow_to_this_shard(mut self: Box<Self>) -> std::io::Result<Box<Self>> {
+        let here = crate::shard::current();
+        if self.shard == here {
+            return Ok(self);
+        }
+        match self.stream {
+            ServerStream::Plain(tcp) => {
+                // Leaves the other shard's reactor and joins this one's: two epoll_ctl calls,
+                // the descriptor unchanged.
+                let std = tcp.into_std()?;
+                self.stream = ServerStream::Plain(TcpStream::from_std(std)?);
+                self.shard = here;
+                Ok(self)
+            }
+            tls => {
+                self.stream = tls;
+                Ok(self)
+            }
+        }
+    }
+
     /// True when the server has closed the connection or sent something unsolicited (such as
     /// a FATAL before terminating) while it sat idle in the pool: it must not be reused.
     ///
     /// Costs no system call in the usual case: reads drain the socket through `poll_read`,
     /// which clears its readiness, so readiness here means something did arrive.
-    /// Re-registers the socket with this thread's shard, so its wake-ups stay on the thread
-    /// of the client using it (per-core data plane). TLS connections stay where they are.
-    pub fn follow_to_this_shard(&mut self) -> std::io::Result<()> {
-        let here = crate::shard::current();
-        if self.shard == here {
-            return Ok(());
-        }
-        let ServerStream::Plain(tcp) = &self.stream else {
-            return Ok(());
-        };
-        // A duplicate of the descriptor joins this shard's reactor; dropping the old stream
-        // leaves the other shard's reactor and closes the original descriptor.
-        let dup = std::os::fd::AsFd::as_fd(tcp).try_clone_to_owned()?;
-        let moved = TcpStream::from_std(std::net::TcpStream::from(dup))?;
-        self.stream = ServerStream::Plain(moved);
-        self.shard = here;
-        Ok(())
-    }
-
     pub fn is_stale(&mut self) -> bool {
         if !self.buf.is_empty() {
             return true;
