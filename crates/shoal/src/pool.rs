@@ -301,8 +301,10 @@ impl Pool {
 
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
+        // The rare paths (a paused pool, a new connection) are boxed: this future is part of
+        // every transaction's, which is allocated and moved once per burst of activity.
         if self.paused.load(Ordering::Relaxed) {
-            self.wait_resumed().await?;
+            Box::pin(self.wait_resumed()).await?;
         }
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(p) => {
@@ -347,7 +349,7 @@ impl Pool {
                 pool: self.clone(),
             });
         }
-        let conn = self.connect().await?;
+        let conn = Box::pin(self.connect()).await?;
         Ok(Lease {
             conn: Some(conn),
             _permit: permit,

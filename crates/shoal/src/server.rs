@@ -490,6 +490,18 @@ impl ServerConn {
         if plan.is_empty() {
             return Ok(());
         }
+        // Boxed: this future is part of every transaction's, and the usual case needs nothing.
+        Box::pin(self.apply_plan(plan, params, sets, timeout)).await
+    }
+
+    /// Runs what [`ServerConn::prepare_for`] found missing, in one round trip.
+    async fn apply_plan(
+        &mut self,
+        plan: crate::server_session::Plan,
+        params: &[(String, String)],
+        sets: Option<&crate::sets::SessionSets>,
+        timeout: Duration,
+    ) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         let mut replies = 0;
         if plan.clean {
