@@ -79,9 +79,9 @@ fn hand_over(target: &tokio::runtime::Handle, stream: tokio::net::TcpStream, app
     }
 }
 
-/// Accepts until shutdown; each client gets its own task.
-/// Accepts clients; `steer` on shard 0's socket of a per-core group, which keeps the kernel
-/// giving new connections to open shards only ([`crate::reuseport`]).
+/// Accepts until shutdown; each client gets its own task. `steer` is set for shard 0's socket
+/// of a per-core group: its loop keeps the kernel giving new connections to open shards only
+/// ([`crate::reuseport`]).
 pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
     let mut shutdown = app.shutdown.clone();
     let mut steered = 0;
