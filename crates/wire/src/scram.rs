@@ -10,6 +10,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
 use subtle::ConstantTimeEq;
 
 pub const MECHANISM: &str = "SCRAM-SHA-256";
@@ -154,15 +155,45 @@ impl Verifier {
 }
 
 /// A server exchange between server-first and client-final.
+///
+/// Built with one allocation: the AuthMessage both signatures cover starts with
+/// client-first-bare and server-first, so they are kept there, and client-final's part is
+/// appended to the same string when it arrives (logins are a hot path with `-C`-style clients).
 pub struct ServerExchange {
     verifier: Verifier,
-    gs2_header: String,
-    client_first_bare: String,
-    server_first: String,
-    nonce: String,
+    /// `client-first-bare,server-first,`: the AuthMessage up to client-final-without-proof.
+    auth_message: String,
+    /// Where the combined nonce (client's then server's) sits in `auth_message`.
+    nonce: std::ops::Range<usize>,
+    /// The client's GS2 channel-binding flag, which its `c=` attribute must repeat.
+    gs2_flag: Gs2Flag,
     /// The channel binding data the client must prove (with `p=tls-server-end-point`).
     binding: Option<Vec<u8>>,
 }
+
+/// The GS2 header a client sent (the authorization identity is always empty).
+#[derive(Debug, Clone, Copy)]
+enum Gs2Flag {
+    /// `n`: the client does not support channel binding.
+    No,
+    /// `y`: the client supports it but believes the server does not.
+    Yes,
+    /// `p=tls-server-end-point`: bound to the TLS certificate.
+    EndPoint,
+}
+
+impl Gs2Flag {
+    fn header(self) -> &'static [u8] {
+        match self {
+            Gs2Flag::No => b"n,,",
+            Gs2Flag::Yes => b"y,,",
+            Gs2Flag::EndPoint => b"p=tls-server-end-point,,",
+        }
+    }
+}
+
+/// Longest `c=` value accepted, decoded: the GS2 header and a SHA-512 end-point hash fit.
+const MAX_BINDING_INPUT: usize = 128;
 
 /// What channel binding the server side can offer for one exchange.
 #[derive(Debug, Clone, Copy)]
@@ -246,24 +277,27 @@ impl ServerExchange {
         let (cb_flag, rest) = msg
             .split_once(',')
             .ok_or(ScramError::Malformed("missing GS2 header"))?;
-        let bound = match cb_flag {
+        let (gs2_flag, bound) = match cb_flag {
             "n" | "y" if binding.plus => {
                 return Err(ScramError::Malformed(
                     "SCRAM-SHA-256-PLUS chosen without channel binding",
                 ))
             }
-            "n" => None,
+            "n" => (Gs2Flag::No, None),
             "y" if binding.end_point.is_some() => {
                 return Err(ScramError::Malformed(
                     "channel binding negotiation error: the server supports channel binding",
                 ))
             }
-            "y" => None,
-            "p=tls-server-end-point" if binding.plus => Some(
-                binding
-                    .end_point
-                    .ok_or(ScramError::ChannelBinding)?
-                    .to_vec(),
+            "y" => (Gs2Flag::Yes, None),
+            "p=tls-server-end-point" if binding.plus => (
+                Gs2Flag::EndPoint,
+                Some(
+                    binding
+                        .end_point
+                        .ok_or(ScramError::ChannelBinding)?
+                        .to_vec(),
+                ),
             ),
             _ if cb_flag.starts_with("p=") => return Err(ScramError::ChannelBinding),
             _ => return Err(ScramError::Malformed("bad channel binding flag")),
@@ -285,25 +319,37 @@ impl ServerExchange {
         if parts.next().is_some() {
             return Err(ScramError::Malformed("unsupported SCRAM extension"));
         }
-        let nonce = format!("{client_nonce}{server_nonce}");
-        let server_first = format!(
-            "r={nonce},s={},i={}",
-            B64.encode(&verifier.salt),
-            verifier.iterations
-        );
+        // client-first-bare "," server-first "," — and room for client-final-without-proof
+        // (its channel binding and nonce, then some).
+        let salt_len = verifier.salt.len().div_ceil(3) * 4;
+        let first_len = 2 + client_nonce.len() + server_nonce.len() + 3 + salt_len + 3 + 10;
+        let final_len =
+            3 + MAX_BINDING_INPUT.div_ceil(3) * 4 + 3 + client_nonce.len() + server_nonce.len();
+        let mut auth_message = String::with_capacity(bare.len() + 1 + first_len + 1 + final_len);
+        auth_message.push_str(bare);
+        auth_message.push(',');
+        let first_at = auth_message.len();
+        auth_message.push_str("r=");
+        auth_message.push_str(client_nonce);
+        auth_message.push_str(server_nonce);
+        let nonce = first_at + 2..auth_message.len();
+        auth_message.push_str(",s=");
+        B64.encode_string(&verifier.salt, &mut auth_message);
+        let _ = write!(auth_message, ",i={}", verifier.iterations);
+        let first = auth_message[first_at..].to_owned();
+        auth_message.push(',');
         let ex = ServerExchange {
             verifier,
-            gs2_header: format!("{cb_flag},{authzid},"),
-            client_first_bare: bare.to_owned(),
-            server_first: server_first.clone(),
+            auth_message,
             nonce,
+            gs2_flag,
             binding: bound,
         };
-        Ok((ex, server_first))
+        Ok((ex, first))
     }
 
     /// Checks the client-final message and returns server-final on success.
-    pub fn finish(self, client_final: &[u8]) -> Result<Authenticated, ScramError> {
+    pub fn finish(mut self, client_final: &[u8]) -> Result<Authenticated, ScramError> {
         let msg = std::str::from_utf8(client_final)
             .map_err(|_| ScramError::Malformed("client-final is not UTF-8"))?;
         let (without_proof, proof) = msg
@@ -311,27 +357,24 @@ impl ServerExchange {
             .ok_or(ScramError::Malformed("missing proof"))?;
         let mut parts = without_proof.split(',');
         let cb = attr(parts.next(), 'c')?;
-        let mut expected = self.gs2_header.as_bytes().to_vec();
-        if let Some(b) = &self.binding {
-            expected.extend_from_slice(b);
-        }
-        let given = B64.decode(cb).unwrap_or_default();
-        if !bool::from(given.ct_eq(&expected)) {
+        if !self.binding_matches(cb) {
             return Err(ScramError::Malformed("channel binding data does not match"));
         }
-        if attr(parts.next(), 'r')? != self.nonce {
+        if attr(parts.next(), 'r')?.as_bytes() != self.auth_message[self.nonce.clone()].as_bytes() {
             return Err(ScramError::Malformed("nonce does not match"));
         }
-        let proof: [u8; 32] = B64
-            .decode(proof)
-            .ok()
-            .and_then(|v| v.try_into().ok())
-            .ok_or(ScramError::Malformed("proof is not 32 bytes of base64"))?;
-        let auth_message = format!(
-            "{},{},{}",
-            self.client_first_bare, self.server_first, without_proof
-        );
-        let signature = hmac(&self.verifier.stored_key, auth_message.as_bytes());
+        // 32 bytes are 44 characters of base64; the decoder wants room for its estimate.
+        let mut decoded = [0u8; 36];
+        let proof: [u8; 32] = match B64.decode_slice(proof, &mut decoded) {
+            Ok(32) => {
+                let mut p = [0u8; 32];
+                p.copy_from_slice(&decoded[..32]);
+                p
+            }
+            _ => return Err(ScramError::Malformed("proof is not 32 bytes of base64")),
+        };
+        self.auth_message.push_str(without_proof);
+        let signature = hmac(&self.verifier.stored_key, self.auth_message.as_bytes());
         let mut client_key = [0u8; 32];
         for i in 0..32 {
             client_key[i] = proof[i] ^ signature[i];
@@ -340,11 +383,27 @@ impl ServerExchange {
         if !bool::from(stored.ct_eq(&self.verifier.stored_key)) {
             return Err(ScramError::BadProof);
         }
-        let server_signature = hmac(&self.verifier.server_key, auth_message.as_bytes());
+        let server_signature = hmac(&self.verifier.server_key, self.auth_message.as_bytes());
+        let mut server_final = String::with_capacity(2 + 44);
+        server_final.push_str("v=");
+        B64.encode_string(server_signature, &mut server_final);
         Ok(Authenticated {
-            server_final: format!("v={}", B64.encode(server_signature)),
+            server_final,
             client_key,
         })
+    }
+
+    /// Whether client-final's `c=` carries the GS2 header the client opened with, followed by
+    /// the connection's channel-binding data when it bound to it.
+    fn binding_matches(&self, cb: &str) -> bool {
+        let mut given = [0u8; MAX_BINDING_INPUT + 3];
+        let Ok(n) = B64.decode_slice(cb, &mut given) else {
+            return false;
+        };
+        let header = self.gs2_flag.header();
+        let data = self.binding.as_deref().unwrap_or(&[]);
+        n == header.len() + data.len()
+            && bool::from(given[..header.len()].ct_eq(header) & given[header.len()..n].ct_eq(data))
     }
 }
 
@@ -653,5 +712,27 @@ mod tests {
         assert!(ServerExchange::new(&[0xff, 0xfe], v()).is_err());
         let (ex, _) = ServerExchange::new(CLIENT_FIRST.as_bytes(), v()).unwrap();
         assert!(ex.finish(b"c=biws,r=wrong,p=AAAA").is_err());
+        // The right proof, but client-final's GS2 header differs from client-first's
+        // ("y,," there, "n,," here): a downgrade attempt.
+        let first_y = CLIENT_FIRST.replacen("n,,", "y,,", 1);
+        let (ex, _) = ServerExchange::with_nonce(first_y.as_bytes(), v(), SERVER_NONCE).unwrap();
+        assert_eq!(
+            ex.finish(CLIENT_FINAL.as_bytes()).err(),
+            Some(ScramError::Malformed("channel binding data does not match"))
+        );
+        // Channel binding data far longer than any certificate hash.
+        let nonce = CLIENT_FINAL.split(',').nth(1).unwrap();
+        let long = format!("c={},{nonce},p=AAAA", B64.encode([b'n'; 400]));
+        let (ex, _) =
+            ServerExchange::with_nonce(CLIENT_FIRST.as_bytes(), v(), SERVER_NONCE).unwrap();
+        assert!(ex.finish(long.as_bytes()).is_err());
+        // A proof of 33 bytes.
+        let proof33 = format!("c=biws,{nonce},p={}", B64.encode([7u8; 33]));
+        let (ex, _) =
+            ServerExchange::with_nonce(CLIENT_FIRST.as_bytes(), v(), SERVER_NONCE).unwrap();
+        assert_eq!(
+            ex.finish(proof33.as_bytes()).err(),
+            Some(ScramError::Malformed("proof is not 32 bytes of base64"))
+        );
     }
 }

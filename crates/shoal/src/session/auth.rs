@@ -86,7 +86,8 @@ pub async fn authenticate(
     end_point: Option<&[u8]>,
     done: &mut BytesMut,
 ) -> Result<Option<[u8; 32]>, SessionError> {
-    let mut out = BytesMut::new();
+    // Room for the largest challenge (SCRAM's server-first) without growing.
+    let mut out = BytesMut::with_capacity(256);
     // SCRAM recovers the client's ClientKey: what SCRAM passthrough logs in upstream with.
     let mut client_key = None;
     match &user.auth {

@@ -79,7 +79,8 @@ pub async fn negotiate(
     stream: &mut ClientStream,
     app: &App,
 ) -> Result<Option<StartupMessage>, SessionError> {
-    let mut buf = BytesMut::with_capacity(256);
+    // Large enough that the first read does not grow it (see `ClientStream::read_buf`).
+    let mut buf = BytesMut::with_capacity(1024);
     // As PostgreSQL: one SSLRequest and one GSSENCRequest at most (libpq may send both).
     let (mut ssl_done, mut gss_done) = (false, false);
     loop {

@@ -122,7 +122,9 @@ async fn login(
         };
         SessionError::fatal(code, e.to_string())
     })?;
-    let mut out = BytesMut::new();
+    // Sized for the usual reply (AuthenticationOk, a dozen ParameterStatus, BackendKeyData,
+    // ReadyForQuery), so composing it does not reallocate.
+    let mut out = BytesMut::with_capacity(1024);
     if startup.minor > 0 || !req.unrecognized.is_empty() {
         let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
         backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
