@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -26,6 +27,9 @@ pub struct LoginFailures {
     ban_after: u32,
     window: Duration,
     by_key: Mutex<HashMap<(IpAddr, String), Entry>>,
+    /// Pairs in `by_key`, kept in step under its lock: while none failed (the usual case)
+    /// a login checks and clears without taking the lock or building a key.
+    tracked: AtomicUsize,
 }
 
 impl LoginFailures {
@@ -34,6 +38,7 @@ impl LoginFailures {
             ban_after,
             window,
             by_key: Mutex::new(HashMap::new()),
+            tracked: AtomicUsize::new(0),
         }
     }
 
@@ -43,7 +48,7 @@ impl LoginFailures {
 
     /// If the pair is banned, how long it still is.
     pub fn banned(&self, addr: IpAddr, user: &str) -> Option<Duration> {
-        if self.ban_after == 0 {
+        if self.ban_after == 0 || self.tracked.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let map = self.lock();
@@ -63,20 +68,28 @@ impl LoginFailures {
             failures: 0,
             since: Instant::now(),
         });
+
         if e.since.elapsed() >= self.window {
             e.failures = 0;
             e.since = Instant::now();
         }
         e.failures += 1;
-        match e.failures {
+        let delay = match e.failures {
             1 => Duration::ZERO,
             n => (FIRST_DELAY * 2u32.saturating_pow(n.min(16) - 2)).min(MAX_DELAY),
-        }
+        };
+        self.tracked.store(map.len(), Ordering::Relaxed);
+        delay
     }
 
     /// A successful login forgets the pair's failures.
     pub fn succeeded(&self, addr: IpAddr, user: &str) {
-        self.lock().remove(&(addr, user.to_owned()));
+        if self.tracked.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut map = self.lock();
+        map.remove(&(addr, user.to_owned()));
+        self.tracked.store(map.len(), Ordering::Relaxed);
     }
 }
 
@@ -104,5 +117,30 @@ mod tests {
         f.failed(a, "w");
         f.succeeded(a, "w");
         assert_eq!(f.failed(a, "w"), Duration::ZERO, "success forgets");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lock_free_fast_path_sees_new_failures() {
+        let f = LoginFailures::new(2, Duration::from_secs(60));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        f.failed(a, "u");
+        f.succeeded(a, "u");
+        assert_eq!(
+            f.tracked.load(Ordering::Relaxed),
+            0,
+            "nothing left to track"
+        );
+        assert!(f.banned(a, "u").is_none());
+        f.failed(a, "u");
+        f.failed(a, "u");
+        assert!(
+            f.banned(a, "u").is_some(),
+            "failures after a quiet spell still ban"
+        );
+        f.succeeded(a, "other");
+        assert!(
+            f.banned(a, "u").is_some(),
+            "another pair's success forgets nothing"
+        );
     }
 }

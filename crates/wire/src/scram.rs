@@ -10,7 +10,6 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use std::fmt::Write as _;
 use subtle::ConstantTimeEq;
 
 pub const MECHANISM: &str = "SCRAM-SHA-256";
@@ -335,7 +334,8 @@ impl ServerExchange {
         let nonce = first_at + 2..auth_message.len();
         auth_message.push_str(",s=");
         B64.encode_string(&verifier.salt, &mut auth_message);
-        let _ = write!(auth_message, ",i={}", verifier.iterations);
+        auth_message.push_str(",i=");
+        auth_message.push_str(itoa::Buffer::new().format(verifier.iterations));
         let first = auth_message[first_at..].to_owned();
         auth_message.push(',');
         let ex = ServerExchange {
