@@ -25,9 +25,10 @@ pub fn take() -> BytesMut {
 /// Returns a buffer; its contents are discarded.
 pub fn give(mut buf: BytesMut) {
     buf.clear();
-    // Reclaim space consumed from the front, so the buffer is whole again.
-    buf.reserve(BUF_SIZE);
-    if buf.capacity() > MAX_KEPT_CAPACITY {
+    // Whole again by moving its start back over what was consumed, never by allocating: a
+    // buffer that cannot be (one never allocated, as a new session's, or one split from
+    // another) is not worth keeping.
+    if !buf.try_reclaim(BUF_SIZE) || buf.capacity() > MAX_KEPT_CAPACITY {
         return;
     }
     FREE.with(|f| {
@@ -36,4 +37,48 @@ pub fn give(mut buf: BytesMut) {
             f.push(buf);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::{Buf, BufMut};
+
+    use super::{give, take, BUF_SIZE, FREE};
+
+    fn kept() -> usize {
+        FREE.with(|f| f.borrow().len())
+    }
+
+    #[test]
+    fn a_consumed_buffer_comes_back_whole_without_a_new_allocation() {
+        let mut b = take();
+        b.put_slice(&[7u8; 3000]);
+        b.advance(2500);
+        let at = b.as_ptr() as usize - 2500;
+        let before = kept();
+        give(b);
+        assert_eq!(kept(), before + 1);
+        let again = take();
+        assert!(again.is_empty());
+        assert!(again.capacity() >= BUF_SIZE);
+        assert_eq!(
+            again.as_ptr() as usize,
+            at,
+            "the same allocation, from its start"
+        );
+    }
+
+    #[test]
+    fn buffers_that_would_need_an_allocation_are_not_kept() {
+        let before = kept();
+        give(bytes::BytesMut::new());
+        let mut small = bytes::BytesMut::with_capacity(64);
+        small.put_slice(b"abc");
+        give(small);
+        assert_eq!(
+            kept(),
+            before,
+            "an empty or small buffer is dropped, not grown"
+        );
+    }
 }
