@@ -3,7 +3,7 @@
 //! the way libpq looks for it (`.s.PGSQL.<port>`).
 //!
 //! On Linux an accepted socket inherits `TCP_NODELAY` and the keepalive settings of its
-//! listening socket, so they are set once per listener ([`tune_listener`]) instead of with
+//! listening socket, so they are set once per listener ([`set_client_options`]) instead of with
 //! four system calls per connection; elsewhere each accepted socket is set up on its own.
 
 use std::net::SocketAddr;
@@ -59,7 +59,7 @@ pub fn bind_unix(
 /// Sets what client sockets need on `socket`: a listener (whose accepted sockets inherit it,
 /// on Linux) or an accepted socket. Listeners taken over from a previous process get this
 /// process's settings too.
-pub fn tune_listener(
+pub fn set_client_options(
     socket: SockRef<'_>,
     server: &crate::config::ServerSection,
 ) -> std::io::Result<()> {
@@ -82,7 +82,7 @@ const INHERITS_OPTIONS: bool = cfg!(target_os = "linux");
 
 fn tune(stream: &tokio::net::TcpStream, app: &App) {
     if !INHERITS_OPTIONS {
-        let _ = tune_listener(SockRef::from(stream), &app.config.server);
+        let _ = set_client_options(SockRef::from(stream), &app.config.server);
     }
 }
 
@@ -186,13 +186,13 @@ mod tests {
             ..ServerSection::default()
         };
         let std = super::bind_tcp_std("127.0.0.1:0".parse().unwrap(), 16, false).expect("bind");
-        super::tune_listener(SockRef::from(&std), &server).expect("tune");
+        super::set_client_options(SockRef::from(&std), &server).expect("tune");
         let listener = tokio::net::TcpListener::from_std(std).expect("register");
         let addr = listener.local_addr().expect("addr");
         let _client = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (accepted, _) = listener.accept().await.expect("accept");
         if !super::INHERITS_OPTIONS {
-            super::tune_listener(SockRef::from(&accepted), &server).expect("tune accepted");
+            super::set_client_options(SockRef::from(&accepted), &server).expect("tune accepted");
         }
         let s = SockRef::from(&accepted);
         assert!(s.nodelay().expect("nodelay"));
@@ -208,7 +208,7 @@ mod tests {
             ..ServerSection::default()
         };
         let std = super::bind_tcp_std("127.0.0.1:0".parse().unwrap(), 16, false).expect("bind");
-        super::tune_listener(SockRef::from(&std), &server).expect("tune");
+        super::set_client_options(SockRef::from(&std), &server).expect("tune");
         let listener = tokio::net::TcpListener::from_std(std).expect("register");
         let _client = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
             .await

@@ -68,7 +68,6 @@ impl LoginFailures {
             failures: 0,
             since: Instant::now(),
         });
-
         if e.since.elapsed() >= self.window {
             e.failures = 0;
             e.since = Instant::now();

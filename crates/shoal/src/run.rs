@@ -163,7 +163,7 @@ async fn serve_with(
     }
     for l in listeners.tcp {
         let addr = l.local_addr()?;
-        listener::tune_listener(socket2::SockRef::from(&l), &app.config.server)?;
+        listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
         tracing::info!(%addr, "listening");
         ready.push_str(&format!("tcp {addr}\n"));
         sockets.push((Role::Tcp, l.as_raw_fd()));
@@ -172,7 +172,7 @@ async fn serve_with(
     }
     // The other shards accept on their own sockets, in their own runtimes.
     for (shard, l) in listeners.shard_tcp {
-        listener::tune_listener(socket2::SockRef::from(&l), &app.config.server)?;
+        listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
         sockets.push((Role::Tcp, l.as_raw_fd()));
         let Some(handle) = crate::shard::handles().get(shard - 1) else {
             let app = app.clone();

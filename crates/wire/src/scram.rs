@@ -164,29 +164,34 @@ pub struct ServerExchange {
     auth_message: String,
     /// Where the combined nonce (client's then server's) sits in `auth_message`.
     nonce: std::ops::Range<usize>,
-    /// The client's GS2 channel-binding flag, which its `c=` attribute must repeat.
-    gs2_flag: Gs2Flag,
-    /// The channel binding data the client must prove (with `p=tls-server-end-point`).
-    binding: Option<Vec<u8>>,
+    /// What the client's `c=` attribute must carry: its GS2 header again, and the channel
+    /// binding data when it bound to the connection.
+    gs2: Gs2,
 }
 
 /// The GS2 header a client sent (the authorization identity is always empty).
-#[derive(Debug, Clone, Copy)]
-enum Gs2Flag {
+enum Gs2 {
     /// `n`: the client does not support channel binding.
     No,
     /// `y`: the client supports it but believes the server does not.
     Yes,
-    /// `p=tls-server-end-point`: bound to the TLS certificate.
-    EndPoint,
+    /// `p=tls-server-end-point`: bound to this TLS certificate data.
+    EndPoint(Vec<u8>),
 }
 
-impl Gs2Flag {
-    fn header(self) -> &'static [u8] {
+impl Gs2 {
+    fn header(&self) -> &'static [u8] {
         match self {
-            Gs2Flag::No => b"n,,",
-            Gs2Flag::Yes => b"y,,",
-            Gs2Flag::EndPoint => b"p=tls-server-end-point,,",
+            Gs2::No => b"n,,",
+            Gs2::Yes => b"y,,",
+            Gs2::EndPoint(_) => b"p=tls-server-end-point,,",
+        }
+    }
+
+    fn data(&self) -> &[u8] {
+        match self {
+            Gs2::EndPoint(d) => d,
+            _ => &[],
         }
     }
 }
@@ -276,27 +281,24 @@ impl ServerExchange {
         let (cb_flag, rest) = msg
             .split_once(',')
             .ok_or(ScramError::Malformed("missing GS2 header"))?;
-        let (gs2_flag, bound) = match cb_flag {
+        let gs2 = match cb_flag {
             "n" | "y" if binding.plus => {
                 return Err(ScramError::Malformed(
                     "SCRAM-SHA-256-PLUS chosen without channel binding",
                 ))
             }
-            "n" => (Gs2Flag::No, None),
+            "n" => Gs2::No,
             "y" if binding.end_point.is_some() => {
                 return Err(ScramError::Malformed(
                     "channel binding negotiation error: the server supports channel binding",
                 ))
             }
-            "y" => (Gs2Flag::Yes, None),
-            "p=tls-server-end-point" if binding.plus => (
-                Gs2Flag::EndPoint,
-                Some(
-                    binding
-                        .end_point
-                        .ok_or(ScramError::ChannelBinding)?
-                        .to_vec(),
-                ),
+            "y" => Gs2::Yes,
+            "p=tls-server-end-point" if binding.plus => Gs2::EndPoint(
+                binding
+                    .end_point
+                    .ok_or(ScramError::ChannelBinding)?
+                    .to_vec(),
             ),
             _ if cb_flag.starts_with("p=") => return Err(ScramError::ChannelBinding),
             _ => return Err(ScramError::Malformed("bad channel binding flag")),
@@ -318,13 +320,17 @@ impl ServerExchange {
         if parts.next().is_some() {
             return Err(ScramError::Malformed("unsupported SCRAM extension"));
         }
-        // client-first-bare "," server-first "," — and room for client-final-without-proof
-        // (its channel binding and nonce, then some).
-        let salt_len = verifier.salt.len().div_ceil(3) * 4;
-        let first_len = 2 + client_nonce.len() + server_nonce.len() + 3 + salt_len + 3 + 10;
-        let final_len =
-            3 + MAX_BINDING_INPUT.div_ceil(3) * 4 + 3 + client_nonce.len() + server_nonce.len();
-        let mut auth_message = String::with_capacity(bare.len() + 1 + first_len + 1 + final_len);
+        // client-first-bare "," server-first "," client-final-without-proof: the nonce three
+        // times (once in `bare`), the salt in base64, the largest binding data accepted, and
+        // attribute names and the iteration count.
+        let nonce_len = client_nonce.len() + server_nonce.len();
+        let mut auth_message = String::with_capacity(
+            bare.len()
+                + 2 * nonce_len
+                + verifier.salt.len() * 4 / 3
+                + MAX_BINDING_INPUT * 4 / 3
+                + 48,
+        );
         auth_message.push_str(bare);
         auth_message.push(',');
         let first_at = auth_message.len();
@@ -342,8 +348,7 @@ impl ServerExchange {
             verifier,
             auth_message,
             nonce,
-            gs2_flag,
-            binding: bound,
+            gs2,
         };
         Ok((ex, first))
     }
@@ -365,14 +370,10 @@ impl ServerExchange {
         }
         // 32 bytes are 44 characters of base64; the decoder wants room for its estimate.
         let mut decoded = [0u8; 36];
-        let proof: [u8; 32] = match B64.decode_slice(proof, &mut decoded) {
-            Ok(32) => {
-                let mut p = [0u8; 32];
-                p.copy_from_slice(&decoded[..32]);
-                p
-            }
-            _ => return Err(ScramError::Malformed("proof is not 32 bytes of base64")),
-        };
+        if B64.decode_slice(proof, &mut decoded) != Ok(32) {
+            return Err(ScramError::Malformed("proof is not 32 bytes of base64"));
+        }
+        let proof = &decoded[..32];
         self.auth_message.push_str(without_proof);
         let signature = hmac(&self.verifier.stored_key, self.auth_message.as_bytes());
         let mut client_key = [0u8; 32];
@@ -400,8 +401,7 @@ impl ServerExchange {
         let Ok(n) = B64.decode_slice(cb, &mut given) else {
             return false;
         };
-        let header = self.gs2_flag.header();
-        let data = self.binding.as_deref().unwrap_or(&[]);
+        let (header, data) = (self.gs2.header(), self.gs2.data());
         n == header.len() + data.len()
             && bool::from(given[..header.len()].ct_eq(header) & given[header.len()..n].ct_eq(data))
     }
