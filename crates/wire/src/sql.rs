@@ -297,15 +297,29 @@ impl FirstWord {
             buf: [0; 16],
             len: 0,
         };
-        let at = leading_comments_len(sql);
-        let rest = &sql[at..];
-        let n = rest.iter().take_while(|b| b.is_ascii_alphabetic()).count();
-        let ends_cleanly = rest.get(n).is_none_or(|&b| !is_word_char(b));
-        if n > 0 && n <= w.buf.len() && ends_cleanly {
-            w.buf[..n].copy_from_slice(&rest[..n]);
-            w.buf[..n].make_ascii_lowercase();
-            w.len = n as u8;
+        let rest = &sql[leading_comments_len(sql)..];
+        let mut n = 0;
+        while let Some(&b) = rest.get(n) {
+            if !b.is_ascii_alphabetic() {
+                break;
+            }
+            if n == w.buf.len() {
+                // Longer than any keyword looked for.
+                return FirstWord {
+                    buf: [0; 16],
+                    len: 0,
+                };
+            }
+            w.buf[n] = b.to_ascii_lowercase();
+            n += 1;
         }
+        if n == 0 || rest.get(n).is_some_and(|&b| is_word_char(b)) {
+            return FirstWord {
+                buf: [0; 16],
+                len: 0,
+            };
+        }
+        w.len = n as u8;
         w
     }
 
@@ -341,43 +355,85 @@ const PLAIN_FIRST_WORDS: &[&[u8]] = &[
     b"abort",
 ];
 
-/// Four-byte fragments (lower case) of every word [`scan_anywhere`] reacts to: `temp` (also in
+/// Four-byte fragments of every word [`scan_anywhere`] reacts to: `temp` (also in
 /// `temporary`, `pg_temp`), `seed` (`setseed`), `_con` (`set_config`, `dblink_connect`), `y_lo`
 /// (the `*advisory_lock*` functions). A text without any of them cannot contain such a word,
-/// quoted or not.
-const WATCHED_FRAGMENTS: [u32; 4] = [
-    u32::from_be_bytes(*b"temp"),
-    u32::from_be_bytes(*b"seed"),
-    u32::from_be_bytes(*b"_con"),
-    u32::from_be_bytes(*b"y_lo"),
+/// quoted or not. Written folded: see [`fold`].
+const WATCHED_FRAGMENTS: [[u8; 4]; 4] = [
+    [b't', b'e', b'm', b'p'],
+    [b's', b'e', b'e', b'd'],
+    [fold(b'_'), b'c', b'o', b'n'],
+    [b'y', fold(b'_'), b'l', b'o'],
 ];
 
+/// Case folding for the fragment search, one OR per byte: upper-case ASCII letters become
+/// lower case, `_` becomes 0x7F. The only other byte folded onto a fragment's bytes is DEL
+/// (onto `_`'s 0x7F): a false match, which only costs the full lexer. No occurrence is missed.
+const fn fold(b: u8) -> u8 {
+    b | 0x20
+}
+
+/// Starting positions examined per step of [`needs_lexing`]: a block of fixed size, free of
+/// branches, which the compiler turns into vector compares.
+const BLOCK: usize = 16;
+
+/// Whether `body` holds a backslash, a NUL, a `;` or any watched fragment.
+fn needs_lexing(body: &[u8]) -> bool {
+    let mut at = 0;
+    while at < body.len() {
+        let rest = &body[at..];
+        let window: [u8; BLOCK + 3] = match rest.get(..BLOCK + 3) {
+            Some(w) => w.try_into().unwrap_or([0; BLOCK + 3]),
+            None => {
+                // The tail, padded with spaces (no fragment, nothing special).
+                let mut w = [b' '; BLOCK + 3];
+                w[..rest.len()].copy_from_slice(rest);
+                w
+            }
+        };
+        if block_needs_lexing(&window) {
+            return true;
+        }
+        at += BLOCK;
+    }
+    false
+}
+
+fn block_needs_lexing(w: &[u8; BLOCK + 3]) -> bool {
+    let mut hit = false;
+    for j in 0..BLOCK {
+        let b = w[j];
+        let f = [fold(b), fold(w[j + 1]), fold(w[j + 2]), fold(w[j + 3])];
+        let special = (b == b'\\') | (b == 0) | (b == b';');
+        let mut fragment = false;
+        for frag in &WATCHED_FRAGMENTS {
+            fragment |=
+                (f[0] == frag[0]) & (f[1] == frag[1]) & (f[2] == frag[2]) & (f[3] == frag[3]);
+        }
+        hit |= special | fragment;
+    }
+    hit
+}
+
 /// The common case, decided in one pass without lexing: one plain DML/query statement with no
-/// backslash and none of the watched words anywhere. Exactly the texts for which [`classify`]
-/// would find nothing (a false "no" only costs the full lexer; the property test
-/// `shortcut_agrees_with_the_lexer` holds the two together).
-fn plain(first: FirstWord, sql: &[u8]) -> bool {
+/// backslash, no NUL and none of the watched words anywhere. Exactly the texts for which
+/// [`classify`] would find nothing (a false "no" only costs the full lexer; the property test
+/// `shortcut_agrees_with_the_lexer` holds the two together). Such a text also cannot name a
+/// prepared statement (no `EXECUTE`, `PREPARE` or `DEALLOCATE` statement starts with these
+/// words, and a second statement would need a `;`).
+pub fn is_plain(first: FirstWord, sql: &[u8]) -> bool {
     if !first.is_any(PLAIN_FIRST_WORDS) {
         return false;
     }
-    let text = &sql[..memchr::memchr(0, sql).unwrap_or(sql.len())];
-    if memchr::memchr(b'\\', text).is_some() {
-        return false;
-    }
     // A `;` only as the last thing in the text (one statement).
-    if let Some(semi) = memchr::memchr(b';', text) {
-        if text[semi + 1..].iter().any(|b| !b.is_ascii_whitespace()) {
-            return false;
-        }
+    let mut end = sql.len();
+    while end > 0 && sql[end - 1].is_ascii_whitespace() {
+        end -= 1;
     }
-    let mut window = 0u32;
-    for &b in text {
-        window = (window << 8) | u32::from(b.to_ascii_lowercase());
-        if WATCHED_FRAGMENTS.contains(&window) {
-            return false;
-        }
+    if end > 0 && sql[end - 1] == b';' {
+        end -= 1;
     }
-    true
+    !needs_lexing(&sql[..end])
 }
 
 /// Classifies a query text: what it leaves behind in the session.
@@ -388,7 +444,7 @@ pub fn classify(sql: &[u8]) -> Effects {
 /// [`classify`] for a caller that already has the text's [`FirstWord`] (it looks at the
 /// statement kind for other reasons too, once per query).
 pub fn classify_with(first: FirstWord, sql: &[u8]) -> Effects {
-    if plain(first, sql) {
+    if is_plain(first, sql) {
         return Effects::default();
     }
     classify_lexed(sql)
@@ -854,6 +910,35 @@ mod fuzz {
         }
     }
 
+    /// The block-wise search finds what a byte-by-byte, case-insensitive one finds, at every
+    /// offset (block boundaries included).
+    fn naive_needs_lexing(body: &[u8]) -> bool {
+        let lower = body.to_ascii_lowercase();
+        let words: [&[u8]; 4] = [b"temp", b"seed", b"_con", b"y_lo"];
+        body.iter().any(|&b| b == b'\\' || b == 0 || b == b';')
+            || lower.windows(4).any(|w| words.contains(&w))
+    }
+
+    proptest! {
+        #[test]
+        fn block_search_agrees_with_a_byte_search(
+            pad in 0usize..40,
+            word in prop_oneof![Just("TEMP"), Just("sEeD"), Just("_CON"), Just("Y_lO"), Just("\\"),
+                                Just("\0"), Just(";"), Just("te_p"), Just("y lo"), Just("x")],
+            tail in 0usize..40,
+        ) {
+            let text = format!("{}{}{}", "a".repeat(pad), word, "b".repeat(tail));
+            prop_assert_eq!(needs_lexing(text.as_bytes()), naive_needs_lexing(text.as_bytes()), "{:?}", text);
+        }
+
+        #[test]
+        fn block_search_misses_nothing(body in proptest::collection::vec(any::<u8>(), 0..100)) {
+            if naive_needs_lexing(&body) {
+                prop_assert!(needs_lexing(&body));
+            }
+        }
+    }
+
     #[test]
     fn first_word() {
         assert_eq!(
@@ -864,7 +949,7 @@ mod fuzz {
         assert_eq!(FirstWord::of(b"(select 1)").as_bytes(), b"");
         assert_eq!(FirstWord::of(b"SET").as_bytes(), b"set");
         assert_eq!(FirstWord::of(b"checkpointcheckpoint").as_bytes(), b"");
-        let plain = |sql: &[u8]| plain(FirstWord::of(sql), sql);
+        let plain = |sql: &[u8]| is_plain(FirstWord::of(sql), sql);
         assert!(plain(
             b"SELECT abalance FROM pgbench_accounts WHERE aid = 1;"
         ));

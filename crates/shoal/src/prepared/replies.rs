@@ -15,7 +15,26 @@ use super::{ClientStatements, Expect, ServerStatements};
 /// `pending` counts the ReadyForQuery messages the client is still owed (one is answered
 /// here for each SQL `DEALLOCATE` Shoal handles itself); `status` is the transaction status
 /// to report with it.
+///
+/// Runs after every server message: the check that nothing is due is inlined, the work is not.
+#[inline]
 pub fn emit_due(
+    queue: &mut VecDeque<Expect>,
+    client: &mut Option<Box<ClientStatements>>,
+    out: &mut BytesMut,
+    pending: &mut u32,
+    status: u8,
+) {
+    if matches!(
+        queue.front(),
+        Some(Expect::SyntheticParse | Expect::SyntheticClose(_) | Expect::SyntheticDeallocate(_))
+    ) {
+        emit_synthetic(queue, client, out, pending, status);
+    }
+}
+
+#[inline(never)]
+fn emit_synthetic(
     queue: &mut VecDeque<Expect>,
     client: &mut Option<Box<ClientStatements>>,
     out: &mut BytesMut,

@@ -12,7 +12,7 @@ use shoal_wire::frontend::tag as fe;
 use shoal_wire::sql;
 
 use super::{
-    parse_text, set_of, set_of_with, ClientStatements, Expect, ServerStatements, StatementDef,
+    parse_text, set_of_with, ClientStatements, Expect, ServerStatements, StatementDef,
     StatementRegistry, Unnamed,
 };
 
@@ -241,14 +241,15 @@ impl Translator<'_> {
         let rest = r.rest();
         if name.is_empty() {
             let text = parse_text(rest);
-            let fx = sql::classify(text);
+            let first = sql::FirstWord::of(text);
+            let fx = sql::classify_with(first, text);
             let c = self.client.get_or_insert_with(Default::default);
             c.unnamed_seq += 1;
             let u = c.unnamed.get_or_insert_with(Unnamed::default);
             u.seq = c.unnamed_seq;
             u.body.clear();
             u.body.extend_from_slice(rest);
-            u.set_op = set_of(text);
+            u.set_op = set_of_with(first, text);
             u.dirty = fx.dirty;
             self.server.unnamed_owner = Some((self.client_id, u.seq));
             out.extend_from_slice(msg);
@@ -284,23 +285,31 @@ impl Translator<'_> {
         if let Some(c) = self.client.as_mut() {
             c.unnamed = None;
         }
-        if let Some(name) = sql::prepared_name_with_prefix(text, b"shoal_") {
-            // The pooler's statements belong to no client: refuse by SQL, on the server (so
-            // a transaction block fails as it would for any error).
-            let shown: String = String::from_utf8_lossy(&name)
-                .chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            let sql = format!(
-                "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = 'prepared statement \"{shown}\" does not exist', HINT = 'names starting with shoal_ are reserved by the Shoal pooler'; END$shoal$"
-            );
-            shoal_wire::frontend::query(out, &sql);
-            self.queue.push_back(Expect::Query(None));
-            return Ok(());
-        }
-        // The statement kind, read once for the three checks below.
+        // The statement kind, read once for the checks below. A plain statement (the common
+        // case, decided in one pass) can neither name a prepared statement nor change the session.
         let first = sql::FirstWord::of(text);
-        let fx = sql::classify_with(first, text);
+        let plain = sql::is_plain(first, text);
+        if !plain {
+            if let Some(name) = sql::prepared_name_with_prefix(text, b"shoal_") {
+                // The pooler's statements belong to no client: refuse by SQL, on the server (so
+                // a transaction block fails as it would for any error).
+                let shown: String = String::from_utf8_lossy(&name)
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let sql = format!(
+                    "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = 'prepared statement \"{shown}\" does not exist', HINT = 'names starting with shoal_ are reserved by the Shoal pooler'; END$shoal$"
+                );
+                shoal_wire::frontend::query(out, &sql);
+                self.queue.push_back(Expect::Query(None));
+                return Ok(());
+            }
+        }
+        let fx = if plain {
+            sql::Effects::default()
+        } else {
+            sql::classify_with(first, text)
+        };
         if fx.dirty {
             *self.dirty = true;
         }

@@ -10,6 +10,13 @@ use crate::app::App;
 /// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
 /// them to go.
 pub fn database_command(app: &App, query_body: &[u8]) {
+    // Most queries start with another letter: decided without reading the first word.
+    if query_body
+        .first()
+        .is_some_and(|&b| b.is_ascii_alphabetic() && !matches!(b | 0x20, b'd' | b'a'))
+    {
+        return;
+    }
     if !sql::FirstWord::of(query_body).is_any(&[b"drop", b"alter"]) {
         return;
     }
