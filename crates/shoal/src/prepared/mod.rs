@@ -37,7 +37,7 @@ use shoal_wire::sql::{self, Effects};
 
 use crate::sets::SetOp;
 
-pub use replies::{emit_due, server_reply};
+pub use replies::{emit_due, pass_reply, server_reply, synthetic_due};
 pub use translate::Translator;
 
 /// A distinct statement: the Parse body after the name (query text and parameter types).

@@ -25,12 +25,18 @@ pub fn emit_due(
     pending: &mut u32,
     status: u8,
 ) {
-    if matches!(
-        queue.front(),
-        Some(Expect::SyntheticParse | Expect::SyntheticClose(_) | Expect::SyntheticDeallocate(_))
-    ) {
+    if synthetic_due(queue) {
         emit_synthetic(queue, client, out, pending, status);
     }
+}
+
+/// Whether [`emit_due`] has something to emit.
+#[inline]
+pub fn synthetic_due(queue: &VecDeque<Expect>) -> bool {
+    matches!(
+        queue.front(),
+        Some(Expect::SyntheticParse | Expect::SyntheticClose(_) | Expect::SyntheticDeallocate(_))
+    )
 }
 
 #[inline(never)]
@@ -118,6 +124,28 @@ pub fn server_reply(
         out.extend_from_slice(msg);
         return true;
     }
+    let forward = pass_reply(queue, tag);
+    if forward {
+        out.extend_from_slice(msg);
+    }
+    forward
+}
+
+/// A server reply that Shoal passes on or hides but never rewrites (anything but
+/// ErrorResponse and CopyInResponse), with no synthetic reply due before it
+/// ([`synthetic_due`]): moves the queue past it and says whether the client sees it. Writes
+/// nothing, so the caller can send the reply from where it lies.
+#[inline]
+pub fn pass_reply(queue: &mut VecDeque<Expect>, tag: u8) -> bool {
+    if matches!(
+        tag,
+        be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE
+    ) {
+        return true;
+    }
+    let Some(head) = queue.front() else {
+        return true;
+    };
     let (done, forward) = match (head, tag) {
         (Expect::Parse(def), be::PARSE_COMPLETE) => {
             if let Some(def) = def {
@@ -146,9 +174,6 @@ pub fn server_reply(
     };
     if done {
         queue.pop_front();
-    }
-    if forward {
-        out.extend_from_slice(msg);
     }
     forward
 }

@@ -24,7 +24,7 @@ use super::flow::Flow;
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
-use crate::prepared::{emit_due, server_reply, Expect, Translator};
+use crate::prepared::{emit_due, pass_reply, server_reply, synthetic_due, Expect, Translator};
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
@@ -79,6 +79,11 @@ struct Outbound {
     client_rest: usize,
     /// The same for a server message.
     server_rest: usize,
+    /// Bytes at the head of the server's buffer that go to the client as they are: whole
+    /// replies already looked at, written from where they lie instead of being copied. Only
+    /// while `to_client` is empty: before Shoal adds or hides anything, these bytes move to
+    /// `to_client` ([`spill`]), so the client's stream keeps its order.
+    direct: usize,
     /// What this transaction did, added to the pool's metrics at its end.
     counts: crate::metrics::TxnCounts,
     /// When the transaction (or, in session mode, the current one) began.
@@ -187,7 +192,8 @@ impl Session {
             }
             self.cbuf.advance(n);
         }
-        if policy.per_transaction() {
+        if policy.per_transaction() && synthetic_due(server.session.translation().1) {
+            spill(server, out);
             emit_due(
                 server.session.translation().1,
                 &mut self.statements,
@@ -200,8 +206,23 @@ impl Session {
     }
 }
 
-/// Moves every complete server message from the server's buffer to `to_client` (in
-/// transaction mode, hiding or adding replies for the statement translation).
+/// Moves the directly forwarded bytes into `to_client` (taking it from the pool first), before
+/// anything else is written there.
+fn spill(server: &mut ServerConn, out: &mut Outbound) {
+    if out.to_client.capacity() == 0 {
+        out.to_client = crate::bufpool::take();
+    }
+    if out.direct > 0 {
+        out.to_client.extend_from_slice(&server.buf[..out.direct]);
+        server.buf.advance(out.direct);
+        out.direct = 0;
+    }
+}
+
+/// Looks at every complete server message in the server's buffer: replies passed on unchanged
+/// become `direct` bytes while `to_client` is empty; the rest (and everything after something
+/// Shoal adds or hides) is copied to `to_client` (in transaction mode, hiding or adding
+/// replies for the statement translation).
 /// Stops at a FATAL error, which it returns; in session mode the FATAL itself is passed on.
 fn take_server(
     server: &mut ServerConn,
@@ -220,7 +241,9 @@ fn take_server(
             }
             continue;
         }
-        if let Some(total) = stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]) {
+        let at = out.direct;
+        if stream_start(&server.buf[at..], &[be::DATA_ROW, be::COPY_DATA]).is_some() {
+            spill(server, out);
             if policy.per_transaction() {
                 emit_due(
                     server.session.translation().1,
@@ -230,22 +253,24 @@ fn take_server(
                     flow.status,
                 );
             }
-            out.server_rest = total;
+            out.server_rest =
+                stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]).unwrap_or(0);
             continue;
         }
-        let Some(n) = next_frame_len(&server.buf, SERVER_MAX_MESSAGE)
+        let Some(n) = next_frame_len(&server.buf[at..], SERVER_MAX_MESSAGE)
             .map_err(SessionError::server_protocol)?
         else {
             break;
         };
-        let tag = server.buf[0];
-        let body = &server.buf[5..n];
+        let tag = server.buf[at];
+        let body = &server.buf[at + HEADER_LEN..at + n];
         match tag {
             be::ERROR_RESPONSE => {
                 flow.error_response();
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 out.counts.error(&e.code);
                 if e.is_fatal() {
+                    spill(server, out);
                     if policy.forwards_fatal() {
                         out.to_client.extend_from_slice(&server.buf[..n]);
                     }
@@ -289,24 +314,47 @@ fn take_server(
             }
             _ => {}
         }
-        let forwarded = if policy.per_transaction() {
-            let (statements, queue, _) = server.session.translation();
-            server_reply(
-                queue,
-                statements,
-                client,
-                &server.buf[..n],
-                &mut out.to_client,
-                &mut flow.pending,
-                flow.status,
-            )
+        let body_first = server.buf.get(at + HEADER_LEN).copied();
+        // Passed on unchanged from where it lies, or (when Shoal rewrites around it)
+        // through `to_client`.
+        let in_place = out.to_client.is_empty()
+            && !matches!(tag, be::ERROR_RESPONSE | be::COPY_IN_RESPONSE)
+            && (!policy.per_transaction() || !synthetic_due(server.session.translation().1));
+        let forwarded = if in_place {
+            let forward =
+                !policy.per_transaction() || pass_reply(server.session.translation().1, tag);
+            if forward {
+                out.direct += n;
+            } else if out.direct == 0 {
+                server.buf.advance(n);
+            } else {
+                spill(server, out);
+                server.buf.advance(n);
+            }
+            forward
         } else {
-            out.to_client.extend_from_slice(&server.buf[..n]);
-            true
+            spill(server, out);
+            let forward = if policy.per_transaction() {
+                let (statements, queue, _) = server.session.translation();
+                server_reply(
+                    queue,
+                    statements,
+                    client,
+                    &server.buf[..n],
+                    &mut out.to_client,
+                    &mut flow.pending,
+                    flow.status,
+                )
+            } else {
+                out.to_client.extend_from_slice(&server.buf[..n]);
+                true
+            };
+            server.buf.advance(n);
+            forward
         };
         if tag == be::READY_FOR_QUERY {
             // Only ReadyForQuery messages the client sees answer what it sent.
-            flow.ready_for_query(body.first().copied().unwrap_or(b'I'), forwarded);
+            flow.ready_for_query(body_first.unwrap_or(b'I'), forwarded);
             if forwarded {
                 out.counts.queries += 1;
                 if let Some(t) = out.query_start.take() {
@@ -331,7 +379,8 @@ fn take_server(
                 registry.schema_changed();
             }
         }
-        if policy.per_transaction() {
+        if policy.per_transaction() && synthetic_due(server.session.translation().1) {
+            spill(server, out);
             emit_due(
                 server.session.translation().1,
                 client,
@@ -340,7 +389,6 @@ fn take_server(
                 flow.status,
             );
         }
-        server.buf.advance(n);
     }
     Ok(None)
 }
@@ -358,9 +406,11 @@ impl Session {
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound {
             to_server: crate::bufpool::take(),
-            to_client: crate::bufpool::take(),
+            // Taken when first needed: most replies go out from the server's buffer.
+            to_client: BytesMut::new(),
             client_rest: 0,
             server_rest: 0,
+            direct: 0,
             counts: Default::default(),
             txn_start: std::time::Instant::now(),
             query_start: None,
@@ -368,6 +418,8 @@ impl Session {
         };
         let server: &mut ServerConn = lease;
         let mut end = self.relay_loop(server, flow, policy, &mut out).await;
+        // Replies for a client that is gone (or with a server that failed) go nowhere.
+        server.buf.advance(out.direct);
         if (out.client_rest > 0 || out.server_rest > 0) && !matches!(end, Ok(RelayEnd::Boundary)) {
             // Cut in the middle of a streamed message: neither side's framing can be
             // trusted any more.
@@ -377,7 +429,9 @@ impl Session {
         }
         out.flush_counts(&self.pool);
         crate::bufpool::give(out.to_server);
-        crate::bufpool::give(out.to_client);
+        if out.to_client.capacity() > 0 {
+            crate::bufpool::give(out.to_client);
+        }
         end
     }
 
@@ -394,12 +448,12 @@ impl Session {
         }
         let mut fatal: Option<ErrorFields> = None;
         loop {
-            if out.to_client.is_empty() {
+            if out.to_client.is_empty() && out.direct == 0 {
                 if let Some(e) = fatal.take() {
                     return Ok(RelayEnd::ServerLost(Some(e)));
                 }
             }
-            if out.to_server.is_empty() && out.to_client.is_empty() {
+            if out.to_server.is_empty() && out.to_client.is_empty() && out.direct == 0 {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
@@ -411,7 +465,7 @@ impl Session {
                     out.flush_counts(&self.pool);
                 }
             }
-            let read_server = out.to_client.len() < HIGH_WATER && fatal.is_none();
+            let read_server = out.to_client.len() + out.direct < HIGH_WATER && fatal.is_none();
             let read_client = out.to_server.len() < HIGH_WATER && !terminate;
             // One step: the first operation that can make progress, in an order that drains
             // before it fills. Pending operations leave their wakers registered.
@@ -423,13 +477,18 @@ impl Session {
                         return Poll::Ready(Step::ToServer(r));
                     }
                 }
-                if !out.to_client.is_empty() {
-                    if let Poll::Ready(r) = self.stream.poll_write(cx, &out.to_client) {
+                // At most one of the two holds bytes (see `Outbound::direct`).
+                let to_client = match out.direct {
+                    0 => &out.to_client[..],
+                    n => &server.buf[..n],
+                };
+                if !to_client.is_empty() {
+                    if let Poll::Ready(r) = self.stream.poll_write(cx, to_client) {
                         return Poll::Ready(Step::ToClient(r));
                     }
                 }
                 if read_server {
-                    reserve_for_next(&mut server.buf, out.server_rest > 0);
+                    reserve_for_next_at(&mut server.buf, out.direct, out.server_rest > 0);
                     if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
                         return Poll::Ready(Step::FromServer(r));
                     }
@@ -451,7 +510,12 @@ impl Session {
                 Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
                 Step::ToClient(Ok(n)) => {
                     out.counts.bytes_out += n as u64;
-                    out.to_client.advance(n);
+                    if out.direct > 0 {
+                        server.buf.advance(n);
+                        out.direct -= n;
+                    } else {
+                        out.to_client.advance(n);
+                    }
                 }
                 Step::ToClient(Err(_)) => return Ok(RelayEnd::ClientGone),
                 Step::FromServer(Ok(0)) | Step::FromServer(Err(_)) => {
@@ -499,10 +563,16 @@ enum Step {
 /// left), or the rest of a large message whose header is already buffered (unless the buffer
 /// holds the middle of a message being streamed).
 pub fn reserve_for_next(buf: &mut bytes::BytesMut, streaming: bool) {
+    reserve_for_next_at(buf, 0, streaming)
+}
+
+/// [`reserve_for_next`] for a buffer whose first `at` bytes are already looked at (waiting to
+/// be written from there).
+fn reserve_for_next_at(buf: &mut bytes::BytesMut, at: usize, streaming: bool) {
     if buf.capacity() == 0 {
         *buf = crate::bufpool::take();
     }
-    let pending = &buf[..];
+    let pending = &buf[at..];
     let mut want = MIN_READ_ROOM;
     if pending.len() >= 5 && !streaming {
         let len = u32::from_be_bytes([pending[1], pending[2], pending[3], pending[4]]) as usize + 1;
