@@ -146,11 +146,15 @@ class Proc:
         self.name, self.popen, self.port = name, popen, port
         self.pid = pid or popen.pid
 
-    def cpu_seconds(self):
+    def cpu_split(self):
+        """(user, kernel) CPU seconds so far."""
         with open(f"/proc/{self.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         # utime and stime are fields 14 and 15 of stat; after the ')' split they are 11, 12.
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+    def cpu_seconds(self):
+        return sum(self.cpu_split())
 
     def status_kb(self, key):
         with open(f"/proc/{self.pid}/status") as f:
