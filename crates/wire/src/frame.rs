@@ -124,8 +124,14 @@ impl<'a> Reader<'a> {
     /// A NUL-terminated string as bytes: query texts and server messages may be in any
     /// encoding, and Shoal must pass them on, not judge them.
     pub fn cstr_bytes(&mut self) -> Result<&'a [u8], FrameError> {
-        let nul = memchr::memchr(0, self.buf)
-            .ok_or(FrameError::Malformed("string is not NUL-terminated"))?;
+        // Most strings of the extended protocol are empty (the unnamed statement and
+        // portal): no search for those.
+        let nul = if self.buf.first() == Some(&0) {
+            0
+        } else {
+            memchr::memchr(0, self.buf)
+                .ok_or(FrameError::Malformed("string is not NUL-terminated"))?
+        };
         let s = &self.buf[..nul];
         self.buf = &self.buf[nul + 1..];
         Ok(s)
@@ -175,6 +181,21 @@ mod tests {
         assert_eq!(f.tag(), b'S');
         assert!(f.body().is_empty());
         assert_eq!(&buf[..], b"H\0\0\0\x04X");
+    }
+
+    /// Strings end at their first NUL (empty ones included), and a string with no NUL is an
+    /// error at any length.
+    #[test]
+    fn strings_of_every_length_end_at_their_nul() {
+        for len in 0..40 {
+            let text = vec![b'x'; len];
+            let mut body = text.clone();
+            body.extend_from_slice(b"\0rest\0");
+            let mut r = Reader::new(&body);
+            assert_eq!(r.cstr_bytes().unwrap(), &text[..], "length {len}");
+            assert_eq!(r.cstr_bytes().unwrap(), b"rest");
+            assert!(Reader::new(&text).cstr_bytes().is_err(), "length {len}");
+        }
     }
 
     #[test]
