@@ -38,7 +38,7 @@ use shoal_wire::sql::{self, Effects};
 use crate::sets::SetOp;
 
 pub use replies::{emit_due, pass_reply, server_reply, synthetic_due};
-pub use translate::Translator;
+pub use translate::{ToServer, Translator};
 
 /// A distinct statement: the Parse body after the name (query text and parameter types).
 #[derive(Debug)]

@@ -16,6 +16,24 @@ use super::{
     StatementRegistry, Unnamed,
 };
 
+/// Where the translation of client messages goes. A message passed on unchanged is handed
+/// over whole ([`ToServer::pass`]), so the relay can send it from where it lies; anything else
+/// is written into [`ToServer::buf`], after everything handed over before.
+pub trait ToServer {
+    fn pass(&mut self, msg: &[u8]);
+    fn buf(&mut self) -> &mut BytesMut;
+}
+
+impl ToServer for BytesMut {
+    fn pass(&mut self, msg: &[u8]) {
+        self.extend_from_slice(msg);
+    }
+
+    fn buf(&mut self) -> &mut BytesMut {
+        self
+    }
+}
+
 /// Per-attachment state of the translation.
 pub struct Translator<'a> {
     pub registry: &'a StatementRegistry,
@@ -61,9 +79,9 @@ impl Translator<'_> {
 
     /// Makes sure the server has `def` prepared before a Bind or Describe of it; the reply to
     /// a Parse put in for that is hidden.
-    fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut BytesMut) {
+    fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut impl ToServer) {
         if !self.server.touch(def.id) {
-            self.prepare(def, out);
+            self.prepare(def, out.buf());
             self.queue.push_back(Expect::HideParse(Arc::clone(def)));
         }
     }
@@ -78,18 +96,18 @@ impl Translator<'_> {
 
     /// Makes sure the server holds this client's unnamed statement; false (and the server
     /// made to fail) when the client has none.
-    fn ensure_unnamed(&mut self, out: &mut BytesMut) -> bool {
+    fn ensure_unnamed(&mut self, out: &mut impl ToServer) -> bool {
         let Some(u) = self.client.as_ref().and_then(|c| c.unnamed.as_ref()) else {
             self.fail(
                 shoal_wire::sqlstate::INVALID_SQL_STATEMENT_NAME,
                 "unnamed prepared statement does not exist".into(),
-                out,
+                out.buf(),
             );
             return false;
         };
         let owner = (self.client_id, u.seq);
         if self.server.unnamed_owner != Some(owner) {
-            parse_message(out, b"", &u.body);
+            parse_message(out.buf(), b"", &u.body);
             self.queue.push_back(Expect::HideParseUnnamed(u.seq));
             self.server.unnamed_owner = Some(owner);
         }
@@ -125,7 +143,11 @@ impl Translator<'_> {
 
     /// Appends to `out` what the server must receive for the client message `msg` (a whole,
     /// validated frame), and queues the replies it will owe.
-    pub fn client_message(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+    pub fn client_message(
+        &mut self,
+        msg: &[u8],
+        out: &mut impl ToServer,
+    ) -> Result<(), FrameError> {
         let body = &msg[HEADER_LEN..];
         match msg[0] {
             fe::PARSE => self.parse(msg, out)?,
@@ -145,12 +167,12 @@ impl Translator<'_> {
                             .and_then(|c| c.unnamed.as_ref())
                             .and_then(|u| u.set_op.clone());
                     }
-                    out.extend_from_slice(msg);
+                    out.pass(msg);
                     self.queue.push_back(Expect::Bind(None));
                     return Ok(());
                 }
                 let Some(def) = self.lookup(stmt) else {
-                    self.missing_statement(stmt, out);
+                    self.missing_statement(stmt, out.buf());
                     return Ok(());
                 };
                 if portal.is_empty() {
@@ -160,7 +182,7 @@ impl Translator<'_> {
                     *self.dirty = true;
                 }
                 self.ensure_prepared(&def, out);
-                put_message(out, fe::BIND, |b| {
+                put_message(out.buf(), fe::BIND, |b| {
                     b.put_slice(portal);
                     b.put_u8(0);
                     put_cstr(b, &def.name);
@@ -173,22 +195,22 @@ impl Translator<'_> {
                 let kind = r.u8()?;
                 let name = r.cstr_bytes()?;
                 if kind != b'S' {
-                    out.extend_from_slice(msg);
+                    out.pass(msg);
                     self.queue.push_back(Expect::DescribePortal);
                 } else if name.is_empty() {
                     if self.ensure_unnamed(out) {
-                        out.extend_from_slice(msg);
+                        out.pass(msg);
                         self.queue.push_back(Expect::DescribeStatement(None));
                     }
                 } else if let Some(def) = self.lookup(name) {
                     self.ensure_prepared(&def, out);
-                    put_message(out, fe::DESCRIBE, |b| {
+                    put_message(out.buf(), fe::DESCRIBE, |b| {
                         b.put_u8(b'S');
                         put_cstr(b, &def.name);
                     });
                     self.queue.push_back(Expect::DescribeStatement(Some(def)));
                 } else {
-                    self.missing_statement(name, out);
+                    self.missing_statement(name, out.buf());
                 }
             }
             fe::CLOSE => {
@@ -205,12 +227,12 @@ impl Translator<'_> {
                         }
                         self.server.unnamed_owner = None;
                     }
-                    out.extend_from_slice(msg);
+                    out.pass(msg);
                     self.queue.push_back(Expect::Close);
                 }
             }
             fe::EXECUTE => {
-                out.extend_from_slice(msg);
+                out.pass(msg);
                 let portal = Reader::new(body).cstr_bytes()?;
                 let op = if portal.is_empty() {
                     self.server.portal_set.clone()
@@ -220,22 +242,22 @@ impl Translator<'_> {
                 self.queue.push_back(Expect::Execute(op));
             }
             fe::SYNC => {
-                out.extend_from_slice(msg);
+                out.pass(msg);
                 self.queue.push_back(Expect::Sync);
             }
             fe::QUERY => self.query(msg, out)?,
             fe::FUNCTION_CALL => {
-                out.extend_from_slice(msg);
+                out.pass(msg);
                 // A function may change anything in the session.
                 *self.dirty = true;
                 self.queue.push_back(Expect::Query(None));
             }
-            _ => out.extend_from_slice(msg),
+            _ => out.pass(msg),
         }
         Ok(())
     }
 
-    fn parse(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+    fn parse(&mut self, msg: &[u8], out: &mut impl ToServer) -> Result<(), FrameError> {
         let mut r = Reader::new(&msg[HEADER_LEN..]);
         let name = r.cstr_bytes()?;
         let rest = r.rest();
@@ -252,7 +274,7 @@ impl Translator<'_> {
             u.set_op = set_of_with(first, text);
             u.dirty = fx.dirty;
             self.server.unnamed_owner = Some((self.client_id, u.seq));
-            out.extend_from_slice(msg);
+            out.pass(msg);
             self.queue.push_back(Expect::ParseUnnamed(u.seq));
             return Ok(());
         }
@@ -260,7 +282,7 @@ impl Translator<'_> {
             self.fail(
                 shoal_wire::sqlstate::DUPLICATE_PREPARED_STATEMENT,
                 format!("prepared statement \"{}\" already exists", shown(name)),
-                out,
+                out.buf(),
             );
             return Ok(());
         }
@@ -272,13 +294,13 @@ impl Translator<'_> {
         if self.server.touch(def.id) {
             self.queue.push_back(Expect::SyntheticParse);
         } else {
-            self.prepare(&def, out);
+            self.prepare(&def, out.buf());
             self.queue.push_back(Expect::Parse(Some(def)));
         }
         Ok(())
     }
 
-    fn query(&mut self, msg: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+    fn query(&mut self, msg: &[u8], out: &mut impl ToServer) -> Result<(), FrameError> {
         let text = Reader::new(&msg[HEADER_LEN..]).cstr_bytes()?;
         // A simple query drops the unnamed statement, in PostgreSQL and so here.
         self.server.unnamed_dropped();
@@ -300,7 +322,7 @@ impl Translator<'_> {
                 let sql = format!(
                     "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = 'prepared statement \"{shown}\" does not exist', HINT = 'names starting with shoal_ are reserved by the Shoal pooler'; END$shoal$"
                 );
-                shoal_wire::frontend::query(out, &sql);
+                shoal_wire::frontend::query(out.buf(), &sql);
                 self.queue.push_back(Expect::Query(None));
                 return Ok(());
             }
@@ -339,15 +361,15 @@ impl Translator<'_> {
                     // Sync follows an injected Parse so that a failure cannot make the
                     // server ignore the query.
                     if !self.server.touch(def.id) {
-                        self.prepare(&def, out);
+                        self.prepare(&def, out.buf());
                         self.queue.push_back(Expect::HideParse(def.clone()));
-                        put_message(out, fe::SYNC, |_| {});
+                        put_message(out.buf(), fe::SYNC, |_| {});
                         self.queue.push_back(Expect::HideSync);
                     }
                     if def.effects.dirty {
                         *self.dirty = true;
                     }
-                    put_message(out, fe::QUERY, |b| {
+                    put_message(out.buf(), fe::QUERY, |b| {
                         b.put_slice(&text[..cmd.name_at.start]);
                         b.put_slice(def.name.as_bytes());
                         b.put_slice(&text[cmd.name_at.end..]);
@@ -358,7 +380,7 @@ impl Translator<'_> {
                 }
             }
         }
-        out.extend_from_slice(msg);
+        out.pass(msg);
         self.queue
             .push_back(Expect::Query(set_of_with(first, text)));
         Ok(())

@@ -74,6 +74,10 @@ pub enum RelayEnd {
 /// Output buffers of one relay: what goes to the server and to the client next.
 struct Outbound {
     to_server: BytesMut,
+    /// Bytes at the head of the client's buffer that go to the server as they are: whole
+    /// messages passed on unchanged, written from where they lie. Only while `to_server` is
+    /// empty (see [`ClientSink`]).
+    direct_to_server: usize,
     to_client: BytesMut,
     /// Bytes still to pass through of a client message being streamed (see [`STREAM_AT`]).
     client_rest: usize,
@@ -96,6 +100,25 @@ struct Outbound {
 }
 
 impl Outbound {
+    /// Whether anything waits to be written to the server.
+    fn server_pending(&self) -> bool {
+        !self.to_server.is_empty() || self.direct_to_server > 0
+    }
+
+    /// Moves the client bytes passed in place into `to_server` (taken from the pool first),
+    /// before anything else is written there.
+    fn spill_to_server(&mut self, cbuf: &mut BytesMut) {
+        if self.to_server.capacity() == 0 {
+            self.to_server = crate::bufpool::take();
+        }
+        if self.direct_to_server > 0 {
+            self.to_server
+                .extend_from_slice(&cbuf[..self.direct_to_server]);
+            cbuf.advance(self.direct_to_server);
+            self.direct_to_server = 0;
+        }
+    }
+
     /// Adds what was counted to the pool's metrics and starts counting afresh.
     fn flush_counts(&mut self, pool: &crate::pool::Pool) {
         if self.counts.slowest_us > 0 {
@@ -109,6 +132,82 @@ impl Outbound {
         pool.metrics.add(&self.counts, held);
         self.counts = Default::default();
         self.txn_start = now;
+    }
+}
+
+/// The translation's output for one client message (see [`crate::prepared::ToServer`]): a
+/// message passed on unchanged while nothing else waits for the server stays in the client's
+/// buffer; anything written moves the bytes passed in place before it (`head`, and the message
+/// itself if it was passed) into `to_server` first. The message is borrowed from the client
+/// buffer meanwhile, so the relay moves the buffer on afterwards ([`ClientSink::settle`]).
+struct ClientSink<'a> {
+    /// The client bytes passed in place by earlier messages (`cbuf[..direct_to_server]`).
+    head: &'a [u8],
+    /// The message being translated (it follows `head` in the client buffer).
+    msg: &'a [u8],
+    to_server: &'a mut BytesMut,
+    /// `msg` was passed and stays where it is.
+    in_place: bool,
+    /// `head` (and `msg`, if it was passed in place) went into `to_server`.
+    spilled: bool,
+}
+
+impl<'a> ClientSink<'a> {
+    fn new(head: &'a [u8], msg: &'a [u8], to_server: &'a mut BytesMut) -> Self {
+        ClientSink {
+            head,
+            msg,
+            to_server,
+            in_place: false,
+            spilled: false,
+        }
+    }
+
+    /// How the client buffer moves on after the message: (bytes to drop from its front, the
+    /// new `direct_to_server`).
+    fn settle(mut self) -> (usize, usize) {
+        let (d, n) = (self.head.len(), self.msg.len());
+        if self.in_place {
+            return (0, d + n);
+        }
+        if !self.spilled && d > 0 {
+            // The message sends nothing: the bytes in place before it cannot stay, or its
+            // own would sit between them.
+            let _ = crate::prepared::ToServer::buf(&mut self);
+        }
+        if self.spilled {
+            (d + n, 0)
+        } else {
+            (n, 0)
+        }
+    }
+}
+
+impl crate::prepared::ToServer for ClientSink<'_> {
+    fn pass(&mut self, msg: &[u8]) {
+        debug_assert!(
+            std::ptr::eq(msg, self.msg),
+            "only the message being translated is passed"
+        );
+        if !self.spilled && !self.in_place && self.to_server.is_empty() {
+            self.in_place = true;
+            return;
+        }
+        self.buf().extend_from_slice(msg);
+    }
+
+    fn buf(&mut self) -> &mut BytesMut {
+        if !self.spilled {
+            if self.to_server.capacity() == 0 {
+                *self.to_server = crate::bufpool::take();
+            }
+            self.to_server.extend_from_slice(self.head);
+            if std::mem::take(&mut self.in_place) {
+                self.to_server.extend_from_slice(self.msg);
+            }
+            self.spilled = true;
+        }
+        self.to_server
     }
 }
 
@@ -157,22 +256,29 @@ impl Session {
                 }
                 continue;
             }
-            if let Some(total) = stream_start(&self.cbuf, &[fe::COPY_DATA]) {
-                out.client_rest = total;
+            let at = out.direct_to_server;
+            if stream_start(&self.cbuf[at..], &[fe::COPY_DATA]).is_some() {
+                out.spill_to_server(&mut self.cbuf);
+                out.client_rest = stream_start(&self.cbuf, &[fe::COPY_DATA]).unwrap_or(0);
                 continue;
             }
-            let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? else {
+            let Some(n) =
+                next_frame_len(&self.cbuf[at..], max).map_err(SessionError::from_frame)?
+            else {
                 break;
             };
-            let tag = self.cbuf[0];
-            frontend::validate(tag, &self.cbuf[HEADER_LEN..n]).map_err(SessionError::from_frame)?;
+            let tag = self.cbuf[at];
+            frontend::validate(tag, &self.cbuf[at + HEADER_LEN..at + n])
+                .map_err(SessionError::from_frame)?;
             if !flow.client(tag).map_err(SessionError::UnknownMessage)? {
                 return Ok(false);
             }
-            let msg = &self.cbuf[..n];
+            let (head, rest) = self.cbuf.split_at(at);
+            let msg = &rest[..n];
             if policy.per_transaction() && tag == fe::QUERY {
                 super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]);
             }
+            let mut sink = ClientSink::new(head, msg, &mut out.to_server);
             if policy.per_transaction() {
                 let (statements, queue, dirty) = server.session.translation();
                 Translator {
@@ -185,12 +291,14 @@ impl Session {
                     max_per_server: self.pool.settings.max_prepared_statements.max(1),
                     dirty,
                 }
-                .client_message(msg, &mut out.to_server)
+                .client_message(msg, &mut sink)
                 .map_err(SessionError::from_frame)?;
             } else {
-                out.to_server.extend_from_slice(msg);
+                crate::prepared::ToServer::pass(&mut sink, msg);
             }
-            self.cbuf.advance(n);
+            let (consumed, direct) = sink.settle();
+            self.cbuf.advance(consumed);
+            out.direct_to_server = direct;
         }
         if policy.per_transaction() && synthetic_due(server.session.translation().1) {
             spill(server, out);
@@ -405,7 +513,9 @@ impl Session {
         policy: Policy,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound {
-            to_server: crate::bufpool::take(),
+            // Taken when first needed: most messages go out from the client's buffer.
+            to_server: BytesMut::new(),
+            direct_to_server: 0,
             // Taken when first needed: most replies go out from the server's buffer.
             to_client: BytesMut::new(),
             client_rest: 0,
@@ -418,8 +528,10 @@ impl Session {
         };
         let server: &mut ServerConn = lease;
         let mut end = self.relay_loop(server, flow, policy, &mut out).await;
-        // Replies for a client that is gone (or with a server that failed) go nowhere.
+        // Replies for a client that is gone (or with a server that failed) go nowhere, and
+        // messages taken for a failed server are dropped with it.
         server.buf.advance(out.direct);
+        self.cbuf.advance(out.direct_to_server);
         if (out.client_rest > 0 || out.server_rest > 0) && !matches!(end, Ok(RelayEnd::Boundary)) {
             // Cut in the middle of a streamed message: neither side's framing can be
             // trusted any more.
@@ -428,7 +540,9 @@ impl Session {
             ));
         }
         out.flush_counts(&self.pool);
-        crate::bufpool::give(out.to_server);
+        if out.to_server.capacity() > 0 {
+            crate::bufpool::give(out.to_server);
+        }
         if out.to_client.capacity() > 0 {
             crate::bufpool::give(out.to_client);
         }
@@ -443,7 +557,7 @@ impl Session {
         out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
         let mut terminate = !self.take_client(server, flow, out, policy)?;
-        if !out.to_server.is_empty() {
+        if out.server_pending() {
             out.query_start = Some(out.txn_start);
         }
         let mut fatal: Option<ErrorFields> = None;
@@ -453,7 +567,7 @@ impl Session {
                     return Ok(RelayEnd::ServerLost(Some(e)));
                 }
             }
-            if out.to_server.is_empty() && out.to_client.is_empty() && out.direct == 0 {
+            if !out.server_pending() && out.to_client.is_empty() && out.direct == 0 {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
@@ -466,18 +580,21 @@ impl Session {
                 }
             }
             let read_server = out.to_client.len() + out.direct < HIGH_WATER && fatal.is_none();
-            let read_client = out.to_server.len() < HIGH_WATER && !terminate;
+            let read_client = out.to_server.len() + out.direct_to_server < HIGH_WATER && !terminate;
             // One step: the first operation that can make progress, in an order that drains
             // before it fills. Pending operations leave their wakers registered.
             let step = std::future::poll_fn(|cx| {
-                if !out.to_server.is_empty() {
-                    if let Poll::Ready(r) =
-                        Pin::new(&mut server.stream).poll_write(cx, &out.to_server)
-                    {
+                // In each direction, at most one of the two places holds bytes (see
+                // `Outbound::direct_to_server` and `Outbound::direct`).
+                let to_server = match out.direct_to_server {
+                    0 => &out.to_server[..],
+                    n => &self.cbuf[..n],
+                };
+                if !to_server.is_empty() {
+                    if let Poll::Ready(r) = Pin::new(&mut server.stream).poll_write(cx, to_server) {
                         return Poll::Ready(Step::ToServer(r));
                     }
                 }
-                // At most one of the two holds bytes (see `Outbound::direct`).
                 let to_client = match out.direct {
                     0 => &out.to_client[..],
                     n => &server.buf[..n],
@@ -494,7 +611,7 @@ impl Session {
                     }
                 }
                 if read_client {
-                    reserve_for_next(&mut self.cbuf, out.client_rest > 0);
+                    reserve_for_next_at(&mut self.cbuf, out.direct_to_server, out.client_rest > 0);
                     if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
                         return Poll::Ready(Step::FromClient(r));
                     }
@@ -505,7 +622,12 @@ impl Session {
             match step {
                 Step::ToServer(Ok(n)) => {
                     out.counts.bytes_in += n as u64;
-                    out.to_server.advance(n);
+                    if out.direct_to_server > 0 {
+                        self.cbuf.advance(n);
+                        out.direct_to_server -= n;
+                    } else {
+                        out.to_server.advance(n);
+                    }
                 }
                 Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
                 Step::ToClient(Ok(n)) => {
@@ -538,11 +660,14 @@ impl Session {
                     return Ok(RelayEnd::ClientGone)
                 }
                 Step::FromClient(Ok(_)) => {
+                    // Messages passed in place stay ahead of what just arrived, which is
+                    // read from the buffer's front.
+                    out.spill_to_server(&mut self.cbuf);
                     if out.client_rest == 0 {
                         self.account_large(true)?;
                     }
                     terminate = !self.take_client(server, flow, out, policy)?;
-                    if out.query_start.is_none() && !out.to_server.is_empty() {
+                    if out.query_start.is_none() && out.server_pending() {
                         out.query_start = Some(std::time::Instant::now());
                     }
                 }
