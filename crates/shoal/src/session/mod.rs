@@ -11,6 +11,7 @@ mod flow;
 mod handshake;
 mod hygiene;
 mod login;
+mod outbound;
 mod relay;
 
 use std::sync::atomic::Ordering;

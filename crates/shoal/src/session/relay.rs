@@ -2,11 +2,12 @@
 //! messages both ways without decoding most of them, and keeps just enough protocol state to
 //! know when the server can go back to the pool.
 //!
-//! Each read is followed by a scan of the new message headers; complete messages are copied
-//! to the other side's output buffer (rewritten only for named prepared statements in
-//! transaction mode, see [`crate::prepared`]) and go out in one write. Both directions are
-//! driven by readiness, so neither side can stall the other (a client pipelining a large
-//! batch while PostgreSQL streams results back cannot deadlock the relay).
+//! Each read is followed by a scan of the new message headers; complete messages go out in one
+//! write, from the buffer they were read into when passed on unchanged, through an output
+//! buffer when Shoal rewrites around them (named prepared statements in transaction mode, see
+//! [`crate::prepared`]; the bookkeeping is in [`super::outbound`]). Both directions are driven
+//! by readiness, so neither side can stall the other (a client pipelining a large batch while
+//! PostgreSQL streams results back cannot deadlock the relay).
 
 use bytes::Buf;
 use shoal_wire::backend::{self, tag as be, ErrorFields};
@@ -21,6 +22,7 @@ use tokio::io::AsyncWrite;
 use bytes::BytesMut;
 
 use super::flow::Flow;
+use super::outbound::{stream_some, stream_start, ClientSink, Outbound};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
@@ -69,169 +71,6 @@ pub enum RelayEnd {
     ClientGone,
     /// The server connection failed; carries PostgreSQL's FATAL error if it sent one.
     ServerLost(Option<ErrorFields>),
-}
-
-/// Output buffers of one relay: what goes to the server and to the client next.
-struct Outbound {
-    to_server: BytesMut,
-    /// Bytes at the head of the client's buffer that go to the server as they are: whole
-    /// messages passed on unchanged, written from where they lie. Only while `to_server` is
-    /// empty (see [`ClientSink`]).
-    direct_to_server: usize,
-    to_client: BytesMut,
-    /// Bytes still to pass through of a client message being streamed (see [`STREAM_AT`]).
-    client_rest: usize,
-    /// The same for a server message.
-    server_rest: usize,
-    /// Bytes at the head of the server's buffer that go to the client as they are: whole
-    /// replies already looked at, written from where they lie instead of being copied. Only
-    /// while `to_client` is empty: before Shoal adds or hides anything, these bytes move to
-    /// `to_client` ([`spill`]), so the client's stream keeps its order.
-    direct: usize,
-    /// What this transaction did, added to the pool's metrics at its end.
-    counts: crate::metrics::TxnCounts,
-    /// When the transaction (or, in session mode, the current one) began.
-    txn_start: std::time::Instant,
-    /// When the query now running was sent (for the query-duration histogram).
-    query_start: Option<std::time::Instant>,
-    /// When the last answered ReadyForQuery arrived: the transaction's end, when it is the
-    /// last (saves reading the clock again).
-    last_ready: Option<std::time::Instant>,
-}
-
-impl Outbound {
-    /// Whether anything waits to be written to the server.
-    fn server_pending(&self) -> bool {
-        !self.to_server.is_empty() || self.direct_to_server > 0
-    }
-
-    /// Moves the client bytes passed in place into `to_server` (taken from the pool first),
-    /// before anything else is written there.
-    fn spill_to_server(&mut self, cbuf: &mut BytesMut) {
-        if self.to_server.capacity() == 0 {
-            self.to_server = crate::bufpool::take();
-        }
-        if self.direct_to_server > 0 {
-            self.to_server
-                .extend_from_slice(&cbuf[..self.direct_to_server]);
-            cbuf.advance(self.direct_to_server);
-            self.direct_to_server = 0;
-        }
-    }
-
-    /// Adds what was counted to the pool's metrics and starts counting afresh.
-    fn flush_counts(&mut self, pool: &crate::pool::Pool) {
-        if self.counts.slowest_us > 0 {
-            pool.note_query_time(self.counts.slowest_us);
-        }
-        let now = self
-            .last_ready
-            .take()
-            .unwrap_or_else(std::time::Instant::now);
-        let held = now.duration_since(self.txn_start).as_micros() as u64;
-        pool.metrics.add(&self.counts, held);
-        self.counts = Default::default();
-        self.txn_start = now;
-    }
-}
-
-/// The translation's output for one client message (see [`crate::prepared::ToServer`]): a
-/// message passed on unchanged while nothing else waits for the server stays in the client's
-/// buffer; anything written moves the bytes passed in place before it (`head`, and the message
-/// itself if it was passed) into `to_server` first. The message is borrowed from the client
-/// buffer meanwhile, so the relay moves the buffer on afterwards ([`ClientSink::settle`]).
-struct ClientSink<'a> {
-    /// The client bytes passed in place by earlier messages (`cbuf[..direct_to_server]`).
-    head: &'a [u8],
-    /// The message being translated (it follows `head` in the client buffer).
-    msg: &'a [u8],
-    to_server: &'a mut BytesMut,
-    /// `msg` was passed and stays where it is.
-    in_place: bool,
-    /// `head` (and `msg`, if it was passed in place) went into `to_server`.
-    spilled: bool,
-}
-
-impl<'a> ClientSink<'a> {
-    fn new(head: &'a [u8], msg: &'a [u8], to_server: &'a mut BytesMut) -> Self {
-        ClientSink {
-            head,
-            msg,
-            to_server,
-            in_place: false,
-            spilled: false,
-        }
-    }
-
-    /// How the client buffer moves on after the message: (bytes to drop from its front, the
-    /// new `direct_to_server`).
-    fn settle(mut self) -> (usize, usize) {
-        let (d, n) = (self.head.len(), self.msg.len());
-        if self.in_place {
-            return (0, d + n);
-        }
-        if !self.spilled && d > 0 {
-            // The message sends nothing: the bytes in place before it cannot stay, or its
-            // own would sit between them.
-            let _ = crate::prepared::ToServer::buf(&mut self);
-        }
-        if self.spilled {
-            (d + n, 0)
-        } else {
-            (n, 0)
-        }
-    }
-}
-
-impl crate::prepared::ToServer for ClientSink<'_> {
-    fn pass(&mut self, msg: &[u8]) {
-        debug_assert!(
-            std::ptr::eq(msg, self.msg),
-            "only the message being translated is passed"
-        );
-        if !self.spilled && !self.in_place && self.to_server.is_empty() {
-            self.in_place = true;
-            return;
-        }
-        self.buf().extend_from_slice(msg);
-    }
-
-    fn buf(&mut self) -> &mut BytesMut {
-        if !self.spilled {
-            if self.to_server.capacity() == 0 {
-                *self.to_server = crate::bufpool::take();
-            }
-            self.to_server.extend_from_slice(self.head);
-            if std::mem::take(&mut self.in_place) {
-                self.to_server.extend_from_slice(self.msg);
-            }
-            self.spilled = true;
-        }
-        self.to_server
-    }
-}
-
-/// Messages Shoal never looks inside (COPY data both ways, rows from the server) are streamed
-/// through once larger than this, instead of being buffered whole: memory per client stays
-/// bounded however large a row or a COPY chunk is.
-const STREAM_AT: usize = 64 * 1024;
-
-/// Starts streaming the message at the head of `buf` if it is one to stream and is not all
-/// there yet; returns its total length.
-fn stream_start(buf: &[u8], tags: &[u8]) -> Option<usize> {
-    if buf.len() < HEADER_LEN || !tags.contains(&buf[0]) {
-        return None;
-    }
-    let total = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize + 1;
-    (total > STREAM_AT && buf.len() < total).then_some(total)
-}
-
-/// Moves up to `rest` bytes of a streamed message from `from` to `to`.
-fn stream_some(from: &mut BytesMut, to: &mut BytesMut, rest: &mut usize) {
-    let n = (*rest).min(from.len());
-    to.extend_from_slice(&from[..n]);
-    from.advance(n);
-    *rest -= n;
 }
 
 impl Session {
@@ -301,7 +140,7 @@ impl Session {
             out.direct_to_server = direct;
         }
         if policy.per_transaction() && synthetic_due(server.session.translation().1) {
-            spill(server, out);
+            out.spill_to_client(&mut server.buf);
             emit_due(
                 server.session.translation().1,
                 &mut self.statements,
@@ -311,19 +150,6 @@ impl Session {
             );
         }
         Ok(true)
-    }
-}
-
-/// Moves the directly forwarded bytes into `to_client` (taking it from the pool first), before
-/// anything else is written there.
-fn spill(server: &mut ServerConn, out: &mut Outbound) {
-    if out.to_client.capacity() == 0 {
-        out.to_client = crate::bufpool::take();
-    }
-    if out.direct > 0 {
-        out.to_client.extend_from_slice(&server.buf[..out.direct]);
-        server.buf.advance(out.direct);
-        out.direct = 0;
     }
 }
 
@@ -351,7 +177,7 @@ fn take_server(
         }
         let at = out.direct;
         if stream_start(&server.buf[at..], &[be::DATA_ROW, be::COPY_DATA]).is_some() {
-            spill(server, out);
+            out.spill_to_client(&mut server.buf);
             if policy.per_transaction() {
                 emit_due(
                     server.session.translation().1,
@@ -378,7 +204,7 @@ fn take_server(
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 out.counts.error(&e.code);
                 if e.is_fatal() {
-                    spill(server, out);
+                    out.spill_to_client(&mut server.buf);
                     if policy.forwards_fatal() {
                         out.to_client.extend_from_slice(&server.buf[..n]);
                     }
@@ -436,12 +262,12 @@ fn take_server(
             } else if out.direct == 0 {
                 server.buf.advance(n);
             } else {
-                spill(server, out);
+                out.spill_to_client(&mut server.buf);
                 server.buf.advance(n);
             }
             forward
         } else {
-            spill(server, out);
+            out.spill_to_client(&mut server.buf);
             let forward = if policy.per_transaction() {
                 let (statements, queue, _) = server.session.translation();
                 server_reply(
@@ -488,7 +314,7 @@ fn take_server(
             }
         }
         if policy.per_transaction() && synthetic_due(server.session.translation().1) {
-            spill(server, out);
+            out.spill_to_client(&mut server.buf);
             emit_due(
                 server.session.translation().1,
                 client,
