@@ -41,6 +41,23 @@ pub(super) struct Outbound {
 }
 
 impl Outbound {
+    /// Nothing to write yet; both output buffers are taken when first needed, since most
+    /// messages go out from the buffer they were read into.
+    pub(super) fn new() -> Self {
+        Outbound {
+            to_server: BytesMut::new(),
+            direct_to_server: 0,
+            to_client: BytesMut::new(),
+            client_rest: 0,
+            server_rest: 0,
+            direct: 0,
+            counts: Default::default(),
+            txn_start: std::time::Instant::now(),
+            query_start: None,
+            last_ready: None,
+        }
+    }
+
     /// Whether anything waits to be written to the server.
     pub(super) fn server_pending(&self) -> bool {
         !self.to_server.is_empty() || self.direct_to_server > 0
@@ -274,18 +291,8 @@ mod tests {
 
     #[test]
     fn server_bytes_in_place_move_to_the_client_buffer_before_anything_else() {
-        let mut out = Outbound {
-            to_server: BytesMut::new(),
-            direct_to_server: 0,
-            to_client: BytesMut::new(),
-            client_rest: 0,
-            server_rest: 0,
-            direct: 4,
-            counts: Default::default(),
-            txn_start: std::time::Instant::now(),
-            query_start: None,
-            last_ready: None,
-        };
+        let mut out = Outbound::new();
+        out.direct = 4;
         let mut server_buf = BytesMut::from(&b"T1D2next"[..]);
         out.spill_to_client(&mut server_buf);
         assert_eq!(&out.to_client[..], b"T1D2");

@@ -19,8 +19,6 @@ use std::task::Poll;
 
 use tokio::io::AsyncWrite;
 
-use bytes::BytesMut;
-
 use super::flow::Flow;
 use super::outbound::{stream_some, stream_start, ClientSink, Outbound};
 use super::{Session, SessionError};
@@ -338,20 +336,7 @@ impl Session {
         flow: &mut Flow,
         policy: Policy,
     ) -> Result<RelayEnd, SessionError> {
-        let mut out = Outbound {
-            // Taken when first needed: most messages go out from the client's buffer.
-            to_server: BytesMut::new(),
-            direct_to_server: 0,
-            // Taken when first needed: most replies go out from the server's buffer.
-            to_client: BytesMut::new(),
-            client_rest: 0,
-            server_rest: 0,
-            direct: 0,
-            counts: Default::default(),
-            txn_start: std::time::Instant::now(),
-            query_start: None,
-            last_ready: None,
-        };
+        let mut out = Outbound::new();
         let server: &mut ServerConn = lease;
         let mut end = self.relay_loop(server, flow, policy, &mut out).await;
         // Replies for a client that is gone (or with a server that failed) go nowhere, and
