@@ -18,18 +18,21 @@ pub const LARGE: usize = 1 << 20;
 /// KiB reserved by all clients together.
 static IN_USE_KIB: AtomicUsize = AtomicUsize::new(0);
 
-/// Reserves budget for the large message at the head of `buf`, or releases what this client
-/// holds once no large message is buffered (and gives the memory back). `reserved_kib` is
-/// the client's share; `budget` the process-wide limit in bytes. `streaming_copy`: COPY data
-/// is streamed by the caller and needs no budget.
+/// Reserves budget for the large message at `buf[at..]` (the bytes before it are messages
+/// already handled, waiting in place to be written), or releases what this client holds once
+/// no large message is buffered (and gives the memory back). `reserved_kib` is the client's
+/// share; `budget` the process-wide limit in bytes. `streaming_copy`: COPY data is streamed
+/// by the caller and needs no budget.
 pub fn account(
     buf: &mut BytesMut,
+    at: usize,
     reserved_kib: &mut u32,
     budget: usize,
     streaming_copy: bool,
 ) -> Result<(), SessionError> {
-    let large = (buf.len() >= 5 && !(streaming_copy && buf[0] == fe::COPY_DATA))
-        .then(|| u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize + 1)
+    let next = buf.get(at..).unwrap_or_default();
+    let large = (next.len() >= 5 && !(streaming_copy && next[0] == fe::COPY_DATA))
+        .then(|| u32::from_be_bytes([next[1], next[2], next[3], next[4]]) as usize + 1)
         .filter(|&total| total > LARGE);
     let Some(total) = large else {
         if *reserved_kib > 0 {
@@ -88,22 +91,39 @@ mod tests {
         let budget = 3 * LARGE;
         let (mut a, mut b) = (0u32, 0u32);
         let mut m = header(b'Q', 2 * LARGE);
-        account(&mut m, &mut a, budget, true).unwrap();
+        account(&mut m, 0, &mut a, budget, true).unwrap();
         assert_eq!(a as usize, 2 * LARGE / 1024);
         let mut m2 = header(b'Q', 2 * LARGE);
-        let e = account(&mut m2, &mut b, budget, true).unwrap_err();
+        let e = account(&mut m2, 0, &mut b, budget, true).unwrap_err();
         assert!(e.to_string().contains("max_large_message_memory"), "{e}");
         // Small messages, and COPY data being streamed, need nothing.
         let mut small = header(b'Q', 100);
-        account(&mut small, &mut b, budget, true).unwrap();
+        account(&mut small, 0, &mut b, budget, true).unwrap();
         let mut copy = header(b'd', 10 * LARGE);
-        account(&mut copy, &mut b, budget, true).unwrap();
+        account(&mut copy, 0, &mut b, budget, true).unwrap();
         assert_eq!(b, 0);
         // Once A's message is consumed, its share returns.
         let mut empty = BytesMut::new();
-        account(&mut empty, &mut a, budget, true).unwrap();
+        account(&mut empty, 0, &mut a, budget, true).unwrap();
         assert_eq!(a, 0);
-        account(&mut m2, &mut b, budget, true).unwrap();
+        account(&mut m2, 0, &mut b, budget, true).unwrap();
         release(&mut b);
+    }
+
+    #[test]
+    fn the_message_after_those_waiting_in_place_is_the_one_accounted() {
+        let budget = 3 * LARGE;
+        let mut waiting = header(b'Q', 2 * LARGE);
+        waiting.truncate(5);
+        waiting.extend_from_slice(&header(b'Q', 100));
+        let mut a = 0u32;
+        // At 0 the large message is the head; at 5 (it waits in place) the small one is.
+        account(&mut waiting, 5, &mut a, budget, true).unwrap();
+        assert_eq!(a, 0);
+        account(&mut waiting, 0, &mut a, budget, true).unwrap();
+        assert_eq!(a as usize, 2 * LARGE / 1024);
+        account(&mut waiting, 5, &mut a, budget, true).unwrap();
+        assert_eq!(a, 0, "released once the large message is behind");
+        assert_eq!(waiting.len(), 10, "nothing waiting is lost");
     }
 }

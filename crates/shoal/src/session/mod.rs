@@ -432,9 +432,15 @@ impl Session {
     }
 
     /// Holds or frees this client's share of the large-message budget.
-    fn account_large(&mut self, streaming_copy: bool) -> Result<(), SessionError> {
+    fn account_large(&mut self, at: usize, streaming_copy: bool) -> Result<(), SessionError> {
         let budget = self.app.config.server.max_large_message_memory;
-        budget::account(&mut self.cbuf, &mut self.large_kib, budget, streaming_copy)
+        budget::account(
+            &mut self.cbuf,
+            at,
+            &mut self.large_kib,
+            budget,
+            streaming_copy,
+        )
     }
 
     fn set_active(&mut self, active: bool) {
@@ -515,7 +521,7 @@ impl Session {
                         Ok(_) => {}
                         Err(e) => return Err(e.into()),
                     }
-                    self.account_large(false)?;
+                    self.account_large(0, false)?;
                 }
             }
         }

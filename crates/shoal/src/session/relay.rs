@@ -471,11 +471,11 @@ impl Session {
                     return Ok(RelayEnd::ClientGone)
                 }
                 Step::FromClient(Ok(_)) => {
-                    // Messages passed in place stay ahead of what just arrived, which is
-                    // read from the buffer's front.
-                    out.spill_to_server(&mut self.cbuf);
+                    // Messages passed in place stay where they are, ahead of what just
+                    // arrived: `take_client` reads on from behind them. (A streamed message
+                    // is never passed in place, so `client_rest > 0` has none.)
                     if out.client_rest == 0 {
-                        self.account_large(true)?;
+                        self.account_large(out.direct_to_server, true)?;
                     }
                     terminate = !self.take_client(server, flow, out, policy)?;
                     if out.query_start.is_none() && out.server_pending() {
