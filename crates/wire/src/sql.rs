@@ -378,25 +378,34 @@ const fn fold(b: u8) -> u8 {
 const BLOCK: usize = 16;
 
 /// Whether `body` holds a backslash, a NUL, a `;` or any watched fragment.
+///
+/// Windows are read straight from the text (no copy); the last one ends at the text's end,
+/// overlapping the one before it (looking at a position twice changes nothing). Only a text
+/// shorter than one window is copied, padded with spaces (no fragment, nothing special).
 fn needs_lexing(body: &[u8]) -> bool {
+    const W: usize = BLOCK + 3;
+    let special = |b: u8| (b == b'\\') | (b == 0) | (b == b';');
+    let Some(last_start) = body.len().checked_sub(W) else {
+        let mut w = [b' '; W];
+        w[..body.len()].copy_from_slice(body);
+        // Bytes past the window's starting positions can only be special (too few follow).
+        let after = body.get(BLOCK..).unwrap_or_default();
+        return block_needs_lexing(&w) || after.iter().any(|&b| special(b));
+    };
+    let window = |at: usize| -> &[u8; W] {
+        // `at <= last_start`, so the window is always whole.
+        body[at..at + W].try_into().unwrap_or(&[b' '; W])
+    };
     let mut at = 0;
-    while at < body.len() {
-        let rest = &body[at..];
-        let window: [u8; BLOCK + 3] = match rest.get(..BLOCK + 3) {
-            Some(w) => w.try_into().unwrap_or([0; BLOCK + 3]),
-            None => {
-                // The tail, padded with spaces (no fragment, nothing special).
-                let mut w = [b' '; BLOCK + 3];
-                w[..rest.len()].copy_from_slice(rest);
-                w
-            }
-        };
-        if block_needs_lexing(&window) {
+    while at < last_start {
+        if block_needs_lexing(window(at)) {
             return true;
         }
         at += BLOCK;
     }
-    false
+    // Starting positions up to the last three are covered by the window ending at the end;
+    // the last three bytes can only be special bytes (a fragment needs four).
+    block_needs_lexing(window(last_start)) || body[last_start + BLOCK..].iter().any(|&b| special(b))
 }
 
 fn block_needs_lexing(w: &[u8; BLOCK + 3]) -> bool {
@@ -917,6 +926,25 @@ mod fuzz {
         let words: [&[u8]; 4] = [b"temp", b"seed", b"_con", b"y_lo"];
         body.iter().any(|&b| b == b'\\' || b == 0 || b == b';')
             || lower.windows(4).any(|w| words.contains(&w))
+    }
+
+    /// Every length around the window sizes, every position: the overlapping last window and
+    /// the short-text path leave no byte unexamined.
+    #[test]
+    fn block_search_finds_a_mark_at_every_position() {
+        for len in 0..64 {
+            for mark in [&b"\\"[..], b"\0", b";", b"TeMp", b"y_lo"] {
+                for at in 0..=len {
+                    if at + mark.len() > len {
+                        continue;
+                    }
+                    let mut text = vec![b'a'; len];
+                    text[at..at + mark.len()].copy_from_slice(mark);
+                    assert!(needs_lexing(&text), "{len} {at} {mark:?}");
+                }
+            }
+            assert!(!needs_lexing(&vec![b'a'; len]), "{len}");
+        }
     }
 
     proptest! {
