@@ -35,7 +35,7 @@ pub(super) async fn login_phase(
         Ok(g) => g,
         Err(message) => {
             let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
-            finish(id, &mut stream, Err(e)).await;
+            Box::pin(finish(id, &mut stream, Err(e))).await;
             return None;
         }
     };
@@ -69,7 +69,7 @@ pub(super) async fn login_phase(
                     sqlstate::TOO_MANY_CONNECTIONS,
                     format!("too many client connections: server.max_client_conn ({max}) reached"),
                 );
-                finish(id, &mut stream, Err(e)).await;
+                Box::pin(finish(id, &mut stream, Err(e))).await;
                 return None;
             }
             if app.config.server.log_connections {
@@ -82,7 +82,7 @@ pub(super) async fn login_phase(
         Ok(None) => None,
         Err(e) => {
             app.metrics.rejected(e.code().unwrap_or(""), timed_out);
-            finish(id, &mut stream, Err(e)).await;
+            Box::pin(finish(id, &mut stream, Err(e))).await;
             None
         }
     }
@@ -193,11 +193,9 @@ async fn login(
     if let (Err(_), Some(db)) = (&found, database) {
         if let (Some(aq), Some(auth_user)) = (&db.auth_query, routed.auth_user()) {
             let timeout = crate::config::secs(app.routes.config().pool.server_connect_timeout);
-            match app
-                .secrets
-                .user(&auth_user, timeout, db, aq, &routed.user)
-                .await
-            {
+            // Boxed: the lookup may open a server connection, a large future that every
+            // login would otherwise carry (and copy) while only auth_query users need it.
+            match Box::pin(app.secrets.user(&auth_user, timeout, db, aq, &routed.user)).await {
                 Ok(Some(user)) => found = Ok(user),
                 Ok(None) => {}
                 Err(e) => {
@@ -334,7 +332,8 @@ async fn login(
                 tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
                 SessionError::fatal(c.code, c.message)
             })?;
-            l.prepare_for(0, &req.params, None, pool.settings.reset_timeout)
+            // Boxed, as the checkout: only a login with parameters not seen before gets here.
+            Box::pin(l.prepare_for(0, &req.params, None, pool.settings.reset_timeout))
                 .await
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.

@@ -794,6 +794,16 @@ mod size_tests {
             "changed future: {} bytes",
             std::mem::size_of_val(&rx2.changed())
         );
+        let other = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let login = login::login_phase(app.clone(), ClientStream::Tcp(other));
+        println!("login future: {} bytes", std::mem::size_of_val(&login));
+        // Every login moves this future into the heap (and a connect storm holds thousands):
+        // phases only some logins need (auth_query, a server for new parameters, refusals)
+        // are boxed apart.
+        assert!(std::mem::size_of_val(&login) <= 2048, "login future grew");
+        drop(login);
         let fut = serve(app, stream);
         println!("serve future: {} bytes", std::mem::size_of_val(&fut));
         println!("Session: {} bytes", std::mem::size_of::<Session>());
