@@ -31,13 +31,13 @@ pub(super) struct Outbound {
     pub(super) direct: usize,
     /// What this transaction did, added to the pool's metrics at its end.
     pub(super) counts: crate::metrics::TxnCounts,
-    /// When the transaction (or, in session mode, the current one) began.
-    pub(super) txn_start: std::time::Instant,
+    /// When the transaction (or, in session mode, the current one) began ([`crate::clock::mono_us`]).
+    pub(super) txn_start: u64,
     /// When the query now running was sent (for the query-duration histogram).
-    pub(super) query_start: Option<std::time::Instant>,
+    pub(super) query_start: Option<u64>,
     /// When the last answered ReadyForQuery arrived: the transaction's end, when it is the
     /// last (saves reading the clock again).
-    pub(super) last_ready: Option<std::time::Instant>,
+    pub(super) last_ready: Option<u64>,
 }
 
 impl Outbound {
@@ -52,7 +52,7 @@ impl Outbound {
             server_rest: 0,
             direct: 0,
             counts: Default::default(),
-            txn_start: std::time::Instant::now(),
+            txn_start: crate::clock::mono_us(),
             query_start: None,
             last_ready: None,
         }
@@ -95,11 +95,8 @@ impl Outbound {
         if self.counts.slowest_us > 0 {
             pool.note_query_time(self.counts.slowest_us);
         }
-        let now = self
-            .last_ready
-            .take()
-            .unwrap_or_else(std::time::Instant::now);
-        let held = now.duration_since(self.txn_start).as_micros() as u64;
+        let now = self.last_ready.take().unwrap_or_else(crate::clock::mono_us);
+        let held = now.saturating_sub(self.txn_start);
         pool.metrics.add(&self.counts, held);
         self.counts = Default::default();
         self.txn_start = now;

@@ -290,9 +290,9 @@ fn take_server(
             if forwarded {
                 out.counts.queries += 1;
                 if let Some(t) = out.query_start.take() {
-                    let now = std::time::Instant::now();
+                    let now = crate::clock::mono_us();
                     out.last_ready = Some(now);
-                    let us = now.duration_since(t).as_micros() as u64;
+                    let us = now.saturating_sub(t);
                     out.counts.query_us.observe_us(us);
                     out.counts.slowest_us = out.counts.slowest_us.max(us);
                     // Pipelined queries already sent: the next one runs from now.
@@ -479,7 +479,7 @@ impl Session {
                     }
                     terminate = !self.take_client(server, flow, out, policy)?;
                     if out.query_start.is_none() && out.server_pending() {
-                        out.query_start = Some(std::time::Instant::now());
+                        out.query_start = Some(crate::clock::mono_us());
                     }
                 }
             }
