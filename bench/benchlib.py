@@ -226,6 +226,9 @@ def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_serv
 [server]
 listen = ["127.0.0.1:{port}"]
 max_client_conn = 100000
+# A connect storm on 2 shared cores can have more than the default 10,000 logins in flight;
+# PgBouncer has no such limit, so measure both without one.
+max_logins_in_progress = 100000
 listen_backlog = 4096
 worker_threads = {workers}
 {extra_server}

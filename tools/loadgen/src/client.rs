@@ -381,22 +381,16 @@ async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                 AuthRequest::SaslContinue(data) => {
                     let ex = exchange.take().context("SASL continue out of order")?;
                     let fin = ex.respond(data, |salt, iters| {
-                        let key = (salt.to_vec(), iters);
-                        if let Some(v) = stats
+                        // Computed under the lock: in a connect storm thousands of logins reach
+                        // this point at once, and each computing PBKDF2 itself before the first
+                        // result is cached stalls them all (logins then pile up in the pooler
+                        // and its max_logins_in_progress refuses the rest).
+                        *stats
                             .salted
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .get(&key)
-                        {
-                            return *v;
-                        }
-                        let v = scram::salted_password(&args.password, salt, iters);
-                        stats
-                            .salted
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(key, v);
-                        v
+                            .entry((salt.to_vec(), iters))
+                            .or_insert_with(|| scram::salted_password(&args.password, salt, iters))
                     })?;
                     frontend::sasl_response(&mut out, fin.message.as_bytes());
                     expected_signature = Some(fin.server_signature);
