@@ -376,6 +376,13 @@ const fn fold(b: u8) -> u8 {
 /// Starting positions examined per step of [`needs_lexing`]: a block of fixed size, free of
 /// branches, which the compiler turns into vector compares.
 const BLOCK: usize = 16;
+/// Bytes looked at per block: each starting position and the three that follow it.
+const WINDOW: usize = BLOCK + 3;
+
+/// A byte that sends any text holding it to the lexer: a backslash, a NUL or a `;`.
+const fn is_special(b: u8) -> bool {
+    (b == b'\\') | (b == 0) | (b == b';')
+}
 
 /// Whether `body` holds a backslash, a NUL, a `;` or any watched fragment.
 ///
@@ -383,18 +390,16 @@ const BLOCK: usize = 16;
 /// overlapping the one before it (looking at a position twice changes nothing). Only a text
 /// shorter than one window is copied, padded with spaces (no fragment, nothing special).
 fn needs_lexing(body: &[u8]) -> bool {
-    const W: usize = BLOCK + 3;
-    let special = |b: u8| (b == b'\\') | (b == 0) | (b == b';');
-    let Some(last_start) = body.len().checked_sub(W) else {
-        let mut w = [b' '; W];
+    let Some(last_start) = body.len().checked_sub(WINDOW) else {
+        let mut w = [b' '; WINDOW];
         w[..body.len()].copy_from_slice(body);
         // Bytes past the window's starting positions can only be special (too few follow).
         let after = body.get(BLOCK..).unwrap_or_default();
-        return block_needs_lexing(&w) || after.iter().any(|&b| special(b));
+        return block_needs_lexing(&w) || after.iter().any(|&b| is_special(b));
     };
-    let window = |at: usize| -> &[u8; W] {
+    let window = |at: usize| -> &[u8; WINDOW] {
         // `at <= last_start`, so the window is always whole.
-        body[at..at + W].try_into().unwrap_or(&[b' '; W])
+        body[at..at + WINDOW].try_into().unwrap_or(&[b' '; WINDOW])
     };
     let mut at = 0;
     while at < last_start {
@@ -405,15 +410,16 @@ fn needs_lexing(body: &[u8]) -> bool {
     }
     // Starting positions up to the last three are covered by the window ending at the end;
     // the last three bytes can only be special bytes (a fragment needs four).
-    block_needs_lexing(window(last_start)) || body[last_start + BLOCK..].iter().any(|&b| special(b))
+    block_needs_lexing(window(last_start))
+        || body[last_start + BLOCK..].iter().any(|&b| is_special(b))
 }
 
-fn block_needs_lexing(w: &[u8; BLOCK + 3]) -> bool {
+fn block_needs_lexing(w: &[u8; WINDOW]) -> bool {
     let mut hit = false;
     for j in 0..BLOCK {
         let b = w[j];
         let f = [fold(b), fold(w[j + 1]), fold(w[j + 2]), fold(w[j + 3])];
-        let special = (b == b'\\') | (b == 0) | (b == b';');
+        let special = is_special(b);
         let mut fragment = false;
         for frag in &WATCHED_FRAGMENTS {
             fragment |=
