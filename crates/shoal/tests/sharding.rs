@@ -127,7 +127,10 @@ async fn light_load_keeps_every_client_on_one_shard() {
 async fn shards_open_under_load_and_pack_back_when_it_passes() {
     let db = unique_db("spread");
     // Thresholds so low that steady traffic opens the second shard and only quiet closes it.
-    let shoal = sharded(&db, 0.03, 0.015);
+    // Quiet is not zero work: a scrape of the metrics page costs shard 0 a few milliseconds in
+    // a debug build (~2 % of a 200 ms monitor interval), so closing must tolerate that
+    // (`close_busy` well above it) or the shard closes only by luck.
+    let shoal = sharded(&db, 0.08, 0.04);
     let mut clients = Vec::new();
     for _ in 0..16 {
         clients.push(shoal.connect(&db).await);
@@ -152,7 +155,7 @@ async fn shards_open_under_load_and_pack_back_when_it_passes() {
                 tokio::time::Instant::now() < deadline,
                 "the second shard stays open"
             );
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         round(&clients).await;
         let (open, s0, s1) = shard_gauges(&shoal);
