@@ -665,10 +665,8 @@ impl ServerConn {
         if !self.buf.is_empty() {
             return true;
         }
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if self.stream.tcp().poll_read_ready(&mut cx).is_pending() {
-            return false;
-        }
+        // Readiness alone decides whether to look (no read while the socket is not known
+        // readable); a read that finds nothing clears stale readiness.
         let mut probe = [0u8; 1];
         !matches!(self.stream.tcp().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
