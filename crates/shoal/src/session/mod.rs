@@ -7,27 +7,31 @@
 
 mod auth;
 mod budget;
+mod ending;
+mod error;
 mod flow;
 mod handshake;
 mod hygiene;
 mod login;
+mod moving;
 mod outbound;
 mod relay;
+#[cfg(test)]
+mod size_tests;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use shoal_wire::backend::{self, ErrorFields, Severity};
 use shoal_wire::frame::next_frame_len;
 use shoal_wire::frontend::{self, tag as fe};
-use shoal_wire::{sqlstate, FrameError};
+use shoal_wire::sqlstate;
 
 use crate::app::{App, ClientGuard};
 use crate::cancel::{CancelTarget, Registration};
 use crate::config::PoolMode;
-use crate::error::{known_code, ClientError, ErrorKind};
+use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::ClientStream;
 use crate::params::SharedParams;
@@ -37,91 +41,9 @@ use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
 use relay::{Policy, RelayEnd};
 
-/// Why a session ended abnormally. `Fatal` is reported to the client before closing.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("client closed the connection")]
-    ClientGone,
-    #[error("client I/O: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("{message}")]
-    Fatal { code: &'static str, message: String },
-    /// Ends the connection without a word to the client (it does not speak the protocol).
-    #[error("{0}")]
-    Quiet(String),
-    #[error("invalid frontend message type {}", *.0 as char)]
-    UnknownMessage(u8),
-    #[error("server protocol error: {0}")]
-    ServerProtocol(String),
-}
-
-impl SessionError {
-    pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
-        SessionError::Fatal {
-            code,
-            message: message.into(),
-        }
-    }
-
-    fn from_frame(e: FrameError) -> Self {
-        let code = match e {
-            FrameError::TooLarge { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
-            _ => sqlstate::PROTOCOL_VIOLATION,
-        };
-        SessionError::fatal(code, e.to_string())
-    }
-
-    fn server_protocol(e: FrameError) -> Self {
-        SessionError::ServerProtocol(e.to_string())
-    }
-
-    /// The SQLSTATE the client is told, if any.
-    pub fn code(&self) -> Option<&'static str> {
-        self.client_message().map(|(c, _)| c)
-    }
-
-    /// Its kind, in the one taxonomy of [`crate::error`] (the label logs and metrics use).
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            SessionError::ClientGone | SessionError::Io(_) => ErrorKind::ClientGone,
-            SessionError::Quiet(_) | SessionError::UnknownMessage(_) => ErrorKind::ClientProtocol,
-            SessionError::ServerProtocol(_) => ErrorKind::ServerProtocol,
-            SessionError::Fatal { code, message } => {
-                if message.contains("client_login_timeout") {
-                    ErrorKind::LoginTimeout
-                } else {
-                    crate::error::kind_of_code(code)
-                }
-            }
-        }
-    }
-
-    /// The error to show the client, if it should get one.
-    fn client_message(&self) -> Option<(&'static str, String)> {
-        match self {
-            SessionError::Fatal { code, message } => Some((code, message.clone())),
-            SessionError::UnknownMessage(_) => {
-                Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
-            }
-            SessionError::ServerProtocol(_) => {
-                Some((sqlstate::CONNECTION_FAILURE, self.to_string()))
-            }
-            _ => None,
-        }
-    }
-}
-
-async fn send_error(
-    stream: &mut ClientStream,
-    severity: Severity,
-    code: &str,
-    message: &str,
-    hint: Option<&str>,
-) -> std::io::Result<()> {
-    let mut out = BytesMut::new();
-    backend::error_response(&mut out, severity, code, message, hint);
-    stream.write_all(&out).await
-}
+use ending::{end_session, finish, send_error};
+pub use error::SessionError;
+use moving::move_to;
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.
@@ -166,93 +88,6 @@ fn serve_transaction_mode(mut session: Session) -> impl std::future::Future<Outp
                 Err(e) => Err(e),
             };
             return Box::pin(end_session(&mut session, result)).await;
-        }
-    }
-}
-
-/// Moves an idle transaction-mode client to shard `target`: its socket leaves this shard's
-/// reactor and joins the target's, where a new task goes on serving it. Gives the session
-/// back if it cannot move (it then stays here).
-fn move_to(mut session: Session, target: usize) -> Result<(), Box<Session>> {
-    let Some(handle) = crate::shard::handle(target) else {
-        return Err(Box::new(session));
-    };
-    let tcp = match std::mem::replace(&mut session.stream, ClientStream::Upgrading) {
-        ClientStream::Tcp(tcp) => tcp,
-        other => {
-            session.stream = other;
-            return Err(Box::new(session));
-        }
-    };
-    use std::os::fd::AsRawFd;
-    let fd = tcp.as_raw_fd();
-    if let Some(x) = session.extras.as_mut() {
-        // The idle timer belongs to this shard's clock; the next wait starts a new one.
-        x.idle_timer = None;
-    }
-    // Registered with the target's reactor from here, so the new task is the session's own
-    // future and nothing more (a wrapper would keep a second copy of the session).
-    let moved = tcp.into_std().and_then(|std| {
-        let _target = handle.enter();
-        tokio::net::TcpStream::from_std(std)
-    });
-    match moved {
-        Ok(s) => {
-            tracing::debug!(
-                conn = session.id,
-                from = crate::shard::current(),
-                to = target,
-                "client moves to another shard"
-            );
-            session.stream = ClientStream::Tcp(s);
-            crate::shard::client_left(crate::shard::current());
-            crate::shard::client_arrived(target);
-            handle.spawn(serve_transaction_mode(session));
-        }
-        Err(e) => {
-            // The socket is gone with the error: forget its descriptor before anything can
-            // reuse the number; the session ends here.
-            session.app.client_fds.remove(fd);
-            session.pool.client_fds.remove(fd);
-            tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
-        }
-    }
-    Ok(())
-}
-
-/// Logs the disconnection (boxed with the rest of the ending: the idle future stays small).
-async fn end_session(session: &mut Session, result: Result<(), SessionError>) {
-    log_disconnect(session, &result);
-    finish(session.id, &mut session.stream, result).await;
-}
-
-/// The `log_connections` line for a client that leaves.
-#[inline(never)]
-fn log_disconnect(session: &Session, result: &Result<(), SessionError>) {
-    if session.app.config.server.log_connections {
-        let reason = match result {
-            Ok(()) | Err(SessionError::ClientGone) => "client left",
-            Err(e) => e.kind().label(),
-        };
-        tracing::info!(conn = session.id, pool = %session.pool.name, reason, "client disconnected");
-    }
-}
-
-/// Logs how the session ended and tells the client why, where it should know.
-async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionError>) {
-    match result {
-        Ok(()) | Err(SessionError::ClientGone) => {
-            tracing::debug!(conn = id, "client disconnected")
-        }
-        Err(e) => {
-            tracing::info!(conn = id, peer = %stream.peer(), kind = %e.kind().label(), error = %Escaped(&e), "closing client connection");
-            if let Some((code, message)) = e.client_message() {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    send_error(stream, Severity::Fatal, code, &message, None),
-                )
-                .await;
-            }
         }
     }
 }
@@ -772,51 +607,5 @@ impl Session {
             self.stream.write_all(&out).await?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod size_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn session_future_fits_a_small_task() {
-        let config = crate::config::Config::embedded_default().unwrap();
-        let (_tx, rx) = tokio::sync::watch::channel(false);
-        let app = App::new(config, rx).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let stream = Box::new(ClientStream::Tcp(client));
-        let mut rx2 = app.shutdown.clone();
-        println!(
-            "changed future: {} bytes",
-            std::mem::size_of_val(&rx2.changed())
-        );
-        let other = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let login = login::login_phase(app.clone(), ClientStream::Tcp(other));
-        println!("login future: {} bytes", std::mem::size_of_val(&login));
-        // Every login moves this future into the heap (and a connect storm holds thousands):
-        // phases only some logins need (auth_query, a server for new parameters, refusals)
-        // are boxed apart.
-        assert!(std::mem::size_of_val(&login) <= 2048, "login future grew");
-        drop(login);
-        let fut = serve(app, stream);
-        println!("serve future: {} bytes", std::mem::size_of_val(&fut));
-        println!("Session: {} bytes", std::mem::size_of::<Session>());
-        // An idle client is this future in a tokio task (~100 bytes of header): keep the
-        // whole within 384 bytes. Growing these is a memory cost for every idle client.
-        assert!(
-            std::mem::size_of_val(&fut) <= 280,
-            "idle client future grew"
-        );
-        assert!(std::mem::size_of::<Session>() <= 160, "Session grew");
-        println!(
-            "SessionError: {} bytes",
-            std::mem::size_of::<SessionError>()
-        );
     }
 }

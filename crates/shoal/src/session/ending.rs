@@ -1,0 +1,60 @@
+//! The end of a session: the disconnection logged, and the client told why where it should
+//! know (boxed apart from the idle future, which stays small).
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use shoal_wire::backend::{self, Severity};
+
+use super::{Session, SessionError};
+use crate::logsafe::Escaped;
+use crate::net::ClientStream;
+
+pub(super) async fn send_error(
+    stream: &mut ClientStream,
+    severity: Severity,
+    code: &str,
+    message: &str,
+    hint: Option<&str>,
+) -> std::io::Result<()> {
+    let mut out = BytesMut::new();
+    backend::error_response(&mut out, severity, code, message, hint);
+    stream.write_all(&out).await
+}
+
+/// Logs the disconnection (boxed with the rest of the ending: the idle future stays small).
+pub(super) async fn end_session(session: &mut Session, result: Result<(), SessionError>) {
+    log_disconnect(session, &result);
+    finish(session.id, &mut session.stream, result).await;
+}
+
+/// The `log_connections` line for a client that leaves.
+#[inline(never)]
+fn log_disconnect(session: &Session, result: &Result<(), SessionError>) {
+    if session.app.config.server.log_connections {
+        let reason = match result {
+            Ok(()) | Err(SessionError::ClientGone) => "client left",
+            Err(e) => e.kind().label(),
+        };
+        tracing::info!(conn = session.id, pool = %session.pool.name, reason, "client disconnected");
+    }
+}
+
+/// Logs how the session ended and tells the client why, where it should know.
+pub(super) async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionError>) {
+    match result {
+        Ok(()) | Err(SessionError::ClientGone) => {
+            tracing::debug!(conn = id, "client disconnected")
+        }
+        Err(e) => {
+            tracing::info!(conn = id, peer = %stream.peer(), kind = %e.kind().label(), error = %Escaped(&e), "closing client connection");
+            if let Some((code, message)) = e.client_message() {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    send_error(stream, Severity::Fatal, code, &message, None),
+                )
+                .await;
+            }
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! How a session ends abnormally, and what of it the client is told.
+
+use shoal_wire::{sqlstate, FrameError};
+
+use crate::error::ErrorKind;
+
+/// Why a session ended abnormally. `Fatal` is reported to the client before closing.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client closed the connection")]
+    ClientGone,
+    #[error("client I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{message}")]
+    Fatal { code: &'static str, message: String },
+    /// Ends the connection without a word to the client (it does not speak the protocol).
+    #[error("{0}")]
+    Quiet(String),
+    #[error("invalid frontend message type {}", *.0 as char)]
+    UnknownMessage(u8),
+    #[error("server protocol error: {0}")]
+    ServerProtocol(String),
+}
+
+impl SessionError {
+    pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
+        SessionError::Fatal {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn from_frame(e: FrameError) -> Self {
+        let code = match e {
+            FrameError::TooLarge { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        };
+        SessionError::fatal(code, e.to_string())
+    }
+
+    pub(super) fn server_protocol(e: FrameError) -> Self {
+        SessionError::ServerProtocol(e.to_string())
+    }
+
+    /// The SQLSTATE the client is told, if any.
+    pub fn code(&self) -> Option<&'static str> {
+        self.client_message().map(|(c, _)| c)
+    }
+
+    /// Its kind, in the one taxonomy of [`crate::error`] (the label logs and metrics use).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SessionError::ClientGone | SessionError::Io(_) => ErrorKind::ClientGone,
+            SessionError::Quiet(_) | SessionError::UnknownMessage(_) => ErrorKind::ClientProtocol,
+            SessionError::ServerProtocol(_) => ErrorKind::ServerProtocol,
+            SessionError::Fatal { code, message } => {
+                if message.contains("client_login_timeout") {
+                    ErrorKind::LoginTimeout
+                } else {
+                    crate::error::kind_of_code(code)
+                }
+            }
+        }
+    }
+
+    /// The error to show the client, if it should get one.
+    pub(super) fn client_message(&self) -> Option<(&'static str, String)> {
+        match self {
+            SessionError::Fatal { code, message } => Some((code, message.clone())),
+            SessionError::UnknownMessage(_) => {
+                Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
+            }
+            SessionError::ServerProtocol(_) => {
+                Some((sqlstate::CONNECTION_FAILURE, self.to_string()))
+            }
+            _ => None,
+        }
+    }
+}

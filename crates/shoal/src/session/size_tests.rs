@@ -1,0 +1,44 @@
+//! Sizes of what every client holds: the futures an idle or logging-in client is.
+
+use super::*;
+
+#[tokio::test]
+async fn session_future_fits_a_small_task() {
+    let config = crate::config::Config::embedded_default().unwrap();
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let app = App::new(config, rx).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let stream = Box::new(ClientStream::Tcp(client));
+    let mut rx2 = app.shutdown.clone();
+    println!(
+        "changed future: {} bytes",
+        std::mem::size_of_val(&rx2.changed())
+    );
+    let other = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let login = login::login_phase(app.clone(), ClientStream::Tcp(other));
+    println!("login future: {} bytes", std::mem::size_of_val(&login));
+    // Every login moves this future into the heap (and a connect storm holds thousands):
+    // phases only some logins need (auth_query, a server for new parameters, refusals)
+    // are boxed apart.
+    assert!(std::mem::size_of_val(&login) <= 2048, "login future grew");
+    drop(login);
+    let fut = serve(app, stream);
+    println!("serve future: {} bytes", std::mem::size_of_val(&fut));
+    println!("Session: {} bytes", std::mem::size_of::<Session>());
+    // An idle client is this future in a tokio task (~100 bytes of header): keep the
+    // whole within 384 bytes. Growing these is a memory cost for every idle client.
+    assert!(
+        std::mem::size_of_val(&fut) <= 280,
+        "idle client future grew"
+    );
+    assert!(std::mem::size_of::<Session>() <= 160, "Session grew");
+    println!(
+        "SessionError: {} bytes",
+        std::mem::size_of::<SessionError>()
+    );
+}
