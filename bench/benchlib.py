@@ -249,7 +249,7 @@ server_password = "{BENCH_PASSWORD}"
     log = open(os.path.join(work.path, "shoal.log"), "w")
     p = subprocess.Popen([os.path.join(release_dir, "shoal"), "--config", cfg],
                          stdout=log, stderr=subprocess.STDOUT,
-                         env=dict(os.environ, SHOAL_LOG=os.environ.get("SHOAL_LOG", "warn"), **(env or {})))
+                         env={**os.environ, "SHOAL_LOG": os.environ.get("SHOAL_LOG", "warn"), **(env or {})})
     wait_port(port)
     return Proc("shoal", p, port)
 
