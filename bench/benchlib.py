@@ -272,10 +272,12 @@ def pgbouncer_prepared_ok():
     return v is not None and v >= (1, 21, 0)
 
 
-def start_pgbouncer(work, pg, pool_size, mode="transaction", tls=None):
+def start_pgbouncer(work, pg, pool_size, mode="transaction", tls=None, name="pgbouncer"):
+    """Starts PgBouncer; `name` keeps a second instance's files apart (bench/compare's
+    control: the same PgBouncer measured twice)."""
     port = free_port()
     users = work.file("userlist.txt", f'"{BENCH_USER}" "{BENCH_SECRET}"\n', 0o644)
-    ini = work.file("pgbouncer.ini", f"""
+    ini = work.file(f"{name}.ini", f"""
 [databases]
 {BENCH_DB} = host=127.0.0.1 port={pg.port} dbname={BENCH_DB}
 
@@ -290,7 +292,7 @@ default_pool_size = {pool_size}
 max_client_conn = 100000
 max_db_connections = {pool_size}
 listen_backlog = 4096
-logfile = {work.path}/pgbouncer.log
+logfile = {work.path}/{name}.log
 pidfile =
 log_connections = 0
 log_disconnections = 0
