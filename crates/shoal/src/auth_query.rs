@@ -109,7 +109,7 @@ async fn fetch(
         passthrough: None,
     };
     let mut conn = ServerConn::connect(&upstream, timeout).await?;
-    let row = tokio::time::timeout(timeout, conn.query_row(&aq.query, &[name]))
+    let row = crate::timer::timeout(timeout, conn.query_row(&aq.query, &[name]))
         .await
         .map_err(|_| ServerError::ConnectTimeout("auth_query".into()))??;
     conn.close().await;

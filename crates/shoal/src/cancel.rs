@@ -142,7 +142,7 @@ impl CancelSlot {
                     return;
                 }
             }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            crate::timer::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
@@ -296,7 +296,7 @@ async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
         while s.read(&mut sink).await? > 0 {}
         Ok(())
     };
-    tokio::time::timeout(Duration::from_secs(5), send)
+    crate::timer::timeout(Duration::from_secs(5), send)
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("cancel timed out")))
 }
@@ -332,13 +332,13 @@ mod tests {
             process_id: 1,
             secret_key: 2,
         });
-        let abandoned = tokio::time::timeout(
+        let abandoned = crate::timer::timeout(
             Duration::from_millis(100),
             registry.cancel(reg.process_id(), reg.secret_key()),
         )
         .await;
         assert!(abandoned.is_err(), "the forward was still waiting");
-        tokio::time::timeout(Duration::from_secs(2), reg.slot.clear())
+        crate::timer::timeout(Duration::from_secs(2), reg.slot.clear())
             .await
             .expect("clear returns once the abandoned forward is gone");
         hold.abort();

@@ -56,6 +56,7 @@ pub mod session;
 pub mod sets;
 pub mod shard;
 pub mod tenant;
+pub mod timer;
 pub mod tls;
 pub mod upgrade;
 pub mod upstream_tls;

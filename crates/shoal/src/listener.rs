@@ -132,7 +132,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
                 Err(e) => {
                     // Out of descriptors and similar: back off briefly instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    crate::timer::sleep(Duration::from_millis(50)).await;
                 }
             },
             _ = shutdown.changed() => return,
@@ -162,7 +162,7 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    crate::timer::sleep(Duration::from_millis(50)).await;
                 }
             },
             _ = shutdown.changed() => return,

@@ -99,6 +99,7 @@ fn main() -> anyhow::Result<()> {
             let packing = config.server.shard_packing;
             shoal::shard::start(n, packing).context("starting the shard threads")?;
             tracing::info!(shards = n, packing, "per-core data plane");
+            // The control plane's runtime, on this thread.
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -112,9 +113,6 @@ fn main() -> anyhow::Result<()> {
         idle_cores: config.server.shard_open_idle_cores,
     });
     rt.block_on(async {
-        if per_core {
-            shoal::shard::set_shard0(tokio::runtime::Handle::current());
-        }
         if let Some(thresholds) = packing {
             tokio::spawn(shoal::shard::monitor(
                 thresholds,

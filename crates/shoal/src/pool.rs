@@ -207,7 +207,7 @@ impl Lease {
             }
             Ok::<(), ServerError>(())
         };
-        match tokio::time::timeout(timeout, clean).await {
+        match crate::timer::timeout(timeout, clean).await {
             Ok(Ok(())) => self.checkin(),
             _ => {
                 tracing::debug!(pool = %self.pool.name, server = self.id, "server not reusable after its client left")
@@ -263,7 +263,8 @@ impl Pool {
     }
 
     fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<Box<ServerConn>>> {
-        self.idle[shard.min(self.idle.len() - 1)]
+        // A server opened off the shards (`NO_SHARD`) waits in shard 0's list.
+        self.idle[if shard < self.idle.len() { shard } else { 0 }]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
@@ -317,7 +318,7 @@ impl Pool {
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
                     tracing::warn!(pool = %self.name, size = self.size(), waiting, "pool exhausted: clients are waiting for a server");
                 }
-                let r = tokio::time::timeout(
+                let r = crate::timer::timeout(
                     self.settings.wait_timeout,
                     self.permits.clone().acquire_owned(),
                 )
@@ -560,7 +561,7 @@ impl Pool {
             }
         };
         self.stats.waiting.fetch_add(1, Ordering::Relaxed);
-        let r = tokio::time::timeout(self.settings.wait_timeout, wait).await;
+        let r = crate::timer::timeout(self.settings.wait_timeout, wait).await;
         self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
         r.map_err(|_| CheckoutError::WaitTimeout {
             pool: self.name.clone(),
@@ -668,9 +669,7 @@ impl Pool {
 /// The reaper: one task per pool on a coarse one-second tick; it ends with the pool. Every
 /// `stats_period` seconds it also logs the pool's counters.
 async fn reap(pool: Weak<Pool>) {
-    let second = Duration::from_secs(1);
-    let mut tick = tokio::time::interval_at(Instant::now() + second, second);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::timer::interval(Duration::from_secs(1));
     let mut seconds = 0u64;
     let mut last = StatsSnapshot::default();
     loop {

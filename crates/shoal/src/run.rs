@@ -138,7 +138,7 @@ pub async fn serve_on(
 
 async fn serve_with(
     config: Config,
-    listeners: Listeners,
+    mut listeners: Listeners,
     ready_file: Option<&Path>,
     upgrade: Option<Upgrade>,
     stop: impl Future<Output = ()>,
@@ -159,7 +159,22 @@ async fn serve_with(
         ready.push_str(&format!("unix {}\n", path.display()));
         sockets.push((Role::Unix { path: path.clone() }, l.as_raw_fd()));
         unix_paths.push(path);
-        tokio::spawn(listener::accept_unix(l, app.clone()));
+        match crate::shard::handle(0) {
+            // The per-core data plane: shard 0 accepts on it.
+            Some(shard0) => {
+                let l = l.into_std()?;
+                let app = app.clone();
+                shard0.spawn(async move {
+                    match tokio::net::UnixListener::from_std(l) {
+                        Ok(l) => listener::accept_unix(l, app).await,
+                        Err(e) => tracing::error!(error = %e, "shard 0 cannot accept"),
+                    }
+                });
+            }
+            None => {
+                tokio::spawn(listener::accept_unix(l, app.clone()));
+            }
+        }
     }
     for l in listeners.tcp {
         let addr = l.local_addr()?;
@@ -168,13 +183,24 @@ async fn serve_with(
         ready.push_str(&format!("tcp {addr}\n"));
         sockets.push((Role::Tcp, l.as_raw_fd()));
         let steer = crate::shard::count() > 1;
-        tokio::spawn(listener::accept_tcp(l, app.clone(), steer));
+        match crate::shard::handle(0) {
+            Some(_) => {
+                // Shard 0 accepts on it, in its runtime, as the other shards on theirs.
+                listeners.shard_tcp.push((0, l.into_std()?));
+            }
+            None => {
+                tokio::spawn(listener::accept_tcp(l, app.clone(), steer));
+            }
+        }
     }
-    // The other shards accept on their own sockets, in their own runtimes.
+    // The shards accept on their own sockets, in their own runtimes.
     for (shard, l) in listeners.shard_tcp {
-        listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
-        sockets.push((Role::Tcp, l.as_raw_fd()));
-        let Some(handle) = crate::shard::handles().get(shard - 1) else {
+        if shard > 0 {
+            listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
+            sockets.push((Role::Tcp, l.as_raw_fd()));
+        }
+        let steer = shard == 0 && crate::shard::count() > 1;
+        let Some(handle) = crate::shard::handle(shard) else {
             let app = app.clone();
             tokio::spawn(async move {
                 if let Ok(l) = tokio::net::TcpListener::from_std(l) {
@@ -186,7 +212,7 @@ async fn serve_with(
         let app = app.clone();
         handle.spawn(async move {
             match tokio::net::TcpListener::from_std(l) {
-                Ok(l) => listener::accept_tcp(l, app, false).await,
+                Ok(l) => listener::accept_tcp(l, app, steer).await,
                 Err(e) => tracing::error!(shard, error = %e, "a shard cannot accept"),
             }
         });

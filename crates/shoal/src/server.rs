@@ -260,7 +260,7 @@ async fn connect_tcp(up: &Upstream, addr_text: &str) -> std::io::Result<TcpStrea
 impl ServerConn {
     pub async fn connect(up: &Upstream, timeout: Duration) -> Result<ServerConn, ServerError> {
         let addr_text = format!("{}:{}", up.host, up.port);
-        let stream = match tokio::time::timeout(timeout, connect_tcp(up, &addr_text)).await {
+        let stream = match crate::timer::timeout(timeout, connect_tcp(up, &addr_text)).await {
             Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
             Ok(Err(source)) => {
                 return Err(ServerError::Connect {
@@ -275,7 +275,7 @@ impl ServerConn {
         let stream = match &up.tls {
             None => ServerStream::Plain(stream),
             Some(tls) => {
-                match tokio::time::timeout(timeout, negotiate_tls(stream, up, tls)).await {
+                match crate::timer::timeout(timeout, negotiate_tls(stream, up, tls)).await {
                     Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
                     Ok(r) => r?,
                 }
@@ -294,9 +294,9 @@ impl ServerConn {
             created: now,
             last_used: now,
             tracker: None,
-            shard: crate::shard::current(),
+            shard: crate::shard::reactor(),
         };
-        match tokio::time::timeout(timeout, conn.login(up)).await {
+        match crate::timer::timeout(timeout, conn.login(up)).await {
             Err(_) => Err(ServerError::ConnectTimeout(addr_text)),
             Ok(r) => r.map(|_| conn),
         }
@@ -524,7 +524,7 @@ impl ServerConn {
             frontend::query(&mut out, &s.replay_sql());
             replies += 1;
         }
-        match tokio::time::timeout(timeout, self.run_batch(&out, replies)).await {
+        match crate::timer::timeout(timeout, self.run_batch(&out, replies)).await {
             Ok(r) => r,
             Err(_) => Err(ServerError::ResetTimeout(timeout)),
         }
@@ -636,8 +636,8 @@ impl ServerConn {
     /// Re-registers the socket with this thread's shard, so its wake-ups stay on the thread
     /// of the client using it (per-core data plane). TLS connections stay where they are.
     pub fn follow_to_this_shard(mut self: Box<Self>) -> std::io::Result<Box<Self>> {
-        let here = crate::shard::current();
-        if self.shard == here {
+        let here = crate::shard::reactor();
+        if self.shard == here || here == crate::shard::NO_SHARD {
             return Ok(self);
         }
         match self.stream {
@@ -675,6 +675,6 @@ impl ServerConn {
     pub async fn close(mut self) {
         let mut out = BytesMut::new();
         frontend::terminate(&mut out);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
+        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
     }
 }

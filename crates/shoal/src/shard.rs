@@ -3,7 +3,12 @@
 //! and the servers it mostly uses, are polled by one thread and woken without a futex.
 //!
 //! A thread knows its shard through a thread-local set when its runtime starts; outside a
-//! shard (the default multi-threaded runtime, tests) everything is shard 0 of 1.
+//! shard (the control thread, the multi-threaded runtime, tests) everything is shard 0 of 1.
+//!
+//! Every shard is a thread of its own, its runtime built with I/O only: no tokio time driver
+//! (its work at each park is measurable per transaction; the shard's timers are
+//! [`crate::timer`]'s), no signal or process driver. The process's main thread runs the
+//! control plane (API, metrics, reloads, the monitor below) on a full runtime.
 //!
 //! Shards open as load needs them (*packing*): on a machine whose cores are shared with
 //! PostgreSQL and the clients, a second pooler thread that mostly sleeps and wakes costs more
@@ -21,7 +26,11 @@ static COUNT: AtomicUsize = AtomicUsize::new(1);
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
+    static ON_SHARD: Cell<bool> = const { Cell::new(false) };
 }
+
+/// [`reactor`] of a thread that is no shard's.
+pub const NO_SHARD: usize = usize::MAX;
 
 /// How many shards pools keep idle lists for (set once, before pools exist).
 pub fn count() -> usize {
@@ -40,23 +49,35 @@ pub fn current() -> usize {
 /// Marks this thread as serving shard `i` (called as each shard's runtime thread starts).
 pub fn enter(i: usize) {
     CURRENT.with(|c| c.set(i));
+    ON_SHARD.with(|c| c.set(true));
+}
+
+/// Whether this thread is one of the per-core data plane's shards.
+pub fn on_shard() -> bool {
+    ON_SHARD.with(|c| c.get())
+}
+
+/// The shard whose reactor a socket made on this thread joins: [`current`] on a shard,
+/// [`NO_SHARD`] elsewhere (a server opened by the control thread moves to the first shard
+/// that checks it out).
+pub fn reactor() -> usize {
+    if on_shard() {
+        current()
+    } else {
+        NO_SHARD
+    }
 }
 
 static HANDLES: std::sync::OnceLock<Vec<tokio::runtime::Handle>> = std::sync::OnceLock::new();
 
-/// The runtimes of shards 1.. (shard 0 is the thread that runs `run::serve`).
+/// The shards' runtimes, by shard (none unless the per-core data plane runs).
 pub fn handles() -> &'static [tokio::runtime::Handle] {
     HANDLES.get().map(Vec::as_slice).unwrap_or(&[])
 }
 
-static SHARD0: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
-
 /// The runtime of shard `i`, once the shards run.
 pub fn handle(i: usize) -> Option<&'static tokio::runtime::Handle> {
-    match i {
-        0 => SHARD0.get(),
-        i => handles().get(i - 1),
-    }
+    handles().get(i)
 }
 
 /// Shards taking clients now (see the module doc); all of them when packing is off.
@@ -245,22 +266,21 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     }
 }
 
-/// Starts `n - 1` shard threads, each a single-threaded runtime; the caller's thread is
-/// shard 0. Returns once every runtime is up.
+/// Starts `n` shard threads, each a single-threaded runtime with I/O and [`crate::timer`]'s
+/// timers only. Returns once every runtime is up.
 pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
     set_count(n);
-    enter(0);
     let _ = CLIENTS.set((0..n).map(|_| AtomicUsize::new(0)).collect());
     OPEN.store(if packing { 1 } else { n }, Ordering::Relaxed);
     let mut handles = Vec::new();
-    for i in 1..n {
+    for i in 0..n {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name(format!("shoal-shard-{i}"))
             .spawn(move || {
                 enter(i);
                 let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
+                    .enable_io()
                     .build()
                 {
                     Ok(rt) => rt,
@@ -269,6 +289,10 @@ pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
                         return;
                     }
                 };
+                if let Err(e) = rt.block_on(async { crate::timer::install() }) {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
                 let _ = tx.send(Ok(rt.handle().clone()));
                 rt.block_on(std::future::pending::<()>());
             })?;
@@ -276,11 +300,6 @@ pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
     }
     let _ = HANDLES.set(handles);
     Ok(())
-}
-
-/// Records shard 0's runtime (the caller's, built after [`start`]).
-pub fn set_shard0(handle: tokio::runtime::Handle) {
-    let _ = SHARD0.set(handle);
 }
 
 #[cfg(test)]

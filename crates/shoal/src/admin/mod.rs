@@ -219,7 +219,7 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
             // Running transactions finish; then idle servers are closed so PostgreSQL can
             // be restarted under the paused pools.
             while pools.iter().any(|p| p.in_use() > 0) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::timer::sleep(Duration::from_millis(10)).await;
             }
             for p in &pools {
                 p.close_idle().await;
@@ -230,7 +230,7 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
         Command::Suspend => {
             let pools = app.routes.pause(None);
             while pools.iter().any(|p| p.in_use() > 0) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                crate::timer::sleep(Duration::from_millis(10)).await;
             }
             tracing::info!("SUSPEND: every pool paused, running transactions done");
             command_complete(out, "SUSPEND");
@@ -253,7 +253,7 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
         }
         Command::WaitClose(db) => {
             while app.routes.retired_servers(db.as_deref()) > 0 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                crate::timer::sleep(Duration::from_millis(20)).await;
             }
             command_complete(out, "WAIT_CLOSE");
         }

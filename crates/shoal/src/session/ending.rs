@@ -49,7 +49,7 @@ pub(super) async fn finish(id: u64, stream: &mut ClientStream, result: Result<()
         Err(e) => {
             tracing::info!(conn = id, peer = %stream.peer(), kind = %e.kind().label(), error = %Escaped(&e), "closing client connection");
             if let Some((code, message)) = e.client_message() {
-                let _ = tokio::time::timeout(
+                let _ = crate::timer::timeout(
                     Duration::from_secs(1),
                     send_error(stream, Severity::Fatal, code, &message, None),
                 )

@@ -41,7 +41,7 @@ pub(super) async fn login_phase(
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
     let mut timed_out = false;
-    let r = match tokio::time::timeout(login_timeout, login(&app, &mut stream, peer)).await {
+    let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer)).await {
         Err(_) => {
             timed_out = true;
             Err(SessionError::fatal(
@@ -174,7 +174,7 @@ async fn login(
             if let (Some(a), RouteError::UnknownTenant(_)) = (addr, &e) {
                 // Probing for tenant names is rate-limited like guessing passwords.
                 let delay = app.login_failures.failed(a, &req.user);
-                tokio::time::sleep(delay).await;
+                crate::timer::sleep(delay).await;
             }
             return Err(refused(e));
         }
@@ -283,7 +283,7 @@ async fn login(
         Err(e) => {
             if let (Some(a), true) = (addr, e.kind() == crate::error::ErrorKind::Auth) {
                 let delay = app.login_failures.failed(a, &req.user);
-                tokio::time::sleep(delay).await;
+                crate::timer::sleep(delay).await;
             }
             return Err(e);
         }

@@ -152,7 +152,7 @@ pub struct Extras {
     /// Session-level `SET`s to replay on the next server (transaction mode).
     pub sets: sets::SessionSets,
     /// The idle client's `client_idle_timeout` timer, while it waits.
-    pub idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    pub idle_timer: Option<std::pin::Pin<Box<crate::timer::Sleep>>>,
 }
 
 impl Extras {
@@ -259,7 +259,7 @@ impl Session {
         }
         let timer = Extras::get(&mut self.extras)
             .idle_timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+            .get_or_insert_with(|| Box::pin(crate::timer::sleep(limit)));
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
