@@ -182,7 +182,11 @@ def write_docs(meta, results, summary, quick):
                 "" if meta.get("pgbouncer_prepared") else
                 f" `-M prepared` runs without PgBouncer: {meta['pgbouncer']} cannot follow protocol-level"
                 " prepared statements in transaction mode (max_prepared_statements needs 1.21+)."), "",
-            "### Targets", "", summary, "", "### Plots", ""]
+            "### Targets", "",
+            ("The control (`pgbouncer-b`) is a second PgBouncer with the same configuration, run in"
+             " every configuration: what an identical pooler scores against PgBouncer here."
+             if any(r["target"] == CONTROL for r in results) else ""), "",
+            summary, "", "### Plots", ""]
     body += [f"![{n}](bench/{n})" for n in names]
     body += ["", "### All runs", "", table(results), "", END]
     text = open(DOC).read() if os.path.exists(DOC) else f"# Benchmarks\n\n{START}\n{END}\n"
