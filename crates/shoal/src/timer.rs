@@ -336,9 +336,10 @@ mod tests {
             let mut tasks = Vec::new();
             for (i, ms) in [(0u32, 60u64), (1, 20), (2, 40)] {
                 let order = order.clone();
+                // Deadlines taken here, microseconds apart, however late the tasks start.
+                let s = sleep(Duration::from_millis(ms));
+                assert!(matches!(s, Sleep::Own { .. }));
                 tasks.push(tokio::spawn(async move {
-                    let s = sleep(Duration::from_millis(ms));
-                    assert!(matches!(s, Sleep::Own { .. }));
                     s.await;
                     order.lock().expect("lock").push(i);
                 }));
