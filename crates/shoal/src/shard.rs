@@ -52,16 +52,11 @@ pub fn enter(i: usize) {
     ON_SHARD.with(|c| c.set(true));
 }
 
-/// Whether this thread is one of the per-core data plane's shards.
-pub fn on_shard() -> bool {
-    ON_SHARD.with(|c| c.get())
-}
-
 /// The shard whose reactor a socket made on this thread joins: [`current`] on a shard,
 /// [`NO_SHARD`] elsewhere (a server opened by the control thread moves to the first shard
 /// that checks it out).
 pub fn reactor() -> usize {
-    if on_shard() {
+    if ON_SHARD.with(|c| c.get()) {
         current()
     } else {
         NO_SHARD
@@ -70,14 +65,9 @@ pub fn reactor() -> usize {
 
 static HANDLES: std::sync::OnceLock<Vec<tokio::runtime::Handle>> = std::sync::OnceLock::new();
 
-/// The shards' runtimes, by shard (none unless the per-core data plane runs).
-pub fn handles() -> &'static [tokio::runtime::Handle] {
-    HANDLES.get().map(Vec::as_slice).unwrap_or(&[])
-}
-
-/// The runtime of shard `i`, once the shards run.
+/// The runtime of shard `i`, once the shards run (none unless the per-core data plane runs).
 pub fn handle(i: usize) -> Option<&'static tokio::runtime::Handle> {
-    handles().get(i)
+    HANDLES.get().and_then(|h| h.get(i))
 }
 
 /// Shards taking clients now (see the module doc); all of them when packing is off.
