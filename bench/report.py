@@ -116,8 +116,12 @@ def summarize(results):
     failed = [r for r in results if r["failed"] > 0]
     broken = [r for r in results if not r.get("ok", True)]
     lines.append("")
-    lines.append(f"Failed transactions: {sum(max(r['failed'], 0) for r in results)} in "
-                 f"{len(failed)} of {len(results)} runs" + ("" if not failed else ": " + ", ".join(map(name, failed))))
+    total = sum(max(r['failed'], 0) for r in results)
+    if failed:
+        lines.append(f"Failed transactions: {total}, in {len(failed)} of {len(results)} runs: "
+                     + ", ".join(map(name, failed)))
+    else:
+        lines.append(f"Failed transactions: none in any of the {len(results)} runs")
     if broken:
         lines.append(f"Runs that did not complete ({len(broken)} of {len(results)}; not counted above): " + "; ".join(
             f"{name(r)}: {' '.join(r.get('error') or [])}" for r in broken))
