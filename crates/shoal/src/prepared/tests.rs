@@ -376,6 +376,29 @@ fn session_effects_mark_the_server_dirty() {
 }
 
 #[test]
+fn an_unnamed_statement_parsed_again_keeps_its_effects_and_a_new_text_is_read_anew() {
+    let mut f = Fixture::new();
+    let dirty = b"\0SELECT set_config('role', 'x', false)\0\0\0";
+    let bind = msg(b'B', b"\0\0\0\0\0\0\0\0");
+    for _ in 0..2 {
+        f.dirty = false;
+        f.send(&msg(b'P', dirty));
+        f.send(&bind);
+        assert!(
+            f.dirty,
+            "binding the same text again changes the session again"
+        );
+    }
+    f.dirty = false;
+    f.send(&msg(b'P', b"\0SELECT 1\0\0\0"));
+    f.send(&bind);
+    assert!(!f.dirty, "a plain text after it is plain");
+    f.send(&msg(b'P', dirty));
+    f.send(&bind);
+    assert!(f.dirty);
+}
+
+#[test]
 fn statements_parsed_after_ddl_are_fresh() {
     let f = Fixture::new();
     let a = f.registry.intern(0, b"SELECT * FROM t\0\0\0");

@@ -262,17 +262,20 @@ impl Translator<'_> {
         let name = r.cstr_bytes()?;
         let rest = r.rest();
         if name.is_empty() {
-            let text = parse_text(rest);
-            let first = sql::FirstWord::of(text);
-            let fx = sql::classify_with(first, text);
             let c = self.client.get_or_insert_with(Default::default);
             c.unnamed_seq += 1;
             let u = c.unnamed.get_or_insert_with(Unnamed::default);
             u.seq = c.unnamed_seq;
-            u.body.clear();
-            u.body.extend_from_slice(rest);
-            u.set_op = set_of_with(first, text);
-            u.dirty = fx.dirty;
+            // Drivers without named statements parse the same text again and again: what it
+            // does was read from it last time.
+            if u.body.is_empty() || u.body != rest {
+                let text = parse_text(rest);
+                let first = sql::FirstWord::of(text);
+                u.dirty = sql::classify_with(first, text).dirty;
+                u.set_op = set_of_with(first, text);
+                u.body.clear();
+                u.body.extend_from_slice(rest);
+            }
             self.server.unnamed_owner = Some((self.client_id, u.seq));
             out.pass(msg);
             self.queue.push_back(Expect::ParseUnnamed(u.seq));
