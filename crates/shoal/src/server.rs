@@ -52,6 +52,18 @@ impl ServerStream {
     pub fn is_tls(&self) -> bool {
         matches!(self, ServerStream::Tls(_))
     }
+
+    /// Whether a read may find something, registering the waker if not. TLS buffers records
+    /// of its own, so only a read can tell: always "ready".
+    pub fn poll_read_ready(
+        &self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self {
+            ServerStream::Plain(s) => s.poll_read_ready(cx),
+            ServerStream::Tls(_) => std::task::Poll::Ready(Ok(())),
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for ServerStream {

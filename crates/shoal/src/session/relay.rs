@@ -415,13 +415,15 @@ impl Session {
                         return Poll::Ready(Step::ToClient(r));
                     }
                 }
-                if read_server {
+                // Readiness first: most polls of a side find nothing (one side answers while
+                // the other waits), and a read that would find nothing costs more than asking.
+                if read_server && server.stream.poll_read_ready(cx).is_ready() {
                     reserve_for_next_at(&mut server.buf, out.direct, out.server_rest > 0);
                     if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
                         return Poll::Ready(Step::FromServer(r));
                     }
                 }
-                if read_client {
+                if read_client && self.stream.poll_read_ready(cx).is_ready() {
                     reserve_for_next_at(&mut self.cbuf, out.direct_to_server, out.client_rest > 0);
                     if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
                         return Poll::Ready(Step::FromClient(r));
