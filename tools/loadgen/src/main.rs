@@ -16,7 +16,7 @@ use anyhow::Context;
 use clap::Parser;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use std::io::BufRead;
 
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
@@ -114,6 +114,18 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(coordinate(args))
 }
 
+/// Worker processes, killed if the coordinator stops early (an error, a panic).
+struct Workers(Vec<std::process::Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 async fn coordinate(args: Args) -> anyhow::Result<()> {
     let workers = if args.workers > 0 {
         args.workers
@@ -122,26 +134,27 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     };
     let exe = std::env::current_exe()?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Report)>();
-    let mut children = Vec::new();
+    let mut children = Workers(Vec::new());
     for i in 0..workers {
-        let mut cmd = tokio::process::Command::new(&exe);
+        let mut cmd = std::process::Command::new(&exe);
         cmd.args(std::env::args_os().skip(1))
             .arg("--worker")
             .arg(format!("{i}/{workers}"))
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true);
+            .stdout(std::process::Stdio::piped());
         let mut child = cmd.spawn().context("spawning a worker")?;
         let stdout = child.stdout.take().context("worker stdout")?;
+        children.0.push(child);
         let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+        // A thread per worker reads its reports: a handful of workers, and the runtime stays
+        // free of tokio's process driver (which Shoal does without, see its Cargo.toml).
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
                 if let Ok(r) = serde_json::from_str::<Report>(&line) {
                     let _ = tx.send((i, r));
                 }
             }
         });
-        children.push(child);
     }
     drop(tx);
     let started = std::time::Instant::now();
@@ -172,8 +185,8 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
         }
     }
     eprintln!();
-    for mut c in children {
-        let _ = c.wait().await;
+    for c in &mut children.0 {
+        let _ = c.wait();
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut errors = BTreeMap::new();
