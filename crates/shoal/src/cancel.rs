@@ -116,15 +116,25 @@ impl CancelSlot {
     }
 
     /// Names the server now running this client's queries; a cancel that arrived since the
-    /// request began is sent now.
-    pub fn set(&self, target: CancelTarget) {
+    /// request began is sent now. That cancel counts as in flight like any other, so
+    /// [`CancelSlot::clear`] cannot give the server back before PostgreSQL has acted on it
+    /// (else it could stop the next client's query on that server).
+    pub fn set(self: &Arc<Self>, target: CancelTarget) {
         let pending = {
             let mut s = self.lock();
             s.target = Some(target);
-            std::mem::take(&mut s.pending)
+            let pending = std::mem::take(&mut s.pending);
+            if pending {
+                s.in_flight += 1;
+            }
+            pending
         };
         if pending {
-            tokio::spawn(forward(target));
+            let in_flight = OwnedInFlight(self.clone());
+            tokio::spawn(async move {
+                forward(target).await;
+                drop(in_flight);
+            });
         }
     }
 
@@ -173,6 +183,15 @@ impl CancelSlot {
 struct InFlight<'a>(&'a CancelSlot);
 
 impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().in_flight -= 1;
+    }
+}
+
+/// A cancel in flight in a task of its own (one that arrived before the server was named).
+struct OwnedInFlight(Arc<CancelSlot>);
+
+impl Drop for OwnedInFlight {
     fn drop(&mut self) {
         self.0.lock().in_flight -= 1;
     }
@@ -310,6 +329,49 @@ mod tests {
     #[test]
     fn a_slot_fits_in_128_bytes() {
         assert!(2 * std::mem::size_of::<usize>() + std::mem::size_of::<CancelSlot>() <= 128);
+    }
+
+    /// A cancel that arrived before the client's server was named is sent once it is; the
+    /// server must not go back to the pool (to the next client) until PostgreSQL has acted
+    /// on that cancel.
+    #[tokio::test]
+    async fn a_cancel_sent_late_holds_the_server_until_postgres_acted() {
+        // A "server" that takes the cancel and closes the connection only when told.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+        let (got_tx, got_rx) = tokio::sync::oneshot::channel::<[u8; 16]>();
+        let server = tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut packet = [0u8; 16];
+            c.read_exact(&mut packet).await.unwrap();
+            got_tx.send(packet).unwrap();
+            let _ = close_rx.await;
+        });
+        let registry = Arc::new(CancelRegistry::default());
+        let reg = registry.register(None, ClientInfo::default());
+        reg.slot.mark_busy();
+        // The cancel arrives while the request has no server yet: remembered, not sent.
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
+        reg.slot.set(CancelTarget {
+            addr,
+            process_id: 7,
+            secret_key: 9,
+        });
+        let packet = got_rx.await.expect("the remembered cancel is sent");
+        assert_eq!(&packet[8..], &[0, 0, 0, 7, 0, 0, 0, 9]);
+        let mut clear = std::pin::pin!(reg.slot.clear());
+        assert!(
+            crate::timer::timeout(Duration::from_millis(50), clear.as_mut())
+                .await
+                .is_err(),
+            "the server was given back while its cancel was in flight"
+        );
+        close_tx.send(()).unwrap();
+        crate::timer::timeout(Duration::from_secs(5), clear)
+            .await
+            .expect("clear returns once PostgreSQL closed the cancel connection");
+        server.await.unwrap();
     }
 
     /// A cancel whose forwarding is abandoned midway (its connection's login timed out) must
