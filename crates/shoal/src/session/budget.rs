@@ -30,13 +30,26 @@ pub fn account(
     budget: usize,
     streaming_copy: bool,
 ) -> Result<(), SessionError> {
+    account_in(&IN_USE_KIB, buf, at, reserved_kib, budget, streaming_copy)
+}
+
+/// [`account`] against a given counter: the process's, or a test's own (tests run in
+/// parallel and must not share one budget).
+fn account_in(
+    in_use_kib: &AtomicUsize,
+    buf: &mut BytesMut,
+    at: usize,
+    reserved_kib: &mut u32,
+    budget: usize,
+    streaming_copy: bool,
+) -> Result<(), SessionError> {
     let next = buf.get(at..).unwrap_or_default();
     let large = (next.len() >= 5 && !(streaming_copy && next[0] == fe::COPY_DATA))
         .then(|| u32::from_be_bytes([next[1], next[2], next[3], next[4]]) as usize + 1)
         .filter(|&total| total > LARGE);
     let Some(total) = large else {
         if *reserved_kib > 0 {
-            release(reserved_kib);
+            release_in(in_use_kib, reserved_kib);
             if buf.capacity() > LARGE {
                 // The large message is gone: do not keep its buffer either.
                 let rest = BytesMut::from(&buf[..]);
@@ -51,7 +64,7 @@ pub fn account(
     }
     let more = (need - *reserved_kib) as usize;
     let limit = budget / 1024;
-    let granted = IN_USE_KIB
+    let granted = in_use_kib
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
             (used + more <= limit).then_some(used + more)
         })
@@ -70,7 +83,11 @@ pub fn account(
 
 /// Gives back what a client holds (when it leaves).
 pub fn release(reserved_kib: &mut u32) {
-    IN_USE_KIB.fetch_sub(*reserved_kib as usize, Ordering::Relaxed);
+    release_in(&IN_USE_KIB, reserved_kib);
+}
+
+fn release_in(in_use_kib: &AtomicUsize, reserved_kib: &mut u32) {
+    in_use_kib.fetch_sub(*reserved_kib as usize, Ordering::Relaxed);
     *reserved_kib = 0;
 }
 
@@ -88,42 +105,46 @@ mod tests {
 
     #[test]
     fn large_messages_share_one_budget() {
+        let used = AtomicUsize::new(0);
         let budget = 3 * LARGE;
         let (mut a, mut b) = (0u32, 0u32);
         let mut m = header(b'Q', 2 * LARGE);
-        account(&mut m, 0, &mut a, budget, true).unwrap();
+        account_in(&used, &mut m, 0, &mut a, budget, true).unwrap();
         assert_eq!(a as usize, 2 * LARGE / 1024);
         let mut m2 = header(b'Q', 2 * LARGE);
-        let e = account(&mut m2, 0, &mut b, budget, true).unwrap_err();
+        let e = account_in(&used, &mut m2, 0, &mut b, budget, true).unwrap_err();
         assert!(e.to_string().contains("max_large_message_memory"), "{e}");
         // Small messages, and COPY data being streamed, need nothing.
         let mut small = header(b'Q', 100);
-        account(&mut small, 0, &mut b, budget, true).unwrap();
+        account_in(&used, &mut small, 0, &mut b, budget, true).unwrap();
         let mut copy = header(b'd', 10 * LARGE);
-        account(&mut copy, 0, &mut b, budget, true).unwrap();
+        account_in(&used, &mut copy, 0, &mut b, budget, true).unwrap();
         assert_eq!(b, 0);
         // Once A's message is consumed, its share returns.
         let mut empty = BytesMut::new();
-        account(&mut empty, 0, &mut a, budget, true).unwrap();
+        account_in(&used, &mut empty, 0, &mut a, budget, true).unwrap();
         assert_eq!(a, 0);
-        account(&mut m2, 0, &mut b, budget, true).unwrap();
-        release(&mut b);
+        account_in(&used, &mut m2, 0, &mut b, budget, true).unwrap();
+        release_in(&used, &mut b);
+        assert_eq!(used.load(Ordering::Relaxed), 0, "everything given back");
     }
 
     #[test]
     fn the_message_after_those_waiting_in_place_is_the_one_accounted() {
+        let used = AtomicUsize::new(0);
         let budget = 3 * LARGE;
         let mut waiting = header(b'Q', 2 * LARGE);
         waiting.truncate(5);
         waiting.extend_from_slice(&header(b'Q', 100));
         let mut a = 0u32;
         // At 0 the large message is the head; at 5 (it waits in place) the small one is.
-        account(&mut waiting, 5, &mut a, budget, true).unwrap();
+        account_in(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
         assert_eq!(a, 0);
-        account(&mut waiting, 0, &mut a, budget, true).unwrap();
+        account_in(&used, &mut waiting, 0, &mut a, budget, true).unwrap();
         assert_eq!(a as usize, 2 * LARGE / 1024);
-        account(&mut waiting, 5, &mut a, budget, true).unwrap();
+        account_in(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
         assert_eq!(a, 0, "released once the large message is behind");
         assert_eq!(waiting.len(), 10, "nothing waiting is lost");
+        assert_eq!(used.load(Ordering::Relaxed), 0);
     }
 }
