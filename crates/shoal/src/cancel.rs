@@ -123,14 +123,9 @@ impl CancelSlot {
         let pending = {
             let mut s = self.lock();
             s.target = Some(target);
-            let pending = std::mem::take(&mut s.pending);
-            if pending {
-                s.in_flight += 1;
-            }
-            pending
+            std::mem::take(&mut s.pending).then(|| InFlight::count(self, &mut s))
         };
-        if pending {
-            let in_flight = OwnedInFlight(self.clone());
+        if let Some(in_flight) = pending {
             tokio::spawn(async move {
                 forward(target).await;
                 drop(in_flight);
@@ -171,27 +166,26 @@ impl CancelSlot {
     /// Counts a cancel in flight for as long as the returned guard lives, so that even a
     /// forward whose task is dropped midway (a login timeout) cannot leave the count up and
     /// [`CancelSlot::clear`] waiting forever.
-    fn begin(&self) -> Option<(CancelTarget, InFlight<'_>)> {
+    fn begin(self: &Arc<Self>) -> Option<(CancelTarget, InFlight)> {
         let mut s = self.lock();
         let t = s.target?;
-        s.in_flight += 1;
-        Some((t, InFlight(self)))
+        Some((t, InFlight::count(self, &mut s)))
     }
 }
 
-/// One cancel in flight to a slot's server.
-struct InFlight<'a>(&'a CancelSlot);
+/// One cancel in flight to a slot's server. Owns its slot, so a forward can run in a task of
+/// its own (one remembered until the server was named).
+struct InFlight(Arc<CancelSlot>);
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.lock().in_flight -= 1;
+impl InFlight {
+    /// Counts one more cancel in flight; `state` is `slot`'s, locked by the caller.
+    fn count(slot: &Arc<CancelSlot>, state: &mut SlotState) -> Self {
+        state.in_flight += 1;
+        InFlight(slot.clone())
     }
 }
 
-/// A cancel in flight in a task of its own (one that arrived before the server was named).
-struct OwnedInFlight(Arc<CancelSlot>);
-
-impl Drop for OwnedInFlight {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.lock().in_flight -= 1;
     }
