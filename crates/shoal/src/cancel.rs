@@ -35,7 +35,8 @@ struct SlotState {
     /// wait is rare and brief, and the 8 bytes saved keep every client's slot at 128 bytes.
     waiting: Option<Box<tokio::sync::oneshot::Sender<()>>>,
     /// The client has a request in progress that has no server yet (checkout done, session
-    /// being prepared): a cancel is remembered and sent once the server is named.
+    /// being prepared): a cancel is remembered, and the request is answered as cancelled
+    /// instead of being sent (see [`CancelSlot::set`]).
     busy: bool,
     pending: bool,
 }
@@ -115,22 +116,21 @@ impl CancelSlot {
         s.pending = false;
     }
 
-    /// Names the server now running this client's queries; a cancel that arrived since the
-    /// request began is sent now. That cancel counts as in flight like any other, so
-    /// [`CancelSlot::clear`] cannot give the server back before PostgreSQL has acted on it
-    /// (else it could stop the next client's query on that server).
-    pub fn set(self: &Arc<Self>, target: CancelTarget) {
-        let pending = {
-            let mut s = self.lock();
-            s.target = Some(target);
-            std::mem::take(&mut s.pending).then(|| InFlight::count(self, &mut s))
-        };
-        if let Some(in_flight) = pending {
-            tokio::spawn(async move {
-                forward(target).await;
-                drop(in_flight);
-            });
+    /// Names the server about to run this client's request. Returns false, naming nothing,
+    /// if a cancel for the request arrived while its server was being found: the caller
+    /// then answers the request as cancelled without sending it. (Forwarding that cancel
+    /// instead would race the request to the server: PostgreSQL ignores a cancel that finds
+    /// its backend idle, and the query would run on.)
+    #[must_use]
+    pub fn set(&self, target: CancelTarget) -> bool {
+        let mut s = self.lock();
+        if std::mem::take(&mut s.pending) {
+            // The request ends here: a later cancel is for the next one.
+            s.busy = false;
+            return false;
         }
+        s.target = Some(target);
+        true
     }
 
     /// Forgets the server; returns once no cancel for it can still arrive. A cancel in
@@ -166,26 +166,18 @@ impl CancelSlot {
     /// Counts a cancel in flight for as long as the returned guard lives, so that even a
     /// forward whose task is dropped midway (a login timeout) cannot leave the count up and
     /// [`CancelSlot::clear`] waiting forever.
-    fn begin(self: &Arc<Self>) -> Option<(CancelTarget, InFlight)> {
+    fn begin(&self) -> Option<(CancelTarget, InFlight<'_>)> {
         let mut s = self.lock();
         let t = s.target?;
-        Some((t, InFlight::count(self, &mut s)))
+        s.in_flight += 1;
+        Some((t, InFlight(self)))
     }
 }
 
-/// One cancel in flight to a slot's server. Owns its slot, so a forward can run in a task of
-/// its own (one remembered until the server was named).
-struct InFlight(Arc<CancelSlot>);
+/// One cancel in flight to a slot's server.
+struct InFlight<'a>(&'a CancelSlot);
 
-impl InFlight {
-    /// Counts one more cancel in flight; `state` is `slot`'s, locked by the caller.
-    fn count(slot: &Arc<CancelSlot>, state: &mut SlotState) -> Self {
-        state.in_flight += 1;
-        InFlight(slot.clone())
-    }
-}
-
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.lock().in_flight -= 1;
     }
@@ -325,47 +317,33 @@ mod tests {
         assert!(2 * std::mem::size_of::<usize>() + std::mem::size_of::<CancelSlot>() <= 128);
     }
 
-    /// A cancel that arrived before the client's server was named is sent once it is; the
-    /// server must not go back to the pool (to the next client) until PostgreSQL has acted
-    /// on that cancel.
+    /// A cancel that arrives while the client's server is being found is not sent to that
+    /// server (it would race the request there): `set` reports it, and names no server.
     #[tokio::test]
-    async fn a_cancel_sent_late_holds_the_server_until_postgres_acted() {
-        // A "server" that takes the cancel and closes the connection only when told.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
-        let (got_tx, got_rx) = tokio::sync::oneshot::channel::<[u8; 16]>();
-        let server = tokio::spawn(async move {
-            let (mut c, _) = listener.accept().await.unwrap();
-            let mut packet = [0u8; 16];
-            c.read_exact(&mut packet).await.unwrap();
-            got_tx.send(packet).unwrap();
-            let _ = close_rx.await;
-        });
+    async fn a_cancel_before_the_server_is_named_cancels_the_request_not_the_server() {
         let registry = Arc::new(CancelRegistry::default());
         let reg = registry.register(None, ClientInfo::default());
+        let target = CancelTarget {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            process_id: 7,
+            secret_key: 9,
+        };
         reg.slot.mark_busy();
         // The cancel arrives while the request has no server yet: remembered, not sent.
         registry.cancel(reg.process_id(), reg.secret_key()).await;
-        reg.slot.set(CancelTarget {
-            addr,
-            process_id: 7,
-            secret_key: 9,
-        });
-        let packet = got_rx.await.expect("the remembered cancel is sent");
-        assert_eq!(&packet[8..], &[0, 0, 0, 7, 0, 0, 0, 9]);
-        let mut clear = std::pin::pin!(reg.slot.clear());
-        assert!(
-            crate::timer::timeout(Duration::from_millis(50), clear.as_mut())
-                .await
-                .is_err(),
-            "the server was given back while its cancel was in flight"
+        assert!(!reg.slot.set(target), "the request is reported cancelled");
+        assert_eq!(
+            reg.slot.state(),
+            "idle",
+            "no server named for a cancelled request"
         );
-        close_tx.send(()).unwrap();
-        crate::timer::timeout(Duration::from_secs(5), clear)
-            .await
-            .expect("clear returns once PostgreSQL closed the cancel connection");
-        server.await.unwrap();
+        // A cancel after the request ended is for no request: ignored.
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
+        // The next request is not affected by either cancel.
+        reg.slot.mark_busy();
+        assert!(reg.slot.set(target));
+        assert_eq!(reg.slot.state(), "active");
+        reg.slot.clear().await;
     }
 
     /// A cancel whose forwarding is abandoned midway (its connection's login timed out) must
@@ -383,11 +361,11 @@ mod tests {
         });
         let registry = Arc::new(CancelRegistry::default());
         let reg = registry.register(None, ClientInfo::default());
-        reg.slot.set(CancelTarget {
+        assert!(reg.slot.set(CancelTarget {
             addr,
             process_id: 1,
             secret_key: 2,
-        });
+        }));
         let abandoned = crate::timer::timeout(
             Duration::from_millis(100),
             registry.cancel(reg.process_id(), reg.secret_key()),

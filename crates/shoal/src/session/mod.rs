@@ -386,7 +386,17 @@ impl Session {
             self.cancel.slot.not_busy();
             return Ok(false);
         };
-        self.cancel.slot.set(cancel_target(&lease));
+        if !self.cancel.slot.set(cancel_target(&lease)) {
+            // Cancelled while its server was being found: the request never reaches it, as
+            // when the cancel comes during the wait for a server.
+            lease.checkin();
+            self.fail_unit(
+                sqlstate::QUERY_CANCELED,
+                "canceling statement due to user request",
+            )
+            .await?;
+            return Ok(false);
+        }
         self.set_active(true);
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, Policy::Transaction).await;
@@ -439,7 +449,8 @@ impl Session {
     }
 
     async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
-        self.cancel.slot.set(cancel_target(&lease));
+        // Session mode marks no request busy, so no cancel can be pending here.
+        let _named = self.cancel.slot.set(cancel_target(&lease));
         self.set_active(true);
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, Policy::Session).await;
