@@ -288,16 +288,20 @@ impl Pool {
         cache.get(params).cloned()
     }
 
+    /// Remembers what a server reported for `params`; returns the shared copy, which a login
+    /// reports without copying it again.
     pub fn remember_login_params(
         &self,
         params: &[(String, String)],
         reported: &[(String, String)],
-    ) {
+    ) -> SharedParams {
+        let shared: SharedParams = reported.into();
         let mut cache = self.login_params.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= LOGIN_PARAMS_CACHE {
             cache.clear();
         }
-        cache.insert(params.to_vec(), reported.into());
+        cache.insert(params.to_vec(), shared.clone());
+        shared
     }
 
     /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.

@@ -89,11 +89,12 @@ impl Routed {
         }
     }
 
-    /// The user as configured (config file, or the tenant's list).
-    pub fn configured_user(&self) -> Option<User> {
+    /// The user as configured (config file, or the tenant's list). Borrowed: a login copies
+    /// it only if it has to change it.
+    pub fn configured_user(&self) -> Option<&User> {
         match &self.scope {
-            Scope::File(c, _) => c.users.get(&self.user).cloned(),
-            Scope::Tenant(t) => t.users().get(&self.user).cloned(),
+            Scope::File(c, _) => c.users.get(&self.user),
+            Scope::Tenant(t) => t.users().get(&self.user),
         }
     }
 
@@ -612,7 +613,7 @@ mod tests {
 
     fn user_of(r: &Registry, user: &str, db: &str) -> (Routed, User) {
         let routed = r.resolve(&req(user, db)).unwrap();
-        let u = routed.configured_user().unwrap();
+        let u = routed.configured_user().unwrap().clone();
         (routed, u)
     }
 

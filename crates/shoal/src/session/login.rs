@@ -2,6 +2,7 @@
 //! the pool, the ParameterStatus values to report and the cancel key, all bounded by
 //! `client_login_timeout`.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -189,6 +190,7 @@ async fn login(
     let database = routed.database();
     let mut found = routed
         .configured_user()
+        .map(Cow::Borrowed)
         .ok_or_else(|| RouteError::UnknownUser(routed.user.clone()));
     if let (Err(_), Some(db)) = (&found, database) {
         if let (Some(aq), Some(auth_user)) = (&db.auth_query, routed.auth_user()) {
@@ -196,7 +198,7 @@ async fn login(
             // Boxed: the lookup may open a server connection, a large future that every
             // login would otherwise carry (and copy) while only auth_query users need it.
             match Box::pin(app.secrets.user(&auth_user, timeout, db, aq, &routed.user)).await {
-                Ok(Some(user)) => found = Ok(user),
+                Ok(Some(user)) => found = Ok(Cow::Owned(user)),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(database = %db.name, error = %Escaped(&e), "auth_query failed");
@@ -242,7 +244,7 @@ async fn login(
                 Ok(client_key) => {
                     // A user from auth_query logs in upstream with its secret (passthrough).
                     if user.server_password.is_none() && user.passthrough.is_none() {
-                        user.passthrough = match (&user.auth, client_key) {
+                        let passthrough = match (&user.auth, client_key) {
                             (crate::config::ClientAuth::Scram(v), Some(k)) => {
                                 Some(Arc::new(crate::config::Passthrough::Scram {
                                     client_key: k,
@@ -254,6 +256,9 @@ async fn login(
                             }
                             _ => None,
                         };
+                        if passthrough.is_some() {
+                            user.to_mut().passthrough = passthrough;
+                        }
                     }
                     Ok(user)
                 }
@@ -324,8 +329,8 @@ async fn login(
     }
     let session_mode = pool.settings.mode == PoolMode::Session;
     let mut lease = None;
-    let reported: Vec<(String, String)> = match pool.login_params(&req.params) {
-        Some(known) if !session_mode => known.to_vec(),
+    let reported = match pool.login_params(&req.params) {
+        Some(known) if !session_mode => known,
         _ => {
             let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
                 let c = ClientError::checkout(&e);
@@ -343,8 +348,7 @@ async fn login(
                         SessionError::fatal(c.code, c.message)
                     }
                 })?;
-            let p = l.params.clone();
-            pool.remember_login_params(&req.params, &p);
+            let p = pool.remember_login_params(&req.params, &l.params);
             if session_mode {
                 lease = Some(l);
             } else {
@@ -361,7 +365,7 @@ async fn login(
             since_ms: crate::clock::now_ms(),
         },
     );
-    for (k, v) in &reported {
+    for (k, v) in reported.iter() {
         backend::parameter_status(&mut out, k, v);
     }
     backend::backend_key_data(&mut out, cancel.process_id(), cancel.secret_key());
