@@ -89,14 +89,19 @@ fn tune(stream: &tokio::net::TcpStream, app: &App) {
 /// Serves a just-accepted client on another shard's runtime (its socket registered there).
 /// The socket joins the target's reactor from here, so the task spawned there is the
 /// session's own future (no wrapper holding more state for the client's whole life).
-fn hand_over(target: &tokio::runtime::Handle, stream: tokio::net::TcpStream, app: Arc<App>) {
+fn hand_over(
+    target: &tokio::runtime::Handle,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    app: Arc<App>,
+) {
     let moved = stream.into_std().and_then(|std| {
         let _target = target.enter();
         tokio::net::TcpStream::from_std(std)
     });
     match moved {
         Ok(s) => {
-            target.spawn(crate::session::serve(app, Box::new(ClientStream::Tcp(s))));
+            target.spawn(crate::session::serve(app, ClientStream::Tcp(s), Some(peer)));
         }
         Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
     }
@@ -114,7 +119,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
         }
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     tune(&stream, &app);
                     app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let here = crate::shard::current();
@@ -122,10 +127,10 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
                         // Accepted on a closed shard: the client lives on an open one.
                         Some(target) => {
                             crate::shard::note_handed_over();
-                            hand_over(target, stream, app.clone())
+                            hand_over(target, stream, peer, app.clone())
                         }
                         None => {
-                            tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Tcp(stream))));
+                            tokio::spawn(crate::session::serve(app.clone(), ClientStream::Tcp(stream), Some(peer)));
                         }
                     }
                 }
@@ -158,7 +163,7 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tokio::spawn(crate::session::serve(app.clone(), Box::new(ClientStream::Unix(stream))));
+                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Unix(stream), None));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

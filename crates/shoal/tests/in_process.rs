@@ -22,7 +22,8 @@ async fn a_session_over_an_in_process_pipe() {
         let (ours, theirs) = tokio::io::duplex(64 * 1024);
         tokio::spawn(shoal::session::serve(
             app.clone(),
-            Box::new(ClientStream::Buffered(Box::new(theirs))),
+            ClientStream::Buffered(Box::new(theirs)),
+            None,
         ));
         let (client, conn) = tokio_postgres::Config::new()
             .user("app")

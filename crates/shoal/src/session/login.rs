@@ -27,11 +27,12 @@ use crate::server::ServerError;
 pub(super) async fn login_phase(
     app: Arc<App>,
     mut stream: ClientStream,
+    peer: Option<std::net::SocketAddr>,
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.next_conn_id();
     tracing::debug!(conn = id, "client connected");
-    // Asked of the kernel once per login (a syscall), used three times.
-    let peer = stream.peer_addr();
+    // Asked of the kernel (a system call) only if `accept` did not say.
+    let peer = peer.or_else(|| stream.peer_addr());
     let logging_in = match app.begin_login(peer.map(|a| a.ip())) {
         Ok(g) => g,
         Err(message) => {

@@ -19,6 +19,7 @@ mod relay;
 #[cfg(test)]
 mod size_tests;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -47,17 +48,26 @@ use moving::move_to;
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.
-pub async fn serve(app: Arc<App>, stream: Box<ClientStream>) {
+/// `peer` is the client's address as `accept` gave it (saving a system call per login); when
+/// it is `None`, the stream is asked.
+pub fn serve(
+    app: Arc<App>,
+    stream: ClientStream,
+    peer: Option<SocketAddr>,
+) -> impl std::future::Future<Output = ()> + Send {
     // This task lives as long as the (mostly idle) client, so its future is kept small
-    // (`session_future_fits_a_small_task` checks it): the stream arrives boxed, and the
-    // login and everything that runs only while the client is active are boxed and freed
-    // when done.
-    let Some((session, lease)) = Box::pin(login_phase(app, *stream)).await else {
-        return;
-    };
-    match lease {
-        Some(lease) => Box::pin(serve_session_mode(session, *lease)).await,
-        None => serve_transaction_mode(session).await,
+    // (`session_future_fits_a_small_task` checks it): what the login needs goes into the
+    // login's own boxed future, freed when it is done, so the task keeps only that box's
+    // pointer and what runs only while the client is active is boxed apart too.
+    let login = Box::pin(login_phase(app, stream, peer));
+    async move {
+        let Some((session, lease)) = login.await else {
+            return;
+        };
+        match lease {
+            Some(lease) => Box::pin(serve_session_mode(session, *lease)).await,
+            None => serve_transaction_mode(session).await,
+        }
     }
 }
 
