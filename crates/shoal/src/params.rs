@@ -111,20 +111,21 @@ fn parse_options(
 }
 
 impl StartupRequest {
-    pub fn from_startup(m: &StartupMessage) -> Result<StartupRequest, ParamError> {
+    /// Takes the message apart: its strings move into the request instead of being copied.
+    pub fn from_startup(m: StartupMessage) -> Result<StartupRequest, ParamError> {
         let mut req = StartupRequest::default();
         let mut params = Vec::new();
-        for (k, v) in &m.params {
+        for (k, v) in m.params {
             match k.as_str() {
-                "user" => req.user = v.clone(),
-                "database" => req.database = v.clone(),
+                "user" => req.user = v,
+                "database" => req.database = v,
                 "replication" if !matches!(v.as_str(), "false" | "off" | "no" | "0") => {
                     return Err(ParamError::Replication)
                 }
                 "replication" => {}
-                "options" => parse_options(v, &mut params, &mut req.reference)?,
-                k if k.starts_with("_pq_.") => req.unrecognized.push(k.to_owned()),
-                _ => params.push((k.clone(), v.clone())),
+                "options" => parse_options(&v, &mut params, &mut req.reference)?,
+                name if name.starts_with("_pq_.") => req.unrecognized.push(k),
+                _ => params.push((k, v)),
             }
         }
         if req.user.is_empty() {
@@ -133,11 +134,11 @@ impl StartupRequest {
         if req.database.is_empty() {
             req.database = req.user.clone();
         }
-        for (name, value) in params {
+        for (mut name, value) in params {
             if !valid_name(&name) {
                 return Err(ParamError::BadName(name));
             }
-            let name = name.to_ascii_lowercase();
+            name.make_ascii_lowercase();
             req.params.retain(|(n, _)| *n != name);
             req.params.push((name, value));
         }
@@ -221,7 +222,7 @@ mod tests {
             ),
             ("_pq_.compression", "on"),
         ]);
-        let r = StartupRequest::from_startup(&m).unwrap();
+        let r = StartupRequest::from_startup(m).unwrap();
         assert_eq!(r.database, "u");
         assert_eq!(
             r.params,
@@ -241,7 +242,7 @@ mod tests {
             ("user", "u"),
             ("options", "reference=acme -c search_path=x"),
         ]);
-        let r = StartupRequest::from_startup(&m).unwrap();
+        let r = StartupRequest::from_startup(m).unwrap();
         assert_eq!(r.reference.as_deref(), Some("acme"));
         assert_eq!(r.params, vec![("search_path".into(), "x".into())]);
     }
@@ -249,19 +250,19 @@ mod tests {
     #[test]
     fn refuses_what_cannot_be_served() {
         assert_eq!(
-            StartupRequest::from_startup(&msg(&[("database", "d")])),
+            StartupRequest::from_startup(msg(&[("database", "d")])),
             Err(ParamError::NoUser)
         );
         assert_eq!(
-            StartupRequest::from_startup(&msg(&[("user", "u"), ("replication", "database")])),
+            StartupRequest::from_startup(msg(&[("user", "u"), ("replication", "database")])),
             Err(ParamError::Replication)
         );
         assert!(matches!(
-            StartupRequest::from_startup(&msg(&[("user", "u"), ("options", "-x")])),
+            StartupRequest::from_startup(msg(&[("user", "u"), ("options", "-x")])),
             Err(ParamError::BadOption(_))
         ));
         assert!(matches!(
-            StartupRequest::from_startup(&msg(&[("user", "u"), ("bad;name", "1")])),
+            StartupRequest::from_startup(msg(&[("user", "u"), ("bad;name", "1")])),
             Err(ParamError::BadName(_))
         ));
     }

@@ -117,7 +117,8 @@ async fn login(
     let Some(startup) = Box::pin(handshake::negotiate(stream, app)).await? else {
         return Ok(None);
     };
-    let req = StartupRequest::from_startup(&startup).map_err(|e| {
+    let minor = startup.minor;
+    let req = StartupRequest::from_startup(startup).map_err(|e| {
         let code = match e {
             crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
             _ => sqlstate::PROTOCOL_VIOLATION,
@@ -127,7 +128,7 @@ async fn login(
     // Sized for the usual reply (AuthenticationOk, a dozen ParameterStatus, BackendKeyData,
     // ReadyForQuery), so composing it does not reallocate.
     let mut out = BytesMut::with_capacity(1024);
-    if startup.minor > 0 || !req.unrecognized.is_empty() {
+    if minor > 0 || !req.unrecognized.is_empty() {
         let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
         backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
         stream.write_all(&out).await?;
