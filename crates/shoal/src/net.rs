@@ -155,22 +155,21 @@ impl ClientStream {
         }
     }
 
+    /// How logs name the client (its address asked of the socket).
     pub fn peer(&self) -> String {
-        match self {
-            ClientStream::Tcp(s) => s
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "?".into()),
-            ClientStream::Unix(_) => "unix".into(),
-            ClientStream::Buffered(_) => "in-process".into(),
-            ClientStream::Tls(s) => s
-                .get_ref()
-                .0
-                .inner
-                .peer_addr()
-                .map(|a| format!("{a} (TLS)"))
-                .unwrap_or_else(|_| "? (TLS)".into()),
-            ClientStream::Upgrading => "upgrading".into(),
+        self.describe_peer(self.peer_addr())
+    }
+
+    /// How logs name the client whose address is already known (from `accept`).
+    pub fn describe_peer(&self, addr: Option<std::net::SocketAddr>) -> String {
+        match (self, addr) {
+            (ClientStream::Tcp(_), Some(a)) => a.to_string(),
+            (ClientStream::Tcp(_), None) => "?".into(),
+            (ClientStream::Tls(_), Some(a)) => format!("{a} (TLS)"),
+            (ClientStream::Tls(_), None) => "? (TLS)".into(),
+            (ClientStream::Unix(_), _) => "unix".into(),
+            (ClientStream::Buffered(_), _) => "in-process".into(),
+            (ClientStream::Upgrading, _) => "upgrading".into(),
         }
     }
 }

@@ -75,7 +75,7 @@ pub(super) async fn login_phase(
                 return None;
             }
             if app.config.server.log_connections {
-                tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.peer(), "client logged in");
+                tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.describe_peer(peer), "client logged in");
             } else {
                 tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
             }
