@@ -75,7 +75,7 @@ pub(super) async fn login_phase(
                 return None;
             }
             if app.config.server.log_connections {
-                tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.describe_peer(peer), "client logged in");
+                tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.describe_peer(done.peer), "client logged in");
             } else {
                 tracing::debug!(conn = id, pool = %done.pool.name, "client logged in");
             }
@@ -104,6 +104,9 @@ pub(super) struct LoggedIn {
     pub(super) cancel: Registration,
     /// The server a session-mode client keeps.
     pub(super) lease: Option<Lease>,
+    /// The client's address, for the login's log line: carried here rather than kept by
+    /// the login's future across its awaits, which would grow every login in flight.
+    pub(super) peer: Option<std::net::SocketAddr>,
 }
 
 async fn login(
@@ -379,6 +382,7 @@ async fn login(
         params: req.params,
         cancel,
         lease,
+        peer,
     }))))
 }
 

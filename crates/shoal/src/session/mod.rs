@@ -197,6 +197,7 @@ impl Session {
             params,
             cancel,
             lease,
+            peer: _,
         } = done;
         // The session takes over the client count (released in `Drop`).
         client.into_session();
