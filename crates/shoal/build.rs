@@ -2,7 +2,8 @@
 //! a login run next to each other, in the order of `link-order.txt` (written by
 //! `bench/instructions --link-order`). Without it they are spread over ~8 MB of code, and a
 //! login, which runs each of them once between system calls, pays for the instruction-cache
-//! and TLB misses: measured, 13–18 % of a `-C` connection's user time (docs/benchmarks.md).
+//! and TLB misses: measured, up to a fifth of a `-C` connection's user time, though some
+//! A/B runs showed no gain (docs/benchmarks.md).
 //!
 //! Only LLD understands the option, so it is given only where LLD is known to be the linker:
 //! Rust 1.90 or newer on x86_64 Linux with its default (bundled LLD) linker, nothing in the
