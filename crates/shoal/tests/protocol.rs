@@ -170,6 +170,85 @@ async fn copy_in_and_out() {
     other.simple_query("SELECT 1").await.unwrap();
 }
 
+/// Large results and copies, both ways, inside one transaction: the relay keeps reading and
+/// writing across tokio's cooperative-scheduling yields (each 20 MB stream spends the task's
+/// budget many times over) and never waits on a side it did not register, while a second
+/// client queues for the pool's only server and gets it once the transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_streams_inside_a_transaction_keep_the_relay_moving() {
+    use futures_util::{SinkExt, StreamExt};
+    use std::time::Duration;
+    let db = unique_db("proto");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut a = shoal.connect(&db).await;
+    a.batch_execute("CREATE TABLE big (t text)").await.unwrap();
+    let b = shoal.connect(&db).await;
+    let limit = Duration::from_secs(120);
+    let tx = a.transaction().await.unwrap();
+    // B waits for the server A holds.
+    let waiting = tokio::spawn(async move {
+        let v: i32 = b.query_one("SELECT 7", &[]).await.unwrap().get(0);
+        v
+    });
+    for round in 0..3 {
+        let rows = tokio::time::timeout(
+            limit,
+            tx.simple_query("SELECT repeat('x', 1000) FROM generate_series(1, 20000)"),
+        )
+        .await
+        .expect("a large result arrives whole")
+        .unwrap();
+        let got = rows
+            .iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+            .count();
+        assert_eq!(got, 20000, "round {round}");
+        let one: i32 = tx
+            .query_one("SELECT $1::int", &[&round])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(one, round);
+        // 20 MB in: 20,000 lines of 1,000 bytes, sent in 64 KiB chunks.
+        let line = format!("{}\n", "y".repeat(999));
+        let chunk = bytes::Bytes::from(line.repeat(64));
+        let sink = tx.copy_in("COPY big FROM STDIN").await.unwrap();
+        futures_util::pin_mut!(sink);
+        tokio::time::timeout(limit, async {
+            for _ in 0..(20000 / 64) {
+                sink.send(chunk.clone()).await.unwrap();
+            }
+            sink.as_mut().finish().await.unwrap()
+        })
+        .await
+        .expect("a large copy in completes");
+        // And out again.
+        let stream = tx
+            .copy_out("COPY (SELECT t FROM big) TO STDOUT")
+            .await
+            .unwrap();
+        futures_util::pin_mut!(stream);
+        let bytes = tokio::time::timeout(limit, async {
+            let mut n = 0usize;
+            while let Some(part) = stream.next().await {
+                n += part.unwrap().len();
+            }
+            n
+        })
+        .await
+        .expect("a large copy out completes");
+        // Every round adds 312 chunks of 64 lines.
+        assert_eq!(bytes, (round as usize + 1) * (20000 / 64 * 64) * 1000);
+        assert!(!waiting.is_finished(), "B got the server A holds");
+    }
+    tx.commit().await.unwrap();
+    let v = tokio::time::timeout(limit, waiting)
+        .await
+        .expect("B gets the server after A's commit")
+        .unwrap();
+    assert_eq!(v, 7);
+}
+
 #[tokio::test]
 async fn startup_parameters_reach_the_server_and_hold() {
     let db = unique_db("proto");
