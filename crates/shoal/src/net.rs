@@ -66,19 +66,6 @@ impl ClientStream {
         matches!(self, ClientStream::Tls(_))
     }
 
-    /// Whether the socket may have something to read, from tokio's readiness bits alone: no
-    /// waker is registered and nothing is read. Only meaningful for a socket left waiting by
-    /// a read or a readiness poll that came back pending (see the relay); a stream that
-    /// buffers by itself always says yes (only a read can tell).
-    pub fn may_read(&self) -> bool {
-        let ready = || Ok(());
-        match self {
-            ClientStream::Tcp(s) => s.try_io(tokio::io::Interest::READABLE, ready).is_ok(),
-            ClientStream::Unix(s) => s.try_io(tokio::io::Interest::READABLE, ready).is_ok(),
-            ClientStream::Buffered(_) | ClientStream::Tls(_) | ClientStream::Upgrading => true,
-        }
-    }
-
     /// A stream that buffers by itself: the idle wait must read (see the module doc).
     pub fn is_buffered(&self) -> bool {
         matches!(self, ClientStream::Buffered(_) | ClientStream::Tls(_))

@@ -66,17 +66,6 @@ impl ServerStream {
     }
 }
 
-impl ServerStream {
-    /// Whether the socket may have something to read, from tokio's readiness bits alone (see
-    /// `ClientStream::may_read`). TLS always may.
-    pub fn may_read(&self) -> bool {
-        match self {
-            ServerStream::Plain(s) => s.try_io(tokio::io::Interest::READABLE, || Ok(())).is_ok(),
-            ServerStream::Tls(_) => true,
-        }
-    }
-}
-
 impl tokio::io::AsyncRead for ServerStream {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,

@@ -6,8 +6,15 @@ use std::process::Command;
 
 use common::*;
 
+/// A run that stalls (a lost wake-up in the relay leaves a client waiting for ever) fails
+/// after this long instead of holding the suite until CI's own limit.
+const STALL_LIMIT_SECS: &str = "240";
+
 fn pgbench(shoal: &Shoal, db: &str, args: &[&str]) -> String {
-    let out = Command::new(pg().bin("pgbench"))
+    // coreutils' timeout: exit status 124 when the limit ended the run.
+    let out = Command::new("timeout")
+        .args(["--kill-after=5", STALL_LIMIT_SECS])
+        .arg(pg().bin("pgbench"))
         .env("PGPASSWORD", APP_PASSWORD)
         .args(["-h", "127.0.0.1", "-U", "app"])
         .arg("-p")
@@ -20,6 +27,11 @@ fn pgbench(shoal: &Shoal, db: &str, args: &[&str]) -> String {
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "pgbench stalled: still running after {STALL_LIMIT_SECS} s: {text}"
     );
     assert!(out.status.success(), "pgbench failed: {text}");
     text

@@ -372,9 +372,6 @@ impl Session {
             out.query_start = Some(out.txn_start);
         }
         let mut fatal: Option<ErrorFields> = None;
-        // The sides left waiting (a readiness poll or read came back pending): such a side
-        // needs no poll until tokio marks it readable (see the step below).
-        let mut waiting = 0u8;
         loop {
             if out.to_client.is_empty() && out.direct == 0 {
                 if let Some(e) = fatal.take() {
@@ -420,45 +417,17 @@ impl Session {
                 }
                 // Readiness first: most polls of a side find nothing (one side answers while
                 // the other waits), and a read that would find nothing costs more than asking.
-                // A side left waiting keeps its waker registered with tokio until an event
-                // marks it readable, so until then it is not asked again (asking registers
-                // the waker anew: a lock and a comparison, on every wake-up of either side).
-                if read_server {
-                    let marked = waiting & SERVER != 0 && server.stream.may_read();
-                    if waiting & SERVER == 0 || marked {
-                        waiting &= !SERVER;
-                        if marked || server.stream.poll_read_ready(cx).is_ready() {
-                            reserve_for_next_at(&mut server.buf, out.direct, out.server_rest > 0);
-                            if let Poll::Ready(r) =
-                                poll_read_buf(&mut server.stream, cx, &mut server.buf)
-                            {
-                                return Poll::Ready(Step::FromServer(r));
-                            }
-                        }
-                        waiting |= SERVER;
+                if read_server && server.stream.poll_read_ready(cx).is_ready() {
+                    reserve_for_next_at(&mut server.buf, out.direct, out.server_rest > 0);
+                    if let Poll::Ready(r) = poll_read_buf(&mut server.stream, cx, &mut server.buf) {
+                        return Poll::Ready(Step::FromServer(r));
                     }
                 }
-                if read_client {
-                    let marked = waiting & CLIENT != 0 && self.stream.may_read();
-                    if waiting & CLIENT == 0 || marked {
-                        waiting &= !CLIENT;
-                        if marked || self.stream.poll_read_ready(cx).is_ready() {
-                            reserve_for_next_at(
-                                &mut self.cbuf,
-                                out.direct_to_server,
-                                out.client_rest > 0,
-                            );
-                            if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
-                                return Poll::Ready(Step::FromClient(r));
-                            }
-                        }
-                        waiting |= CLIENT;
+                if read_client && self.stream.poll_read_ready(cx).is_ready() {
+                    reserve_for_next_at(&mut self.cbuf, out.direct_to_server, out.client_rest > 0);
+                    if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
+                        return Poll::Ready(Step::FromClient(r));
                     }
-                }
-                // A poll that came back pending because the task's budget ran out (tokio's
-                // cooperative scheduling) registered nothing: ask again next time.
-                if waiting != 0 && !tokio::task::coop::has_budget_remaining() {
-                    waiting = 0;
                 }
                 Poll::Pending
             })
@@ -519,11 +488,6 @@ impl Session {
         }
     }
 }
-
-/// The client's bit in the relay's `waiting` set.
-const CLIENT: u8 = 1;
-/// The server's bit in the relay's `waiting` set.
-const SERVER: u8 = 2;
 
 /// What one poll of the relay achieved.
 enum Step {
