@@ -49,6 +49,27 @@ pub fn poll_read_buf<S: AsyncRead + Unpin>(
     tokio_util::io::poll_read_buf(Pin::new(s), cx, buf)
 }
 
+/// A write through TLS. rustls takes the plaintext and makes records at once, then writes
+/// them as far as the socket takes them: when it reports the plaintext taken, records may
+/// still wait inside it (the socket was full). A flush still pending leaves the waker
+/// registered for the socket; the caller sees the records through `wants_flush` and must
+/// flush them before it counts its bytes as sent (nothing else would: no write may follow).
+pub fn poll_write_tls<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    cx: &mut Context<'_>,
+    data: &[u8],
+) -> Poll<io::Result<usize>> {
+    match Pin::new(&mut *s).poll_write(cx, data) {
+        Poll::Ready(Ok(n)) => {
+            if let Poll::Ready(Err(e)) = Pin::new(&mut *s).poll_flush(cx) {
+                return Poll::Ready(Err(e));
+            }
+            Poll::Ready(Ok(n))
+        }
+        other => other,
+    }
+}
+
 impl ClientStream {
     /// Readiness without a waiter node in the caller's future: the socket keeps the waker. A
     /// buffered stream is always "ready" (only a read can tell).
@@ -99,14 +120,25 @@ impl ClientStream {
             ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
             ClientStream::Buffered(s) => Pin::new(s).poll_write(cx, data),
-            // TLS records are written as they are made: flush so nothing waits in rustls.
-            ClientStream::Tls(s) => match Pin::new(&mut **s).poll_write(cx, data) {
-                Poll::Ready(Ok(n)) => {
-                    let _ = Pin::new(&mut **s).poll_flush(cx);
-                    Poll::Ready(Ok(n))
-                }
-                other => other,
-            },
+            ClientStream::Tls(s) => poll_write_tls(&mut **s, cx, data),
+            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
+        }
+    }
+
+    /// TLS records made but not yet on the socket: see [`poll_write_tls`].
+    pub fn wants_flush(&self) -> bool {
+        match self {
+            ClientStream::Tls(s) => s.get_ref().1.wants_write(),
+            _ => false,
+        }
+    }
+
+    /// Pushes out what [`ClientStream::wants_flush`] reports.
+    pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            ClientStream::Tcp(_) | ClientStream::Unix(_) => Poll::Ready(Ok(())),
+            ClientStream::Buffered(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
             ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }

@@ -66,6 +66,28 @@ impl ServerStream {
     }
 }
 
+impl ServerStream {
+    /// TLS records made but not yet on the socket (the socket was full): the writer must
+    /// flush before it may consider its bytes sent.
+    pub fn wants_flush(&self) -> bool {
+        match self {
+            ServerStream::Plain(_) => false,
+            ServerStream::Tls(s) => s.get_ref().1.wants_write(),
+        }
+    }
+
+    /// Writes all of `data` and flushes it: with TLS, what rustls still holds after the last
+    /// write would otherwise wait until the next one, which may never come.
+    pub async fn send(&mut self, data: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.write_all(data).await?;
+        if self.wants_flush() {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+}
+
 impl tokio::io::AsyncRead for ServerStream {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
@@ -87,14 +109,7 @@ impl tokio::io::AsyncWrite for ServerStream {
     ) -> std::task::Poll<std::io::Result<usize>> {
         match self.get_mut() {
             ServerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, data),
-            // Records are pushed out as they are made: nothing may wait inside rustls.
-            ServerStream::Tls(s) => match std::pin::Pin::new(&mut **s).poll_write(cx, data) {
-                std::task::Poll::Ready(Ok(n)) => {
-                    let _ = std::pin::Pin::new(&mut **s).poll_flush(cx);
-                    std::task::Poll::Ready(Ok(n))
-                }
-                other => other,
-            },
+            ServerStream::Tls(s) => crate::net::poll_write_tls(&mut **s, cx, data),
         }
     }
 
@@ -317,7 +332,7 @@ impl ServerConn {
     async fn login(&mut self, up: &Upstream) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         frontend::startup(&mut out, &[("user", &up.user), ("database", &up.dbname)]);
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         let mut scram: Option<ScramSha256> = None;
         // SCRAM passthrough: the exchange, then the server signature it must answer with.
         let mut passthrough: Option<Result<shoal_wire::scram::ClientExchange, [u8; 32]>> = None;
@@ -357,7 +372,7 @@ impl ServerConn {
                                     first.as_bytes(),
                                 );
                                 passthrough = Some(Ok(ex));
-                                self.stream.write_all(&out).await?;
+                                self.stream.send(&out).await?;
                                 continue;
                             }
                             let s = ScramSha256::new(
@@ -418,7 +433,7 @@ impl ServerConn {
                             )))
                         }
                     }
-                    self.stream.write_all(&out).await?;
+                    self.stream.send(&out).await?;
                 }
                 tag::BACKEND_KEY_DATA => {
                     (self.process_id, self.secret_key) =
@@ -468,7 +483,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::query(&mut out, sql);
         self.session.unnamed_dropped();
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         self.read_until_ready().await
     }
 
@@ -482,7 +497,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::parse_bind_execute(&mut out, sql, params);
         self.session.unnamed_dropped();
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         self.read_until_ready().await
     }
 
@@ -553,7 +568,7 @@ impl ServerConn {
     /// one write and reads every reply; fails with the first error once all are read, so
     /// the connection is left at a boundary either way (or is broken).
     pub async fn run_batch(&mut self, out: &[u8], replies: usize) -> Result<(), ServerError> {
-        self.stream.write_all(out).await?;
+        self.stream.send(out).await?;
         let mut first = None;
         for _ in 0..replies {
             match self.read_until_ready().await {
@@ -577,7 +592,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::parse_bind_execute(&mut out, sql, params);
         self.session.unnamed_dropped();
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         let mut row = None;
         let mut first_error = None;
         loop {
@@ -687,6 +702,6 @@ impl ServerConn {
     pub async fn close(mut self) {
         let mut out = BytesMut::new();
         frontend::terminate(&mut out);
-        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
+        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.send(&out)).await;
     }
 }

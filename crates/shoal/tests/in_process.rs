@@ -53,3 +53,142 @@ async fn a_session_over_an_in_process_pipe() {
         .unwrap();
     assert_eq!(simple_rows(c, "SELECT 42").await, vec!["42"]);
 }
+
+/// A client that reads slowly: `chunk` bytes, then a pause of a millisecond. Shoal's writes
+/// to it fill the socket and stay pending, as with a busy client on a slow network.
+struct SlowReader<S> {
+    inner: S,
+    chunk: usize,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for SlowReader<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        if let Some(p) = self.pause.as_mut() {
+            std::task::ready!(p.as_mut().poll(cx));
+            self.pause = None;
+        }
+        let n = buf.remaining().min(self.chunk);
+        let mut small = tokio::io::ReadBuf::new(buf.initialize_unfilled_to(n));
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut small);
+        let filled = small.filled().len();
+        buf.advance(filled);
+        if filled > 0 {
+            let pause = tokio::time::sleep(std::time::Duration::from_millis(1));
+            self.pause = Some(Box::pin(pause));
+        }
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SlowReader<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Replies of every size around the relay's buffer boundaries (its read chunk, its
+/// high-water mark, the 1 MiB step a large message grows by) to a slow TLS client, in both
+/// pool modes: each must arrive whole. Shoal's end of the socket gets a small send buffer (as
+/// under memory pressure), so most writes find it full: records rustls made but could not put
+/// on the socket once stayed in its buffer after the last write, and the reply never ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_replies_to_a_slow_tls_client_always_complete() {
+    let (ca, cert, key) = ca_and_server_cert();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(path("cert.pem"), cert).unwrap();
+    std::fs::write(path("key.pem"), key).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut client_tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client_tls.alpn_protocols = vec![b"postgresql".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_tls));
+    shoal::clock::start();
+    for mode in ["transaction", "session"] {
+        let db = unique_db("tlsbig");
+        pg().create_database(&db);
+        let extra = format!(
+            "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n[pool]\npool_mode = \"{mode}\"\n",
+            path("cert.pem"),
+            path("key.pem"),
+        );
+        let config = Config::parse(&base_config(pg(), &[&db], &extra), "test", &|_| None).unwrap();
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let app = App::new(config, shutdown).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let connect = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (accepted, tcp) = tokio::join!(listener.accept(), connect);
+        let (ours, peer) = accepted.unwrap();
+        socket2::SockRef::from(&ours)
+            .set_send_buffer_size(8192)
+            .unwrap();
+        tokio::spawn(shoal::session::serve(
+            app,
+            ClientStream::Tcp(ours),
+            Some(peer),
+        ));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let tls = connector.connect(name, tcp.unwrap()).await.expect("TLS");
+        let slow = SlowReader {
+            inner: tls,
+            chunk: 16384,
+            pause: None,
+        };
+        let (client, conn) = tokio_postgres::Config::new()
+            .user("app")
+            .password(APP_PASSWORD)
+            .dbname(&db)
+            .connect_raw(slow, tokio_postgres::NoTls)
+            .await
+            .expect("login over TLS");
+        tokio::spawn(conn);
+        for base in [8192i64, 65536, 262144, 1 << 20, 2 << 20] {
+            for delta in [-300i64, -77, -13, -1, 0, 1, 29, 150, 400] {
+                let n = base + delta;
+                let sql = format!("SELECT repeat('A', {n})");
+                let reply = client.simple_query(&sql);
+                let rows = tokio::time::timeout(std::time::Duration::from_secs(60), reply)
+                    .await
+                    .unwrap_or_else(|_| panic!("{mode}: a {n}-byte reply never completed"))
+                    .unwrap();
+                let got = rows
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::len),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                assert_eq!(got as i64, n, "{mode}");
+            }
+        }
+    }
+}

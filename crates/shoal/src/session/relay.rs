@@ -373,12 +373,15 @@ impl Session {
         }
         let mut fatal: Option<ErrorFields> = None;
         loop {
-            if out.to_client.is_empty() && out.direct == 0 {
+            // Bytes a TLS stream took but could not put on its socket yet are not sent.
+            let client_sent =
+                out.to_client.is_empty() && out.direct == 0 && !self.stream.wants_flush();
+            if client_sent {
                 if let Some(e) = fatal.take() {
                     return Ok(RelayEnd::ServerLost(Some(e)));
                 }
             }
-            if !out.server_pending() && out.to_client.is_empty() && out.direct == 0 {
+            if !out.server_pending() && client_sent && !server.stream.wants_flush() {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
@@ -405,6 +408,10 @@ impl Session {
                     if let Poll::Ready(r) = Pin::new(&mut server.stream).poll_write(cx, to_server) {
                         return Poll::Ready(Step::ToServer(r));
                     }
+                } else if server.stream.wants_flush() {
+                    if let Poll::Ready(r) = Pin::new(&mut server.stream).poll_flush(cx) {
+                        return Poll::Ready(Step::ToServer(r.map(|()| 0)));
+                    }
                 }
                 let to_client = match out.direct {
                     0 => &out.to_client[..],
@@ -413,6 +420,10 @@ impl Session {
                 if !to_client.is_empty() {
                     if let Poll::Ready(r) = self.stream.poll_write(cx, to_client) {
                         return Poll::Ready(Step::ToClient(r));
+                    }
+                } else if self.stream.wants_flush() {
+                    if let Poll::Ready(r) = self.stream.poll_flush(cx) {
+                        return Poll::Ready(Step::ToClient(r.map(|()| 0)));
                     }
                 }
                 // Readiness first: most polls of a side find nothing (one side answers while
