@@ -94,6 +94,29 @@ const CASES: &[Case] = &[
         "LISTEN iso_chan",
         "SELECT count(*) FROM pg_catalog.pg_listening_channels()",
     ),
+    // What a simpler lexer missed: a `--` comment ended by a carriage return, identifiers
+    // spelled in Unicode escapes, a cursor's WITH HOLD after the eighth word, pg_settings.
+    case(
+        "select 1 --x\r; select set_config('search_path','pg_catalog',false)",
+        "SHOW search_path",
+    ),
+    case("--x\rcreate temp table iso_cr as select 1", TEMP_TABLES),
+    case(
+        "select U&\"!0073et_config\" UESCAPE '!'('role', 'iso_other', false)",
+        WHO,
+    ),
+    case(
+        "select U&\"\\0073\\0065\\0074\\005f\\0063\\006f\\006e\\0066\\0069\\0067\"('search_path', 'pg_catalog', false)",
+        "SHOW search_path",
+    ),
+    case(
+        "UPDATE pg_settings SET setting = 'pg_catalog' WHERE name = 'search_path'",
+        "SHOW search_path",
+    ),
+    case(
+        "BEGIN; declare iso_c9 binary insensitive no scroll cursor with hold for select 1; COMMIT",
+        "SELECT count(*) FROM pg_catalog.pg_cursors",
+    ),
     case(
         "SELECT pg_advisory_lock(4242)",
         "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
@@ -340,4 +363,55 @@ async fn startup_parameters_cannot_inject_sql() {
         b.simple("SHOW search_path").await.unwrap(),
         vec!["\"$user\", public"]
     );
+}
+
+/// Another client's statement, on the only server under the pooler's name, cannot be
+/// replaced, run or dropped through SQL that hides the name from a simpler lexer (a comment
+/// ended by a carriage return, Unicode escapes) or through the extended protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hidden_sql_cannot_reach_pooler_statements() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut victim = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "v1", "SELECT $1::int");
+    raw::sync(&mut out);
+    victim.send(&out).await;
+    victim.until_ready().await;
+    let mut attacker = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    for n in 0..=3 {
+        for sql in [
+            format!("select 1 --x\r; deallocate shoal_{n}; prepare shoal_{n}(int) as select 666 + $1 * 0"),
+            format!("select 1 --x\r; execute shoal_{n}(5)"),
+            format!("execute U&\"!0073hoal_{n}\" UESCAPE '!'(5)"),
+            format!("explain execute shoal_{n}(5)"),
+            format!("deallocate U&\"\\0073hoal_{n}\""),
+        ] {
+            let e = attacker.simple(&sql).await.unwrap_err();
+            assert_eq!(e.code(), "26000", "{sql}: {e:?}");
+            // Through the extended protocol, unnamed and named.
+            for name in ["", "a1"] {
+                let mut out = BytesMut::new();
+                raw::parse(&mut out, name, &sql);
+                raw::bind(&mut out, "", name, &[]);
+                raw::execute(&mut out, "");
+                raw::sync(&mut out);
+                attacker.send(&out).await;
+                let msgs = attacker.until_ready().await;
+                assert_eq!(msgs[0].code(), "26000", "{sql} as Parse {name:?}: {msgs:?}");
+            }
+        }
+    }
+    // The victim's statement is intact and its own.
+    let mut out = BytesMut::new();
+    raw::bind(&mut out, "", "v1", &["7"]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    victim.send(&out).await;
+    let msgs = victim.until_ready().await;
+    let row = msgs.iter().find(|m| m.tag == 'D').expect("a row");
+    assert_eq!(raw::first_column(row), "7");
+    // EXPLAIN EXECUTE of the client's own driver statement runs it, as EXECUTE does.
+    let plan = victim.simple("EXPLAIN EXECUTE v1(3)").await.unwrap();
+    assert!(plan.iter().any(|l| l.contains("Result")), "{plan:?}");
 }

@@ -44,11 +44,15 @@ pub enum Token<'a> {
     Word(&'a [u8]),
     /// A double-quoted identifier's raw content (with `""` left doubled).
     Quoted(&'a [u8]),
+    /// A `U&"..."` identifier's raw content and its escape character (`\\` unless a
+    /// `UESCAPE` clause names another): compared by its decoded name.
+    UnicodeQuoted(&'a [u8], u8),
     /// A string constant (any quoting); its content is not inspected.
     Str,
     Semicolon,
     Dot,
     OpenParen,
+    CloseParen,
     Other,
 }
 
@@ -65,6 +69,7 @@ impl Token<'_> {
         match self {
             Token::Word(w) => w.eq_ignore_ascii_case(name),
             Token::Quoted(q) => *q == name,
+            Token::UnicodeQuoted(raw, esc) => decode_unicode(raw, *esc).is_some_and(|d| d == name),
             _ => false,
         }
     }
@@ -75,9 +80,89 @@ impl Token<'_> {
                 w.len() >= prefix.len() && w[..prefix.len()].eq_ignore_ascii_case(prefix)
             }
             Token::Quoted(q) => q.starts_with(prefix),
+            Token::UnicodeQuoted(raw, esc) => {
+                decode_unicode(raw, *esc).is_some_and(|d| d.starts_with(prefix))
+            }
             _ => false,
         }
     }
+
+    /// The name an identifier token stands for (quoted ones with `""` left doubled).
+    fn name(&self) -> Option<Vec<u8>> {
+        match self {
+            Token::Word(w) => Some(w.to_ascii_lowercase()),
+            Token::Quoted(q) => Some(q.to_vec()),
+            Token::UnicodeQuoted(raw, esc) => decode_unicode(raw, *esc),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes a `U&"..."` identifier as PostgreSQL does: `<esc>XXXX` and `<esc>+XXXXXX` are code
+/// points (UTF-16 surrogate pairs combined), `<esc><esc>` is the escape character, `""` a
+/// quote. `None` where PostgreSQL would raise a syntax error (the statement then fails whole).
+pub fn decode_unicode(raw: &[u8], esc: u8) -> Option<Vec<u8>> {
+    fn hex(digits: &[u8]) -> Option<u32> {
+        let text = std::str::from_utf8(digits).ok()?;
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        u32::from_str_radix(text, 16).ok()
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    let mut high: Option<u32> = None;
+    while i < raw.len() {
+        let b = raw[i];
+        if b == b'"' && raw.get(i + 1) == Some(&b'"') {
+            out.push(b'"');
+            i += 2;
+            continue;
+        }
+        if b != esc {
+            if high.is_some() {
+                return None;
+            }
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        if raw.get(i + 1) == Some(&esc) {
+            if high.is_some() {
+                return None;
+            }
+            out.push(esc);
+            i += 2;
+            continue;
+        }
+        let (cp, len) = if raw.get(i + 1) == Some(&b'+') {
+            (hex(raw.get(i + 2..i + 8)?)?, 8)
+        } else {
+            (hex(raw.get(i + 1..i + 5)?)?, 5)
+        };
+        i += len;
+        let cp = match (high.take(), cp) {
+            (None, 0xD800..=0xDBFF) => {
+                high = Some(cp);
+                continue;
+            }
+            (Some(h), 0xDC00..=0xDFFF) => 0x10000 + ((h - 0xD800) << 10) + (cp - 0xDC00),
+            (Some(_), _) | (None, 0xDC00..=0xDFFF) => return None,
+            (None, cp) => cp,
+        };
+        let c = char::from_u32(cp).filter(|&c| c != '\0')?;
+        let mut utf8 = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+    }
+    if high.is_some() {
+        return None;
+    }
+    Some(out)
+}
+
+/// Whitespace as PostgreSQL's scanner knows it (vertical tab included since PostgreSQL 16).
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c)
 }
 
 /// A lexer over SQL text. Never fails: unterminated quotes or comments end the text.
@@ -121,7 +206,8 @@ impl<'a> Lexer<'a> {
                 self.i += 2;
                 continue;
             }
-            if b == b'\\' {
+            // Only a plain string's backslashes depend on `standard_conforming_strings`.
+            if b == b'\\' && q == b'\'' {
                 self.saw_backslash_string = true;
             }
             if b == q {
@@ -138,6 +224,52 @@ impl<'a> Lexer<'a> {
         self.i = self.s.len();
         let _ = start;
         self.s.len()
+    }
+
+    /// A `--` comment runs to the end of the line: PostgreSQL ends it at `\r` as well as `\n`.
+    fn skip_line_comment(&mut self) {
+        while self.i < self.s.len() && !matches!(self.s[self.i], b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    /// Skips whitespace and comments.
+    fn skip_blanks(&mut self) {
+        loop {
+            match self.s.get(self.i) {
+                Some(&b) if is_space(b) => self.i += 1,
+                Some(b'-') if self.peek(1) == Some(b'-') => self.skip_line_comment(),
+                Some(b'/') if self.peek(1) == Some(b'*') => self.skip_block_comment(),
+                _ => return,
+            }
+        }
+    }
+
+    /// After a `U&` string or identifier: consumes a `UESCAPE 'c'` clause and returns its
+    /// character, or the default backslash (a malformed clause is left for PostgreSQL to
+    /// reject).
+    fn uescape(&mut self) -> u8 {
+        let at = self.i;
+        self.skip_blanks();
+        let word = b"uescape";
+        let end = self.i + word.len();
+        if self
+            .s
+            .get(self.i..end)
+            .is_some_and(|w| w.eq_ignore_ascii_case(word))
+            && !self.s.get(end).is_some_and(|&b| is_word_char(b))
+        {
+            self.i = end;
+            self.skip_blanks();
+            if let Some(&[b'\'', c, b'\'']) = self.s.get(self.i..self.i + 3) {
+                if c != b'\'' {
+                    self.i += 3;
+                    return c;
+                }
+            }
+        }
+        self.i = at;
+        b'\\'
     }
 
     fn skip_block_comment(&mut self) {
@@ -194,12 +326,8 @@ impl<'a> Iterator for Lexer<'a> {
         loop {
             let b = *self.s.get(self.i)?;
             match b {
-                b if b.is_ascii_whitespace() => self.i += 1,
-                b'-' if self.peek(1) == Some(b'-') => {
-                    while self.i < self.s.len() && self.s[self.i] != b'\n' {
-                        self.i += 1;
-                    }
-                }
+                b if is_space(b) => self.i += 1,
+                b'-' if self.peek(1) == Some(b'-') => self.skip_line_comment(),
                 b'/' if self.peek(1) == Some(b'*') => self.skip_block_comment(),
                 b'\'' => {
                     self.i += 1;
@@ -225,6 +353,10 @@ impl<'a> Iterator for Lexer<'a> {
                     self.i += 1;
                     return Some(Token::OpenParen);
                 }
+                b')' => {
+                    self.i += 1;
+                    return Some(Token::CloseParen);
+                }
                 b if is_word_start(b) => {
                     // E'..' (backslash escapes), B'..', X'..', N'..', U&'..' / U&"..".
                     let next = self.peek(1);
@@ -241,15 +373,20 @@ impl<'a> Iterator for Lexer<'a> {
                     if matches!(b, b'u' | b'U') && next == Some(b'&') {
                         match self.peek(2) {
                             Some(b'\'') => {
+                                // Its backslashes are escapes whatever the settings.
+                                let saw = self.saw_backslash_string;
                                 self.i += 3;
                                 self.skip_quoted(b'\'', false);
+                                self.saw_backslash_string = saw;
+                                self.uescape();
                                 return Some(Token::Str);
                             }
                             Some(b'"') => {
                                 self.i += 3;
                                 let start = self.i;
                                 let end = self.skip_quoted(b'"', false);
-                                return Some(Token::Quoted(&self.s[start..end]));
+                                let raw = &self.s[start..end];
+                                return Some(Token::UnicodeQuoted(raw, self.uescape()));
                             }
                             _ => {}
                         }
@@ -355,15 +492,16 @@ const PLAIN_FIRST_WORDS: &[&[u8]] = &[
     b"abort",
 ];
 
-/// Four-byte fragments of every word [`scan_anywhere`] reacts to: `temp` (also in
+/// Four-byte fragments of every word [`scan_anywhere`] and [`Seen`] react to: `temp` (also in
 /// `temporary`, `pg_temp`), `seed` (`setseed`), `_con` (`set_config`, `dblink_connect`), `y_lo`
-/// (the `*advisory_lock*` functions). A text without any of them cannot contain such a word,
+/// (the `*advisory_lock*` functions), `_set` (`pg_settings`). A text without any of them cannot contain such a word,
 /// quoted or not. Written folded: see [`fold`].
-const WATCHED_FRAGMENTS: [[u8; 4]; 4] = [
+const WATCHED_FRAGMENTS: [[u8; 4]; 5] = [
     [b't', b'e', b'm', b'p'],
     [b's', b'e', b'e', b'd'],
     [fold(b'_'), b'c', b'o', b'n'],
     [b'y', fold(b'_'), b'l', b'o'],
+    [fold(b'_'), b's', b'e', b't'],
 ];
 
 /// Case folding for the fragment search, one OR per byte: upper-case ASCII letters become
@@ -379,12 +517,13 @@ const BLOCK: usize = 16;
 /// Bytes looked at per block: each starting position and the three that follow it.
 const WINDOW: usize = BLOCK + 3;
 
-/// A byte that sends any text holding it to the lexer: a backslash, a NUL or a `;`.
+/// A byte that sends any text holding it to the lexer: a backslash, a NUL, a `;`, or a `&`
+/// (a `U&"..."` identifier may spell any name in escapes).
 const fn is_special(b: u8) -> bool {
-    (b == b'\\') | (b == 0) | (b == b';')
+    (b == b'\\') | (b == 0) | (b == b';') | (b == b'&')
 }
 
-/// Whether `body` holds a backslash, a NUL, a `;` or any watched fragment.
+/// Whether `body` holds a special byte ([`is_special`]) or any watched fragment.
 ///
 /// Windows are read straight from the text (no copy); the last one ends at the text's end,
 /// overlapping the one before it (looking at a position twice changes nothing). Only a text
@@ -474,16 +613,18 @@ fn classify_lexed(sql: &[u8]) -> Effects {
     let mut len = 0usize;
     let mut prev: Option<Token<'_>> = None;
     let mut statements = 0usize;
+    let mut seen = Seen::default();
     loop {
         let tok = lex.next();
         match tok {
             Some(Token::Semicolon) | None => {
                 if len > 0 {
                     statements += 1;
-                    classify_statement(&stmt[..len], &mut fx);
+                    classify_statement(&stmt[..len], seen, &mut fx);
                     len = 0;
                 }
                 prev = None;
+                seen = Seen::default();
                 if tok.is_none() {
                     break;
                 }
@@ -491,6 +632,7 @@ fn classify_lexed(sql: &[u8]) -> Effects {
             Some(t) => {
                 // The rest is scanned for the few tokens that matter anywhere.
                 scan_anywhere(&t, prev.as_ref(), &mut fx);
+                seen.note(&t, prev.as_ref());
                 prev = Some(t);
                 if len < stmt.len() {
                     stmt[len] = t;
@@ -523,7 +665,29 @@ fn scan_anywhere(t: &Token<'_>, prev: Option<&Token<'_>>, fx: &mut Effects) {
     }
 }
 
-fn classify_statement(words: &[Token<'_>], fx: &mut Effects) {
+/// What a statement holds anywhere in it (past the first words that decide its kind).
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    /// `WITH HOLD` (a `DECLARE`'s cursor outlives its transaction).
+    with_hold: bool,
+    /// The word `UPDATE`, and a mention of `pg_settings`: an `UPDATE pg_settings` (also
+    /// inside a `WITH`) calls `set_config`.
+    update: bool,
+    pg_settings: bool,
+}
+
+impl Seen {
+    fn note(&mut self, t: &Token<'_>, prev: Option<&Token<'_>>) {
+        self.with_hold |= t.is("hold") && prev.is_some_and(|p| p.is("with"));
+        self.update |= t.is("update");
+        self.pg_settings |= t.name_eq(b"pg_settings");
+    }
+}
+
+fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
+    if seen.update && seen.pg_settings {
+        fx.dirty = true;
+    }
     let w = |i: usize| words.get(i);
     let is = |i: usize, k: &str| w(i).is_some_and(|t| t.is(k));
     let Some(first) = w(0) else { return };
@@ -570,7 +734,7 @@ fn classify_statement(words: &[Token<'_>], fx: &mut Effects) {
             }
         }
         b"declare" => {
-            if words.iter().any(|t| t.is("hold")) {
+            if seen.with_hold {
                 fx.dirty = true;
             }
         }
@@ -586,19 +750,8 @@ pub fn leading_comments_len(sql: &[u8]) -> usize {
         return 0;
     }
     let mut lex = Lexer::new(sql);
-    loop {
-        let at = lex.i;
-        match lex.s.get(at) {
-            Some(b) if b.is_ascii_whitespace() => lex.i += 1,
-            Some(b'-') if lex.peek(1) == Some(b'-') => {
-                while lex.i < lex.s.len() && lex.s[lex.i] != b'\n' {
-                    lex.i += 1;
-                }
-            }
-            Some(b'/') if lex.peek(1) == Some(b'*') => lex.skip_block_comment(),
-            _ => return at,
-        }
-    }
+    lex.skip_blanks();
+    lex.i
 }
 
 /// `DROP DATABASE x` or `ALTER DATABASE x RENAME ...`: the database it names.
@@ -614,11 +767,7 @@ pub fn database_command(sql: &[u8]) -> Option<DatabaseCommand> {
         lex.next()?; // EXISTS
         name = lex.next()?;
     }
-    let database = match name {
-        Token::Word(w) => w.to_ascii_lowercase(),
-        Token::Quoted(q) => q.to_vec(),
-        _ => return None,
-    };
+    let database = name.name()?;
     if first.is("alter") && !lex.next().is_some_and(|t| t.is("rename")) {
         return None;
     }
@@ -635,10 +784,32 @@ pub struct NamedStatementCommand {
     pub name_at: std::ops::Range<usize>,
 }
 
-/// Recognises `DEALLOCATE [PREPARE] name` and `EXECUTE name ...` as the only statement.
+/// Recognises `DEALLOCATE [PREPARE] name` and `[EXPLAIN ...] EXECUTE name ...` as the only
+/// statement.
 pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
     let mut lex = Lexer::new(sql);
-    let first = lex.next()?;
+    let mut first = lex.next()?;
+    if first.is("explain") {
+        // EXPLAIN [ (option, ...) ] or EXPLAIN [ANALYZE] [VERBOSE], then the statement.
+        first = lex.next()?;
+        if first == Token::OpenParen {
+            let mut depth = 1;
+            while depth > 0 {
+                match lex.next()? {
+                    Token::OpenParen => depth += 1,
+                    Token::CloseParen => depth -= 1,
+                    _ => {}
+                }
+            }
+            first = lex.next()?;
+        }
+        while first.is("analyze") || first.is("analyse") || first.is("verbose") {
+            first = lex.next()?;
+        }
+        if !first.is("execute") {
+            return None;
+        }
+    }
     let execute = if first.is("execute") {
         true
     } else if first.is("deallocate") {
@@ -670,8 +841,9 @@ pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
         }
         match t {
             Token::OpenParen => depth += 1,
+            Token::CloseParen => depth -= 1,
             Token::Other if depth > 0 => {}
-            Token::Semicolon if depth == 0 => seen_end = true,
+            Token::Semicolon if depth <= 0 => seen_end = true,
             _ if !execute => return None,
             _ => {}
         }
@@ -690,7 +862,7 @@ pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
 /// `EXECUTE`, `DEALLOCATE`, also inside `EXPLAIN EXECUTE` or `CREATE TABLE ... AS EXECUTE`):
 /// the pooler's own statements must not be reachable from a client's SQL.
 pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
-    // Cheap first look (one fast scan): a prefix ending in a rare byte such as `_`.
+    // Cheap first look (fast scans): a prefix ending in a rare byte such as `_`.
     let has_prefix = match prefix.split_last() {
         None => true,
         Some((&last, head)) => {
@@ -698,7 +870,8 @@ pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
                 .any(|i| i >= head.len() && sql[i - head.len()..i].eq_ignore_ascii_case(head))
         }
     };
-    if !has_prefix {
+    // A `U&"..."` identifier may spell the prefix in escapes.
+    if !has_prefix && memchr::memchr(b'&', sql).is_none() {
         return None;
     }
     let mut keyword = false;
@@ -707,10 +880,7 @@ pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
             Token::Semicolon => keyword = false,
             t if t.is("execute") || t.is("deallocate") || t.is("prepare") => keyword = true,
             t if keyword && t.name_starts_with(prefix) => {
-                return Some(match t {
-                    Token::Word(w) | Token::Quoted(w) => w.to_vec(),
-                    _ => Vec::new(),
-                })
+                return Some(t.name().unwrap_or_default())
             }
             _ => {}
         }
@@ -779,6 +949,61 @@ mod tests {
         }
     }
 
+    /// What PostgreSQL's scanner sees that a simpler lexer would not: a `--` comment ended by
+    /// a carriage return, `U&` identifiers spelled in escapes (with `UESCAPE`), vertical tabs,
+    /// state-changing words after the eighth token, writes to `pg_settings`.
+    #[test]
+    fn hidden_session_changes_are_dirty() {
+        for sql in [
+            "select 1 --x\r; select set_config('search_path','cr',false)",
+            "--x\rcreate temp table orders (a int)",
+            "select 1 --x\r; deallocate shoal_17; prepare shoal_17(int) as select 666 + $1 * 0",
+            "select U&\"!0073et_config\" UESCAPE '!'('role', 'x', false)",
+            "select U&\"\\0073\\0065\\0074\\005f\\0063\\006f\\006e\\0066\\0069\\0067\"('a.b', 'c', false)",
+            "select u&\"set\\+00005Fconfig\" /* c */ uescape /* d */ '\\' ('a.b', 'c', false)",
+            "create table U&\"pg_\\0074emp\".t (a int)",
+            "select 1;\x0bset role other",
+            "UPDATE pg_settings SET setting = 'x' WHERE name = 'search_path'",
+            "update pg_catalog.\"pg_settings\" set setting = 'x' where name = 'work_mem'",
+            "WITH u AS (UPDATE pg_settings SET setting = 'x' WHERE name = 'search_path' RETURNING 1) SELECT 1",
+            "declare c9 binary insensitive no scroll cursor with hold for select 1",
+        ] {
+            assert!(dirty(sql), "{sql:?}");
+        }
+        for sql in [
+            "SELECT name, setting FROM pg_settings",
+            "select 1 -- set role x\n",
+            "SELECT U&\"d\\0061t\\+000061\" FROM t",
+            "declare c9 binary insensitive no scroll cursor without hold for select 1",
+        ] {
+            assert!(!dirty(sql), "{sql:?}");
+        }
+    }
+
+    #[test]
+    fn unicode_identifiers_decode() {
+        assert_eq!(
+            decode_unicode(b"d\\0061t\\+000061", b'\\').unwrap(),
+            b"data"
+        );
+        assert_eq!(decode_unicode(b"!0073et!!", b'!').unwrap(), b"set!");
+        assert_eq!(decode_unicode(b"a\"\"b", b'\\').unwrap(), b"a\"b");
+        assert_eq!(
+            decode_unicode(b"\\D83D\\DE00", b'\\').unwrap(),
+            "\u{1F600}".as_bytes()
+        );
+        for bad in [
+            &b"\\00"[..],
+            b"\\zzzz",
+            b"\\D83D",
+            b"\\DE00",
+            b"\\0000",
+            b"\\+11FFFF",
+        ] {
+            assert_eq!(decode_unicode(bad, b'\\'), None, "{bad:?}");
+        }
+    }
+
     #[test]
     fn ddl_and_statement_drops() {
         assert!(classify(b"ALTER TABLE t ADD COLUMN b int").ddl);
@@ -828,6 +1053,19 @@ mod tests {
         assert_eq!(named_statement_command(b"DEALLOCATE ALL"), None);
         assert_eq!(named_statement_command(b"DEALLOCATE a; SELECT 1"), None);
         assert_eq!(named_statement_command(b"EXECUTE a; SELECT 1"), None);
+        assert_eq!(named_statement_command(b"EXECUTE a(1); SET ROLE x"), None);
+        for sql in [
+            &b"EXPLAIN EXECUTE s1(1)"[..],
+            b"explain analyze verbose execute s1 (1)",
+            b"EXPLAIN (ANALYZE, FORMAT JSON, SETTINGS (true)) EXECUTE s1(1);",
+        ] {
+            let c = named_statement_command(sql).unwrap();
+            assert!(c.execute);
+            assert_eq!(c.name, b"s1");
+            assert_eq!(&sql[c.name_at.clone()], b"s1");
+        }
+        assert_eq!(named_statement_command(b"EXPLAIN SELECT 1"), None);
+        assert_eq!(named_statement_command(b"EXPLAIN DEALLOCATE s1"), None);
     }
 
     #[test]
@@ -845,6 +1083,11 @@ mod tests {
         assert!(prepared_name_with_prefix(b"SELECT * FROM shoal_stats", p).is_none());
         assert!(prepared_name_with_prefix(b"EXECUTE mine; SELECT shoal_x FROM t", p).is_none());
         assert!(prepared_name_with_prefix(b"EXECUTE 'shoal_1'", p).is_none());
+        assert_eq!(
+            prepared_name_with_prefix(b"execute U&\"!0073hoal_20\" UESCAPE '!'(1)", p),
+            Some(b"shoal_20".to_vec())
+        );
+        assert!(prepared_name_with_prefix(b"select 1 --x\r; deallocate shoal_4", p).is_some());
     }
 
     #[test]
@@ -895,7 +1138,8 @@ mod fuzz {
                 Just("SET "), Just("ROLE "), Just("'"), Just("\""), Just("$$"), Just("$a$"),
                 Just("--"), Just("/*"), Just("*/"), Just(";"), Just("\n"), Just("E'\\'"),
                 Just("temp "), Just("create "), Just("execute "), Just("shoal_1 "), Just("("),
-                Just("U&\""), Just("é"),
+                Just("U&\""), Just("é"), Just("\r"), Just("UESCAPE '!'"), Just("!0073"),
+                Just("\\+00005F"), Just("\x0b"), Just("hold "), Just("with "),
             ], 0..30)) {
             let sql: String = parts.concat();
             let _ = classify(sql.as_bytes());
@@ -919,6 +1163,7 @@ mod fuzz {
                 Just("x "), Just("1 "), Just("\0"), Just("selectx "), Just("select$1 "),
                 Just("BEGIN "), Just("end "), Just("commit "), Just("Rollback "), Just("start "),
                 Just("set "), Just("discard "), Just("deallocate "), Just("all "),
+                Just("\r"), Just("&"), Just("U&\"a\" "), Just("pg_settings "), Just("_set"),
             ], 0..16)) {
             let sql: String = parts.concat();
             prop_assert_eq!(classify(sql.as_bytes()), classify_lexed(sql.as_bytes()), "{:?}", sql);
@@ -929,8 +1174,9 @@ mod fuzz {
     /// offset (block boundaries included).
     fn naive_needs_lexing(body: &[u8]) -> bool {
         let lower = body.to_ascii_lowercase();
-        let words: [&[u8]; 4] = [b"temp", b"seed", b"_con", b"y_lo"];
-        body.iter().any(|&b| b == b'\\' || b == 0 || b == b';')
+        let words: [&[u8]; 5] = [b"temp", b"seed", b"_con", b"y_lo", b"_set"];
+        body.iter()
+            .any(|&b| b == b'\\' || b == 0 || b == b';' || b == b'&')
             || lower.windows(4).any(|w| words.contains(&w))
     }
 
@@ -939,7 +1185,7 @@ mod fuzz {
     #[test]
     fn block_search_finds_a_mark_at_every_position() {
         for len in 0..64 {
-            for mark in [&b"\\"[..], b"\0", b";", b"TeMp", b"y_lo"] {
+            for mark in [&b"\\"[..], b"\0", b";", b"&", b"TeMp", b"y_lo", b"_SeT"] {
                 for at in 0..=len {
                     if at + mark.len() > len {
                         continue;
@@ -957,7 +1203,7 @@ mod fuzz {
         #[test]
         fn block_search_agrees_with_a_byte_search(
             pad in 0usize..40,
-            word in prop_oneof![Just("TEMP"), Just("sEeD"), Just("_CON"), Just("Y_lO"), Just("\\"),
+            word in prop_oneof![Just("TEMP"), Just("sEeD"), Just("_CON"), Just("Y_lO"), Just("\\"), Just("_Set"), Just("&"),
                                 Just("\0"), Just(";"), Just("te_p"), Just("y lo"), Just("x")],
             tail in 0usize..40,
         ) {

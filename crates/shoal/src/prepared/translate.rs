@@ -261,6 +261,31 @@ impl Translator<'_> {
         let mut r = Reader::new(&msg[HEADER_LEN..]);
         let name = r.cstr_bytes()?;
         let rest = r.rest();
+        // The text of an unnamed Parse repeating the last one was looked at then.
+        let repeated = name.is_empty()
+            && self
+                .client
+                .as_ref()
+                .and_then(|c| c.unnamed.as_ref())
+                .is_some_and(|u| !u.body.is_empty() && u.body == rest);
+        if let Some(reserved) = (!repeated)
+            .then(|| reserved_name_in(parse_text(rest)))
+            .flatten()
+        {
+            // As in a simple query: the pooler's statements are no client's to name. The
+            // client's unnamed statement is gone, as after any failed Parse of one.
+            if name.is_empty() {
+                if let Some(c) = self.client.as_mut() {
+                    c.unnamed = None;
+                }
+            }
+            self.fail(
+                shoal_wire::sqlstate::INVALID_SQL_STATEMENT_NAME,
+                reserved_message(&reserved),
+                out.buf(),
+            );
+            return Ok(());
+        }
         if name.is_empty() {
             let c = self.client.get_or_insert_with(Default::default);
             c.unnamed_seq += 1;
@@ -315,15 +340,12 @@ impl Translator<'_> {
         let first = sql::FirstWord::of(text);
         let plain = sql::is_plain(first, text);
         if !plain {
-            if let Some(name) = sql::prepared_name_with_prefix(text, b"shoal_") {
+            if let Some(name) = sql::prepared_name_with_prefix(text, RESERVED_PREFIX) {
                 // The pooler's statements belong to no client: refuse by SQL, on the server (so
                 // a transaction block fails as it would for any error).
-                let shown: String = String::from_utf8_lossy(&name)
-                    .chars()
-                    .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
                 let sql = format!(
-                    "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = 'prepared statement \"{shown}\" does not exist', HINT = 'names starting with shoal_ are reserved by the Shoal pooler'; END$shoal$"
+                    "DO $shoal$BEGIN RAISE EXCEPTION USING ERRCODE = '26000', MESSAGE = '{}', HINT = '{RESERVED_HINT}'; END$shoal$",
+                    reserved_message(&name),
                 );
                 shoal_wire::frontend::query(out.buf(), &sql);
                 self.queue.push_back(Expect::Query(None));
@@ -344,7 +366,7 @@ impl Translator<'_> {
                 c.forget_all();
             }
         }
-        if first.is_any(&[b"execute", b"deallocate"]) {
+        if first.is_any(&[b"execute", b"deallocate", b"explain"]) {
             if let Some(cmd) = sql::named_statement_command(text) {
                 let def = self
                     .client
@@ -388,6 +410,30 @@ impl Translator<'_> {
             .push_back(Expect::Query(set_of_with(first, text)));
         Ok(())
     }
+}
+
+/// The start of the names Shoal gives statements on its servers: a client's SQL may not name
+/// them (`EXECUTE`, `DEALLOCATE`, `PREPARE`, `EXPLAIN EXECUTE`, ..., through either protocol).
+const RESERVED_PREFIX: &[u8] = b"shoal_";
+const RESERVED_HINT: &str = "names starting with shoal_ are reserved by the Shoal pooler";
+
+/// A reserved statement name the text uses, unless the text is plainly about something else.
+fn reserved_name_in(text: &[u8]) -> Option<Vec<u8>> {
+    let first = sql::FirstWord::of(text);
+    if sql::is_plain(first, text) {
+        return None;
+    }
+    sql::prepared_name_with_prefix(text, RESERVED_PREFIX)
+}
+
+/// PostgreSQL's message for a statement that does not exist, naming it in characters safe to
+/// put inside SQL quotes.
+fn reserved_message(name: &[u8]) -> String {
+    let shown: String = String::from_utf8_lossy(name)
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    format!("prepared statement \"{shown}\" does not exist")
 }
 
 /// Whether an error says a statement must be retired: its cached plan's result type changed
