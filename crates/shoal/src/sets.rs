@@ -23,6 +23,62 @@ pub enum SetOp {
         name: Box<str>,
     },
     ResetAll,
+    /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name`, `ROLLBACK [WORK | TRANSACTION] TO
+    /// [SAVEPOINT] name`: a rollback to a savepoint undoes the SETs made since, as in
+    /// PostgreSQL.
+    Savepoint(Box<str>),
+    Release(Box<str>),
+    RollbackTo(Box<str>),
+}
+
+impl SetOp {
+    /// Whether it is about savepoints (completes with its own tags, not `SET`).
+    pub fn is_savepoint(&self) -> bool {
+        matches!(
+            self,
+            SetOp::Savepoint(_) | SetOp::Release(_) | SetOp::RollbackTo(_)
+        )
+    }
+}
+
+/// A savepoint's name as PostgreSQL folds it (`None` for what is not a plain name).
+fn savepoint_name(word: &str) -> Option<Box<str>> {
+    if let Some(q) = word.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+        return (!q.is_empty() && !q.contains('"')).then(|| q.into());
+    }
+    (!word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80))
+    .then(|| word.to_ascii_lowercase().into())
+}
+
+/// `SAVEPOINT`, `RELEASE` and `ROLLBACK ... TO` statements (the words after the first).
+fn savepoint_op(first: &str, mut words: std::str::SplitWhitespace<'_>) -> Option<SetOp> {
+    let mut next = words.next()?;
+    let op = match first {
+        "savepoint" => SetOp::Savepoint(savepoint_name(next)?),
+        "release" => {
+            if next.eq_ignore_ascii_case("savepoint") {
+                next = words.next()?;
+            }
+            SetOp::Release(savepoint_name(next)?)
+        }
+        _ => {
+            if next.eq_ignore_ascii_case("work") || next.eq_ignore_ascii_case("transaction") {
+                next = words.next()?;
+            }
+            if !next.eq_ignore_ascii_case("to") {
+                return None;
+            }
+            next = words.next()?;
+            if next.eq_ignore_ascii_case("savepoint") {
+                next = words.next()?;
+            }
+            SetOp::RollbackTo(savepoint_name(next)?)
+        }
+    };
+    words.next().is_none().then_some(op)
 }
 
 /// Recognises a single session-level `SET`/`RESET`/`DISCARD ALL` statement.
@@ -35,6 +91,7 @@ pub fn parse(sql: &str) -> Option<SetOp> {
     let mut words = text.split_whitespace();
     let first = words.next()?.to_ascii_lowercase();
     match first.as_str() {
+        "savepoint" | "release" | "rollback" | "abort" => savepoint_op(&first, words),
         "discard" => (words.next()?.eq_ignore_ascii_case("all") && words.next().is_none())
             .then_some(SetOp::ResetAll),
         "reset" => {
@@ -94,10 +151,12 @@ pub fn parse(sql: &str) -> Option<SetOp> {
 pub struct SessionSets {
     /// In force for the session, in order (at most one per name).
     pub held: Vec<(Box<str>, Box<str>)>,
-    /// Done inside the current transaction, effective if it commits.
+    /// Done inside the current transaction (SETs, and the savepoints between them),
+    /// effective if it commits.
     in_transaction: Vec<SetOp>,
-    /// The last transaction end seen: true for COMMIT, false for ROLLBACK.
-    ended: Option<bool>,
+    /// An error since the last ReadyForQuery: a transaction that ends now without a COMMIT
+    /// (an implicit one: a pipeline up to Sync) rolled back.
+    failed: bool,
     /// Unique to each state of `held` (process-wide), 0 when nothing is held: a server that
     /// had this state applied needs nothing more for this client.
     pub fingerprint: u64,
@@ -108,23 +167,61 @@ static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 impl SessionSets {
     /// A tracked statement completed.
     pub fn executed(&mut self, op: SetOp) {
-        self.in_transaction.push(op);
+        let mark = |ops: &[SetOp], name: &str| {
+            ops.iter()
+                .rposition(|o| matches!(o, SetOp::Savepoint(n) if **n == *name))
+        };
+        match op {
+            SetOp::Release(name) => {
+                // The savepoint and those made after it are gone; their SETs stay.
+                if let Some(at) = mark(&self.in_transaction, &name) {
+                    let mut i = 0;
+                    self.in_transaction.retain(|o| {
+                        let keep = i < at || !matches!(o, SetOp::Savepoint(_));
+                        i += 1;
+                        keep
+                    });
+                }
+            }
+            SetOp::RollbackTo(name) => match mark(&self.in_transaction, &name) {
+                // The savepoint stays; what came after it is undone.
+                Some(at) => self.in_transaction.truncate(at + 1),
+                // Made before Shoal followed this client's SETs: all of them came after it.
+                None => self.in_transaction.clear(),
+            },
+            op => self.in_transaction.push(op),
+        }
     }
 
-    /// A COMMIT or ROLLBACK completed.
+    /// A COMMIT or ROLLBACK completed (also `... AND CHAIN`, which opens the next
+    /// transaction at once).
     pub fn transaction_end(&mut self, committed: bool) {
-        self.ended = Some(committed);
+        let ops = std::mem::take(&mut self.in_transaction);
+        if committed {
+            self.apply(ops);
+        }
     }
 
-    /// ReadyForQuery: at status `I` the transaction is over; its changes hold unless it rolled
-    /// back.
+    /// An ErrorResponse.
+    pub fn error(&mut self) {
+        self.failed = true;
+    }
+
+    /// ReadyForQuery: at status `I` the transaction is over; what is left of it was outside a
+    /// transaction block, and holds unless an error rolled it back.
     pub fn ready(&mut self, status: u8) {
+        let failed = std::mem::take(&mut self.failed);
         if status != b'I' {
             return;
         }
         let ops = std::mem::take(&mut self.in_transaction);
-        let committed = self.ended.take().unwrap_or(true);
-        if !committed || ops.is_empty() {
+        if !failed {
+            self.apply(ops);
+        }
+    }
+
+    fn apply(&mut self, ops: Vec<SetOp>) {
+        if !ops.iter().any(|o| !o.is_savepoint()) {
             return;
         }
         for op in ops {
@@ -135,6 +232,7 @@ impl SessionSets {
                 }
                 SetOp::Reset { name } => self.held.retain(|(n, _)| *n != name),
                 SetOp::ResetAll => self.held.clear(),
+                SetOp::Savepoint(_) | SetOp::Release(_) | SetOp::RollbackTo(_) => {}
             }
         }
         self.fingerprint = if self.held.is_empty() {
@@ -144,13 +242,14 @@ impl SessionSets {
         };
     }
 
-    /// The statements that recreate the held settings.
+    /// The statements that recreate the held settings. Each ends on a line of its own: a
+    /// `--` comment a client ended its SET with cannot swallow the next one.
     pub fn replay_sql(&self) -> String {
         self.held
             .iter()
             .map(|(_, sql)| sql.as_ref())
             .collect::<Vec<_>>()
-            .join("; ")
+            .join("\n;")
     }
 }
 
@@ -223,10 +322,55 @@ mod tests {
         s.ready(b'I');
         assert_eq!(
             s.replay_sql(),
-            "SET work_mem = '8MB'; SET statement_timeout = 5"
+            "SET work_mem = '8MB'\n;SET statement_timeout = 5"
         );
         s.executed(parse("RESET ALL").unwrap());
         s.ready(b'I');
         assert_eq!(s.fingerprint, 0);
+    }
+
+    /// A SET rolled back to a savepoint is gone; one released with its savepoint stays; a
+    /// ROLLBACK AND CHAIN drops what came before it even though the chained transaction
+    /// commits; an error in an implicit transaction rolls its SETs back.
+    #[test]
+    fn savepoints_chains_and_failed_pipelines() {
+        let run = |s: &mut SessionSets, sql: &str| s.executed(parse(sql).unwrap());
+        let mut s = SessionSets::default();
+        run(&mut s, "SET work_mem = '1MB'");
+        run(&mut s, "SAVEPOINT a");
+        run(&mut s, "SET ROLE other");
+        run(&mut s, "ROLLBACK TO SAVEPOINT a");
+        run(&mut s, "savepoint \"B\"");
+        run(&mut s, "SET statement_timeout = 5");
+        run(&mut s, "RELEASE \"B\"");
+        run(&mut s, "rollback work to a");
+        s.ready(b'T');
+        s.transaction_end(true);
+        s.ready(b'I');
+        assert_eq!(s.replay_sql(), "SET work_mem = '1MB'");
+        // A savepoint made before Shoal followed anything: everything after it is undone.
+        run(&mut s, "SET search_path = x");
+        run(&mut s, "ROLLBACK TO unknown");
+        s.transaction_end(true);
+        assert_eq!(s.replay_sql(), "SET work_mem = '1MB'");
+        // ROLLBACK AND CHAIN, then COMMIT.
+        run(&mut s, "SET ROLE other");
+        s.transaction_end(false);
+        run(&mut s, "SET search_path = y");
+        s.transaction_end(true);
+        s.ready(b'I');
+        assert_eq!(s.replay_sql(), "SET work_mem = '1MB'\n;SET search_path = y");
+        // A pipeline whose later statement failed.
+        run(&mut s, "RESET ALL");
+        s.error();
+        s.ready(b'I');
+        assert_eq!(s.held.len(), 2);
+        assert_eq!(parse("ROLLBACK"), None);
+        assert_eq!(parse("ROLLBACK AND CHAIN"), None);
+        assert_eq!(parse("SAVEPOINT a; SET x = 1"), None);
+        assert_eq!(
+            parse("rollback to savepoint A"),
+            Some(SetOp::RollbackTo("a".into()))
+        );
     }
 }

@@ -415,3 +415,80 @@ async fn hidden_sql_cannot_reach_pooler_statements() {
     let plan = victim.simple("EXPLAIN EXECUTE v1(3)").await.unwrap();
     assert!(plan.iter().any(|l| l.contains("Result")), "{plan:?}");
 }
+
+/// SETs Shoal carries for a client follow PostgreSQL's transaction rules: one rolled back to a
+/// savepoint, one before a ROLLBACK AND CHAIN, and one in a pipeline that failed later are
+/// gone; one released with its savepoint stays. Checked after another client used the only
+/// server, so what A sees is what Shoal replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn carried_sets_follow_savepoints_and_chains() {
+    let db = unique_db("iso");
+    pg().psql_admin(
+        "DO $$BEGIN CREATE ROLE iso_other; EXCEPTION WHEN duplicate_object THEN NULL; END$$",
+    );
+    pg().psql_admin("GRANT iso_other TO app");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    // B logs in as the same user: the same pool, the same single server.
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let scripts: &[(&[&str], &str)] = &[
+        (
+            &[
+                "BEGIN",
+                "SAVEPOINT s",
+                "SET ROLE iso_other",
+                "ROLLBACK TO SAVEPOINT s",
+                "COMMIT",
+            ],
+            "app/app",
+        ),
+        (
+            &[
+                "BEGIN",
+                "SET ROLE iso_other",
+                "ROLLBACK AND CHAIN",
+                "COMMIT",
+            ],
+            "app/app",
+        ),
+        (
+            &[
+                "BEGIN",
+                "SAVEPOINT s1",
+                "SET application_name = 'kept'",
+                "RELEASE SAVEPOINT s1",
+                "SAVEPOINT s2",
+                "SET ROLE iso_other",
+                "ROLLBACK TO s2",
+                "COMMIT",
+            ],
+            "app/app",
+        ),
+    ];
+    for (statements, who) in scripts {
+        for sql in *statements {
+            a.simple(sql).await.unwrap();
+        }
+        b.simple("SELECT 1").await.unwrap();
+        assert_eq!(a.simple(WHO).await.unwrap(), vec![*who], "{statements:?}");
+    }
+    assert_eq!(
+        a.simple("SHOW application_name").await.unwrap(),
+        vec!["kept"]
+    );
+    // A pipeline: the SET ran, a later statement failed, Sync ended the implicit
+    // transaction: PostgreSQL rolled the SET back.
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "", "SET ROLE iso_other");
+    raw::bind(&mut out, "", "", &[]);
+    raw::execute(&mut out, "");
+    raw::parse(&mut out, "", "SELECT 1/0");
+    raw::bind(&mut out, "", "", &[]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    assert!(msgs.iter().any(|m| m.code() == "22012"), "{msgs:?}");
+    b.simple("SELECT 1").await.unwrap();
+    assert_eq!(a.simple(WHO).await.unwrap(), vec!["app/app"]);
+}

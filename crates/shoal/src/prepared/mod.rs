@@ -74,7 +74,15 @@ pub fn set_of(text: &[u8]) -> Option<SetOp> {
 
 /// [`set_of`] with the text's first word already read.
 pub fn set_of_with(first: sql::FirstWord, text: &[u8]) -> Option<SetOp> {
-    if !first.is_any(&[b"set", b"reset", b"discard"]) {
+    if !first.is_any(&[
+        b"set",
+        b"reset",
+        b"discard",
+        b"savepoint",
+        b"release",
+        b"rollback",
+        b"abort",
+    ]) {
         return None;
     }
     let text = &text[sql::leading_comments_len(text)..];

@@ -199,6 +199,9 @@ fn take_server(
         match tag {
             be::ERROR_RESPONSE => {
                 flow.error_response();
+                if let Some(x) = extras.as_mut() {
+                    x.sets.error();
+                }
                 let e = backend::parse_error(body).map_err(SessionError::server_protocol)?;
                 out.counts.error(&e.code);
                 if e.is_fatal() {
@@ -237,10 +240,16 @@ fn take_server(
                     registry.schema_changed();
                     flow.schema_changed = true;
                 } else if let Some(x) = extras.as_mut() {
-                    if body.starts_with(b"COMMIT") {
-                        x.sets.transaction_end(true);
-                    } else if body.starts_with(b"ROLLBACK") {
-                        x.sets.transaction_end(false);
+                    match server.session.next_owed() {
+                        // A savepoint command (`ROLLBACK TO`'s tag is ROLLBACK too).
+                        Some(Expect::Query(Some(op)) | Expect::Execute(Some(op)))
+                            if op.is_savepoint() =>
+                        {
+                            x.sets.executed(op.clone())
+                        }
+                        _ if body.starts_with(b"COMMIT") => x.sets.transaction_end(true),
+                        _ if body.starts_with(b"ROLLBACK") => x.sets.transaction_end(false),
+                        _ => {}
                     }
                 }
             }
