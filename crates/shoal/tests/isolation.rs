@@ -492,3 +492,56 @@ async fn carried_sets_follow_savepoints_and_chains() {
     b.simple("SELECT 1").await.unwrap();
     assert_eq!(a.simple(WHO).await.unwrap(), vec!["app/app"]);
 }
+
+/// A CopyData header (and its first bytes) sent outside any COPY.
+fn stray_copy_data(declared: u32, sent: usize) -> BytesMut {
+    let mut b = BytesMut::new();
+    b.extend_from_slice(b"d");
+    b.extend_from_slice(&(declared + 4).to_be_bytes());
+    b.extend_from_slice(&vec![b'x'; sent]);
+    b
+}
+
+/// COPY messages outside a COPY, as PostgreSQL treats them (ignored), and never a server
+/// handed to the next client with a client's message half-written to it: A sends a query and
+/// the start of a long CopyData, then vanishes; B, on the only server, is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_is_never_released_mid_message() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    for declared in [70_000u32, 1 << 30, 1_500_000_000] {
+        let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        let mut out = BytesMut::new();
+        raw::query(&mut out, "SELECT 1");
+        out.extend_from_slice(&stray_copy_data(declared, 100));
+        a.send(&out).await;
+        // A waits for its reply, then leaves with the CopyData unfinished.
+        let msgs = a.until_ready().await;
+        assert!(msgs.iter().any(|m| m.tag == 'D'), "{msgs:?}");
+        drop(a);
+        let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        assert_eq!(
+            b.simple("SELECT 'b'").await.unwrap(),
+            vec!["b"],
+            "declared {declared}"
+        );
+        assert_eq!(b.simple("SELECT 'b2'").await.unwrap(), vec!["b2"]);
+    }
+    // While idle: CopyData (short and long), CopyDone and CopyFail are ignored, and the
+    // client's next query runs as usual.
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = stray_copy_data(10, 10);
+    out.extend_from_slice(&stray_copy_data(200_000, 200_000));
+    out.extend_from_slice(&[b'c', 0, 0, 0, 4]);
+    out.extend_from_slice(&[b'f', 0, 0, 0, 7, b'n', b'o', 0]);
+    raw::query(&mut out, "SELECT 'a'");
+    a.send(&out).await;
+    let msgs = a.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "TDCZ", "{msgs:?}");
+    // A long one left unfinished while idle, then the client vanishes.
+    a.send(&stray_copy_data(100_000, 50)).await;
+    drop(a);
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    assert_eq!(b.simple("SELECT 'b3'").await.unwrap(), vec!["b3"]);
+}

@@ -20,6 +20,9 @@ pub struct Flow {
     pub status: u8,
     /// DDL completed in the current transaction (statements are re-planned once it ends).
     pub schema_changed: bool,
+    /// The relay ended with a message only partly passed through (see
+    /// [`super::outbound::Outbound::partial`]).
+    pub partial: bool,
 }
 
 impl Default for Flow {
@@ -31,6 +34,7 @@ impl Default for Flow {
             syncs_after_execute: None,
             status: b'I',
             schema_changed: false,
+            partial: false,
         }
     }
 }
@@ -39,6 +43,12 @@ impl Flow {
     /// The server has answered everything and no transaction is open.
     pub fn at_boundary(&self) -> bool {
         self.pending == 0 && !self.unsynced && !self.copy_in && self.status == b'I'
+    }
+
+    /// Nothing is owed or open: no reply can still come, and no COPY can be running or
+    /// starting (a COPY message from the client now is one PostgreSQL would ignore).
+    pub fn is_idle(&self) -> bool {
+        self.pending == 0 && !self.unsynced && !self.copy_in
     }
 
     /// A client message is sent to the server. `Ok(false)` for Terminate (not sent); an

@@ -105,7 +105,7 @@ fn serve_transaction_mode(mut session: Session) -> impl std::future::Future<Outp
 /// How the client leaves its server, from what the protocol still owes.
 fn leaving(flow: &Flow, reset: bool) -> Leaving {
     Leaving {
-        busy: flow.pending > 0 || flow.copy_in || flow.unsynced,
+        busy: flow.pending > 0 || flow.copy_in || flow.unsynced || flow.partial,
         in_transaction: flow.status != b'I',
         reset,
     }

@@ -24,6 +24,9 @@ pub(super) struct Outbound {
     pub(super) client_rest: usize,
     /// The same for a server message.
     pub(super) server_rest: usize,
+    /// Bytes still to drop of a client COPY message sent outside a COPY (which PostgreSQL
+    /// ignores): it never reaches the server.
+    pub(super) client_discard: usize,
     /// Bytes at the head of the server's buffer that go to the client as they are: whole
     /// replies already looked at, written from where they lie instead of being copied. Only
     /// while `to_client` is empty: before Shoal adds or hides anything, these bytes move to
@@ -50,12 +53,19 @@ impl Outbound {
             to_client: BytesMut::new(),
             client_rest: 0,
             server_rest: 0,
+            client_discard: 0,
             direct: 0,
             counts: Default::default(),
             txn_start: crate::clock::mono_us(),
             query_start: None,
             last_ready: None,
         }
+    }
+
+    /// Whether a message is only partly relayed: the server cannot be at a boundary, and
+    /// must not serve anyone else if the relay ends now.
+    pub(super) fn partial(&self) -> bool {
+        self.client_rest > 0 || self.server_rest > 0
     }
 
     /// Whether anything waits to be written to the server.

@@ -93,7 +93,31 @@ impl Session {
                 }
                 continue;
             }
+            if out.client_discard > 0 {
+                let n = out.client_discard.min(self.cbuf.len());
+                self.cbuf.advance(n);
+                out.client_discard -= n;
+                if out.client_discard > 0 {
+                    break;
+                }
+                continue;
+            }
             let at = out.direct_to_server;
+            if flow.is_idle()
+                && matches!(
+                    self.cbuf.get(at),
+                    Some(&(fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL))
+                )
+            {
+                // No COPY is running or can be starting: PostgreSQL would ignore the message,
+                // so it is dropped here, however long, and never half-written to a server.
+                let Some(total) = copy_message_len(&self.cbuf[at..])? else {
+                    break;
+                };
+                out.spill_to_server(&mut self.cbuf);
+                out.client_discard = total;
+                continue;
+            }
             if stream_start(&self.cbuf[at..], &[fe::COPY_DATA]).is_some() {
                 out.spill_to_server(&mut self.cbuf);
                 out.client_rest = stream_start(&self.cbuf, &[fe::COPY_DATA]).unwrap_or(0);
@@ -149,6 +173,24 @@ impl Session {
         }
         Ok(true)
     }
+}
+
+/// The length of the COPY message at the head of `buf` (from its header), `None` until the
+/// header is there.
+fn copy_message_len(buf: &[u8]) -> Result<Option<usize>, SessionError> {
+    let Some(header) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if len < 4 {
+        return Err(SessionError::from_frame(
+            shoal_wire::frame::FrameError::BadLength {
+                tag: header[0] as char,
+                len: len as u32,
+            },
+        ));
+    }
+    Ok(Some(len + 1))
 }
 
 /// Looks at every complete server message in the server's buffer: replies passed on unchanged
@@ -352,7 +394,9 @@ impl Session {
         // messages taken for a failed server are dropped with it.
         server.buf.advance(out.direct);
         self.cbuf.advance(out.direct_to_server);
-        if (out.client_rest > 0 || out.server_rest > 0) && !matches!(end, Ok(RelayEnd::Boundary)) {
+        // The server may not serve anyone else with a message half-written to it.
+        flow.partial = out.partial();
+        if out.partial() && !matches!(end, Ok(RelayEnd::Boundary)) {
             // Cut in the middle of a streamed message: neither side's framing can be
             // trusted any more.
             end = Err(SessionError::Quiet(
@@ -394,7 +438,7 @@ impl Session {
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
-                if policy.per_transaction() && flow.at_boundary() {
+                if policy.per_transaction() && flow.at_boundary() && !out.partial() {
                     return Ok(RelayEnd::Boundary);
                 }
                 if !policy.per_transaction() && out.counts.queries > 0 && flow.at_boundary() {
