@@ -92,10 +92,12 @@ pub struct ClientError {
     pub retry_safe: bool,
 }
 
-/// Maps a server's SQLSTATE onto one of ours (codes are `&'static str` so that reporting
-/// one needs no allocation); unknown ones become a connection failure.
+/// A server's SQLSTATE as a `&'static str` (so that reporting one needs no allocation): the
+/// common ones from our table, any other well-formed code interned once (PostgreSQL has a few
+/// hundred; the table is bounded so a hostile server cannot grow it). A malformed code, or one
+/// past the bound, becomes a connection failure.
 pub fn known_code(code: &str) -> &'static str {
-    [
+    const COMMON: &[&str] = &[
         sqlstate::INVALID_PASSWORD,
         sqlstate::INVALID_AUTHORIZATION,
         sqlstate::INVALID_CATALOG_NAME,
@@ -104,10 +106,30 @@ pub fn known_code(code: &str) -> &'static str {
         sqlstate::ADMIN_SHUTDOWN,
         sqlstate::INVALID_PARAMETER_VALUE,
         sqlstate::FEATURE_NOT_SUPPORTED,
-    ]
-    .into_iter()
-    .find(|c| *c == code)
-    .unwrap_or(sqlstate::CONNECTION_FAILURE)
+        sqlstate::CONNECTION_FAILURE,
+    ];
+    const LIMIT: usize = 1024;
+    static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    if let Some(c) = COMMON.iter().find(|c| **c == code) {
+        return c;
+    }
+    if code.len() != 5
+        || !code
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+    {
+        return sqlstate::CONNECTION_FAILURE;
+    }
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = seen.iter().find(|c| **c == code) {
+        return c;
+    }
+    if seen.len() >= LIMIT {
+        return sqlstate::CONNECTION_FAILURE;
+    }
+    let interned: &'static str = Box::leak(code.to_owned().into_boxed_str());
+    seen.push(interned);
+    interned
 }
 
 /// What went wrong talking to a server, in words that name no address.
@@ -226,6 +248,27 @@ mod tests {
         assert_eq!((c.code, c.kind), ("28P01", ErrorKind::ServerRefused));
         assert!(!c.retry_safe);
         assert_eq!(c.kind.label(), "server_refused");
+    }
+}
+
+#[cfg(test)]
+mod code_tests {
+    use super::*;
+
+    /// A server's own FATAL codes (idle-in-transaction timeout, terminated by an
+    /// administrator, ...) reach the client unchanged; garbage does not.
+    #[test]
+    fn server_codes_are_kept() {
+        for code in ["25P03", "57P05", "57P02", "57P01", "28P01", "XX000"] {
+            assert_eq!(known_code(code), code);
+            assert!(
+                std::ptr::eq(known_code(code), known_code(code)),
+                "interned once"
+            );
+        }
+        for bad in ["", "2", "25p03", "25P033", "25P0\n", "ÄÄÄ"] {
+            assert_eq!(known_code(bad), "08006", "{bad:?}");
+        }
     }
 }
 

@@ -149,6 +149,26 @@ async fn terminated_server_mid_transaction_passes_the_fatal_on_and_closes() {
     assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
 }
 
+/// The server's own FATAL code reaches the client unchanged in both modes, here PostgreSQL's
+/// idle-in-transaction timeout (25P03), as on a direct connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_in_transaction_timeout_keeps_its_code() {
+    for mode in ["transaction", "session"] {
+        let db = unique_db("fault");
+        let shoal = shoal_for(&db, &format!("[pool]\npool_mode = \"{mode}\"\n"));
+        let mut r = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
+        r.simple("BEGIN").await.unwrap();
+        r.simple("SET SESSION idle_in_transaction_session_timeout = 100")
+            .await
+            .unwrap();
+        // The client stays idle inside its transaction until PostgreSQL ends the session.
+        let m = r.recv().await.expect("the server's FATAL");
+        assert_eq!(m.field(b'S').as_deref(), Some("FATAL"), "{mode}");
+        assert_eq!(m.code(), "25P03", "{mode}: {}", m.text());
+        assert!(r.recv().await.is_none(), "then the connection is closed");
+    }
+}
+
 /// Outside a transaction block (a statement running in autocommit) the client gets an ERROR
 /// saying what happened and goes on with a new server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,33 +320,47 @@ async fn show(c: &tokio_postgres::Client, name: &str) -> String {
 }
 
 /// Shoal's own idle connections to a database must not block a client's `DROP DATABASE` (or
-/// `ALTER DATABASE ... RENAME`) of it: they are closed first.
+/// `ALTER DATABASE ... RENAME`) of it, in either pool mode and through either protocol: they
+/// are closed first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_database_is_not_blocked_by_idle_pooled_connections() {
-    let victim = unique_db("pool");
-    let other = unique_db("pool");
-    pg().create_database(&victim);
-    pg().create_database(&other);
-    let shoal = Shoal::start(&base_config(pg(), &[&victim, &other], ""));
-    let v = shoal.connect(&victim).await;
-    let vs = join_all((0..3).map(|_| shoal.connect(&victim))).await;
-    for c in &vs {
-        c.batch_execute("BEGIN").await.unwrap();
+    for mode in ["transaction", "session"] {
+        let victim = unique_db("pool");
+        let other = unique_db("pool");
+        pg().create_database(&victim);
+        pg().create_database(&other);
+        let extra = format!("[pool]\npool_mode = \"{mode}\"\n");
+        let shoal = Shoal::start(&base_config(pg(), &[&victim, &other], &extra));
+        let v = shoal.connect(&victim).await;
+        let vs = join_all((0..3).map(|_| shoal.connect(&victim))).await;
+        for c in &vs {
+            c.batch_execute("BEGIN").await.unwrap();
+        }
+        for c in &vs {
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        assert!(pg().backends(&victim) >= 3, "idle pooled servers exist");
+        drop(vs);
+        drop(v);
+        // Session mode: the servers go back to the pool once reset after their clients left.
+        let pending = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{victim}' \
+             AND (state <> 'idle' OR query NOT ILIKE 'DISCARD%')"
+        );
+        eventually("servers back in the pool", Duration::from_secs(10), || {
+            mode == "transaction" || pg().psql_admin(&pending).trim() == "0"
+        })
+        .await;
+        let o = shoal.connect(&other).await;
+        let renamed = format!("{victim}_r");
+        o.batch_execute(&format!("ALTER DATABASE {victim} RENAME TO {renamed}"))
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: rename: {e}"));
+        // The extended protocol (as pgJDBC sends it).
+        o.execute(&format!("DROP DATABASE {renamed}"), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: drop: {e}"));
     }
-    for c in &vs {
-        c.batch_execute("COMMIT").await.unwrap();
-    }
-    assert!(pg().backends(&victim) >= 3, "idle pooled servers exist");
-    drop(vs);
-    drop(v);
-    let o = shoal.connect(&other).await;
-    let renamed = format!("{victim}_r");
-    o.batch_execute(&format!("ALTER DATABASE {victim} RENAME TO {renamed}"))
-        .await
-        .expect("rename succeeds");
-    o.batch_execute(&format!("DROP DATABASE {renamed}"))
-        .await
-        .expect("drop succeeds");
 }
 
 /// Each pool logs its counters every `stats_period` seconds while it is in use.

@@ -10,6 +10,18 @@ use crate::app::App;
 /// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
 /// them to go.
 pub fn database_command(app: &App, query_body: &[u8]) {
+    database_command_text(app, query_body)
+}
+
+/// [`database_command`] for a Parse (its statement name comes before the text).
+pub fn database_command_parsed(app: &App, parse_body: &[u8]) {
+    let mut r = Reader::new(parse_body);
+    if r.cstr_bytes().is_ok() {
+        database_command_text(app, r.rest());
+    }
+}
+
+fn database_command_text(app: &App, query_body: &[u8]) {
     // Most queries start with another letter: decided without reading the first word.
     if query_body
         .first()

@@ -136,8 +136,10 @@ impl Session {
             }
             let (head, rest) = self.cbuf.split_at(at);
             let msg = &rest[..n];
-            if policy.per_transaction() && tag == fe::QUERY {
-                super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]);
+            match tag {
+                fe::QUERY => super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]),
+                fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
+                _ => {}
             }
             let mut sink = ClientSink::new(head, msg, &mut out.to_server);
             if policy.per_transaction() {
