@@ -264,3 +264,64 @@ async fn new_clients_after_ddl_get_statements_planned_afresh() {
     let rows = second.query(&s, &[]).await.unwrap();
     assert_eq!(rows[0].get::<_, String>(1), "new");
 }
+
+/// Sends a named Parse and a Sync; returns the tags of the replies.
+async fn parse_named(r: &mut Raw, name: &str, sql: &str) -> (String, Vec<raw::Msg>) {
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, name, sql);
+    raw::sync(&mut out);
+    r.send(&out).await;
+    let msgs = r.until_ready().await;
+    (msgs.iter().map(|m| m.tag).collect(), msgs)
+}
+
+/// A named Parse PostgreSQL rejects, or skips (after an earlier error in the batch, or inside
+/// a failed transaction block), leaves no statement behind: the name can be prepared again,
+/// also when the server already holds the same text for another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_or_skipped_parses_leave_no_name() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let mut other = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    assert_eq!(parse_named(&mut other, "o", "SELECT 2").await.0, "1Z");
+    let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let (tags, msgs) = parse_named(&mut r, "bad-stmt", "SELECT $1::nonexistent_type").await;
+    assert_eq!(tags, "EZ");
+    assert_eq!(msgs[0].code(), "42704");
+    assert_eq!(parse_named(&mut r, "bad-stmt", "SELECT 1").await.0, "1Z");
+    // Skipped after an error earlier in the batch (one text new, one the server has).
+    let mut out = BytesMut::new();
+    raw::parse(&mut out, "first", "SELEC nonsense");
+    raw::parse(&mut out, "skipped", "SELECT 3");
+    raw::parse(&mut out, "skipped2", "SELECT 2");
+    raw::sync(&mut out);
+    r.send(&out).await;
+    let msgs = r.until_ready().await;
+    assert_eq!(msgs.iter().map(|m| m.tag).collect::<String>(), "EZ");
+    for name in ["first", "skipped", "skipped2"] {
+        assert_eq!(
+            parse_named(&mut r, name, "SELECT 2").await.0,
+            "1Z",
+            "{name}"
+        );
+    }
+    // Inside a failed transaction block.
+    r.simple("BEGIN").await.unwrap();
+    assert!(r.simple("SELECT 1/0").await.is_err());
+    for (name, sql) in [("aborted", "SELECT 4"), ("aborted2", "SELECT 2")] {
+        let (tags, msgs) = parse_named(&mut r, name, sql).await;
+        assert_eq!(tags, "EZ", "{name}");
+        assert_eq!(msgs[0].code(), "25P02", "{name}");
+    }
+    // A statement that ends the block parses.
+    let (tags, _) = parse_named(&mut r, "rb", "ROLLBACK").await;
+    assert_eq!(tags, "1Z");
+    r.simple("ROLLBACK").await.unwrap();
+    for name in ["aborted", "aborted2"] {
+        assert_eq!(
+            parse_named(&mut r, name, "SELECT 2").await.0,
+            "1Z",
+            "{name}"
+        );
+    }
+}

@@ -268,8 +268,9 @@ impl ServerStatements {
 /// with it.
 #[derive(Debug, Clone)]
 pub enum Expect {
-    /// A client's named Parse, with its statement (forgotten if the Parse fails).
-    Parse(Option<Arc<StatementDef>>),
+    /// A client's named Parse: its statement, and the client's name for it (both forgotten
+    /// if the Parse fails or is skipped after an earlier error).
+    Parse(Arc<StatementDef>, Box<[u8]>),
     /// A client's unnamed Parse, with its number (see [`ServerStatements::unnamed_owner`]).
     ParseUnnamed(u64),
     /// A Parse Shoal put in front of a Bind or Describe: its ParseComplete is hidden.
@@ -300,7 +301,7 @@ pub enum Expect {
     /// `SET` it is, if it is one Shoal follows.
     Query(Option<SetOp>),
     /// A ParseComplete Shoal gives itself once it is its turn.
-    SyntheticParse,
+    SyntheticParse(Box<[u8]>),
     /// A CloseComplete Shoal gives itself once it is its turn; only then (not skipped by an
     /// error) does the client's statement of that name go away.
     SyntheticClose(Box<[u8]>),

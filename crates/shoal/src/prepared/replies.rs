@@ -9,7 +9,7 @@ use shoal_wire::backend::{self, put_message, tag as be, Severity};
 use shoal_wire::sqlstate;
 
 use super::translate::{plan_error, retire};
-use super::{ClientStatements, Expect, ServerStatements};
+use super::{ClientStatements, Expect, ServerStatements, StatementDef};
 
 /// Emits the replies Shoal owes itself that are now due (at the head of the queue).
 /// `pending` counts the ReadyForQuery messages the client is still owed (one is answered
@@ -35,7 +35,9 @@ pub fn emit_due(
 pub fn synthetic_due(queue: &VecDeque<Expect>) -> bool {
     matches!(
         queue.front(),
-        Some(Expect::SyntheticParse | Expect::SyntheticClose(_) | Expect::SyntheticDeallocate(_))
+        Some(
+            Expect::SyntheticParse(_) | Expect::SyntheticClose(_) | Expect::SyntheticDeallocate(_)
+        )
     )
 }
 
@@ -49,7 +51,7 @@ fn emit_synthetic(
 ) {
     loop {
         match queue.front() {
-            Some(Expect::SyntheticParse) => put_message(out, be::PARSE_COMPLETE, |_| {}),
+            Some(Expect::SyntheticParse(_)) => put_message(out, be::PARSE_COMPLETE, |_| {}),
             Some(Expect::SyntheticClose(name)) => {
                 if let Some(c) = client.as_mut() {
                     c.named.remove(name);
@@ -147,10 +149,8 @@ pub fn pass_reply(queue: &mut VecDeque<Expect>, tag: u8) -> bool {
         return true;
     };
     let (done, forward) = match (head, tag) {
-        (Expect::Parse(def), be::PARSE_COMPLETE) => {
-            if let Some(def) = def {
-                def.validated.store(true, Ordering::Relaxed);
-            }
+        (Expect::Parse(def, _), be::PARSE_COMPLETE) => {
+            def.validated.store(true, Ordering::Relaxed);
             (true, true)
         }
         (Expect::HideParse(def), be::PARSE_COMPLETE) => {
@@ -176,6 +176,15 @@ pub fn pass_reply(queue: &mut VecDeque<Expect>, tag: u8) -> bool {
         queue.pop_front();
     }
     forward
+}
+
+/// Forgets the client's name for `def` (unless a later Parse gave the name another statement).
+fn forget(client: &mut Option<Box<ClientStatements>>, name: &[u8], def: &StatementDef) {
+    if let Some(c) = client.as_mut() {
+        if c.named.get(name).is_some_and(|d| d.id == def.id) {
+            c.named.remove(name);
+        }
+    }
 }
 
 /// An ErrorResponse: a simple query goes on to its ReadyForQuery; in an extended batch the
@@ -204,7 +213,7 @@ fn error_reply(
                 Expect::HideParse(_)
                 | Expect::HideParseUnnamed(_)
                 | Expect::HideClose(_)
-                | Expect::Parse(Some(_)) => server.needs_clean = true,
+                | Expect::Parse(..) => server.needs_clean = true,
                 _ => {}
             }
             out.extend_from_slice(msg);
@@ -224,7 +233,17 @@ fn error_reply(
             Expect::Sync | Expect::HideSync | Expect::Query(_) | Expect::SyntheticDeallocate(_) => {
                 break
             }
-            Expect::Parse(Some(def)) | Expect::HideParse(def) => server.remove(def.id),
+            Expect::Parse(def, name) => {
+                // PostgreSQL did not create the client's statement: the name is free again.
+                server.remove(def.id);
+                forget(client, name, def);
+            }
+            Expect::SyntheticParse(name) => {
+                if let Some(c) = client.as_mut() {
+                    c.named.remove(name);
+                }
+            }
+            Expect::HideParse(def) => server.remove(def.id),
             Expect::ParseUnnamed(seq) | Expect::HideParseUnnamed(seq) => {
                 // Unless a later Parse replaced it, the client's unnamed statement is gone.
                 if server.unnamed_owner.is_some_and(|(_, s)| s == *seq) {

@@ -54,6 +54,7 @@ impl Fixture {
             queue: &mut self.queue,
             max_per_server: 2,
             dirty: &mut self.dirty,
+            aborted: false,
         }
         .client_message(m, &mut out)
         .unwrap();
@@ -156,12 +157,27 @@ fn error_skips_to_sync_and_forgets_failed_parses() {
         f.server.is_empty(),
         "neither statement exists on the server"
     );
-    assert!(
-        f.client.as_ref().unwrap().contains(b"good"),
-        "the skipped Close leaves the client's statement"
-    );
+    let c = f.client.as_ref().unwrap();
+    assert!(!c.contains(b"bad"), "the failed Parse's name is free again");
+    assert!(!c.contains(b"good"), "so is the skipped Parse's");
     assert!(f.reply(b'Z').0);
     assert!(f.queue.is_empty());
+    // A statement parsed before: a skipped Close leaves it.
+    f.send(&msg(b'P', b"good\0SELECT 2\0\0\0"));
+    f.send(&msg(b'S', b""));
+    assert!(f.reply(b'1').0);
+    assert!(f.reply(b'Z').0);
+    f.send(&msg(b'P', b"bad\0SELEC nonsense\0\0\0"));
+    f.send(&msg(b'C', b"Sgood\0"));
+    f.send(&msg(b'S', b""));
+    assert!(f.reply(b'E').0);
+    assert!(f.reply(b'Z').0);
+    let c = f.client.as_ref().unwrap();
+    assert!(
+        c.contains(b"good"),
+        "the skipped Close leaves the client's statement"
+    );
+    assert!(!c.contains(b"bad"));
 }
 
 #[test]

@@ -48,6 +48,9 @@ pub struct Translator<'a> {
     pub max_per_server: usize,
     /// Set when a message sent leaves session state behind on the server.
     pub dirty: &'a mut bool,
+    /// The client's transaction block has failed (status `E`): PostgreSQL refuses to parse
+    /// anything but a statement that ends it.
+    pub aborted: bool,
 }
 
 fn parse_message(out: &mut BytesMut, name: &[u8], body: &[u8]) {
@@ -306,6 +309,17 @@ impl Translator<'_> {
             self.queue.push_back(Expect::ParseUnnamed(u.seq));
             return Ok(());
         }
+        if self.aborted && !ends_transaction(parse_text(rest)) {
+            // As PostgreSQL: refused before the name is looked at, and no statement is made
+            // (a server that already has this text must not answer for it).
+            self.fail(
+                shoal_wire::sqlstate::IN_FAILED_SQL_TRANSACTION,
+                "current transaction is aborted, commands ignored until end of transaction block"
+                    .into(),
+                out.buf(),
+            );
+            return Ok(());
+        }
         if self.client.as_ref().is_some_and(|c| c.contains(name)) {
             self.fail(
                 shoal_wire::sqlstate::DUPLICATE_PREPARED_STATEMENT,
@@ -320,10 +334,10 @@ impl Translator<'_> {
             .named
             .insert(name.into(), def.clone());
         if self.server.touch(def.id) {
-            self.queue.push_back(Expect::SyntheticParse);
+            self.queue.push_back(Expect::SyntheticParse(name.into()));
         } else {
             self.prepare(&def, out.buf());
-            self.queue.push_back(Expect::Parse(Some(def)));
+            self.queue.push_back(Expect::Parse(def, name.into()));
         }
         Ok(())
     }
@@ -424,6 +438,12 @@ fn reserved_name_in(text: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     sql::prepared_name_with_prefix(text, RESERVED_PREFIX)
+}
+
+/// Statements PostgreSQL parses inside a failed transaction block: those that end it
+/// (`COMMIT`, `ROLLBACK [TO SAVEPOINT]`, `PREPARE TRANSACTION`, and their synonyms).
+fn ends_transaction(text: &[u8]) -> bool {
+    sql::FirstWord::of(text).is_any(&[b"commit", b"end", b"rollback", b"abort", b"prepare"])
 }
 
 /// PostgreSQL's message for a statement that does not exist, naming it in characters safe to

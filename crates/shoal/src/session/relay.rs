@@ -153,6 +153,7 @@ impl Session {
                     queue,
                     max_per_server: self.pool.settings.max_prepared_statements.max(1),
                     dirty,
+                    aborted: flow.status == b'E',
                 }
                 .client_message(msg, &mut sink)
                 .map_err(SessionError::from_frame)?;
