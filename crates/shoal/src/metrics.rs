@@ -217,7 +217,37 @@ impl std::fmt::Debug for ShoalCollector {
     }
 }
 
-type Labels = Vec<(&'static str, String)>;
+type Labels = Vec<(&'static str, LabelValue)>;
+
+/// A label value escaped for the text exposition format (`\\`, `"` and newlines), which the
+/// encoder writes as it is: role, database and tenant names come from users, and one with a
+/// quote or a newline must not end the value or forge a series.
+pub struct LabelValue(String);
+
+impl LabelValue {
+    pub fn new(raw: &str) -> LabelValue {
+        let mut v = String::with_capacity(raw.len());
+        for c in raw.chars() {
+            match c {
+                '\\' => v.push_str("\\\\"),
+                '"' => v.push_str("\\\""),
+                '\n' => v.push_str("\\n"),
+                c => v.push(c),
+            }
+        }
+        LabelValue(v)
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for LabelValue {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        encoder.write_str(&self.0)
+    }
+}
 
 fn pool_labels(pool: &crate::pool::Pool) -> Labels {
     let (tenant, database) = match (&pool.tenant, pool.name.split_once('/')) {
@@ -226,15 +256,15 @@ fn pool_labels(pool: &crate::pool::Pool) -> Labels {
         (None, None) => (String::new(), pool.name.clone()),
     };
     vec![
-        ("tenant", tenant),
-        ("database", database),
-        ("user", pool.upstream.user.clone()),
+        ("tenant", LabelValue::new(&tenant)),
+        ("database", LabelValue::new(&database)),
+        ("user", LabelValue::new(&pool.upstream.user)),
         (
             "mode",
-            match pool.settings.mode {
-                crate::config::PoolMode::Transaction => "transaction".into(),
-                crate::config::PoolMode::Session => "session".into(),
-            },
+            LabelValue::new(match pool.settings.mode {
+                crate::config::PoolMode::Transaction => "transaction",
+                crate::config::PoolMode::Session => "session",
+            }),
         ),
     ]
 }
@@ -410,7 +440,7 @@ impl Collector for ShoalCollector {
                     let mut labels = pool_labels(p);
                     labels.push((
                         "class",
-                        ERROR_CLASSES.get(i).copied().unwrap_or("other").to_owned(),
+                        LabelValue::new(ERROR_CLASSES.get(i).copied().unwrap_or("other")),
                     ));
                     m.encode_family(&labels)?
                         .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
@@ -453,7 +483,7 @@ impl Collector for ShoalCollector {
                 MetricType::Counter,
             )?;
             for r in REJECT_REASONS {
-                let labels: Labels = vec![("reason", r.to_owned())];
+                let labels: Labels = vec![("reason", LabelValue::new(r))];
                 m.encode_family(&labels)?
                     .encode_counter::<NoLabelSet, _, u64>(&pm.rejected_count(r), None)?;
             }
@@ -504,7 +534,7 @@ impl Collector for ShoalCollector {
             let rows: Vec<(Labels, i64)> = crate::shard::client_counts()
                 .into_iter()
                 .enumerate()
-                .map(|(i, n)| (vec![("shard", i.to_string())], n as i64))
+                .map(|(i, n)| (vec![("shard", LabelValue::new(&i.to_string()))], n as i64))
                 .collect();
             gauge(
                 &mut e,

@@ -290,3 +290,47 @@ async fn json_logs_with_connections_slow_queries_and_exhaustion() {
     );
     assert_eq!(slow[0]["level"], "WARN");
 }
+
+/// A database name made to break the exposition (a quote, a newline, a forged series, a
+/// backslash) stays inside its label value: the scrape parses, nothing is injected, and the
+/// label reads back exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_cannot_break_or_forge_metrics() {
+    let db = unique_db("metrics");
+    pg().create_database(&db);
+    let hostile = "x\"} 1\nshoal_injected_total{a=\"b\\";
+    let toml_key = hostile
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    let config = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[metrics]\nlisten = \"127.0.0.1:0\"\n\
+         [databases.\"{toml_key}\"]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"{db}\"\n\
+         [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n",
+        pg().port
+    );
+    let shoal = Shoal::start(&config);
+    let base = format!("http://{}", shoal.metrics.expect("metrics listener"));
+    let (client, conn) = tokio_postgres::Config::new()
+        .host("127.0.0.1")
+        .port(shoal.port())
+        .user("raw")
+        .dbname(hostile)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("login to the oddly named database");
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await.unwrap();
+    let (code, text) = get(&format!("{base}/metrics"), None);
+    assert_eq!(code, 200);
+    let s = parse(&text);
+    assert!(
+        s.iter().all(|(n, _, _)| !n.starts_with("shoal_injected")),
+        "a series was forged:\n{text}"
+    );
+    assert_eq!(
+        sample(&s, "shoal_pool_clients", &[("database", hostile)]),
+        1.0,
+        "{text}"
+    );
+}
