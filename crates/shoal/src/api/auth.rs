@@ -62,10 +62,43 @@ impl ApiAuth {
             v.required_spec_claims.clear();
             v.validate_aud = false;
             v.leeway = 0;
-            return jsonwebtoken::decode::<serde_json::Value>(bearer, key, &v).is_ok();
+            return jsonwebtoken::decode::<serde_json::Value>(bearer, key, &v)
+                .is_ok_and(|t| registered_claims_valid(&t.claims, unix_now()));
         }
         false
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// RFC 7519's time claims, when present, must be NumericDates (non-negative numbers): one
+/// that is a string, null, a boolean, an array or negative is a malformed token, not a token
+/// without that claim. `exp` must lie ahead and `nbf` behind (checked here too, whatever the
+/// library parsed).
+fn registered_claims_valid(claims: &serde_json::Value, now: f64) -> bool {
+    let Some(map) = claims.as_object() else {
+        return false;
+    };
+    for name in ["exp", "nbf", "iat"] {
+        let Some(v) = map.get(name) else { continue };
+        let Some(t) = v.as_f64().filter(|t| t.is_finite() && *t >= 0.0) else {
+            return false;
+        };
+        let ok = match name {
+            "exp" => t > now,
+            "nbf" => t <= now,
+            _ => true,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
 }
 
 fn token_file(data_dir: &Path) -> std::io::Result<String> {
@@ -126,6 +159,23 @@ mod tests {
         assert!(auth.allows(Some(&format!("Bearer {fresh}"))));
         assert!(!auth.allows(Some(&format!("Bearer {expired}"))));
         assert!(!auth.allows(Some(&format!("Bearer {forged}"))));
+        for bad in [
+            serde_json::json!({"exp": -1}),
+            serde_json::json!({"exp": "9999999999"}),
+            serde_json::json!({"exp": null}),
+            serde_json::json!({"exp": true}),
+            serde_json::json!({"exp": [now + 600]}),
+            serde_json::json!({"exp": {"t": now + 600}}),
+            serde_json::json!({"nbf": "0"}),
+            serde_json::json!({"nbf": now + 600}),
+            serde_json::json!({"iat": -5}),
+            serde_json::json!({"iat": false}),
+        ] {
+            let t = jwt("s3cret", bad.clone());
+            assert!(!auth.allows(Some(&format!("Bearer {t}"))), "{bad}");
+        }
+        let ok = jwt("s3cret", serde_json::json!({"exp": now + 600, "nbf": now - 5, "iat": now}));
+        assert!(auth.allows(Some(&format!("Bearer {ok}"))));
         assert!(auth.allows(Some("Bearer static-token")));
         assert!(!auth.allows(Some("Bearer static-tokeN")));
         assert!(!auth.allows(Some("static-token")));
