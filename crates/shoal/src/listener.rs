@@ -42,6 +42,30 @@ pub fn bind_tcp_std(
     Ok(socket.into())
 }
 
+/// Fails when another process listens on `addr`. Sockets that share an address through
+/// `SO_REUSEPORT` would let a second Shoal join the first's group without error, get nothing
+/// while the first runs, and silently take every connection when it exits: a socket bound
+/// without `SO_REUSEPORT` cannot share the address with any listener, so its bind tells.
+/// (Replacing a running process goes through `--upgrade-socket`, which binds nothing.)
+pub fn ensure_not_served(addr: SocketAddr) -> std::io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        probe.set_only_v6(true)?;
+    }
+    match probe.bind(&addr.into()) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(std::io::Error::new(
+            e.kind(),
+            "another process is already listening on this address (to replace a running Shoal \
+             without dropping clients, start the new one with --upgrade-socket)",
+        )),
+        other => other,
+    }
+}
+
 pub fn bind_unix(
     dir: &std::path::Path,
     port: u16,

@@ -69,6 +69,7 @@ pub fn bind(config: &Config) -> std::io::Result<Listeners> {
             continue;
         }
         // One socket per shard on the same address (a port of 0 is chosen by the first).
+        listener::ensure_not_served(*addr).map_err(failed)?;
         let first = listener::bind_tcp_std(*addr, s.listen_backlog, true).map_err(failed)?;
         let bound = first.local_addr()?;
         l.tcp.push(tokio::net::TcpListener::from_std(first)?);

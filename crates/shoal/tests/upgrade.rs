@@ -100,3 +100,51 @@ async fn restart_under_load_fails_no_transaction() {
     c.simple_query("SELECT 1").await.unwrap();
     assert!(std::path::Path::new(control).exists());
 }
+
+/// A second Shoal started on an address a running one serves refuses to start, saying why,
+/// instead of joining its listening socket's group and taking its clients when it exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_cannot_take_a_served_address() {
+    let db = unique_db("upg");
+    pg().create_database(&db);
+    let port = free_port();
+    let config = base_config(pg(), &[&db], "").replace(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!("listen = [\"127.0.0.1:{port}\"]"),
+    );
+    let first = Shoal::start(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shoal.toml");
+    std::fs::write(&path, &config).unwrap();
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .arg("--config")
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("shoal runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while second.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            second.kill().unwrap();
+            panic!("the second process started on a served address");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = second.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "the second process must not run: {text}"
+    );
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(
+        text.contains("already listening") || text.contains("in use"),
+        "{text}"
+    );
+    // The first goes on serving.
+    let c = first.connect(&db).await;
+    assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
+}

@@ -174,7 +174,10 @@ mod tests {
             let t = jwt("s3cret", bad.clone());
             assert!(!auth.allows(Some(&format!("Bearer {t}"))), "{bad}");
         }
-        let ok = jwt("s3cret", serde_json::json!({"exp": now + 600, "nbf": now - 5, "iat": now}));
+        let ok = jwt(
+            "s3cret",
+            serde_json::json!({"exp": now + 600, "nbf": now - 5, "iat": now}),
+        );
         assert!(auth.allows(Some(&format!("Bearer {ok}"))));
         assert!(auth.allows(Some("Bearer static-token")));
         assert!(!auth.allows(Some("Bearer static-tokeN")));
