@@ -384,3 +384,36 @@ async fn kill_reload_suspend_wait_close_and_shutdown() {
     admin.simple_query("SHUTDOWN").await.unwrap();
     assert_eq!(shoal.wait(Duration::from_secs(30)), Some(true));
 }
+
+/// The embedded default, as `scripts/quickstart` runs it (here on other ports): its user
+/// reaches both its database and the console out of the box.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_default_user_reaches_the_console() {
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .arg("default-config")
+        .output()
+        .expect("shoal runs");
+    let default = String::from_utf8(out.stdout).unwrap();
+    let api = default.find("[api]").expect("an [api] section");
+    let config = default[..api]
+        .replace("127.0.0.1:6432", "127.0.0.1:0")
+        .replace("port = 5432", &format!("port = {}", pg().port));
+    pg().psql_admin(
+        "DO $$BEGIN CREATE ROLE shoal LOGIN PASSWORD 'shoal'; \
+         EXCEPTION WHEN duplicate_object THEN NULL; END$$",
+    );
+    pg().create_database("shoal");
+    let shoal = Shoal::start(&config);
+    let db = shoal.connect_as("shoal", "shoal", "shoal").await;
+    assert_eq!(simple_rows(&db, "SELECT current_user").await, vec!["shoal"]);
+    let c = shoal.connect_as("shoal", "shoal", "pgbouncer").await;
+    let (cols, rows) = show(&c, "SHOW POOLS").await;
+    let at = cols
+        .iter()
+        .position(|c| c == "database")
+        .expect("a database column");
+    assert!(
+        rows.iter().any(|r| r[at].as_deref() == Some("shoal")),
+        "{rows:?}"
+    );
+}

@@ -520,6 +520,9 @@ mod tests {
         let c = Config::parse(EMBEDDED_DEFAULT, "default", &no_env).unwrap();
         assert!(!c.databases.is_empty());
         assert!(!c.users.is_empty());
+        // A newcomer's first `psql ... dbname=pgbouncer` works as the quickstart's user.
+        assert!(c.users.contains_key("shoal"));
+        assert_eq!(c.admin.users, vec!["shoal".to_string()]);
     }
 
     #[test]
