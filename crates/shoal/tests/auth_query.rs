@@ -94,3 +94,67 @@ async fn a_stale_cached_secret_is_dropped_after_a_failure() {
         Ok("aq_cached".into())
     );
 }
+
+/// A role PostgreSQL would refuse (NOLOGIN, CONNECTION LIMIT 0, CONNECT revoked, past VALID
+/// UNTIL) is refused by Shoal too, although a server logged in as it waits in the pool (no
+/// new upstream login would let PostgreSQL say no).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_postgres_refuses_are_refused_with_a_pooled_server() {
+    let db = unique_db("aq");
+    pg().create_database(&db);
+    let shoal = Shoal::start(&config(&db, 0.0));
+    let cases = [
+        ("aq_nologin", "ALTER ROLE aq_nologin NOLOGIN"),
+        ("aq_connlimit", "ALTER ROLE aq_connlimit CONNECTION LIMIT 0"),
+        (
+            "aq_noconnect",
+            "REVOKE CONNECT ON DATABASE {db} FROM PUBLIC, aq_noconnect; GRANT CONNECT ON DATABASE {db} TO app",
+        ),
+        ("aq_expired", "ALTER ROLE aq_expired VALID UNTIL '2001-01-01'"),
+    ];
+    for (role, change) in cases {
+        pg().psql_admin(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'pw'; GRANT ALL ON DATABASE {db} TO {role}"
+        ));
+        // A login leaves a server for the role in the pool.
+        assert_eq!(who(&shoal, role, "pw", &db).await, Ok(role.to_string()));
+        pg().psql_admin(&change.replace("{db}", &db));
+        assert_eq!(
+            who(&shoal, role, "pw", &db).await,
+            Err("28P01".into()),
+            "{role} after: {change}"
+        );
+    }
+    // PUBLIC keeps CONNECT for the roles that follow.
+    pg().psql_admin(&format!("GRANT CONNECT ON DATABASE {db} TO PUBLIC"));
+}
+
+/// VALID UNTIL is checked on every login, also on one served from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_role_expires_on_time() {
+    let db = unique_db("aq");
+    pg().create_database(&db);
+    pg().psql_admin(&format!(
+        "CREATE ROLE aq_soon LOGIN PASSWORD 'pw'; GRANT ALL ON DATABASE {db} TO aq_soon; \
+         DO $$BEGIN EXECUTE format('ALTER ROLE aq_soon VALID UNTIL %L', now() + interval '2 seconds'); END$$"
+    ));
+    let shoal = Shoal::start(&config(&db, 600.0));
+    assert_eq!(
+        who(&shoal, "aq_soon", "pw", &db).await,
+        Ok("aq_soon".into())
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        match who(&shoal, "aq_soon", "pw", &db).await {
+            Err(code) => {
+                assert_eq!(code, "28P01");
+                break;
+            }
+            Ok(_) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the role still logs in after its VALID UNTIL"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
