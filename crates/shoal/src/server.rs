@@ -509,11 +509,13 @@ impl ServerConn {
         client: u64,
         params: &[(String, String)],
         sets: Option<&crate::sets::SessionSets>,
-        timeout: Duration,
+        settings: &crate::config::PoolSettings,
     ) -> Result<(), ServerError> {
+        let always = settings.server_reset == crate::config::ServerReset::Always;
+        let timeout = settings.reset_timeout;
         let plan = self
             .session
-            .plan(client, params, sets.map_or(0, |s| s.fingerprint));
+            .plan(client, params, sets.map_or(0, |s| s.fingerprint), always);
         if plan.is_empty() {
             return Ok(());
         }

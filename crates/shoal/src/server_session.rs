@@ -20,6 +20,9 @@ pub struct ServerSession {
     dirty_owner: u64,
     /// [`crate::sets::SessionSets::fingerprint`] of the SETs replayed here (0: none).
     sets_applied: u64,
+    /// The client whose transaction last ran here since the session was last reset (0:
+    /// none): with `server_reset = "always"`, any other client gets the server cleaned.
+    last_client: u64,
     statements: ServerStatements,
     expect: VecDeque<Expect>,
 }
@@ -54,12 +57,20 @@ impl ServerSession {
         if self.dirty && self.dirty_owner == 0 {
             self.dirty_owner = client;
         }
+        self.last_client = client;
     }
 
     /// What the server needs for `client` (0: a client not yet identified, as at login),
-    /// with startup `params` and held SETs of fingerprint `sets` (0: none). Records the
-    /// result as if done: if doing it fails, the caller drops the server.
-    pub fn plan(&mut self, client: u64, params: &[(String, String)], sets: u64) -> Plan {
+    /// with startup `params` and held SETs of fingerprint `sets` (0: none); with `always`,
+    /// a server another client used is cleaned whatever Shoal saw. Records the result as if
+    /// done: if doing it fails, the caller drops the server.
+    pub fn plan(
+        &mut self,
+        client: u64,
+        params: &[(String, String)],
+        sets: u64,
+        always: bool,
+    ) -> Plan {
         let mut plan = Plan::default();
         if client != 0 && self.dirty && self.dirty_owner == client {
             // The state here is this client's own (its temporary tables, its SETs as they
@@ -68,7 +79,8 @@ impl ServerSession {
         }
         plan.clean = self.statements.needs_clean
             || (self.dirty && (self.dirty_owner == 0 || self.dirty_owner != client))
-            || (self.sets_applied != 0 && self.sets_applied != sets);
+            || (self.sets_applied != 0 && self.sets_applied != sets)
+            || (always && self.last_client != 0 && self.last_client != client);
         if plan.clean {
             self.reset();
         }
@@ -96,6 +108,7 @@ impl ServerSession {
         self.dirty = false;
         self.dirty_owner = 0;
         self.sets_applied = 0;
+        self.last_client = 0;
         self.statements.clear();
     }
 
@@ -141,7 +154,7 @@ mod tests {
     #[test]
     fn a_fresh_server_only_gets_the_parameters() {
         let mut s = ServerSession::default();
-        let p = s.plan(1, &params("a"), 0);
+        let p = s.plan(1, &params("a"), 0, false);
         assert_eq!(
             p,
             Plan {
@@ -149,38 +162,68 @@ mod tests {
                 ..Plan::default()
             }
         );
-        assert!(s.plan(1, &params("a"), 0).is_empty(), "nothing to do twice");
-        let p = s.plan(2, &params("b"), 0);
+        assert!(
+            s.plan(1, &params("a"), 0, false).is_empty(),
+            "nothing to do twice"
+        );
+        let p = s.plan(2, &params("b"), 0, false);
         assert!(p.reset_params && p.apply_params && !p.clean);
     }
 
     #[test]
     fn dirt_is_cleaned_for_others_but_kept_for_its_owner() {
         let mut s = ServerSession::default();
-        s.plan(1, &[], 0);
+        s.plan(1, &[], 0, false);
         s.mark_dirty();
         s.transaction_ended(1);
         assert!(
-            s.plan(1, &[], 0).is_empty(),
+            s.plan(1, &[], 0, false).is_empty(),
             "client 1 gets its own state back"
         );
-        let p = s.plan(2, &[], 0);
+        let p = s.plan(2, &[], 0, false);
         assert!(p.clean, "client 2 gets a clean session");
-        assert!(s.plan(2, &[], 0).is_empty());
+        assert!(s.plan(2, &[], 0, false).is_empty());
         // Dirt left by a client that was never identified is cleaned for everyone.
         s.mark_dirty();
-        assert!(s.plan(0, &[], 0).clean);
+        assert!(s.plan(0, &[], 0, false).clean);
     }
 
     #[test]
     fn held_sets_are_replayed_and_another_clients_are_cleaned() {
         let mut s = ServerSession::default();
-        let p = s.plan(1, &[], 7);
+        let p = s.plan(1, &[], 7, false);
         assert!(p.replay_sets && !p.clean);
-        assert!(s.plan(1, &[], 7).is_empty());
-        let p = s.plan(2, &[], 0);
+        assert!(s.plan(1, &[], 7, false).is_empty());
+        let p = s.plan(2, &[], 0, false);
         assert!(p.clean, "client 1's SETs are in force");
-        let p = s.plan(3, &[], 9);
+        let p = s.plan(3, &[], 9, false);
         assert!(p.replay_sets && !p.clean);
+    }
+
+    #[test]
+    fn always_cleans_for_every_other_client() {
+        let mut s = ServerSession::default();
+        assert!(!s.plan(1, &[], 0, true).clean, "a fresh server");
+        s.transaction_ended(1);
+        assert!(!s.plan(1, &[], 0, true).clean, "its own client again");
+        assert!(
+            s.plan(2, &[], 0, true).clean,
+            "nothing seen, cleaned all the same"
+        );
+        assert!(
+            !s.plan(2, &[], 0, true).clean,
+            "clean until a transaction ran"
+        );
+        s.transaction_ended(2);
+        assert!(s.plan(0, &[], 0, true).clean, "a login");
+        assert!(
+            !s.plan(3, &[], 0, true).clean,
+            "the login's own first transaction"
+        );
+        s.transaction_ended(3);
+        assert!(
+            !s.plan(4, &[], 0, false).clean,
+            "dirty mode: nothing seen, nothing done"
+        );
     }
 }

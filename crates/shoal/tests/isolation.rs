@@ -545,3 +545,38 @@ async fn a_server_is_never_released_mid_message() {
     let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
     assert_eq!(b.simple("SELECT 'b3'").await.unwrap(), vec!["b3"]);
 }
+
+/// State changed inside a function cannot be seen in SQL text: with the default
+/// `server_reset = "dirty"` it reaches the next client (documented), with `"always"` it never
+/// does, and a client keeps its carried SETs either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_reset_always_cleans_what_no_lexer_sees() {
+    for (reset, leaks) in [("dirty", true), ("always", false)] {
+        let db = unique_db("iso");
+        let shoal = shoal_for(
+            &db,
+            &format!("[pool]\npool_size = 1\nserver_reset = \"{reset}\"\n"),
+        );
+        let fresh = direct(&db).await;
+        fresh
+            .batch_execute(
+                "CREATE FUNCTION sneaky() RETURNS int LANGUAGE sql AS \
+                 $$ SELECT length(set_config('search_path', 'pg_catalog', false)) $$",
+            )
+            .await
+            .unwrap();
+        let expected = first_value(&fresh, "SHOW search_path").await;
+        let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        a.simple("SELECT sneaky()").await.unwrap();
+        let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        let seen = b.simple("SHOW search_path").await.unwrap();
+        assert_eq!(seen[0] != expected, leaks, "{reset}: B saw {seen:?}");
+        a.simple("SET application_name = 'a-keeps'").await.unwrap();
+        b.simple("SELECT 1").await.unwrap();
+        assert_eq!(
+            a.simple("SHOW application_name").await.unwrap(),
+            vec!["a-keeps"],
+            "{reset}"
+        );
+    }
+}

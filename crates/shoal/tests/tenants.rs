@@ -276,6 +276,21 @@ async fn create_connect_validate_and_list() {
     );
     assert_eq!(code, 422);
     assert!(e["errors"].get("db_port").is_some(), "{e}");
+    // server_reset: one of two words, kept and returned.
+    let mut always = tenant_body(pg(), &db, 3);
+    always["tenant"]["server_reset"] = json!("always");
+    assert_eq!(
+        http.authed("PUT", "/api/tenants/clean", Some(always.clone()))
+            .0,
+        201
+    );
+    let (_, got) = http.authed("GET", "/api/tenants/clean", None);
+    assert_eq!(got["data"]["server_reset"], "always");
+    always["tenant"]["server_reset"] = json!("sometimes");
+    let (code, e) = http.authed("PUT", "/api/tenants/clean", Some(always));
+    assert_eq!(code, 422);
+    assert!(e["errors"].get("server_reset").is_some(), "{e}");
+    assert_eq!(http.authed("DELETE", "/api/tenants/clean", None).0, 204);
     // The upstream is checked on create: a wrong password is named; check=false skips it.
     let mut wrong = tenant_body(pg(), &db, 3);
     wrong["tenant"]["users"][0]["db_password"] = json!("wrong");

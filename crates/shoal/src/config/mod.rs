@@ -122,6 +122,8 @@ pub struct Database {
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
     pub max_client_conn: Option<usize>,
+    /// Overrides `[pool] server_reset`.
+    pub server_reset: Option<ServerReset>,
 }
 
 /// Which of a host name's addresses Shoal connects to.
@@ -162,6 +164,8 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     pub wait_timeout: Duration,
     pub reset_query: String,
+    /// When a transaction-mode server is cleaned before another client gets it.
+    pub server_reset: ServerReset,
     /// Bound on every wait for a server's reply while Shoal prepares, cleans or resets it; a
     /// server that does not answer in time is closed.
     pub reset_timeout: Duration,
@@ -303,6 +307,7 @@ impl Config {
                     pool_size: d.pool_size,
                     min_pool_size: d.min_pool_size,
                     max_client_conn: d.max_client_conn,
+                    server_reset: d.server_reset,
                 },
             );
         }
@@ -396,6 +401,7 @@ impl Config {
             connect_timeout: secs(p.server_connect_timeout),
             wait_timeout: secs(p.query_wait_timeout),
             reset_query: p.server_reset_query.clone(),
+            server_reset: db.server_reset.unwrap_or(p.server_reset),
             reset_timeout: secs(p.server_reset_timeout),
             max_prepared_statements: p.max_prepared_statements,
             stats_period: p.stats_period,

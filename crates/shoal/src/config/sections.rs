@@ -26,6 +26,18 @@ pub enum PoolMode {
     Session,
 }
 
+/// When a transaction-mode server is cleaned (`DISCARD ALL`) before another client gets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerReset {
+    /// When the last client left state behind that Shoal saw (the default).
+    #[default]
+    Dirty,
+    /// Whenever the next client is another one: for pools shared by clients that must not
+    /// trust each other, since state changed by server-side code cannot be seen.
+    Always,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum AuthMethod {
     #[serde(rename = "scram-sha-256")]
@@ -115,6 +127,7 @@ pub struct PoolSection {
     pub server_connect_timeout: f64,
     pub query_wait_timeout: f64,
     pub server_reset_query: String,
+    pub server_reset: ServerReset,
     pub server_reset_timeout: f64,
     pub max_prepared_statements: usize,
     pub stats_period: u64,
@@ -134,6 +147,7 @@ impl Default for PoolSection {
             server_connect_timeout: 5.0,
             query_wait_timeout: 120.0,
             server_reset_query: "DISCARD ALL".into(),
+            server_reset: ServerReset::Dirty,
             server_reset_timeout: 5.0,
             max_prepared_statements: 200,
             stats_period: 60,
@@ -167,6 +181,7 @@ pub struct DatabaseSection {
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
     pub max_client_conn: Option<usize>,
+    pub server_reset: Option<ServerReset>,
 }
 
 /// TLS to PostgreSQL, with libpq's meanings.

@@ -343,7 +343,7 @@ async fn login(
                 SessionError::fatal(c.code, c.message)
             })?;
             // Boxed, as the checkout: only a login with parameters not seen before gets here.
-            Box::pin(l.prepare_for(0, &req.params, None, pool.settings.reset_timeout))
+            Box::pin(l.prepare_for(0, &req.params, None, &pool.settings))
                 .await
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.

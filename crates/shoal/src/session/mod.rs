@@ -527,9 +527,8 @@ impl Session {
                 Err(e) => ClientError::checkout(&e),
                 Ok(mut lease) => {
                     let sets = self.extras.as_ref().map(|x| &x.sets);
-                    let timeout = self.pool.settings.reset_timeout;
                     match lease
-                        .prepare_for(self.id, &self.params, sets, timeout)
+                        .prepare_for(self.id, &self.params, sets, &self.pool.settings)
                         .await
                     {
                         Ok(()) => return Ok(Some(lease)),

@@ -97,6 +97,7 @@ impl TenantRoute {
             pool_size: tenant.default_pool_size,
             min_pool_size: None,
             max_client_conn: tenant.default_max_clients,
+            server_reset: tenant.server_reset,
         };
         let allow_list = tenant
             .allow_list

@@ -74,6 +74,10 @@ pub struct Tenant {
     /// Shoal: seconds a secret found by auth_query is trusted (default 10).
     #[serde(default)]
     pub auth_query_cache_ttl: Option<f64>,
+    /// Shoal: `always` cleans a server before every other client gets it (see
+    /// `[pool] server_reset`); default `[pool]`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_reset: Option<crate::config::ServerReset>,
 }
 
 /// A user of a tenant.
