@@ -220,7 +220,7 @@ def tls_section(tls):
 
 
 def start_shoal(work, release_dir, pg, pool_size, mode="transaction", extra_server="", workers=0, tls=None,
-                extra="", env=None):
+                extra="", env=None, extra_pool=""):
     port = free_port()
     cfg = work.file("shoal.toml", f"""
 [server]
@@ -237,6 +237,7 @@ worker_threads = {workers}
 pool_mode = "{mode}"
 pool_size = {pool_size}
 query_wait_timeout = 120
+{extra_pool}
 
 [databases.{BENCH_DB}]
 host = "127.0.0.1"

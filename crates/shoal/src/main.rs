@@ -24,6 +24,10 @@ struct Cli {
     /// Log format: `text` (default) or `json` (one object per line, for log shippers).
     #[arg(long, env = "SHOAL_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    /// Colours in text logs: `auto` (only when writing to a terminal and `NO_COLOR` is
+    /// unset), `always` or `never`.
+    #[arg(long, env = "SHOAL_LOG_COLOR", default_value = "auto")]
+    log_color: LogColor,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -32,6 +36,28 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogColor {
+    Auto,
+    Always,
+    Never,
+}
+
+impl LogColor {
+    /// Escape codes only where a person reads them: a file or a pipe gets plain text.
+    fn enabled(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            LogColor::Always => true,
+            LogColor::Never => false,
+            LogColor::Auto => {
+                std::io::stdout().is_terminal()
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            }
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -68,6 +94,7 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_target(false)
+            .with_ansi(cli.log_color.enabled())
             .init(),
         LogFormat::Json => tracing_subscriber::fmt()
             .json()

@@ -334,3 +334,38 @@ async fn hostile_names_cannot_break_or_forge_metrics() {
         "{text}"
     );
 }
+
+/// Logs written to a pipe carry no colour escapes unless asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_pipe_are_plain_text() {
+    let db = unique_db("logs");
+    pg().create_database(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shoal.toml");
+    std::fs::write(&path, base_config(pg(), &[&db], "")).unwrap();
+    for (flag, coloured) in [("auto", false), ("never", false), ("always", true)] {
+        let ready = dir.path().join(format!("ready-{flag}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .arg("--config")
+            .arg(&path)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(["--log-color", flag])
+            .env_remove("NO_COLOR")
+            .env("SHOAL_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        eventually("shoal listens", std::time::Duration::from_secs(30), || {
+            ready.exists()
+        })
+        .await;
+        child.kill().unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("INFO"), "{flag}: {text}");
+        assert_eq!(text.contains('\u{1b}'), coloured, "{flag}: {text:?}");
+    }
+}
