@@ -66,8 +66,9 @@ impl RouteError {
 /// Where a login goes.
 #[derive(Debug, Clone)]
 pub enum Scope {
-    /// The config file's databases and users (database name as the client sent it).
-    File(Arc<Config>, String),
+    /// The config file's databases and users (database name as the client sent it), and the
+    /// database `[databases."*"]` made for a name no entry lists.
+    File(Arc<Config>, String, Option<Arc<Database>>),
     Tenant(Arc<TenantRoute>),
 }
 
@@ -84,7 +85,7 @@ impl Routed {
     /// reported after authentication, as PostgreSQL does).
     pub fn database(&self) -> Option<&Database> {
         match &self.scope {
-            Scope::File(c, name) => c.databases.get(name),
+            Scope::File(c, name, wild) => c.databases.get(name).or(wild.as_deref()),
             Scope::Tenant(t) => Some(&t.database),
         }
     }
@@ -93,7 +94,7 @@ impl Routed {
     /// it only if it has to change it.
     pub fn configured_user(&self) -> Option<&User> {
         match &self.scope {
-            Scope::File(c, _) => c.users.get(&self.user),
+            Scope::File(c, ..) => c.users.get(&self.user),
             Scope::Tenant(t) => t.users().get(&self.user),
         }
     }
@@ -101,8 +102,8 @@ impl Routed {
     /// The user that runs the database's auth_query.
     pub fn auth_user(&self) -> Option<User> {
         match &self.scope {
-            Scope::File(c, name) => {
-                let aq = c.databases.get(name)?.auth_query.as_ref()?;
+            Scope::File(c, ..) => {
+                let aq = self.database()?.auth_query.as_ref()?;
                 c.users.get(&aq.user).cloned()
             }
             Scope::Tenant(t) => t.manager().cloned(),
@@ -224,8 +225,13 @@ impl Registry {
     pub fn resolve(&self, req: &RouteRequest<'_>) -> Result<Routed, RouteError> {
         let config = self.config();
         let Some((id, user)) = self.tenant_named(&config, req)? else {
+            // The console's names are never a wildcard database's.
+            let wild = (!crate::admin::is_console(req.database))
+                .then(|| config.wildcard_database(req.database))
+                .flatten()
+                .map(Arc::new);
             return Ok(Routed {
-                scope: Scope::File(config, req.database.to_owned()),
+                scope: Scope::File(config, req.database.to_owned(), wild),
                 user: req.user.to_owned(),
             });
         };
@@ -254,10 +260,9 @@ impl Registry {
     /// The pool serving an authenticated `user` for `routed`, made on first use.
     pub fn pool(&self, routed: &Routed, user: &User) -> Result<Arc<Pool>, RouteError> {
         let (db, settings) = match &routed.scope {
-            Scope::File(config, name) => {
-                let db = config
-                    .databases
-                    .get(name)
+            Scope::File(config, name, _) => {
+                let db = routed
+                    .database()
                     .ok_or_else(|| RouteError::UnknownDatabase(name.clone()))?;
                 (db, config.pool_settings(db, user))
             }
@@ -357,7 +362,11 @@ impl Registry {
             if db.starts_with(crate::tenant::DB_PREFIX) {
                 continue;
             }
-            let (Some(d), Some(u)) = (config.databases.get(db), config.users.get(user)) else {
+            let wild = config.wildcard_database(db);
+            let (Some(d), Some(u)) = (
+                config.databases.get(db).or(wild.as_ref()),
+                config.users.get(user),
+            ) else {
                 stale.push((db.clone(), user.clone()));
                 continue;
             };

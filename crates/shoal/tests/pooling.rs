@@ -388,3 +388,52 @@ async fn pools_log_their_stats() {
         assert!(line.contains(field), "{line}");
     }
 }
+
+/// `[databases."*"]`: any database name no entry lists reaches the wildcard's server, with
+/// the client's name passed through; listed names and the console keep their meaning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wildcard_database_passes_names_through() {
+    let listed = unique_db("pool");
+    let first = unique_db("pool");
+    let second = unique_db("pool");
+    for db in [&listed, &first, &second] {
+        pg().create_database(db);
+    }
+    let extra = format!(
+        "[databases.\"*\"]\nhost = \"127.0.0.1\"\nport = {}\npool_size = 2\n\
+         [admin]\nusers = [\"app\"]\n",
+        pg().port
+    );
+    let config = base_config(pg(), &[&listed], &extra);
+    let shoal = Shoal::start(&config);
+    for db in [&listed, &first, &second] {
+        let c = shoal.connect(db).await;
+        assert_eq!(
+            simple_rows(&c, "SELECT current_database()").await,
+            vec![db.to_string()]
+        );
+    }
+    // A name PostgreSQL does not know: its own error.
+    let e = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, "no_such_db_here"))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(code(&e), "3D000", "{e}");
+    // The console is still the console.
+    let console = shoal.connect_as("app", APP_PASSWORD, "pgbouncer").await;
+    let rows = console.simple_query("SHOW POOLS").await.unwrap();
+    assert!(!rows.is_empty());
+    // `dbname` on the wildcard is refused with the reason.
+    let bad = base_config(pg(), &[], "[databases.\"*\"]\ndbname = \"x\"\n");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, bad).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("passes the client's database name"));
+}

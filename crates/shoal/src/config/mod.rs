@@ -181,6 +181,24 @@ pub struct PoolSettings {
     pub slow_query: Duration,
 }
 
+/// The `[databases."*"]` entry: where a database name no other entry lists goes, with the
+/// client's database name passed through (PgBouncer's `*`).
+pub const WILDCARD_DATABASE: &str = "*";
+
+impl Config {
+    /// The database a client's name reaches through `[databases."*"]`, when no entry lists
+    /// it: the wildcard's settings, named and connecting as the client asked.
+    pub fn wildcard_database(&self, name: &str) -> Option<Database> {
+        if name == WILDCARD_DATABASE || name.is_empty() || self.databases.contains_key(name) {
+            return None;
+        }
+        let mut db = self.databases.get(WILDCARD_DATABASE)?.clone();
+        db.name = name.to_owned();
+        db.dbname = name.to_owned();
+        Some(db)
+    }
+}
+
 pub fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
@@ -274,6 +292,12 @@ impl Config {
         let mut databases = BTreeMap::new();
         for (name, d) in raw.databases {
             let section = format!("databases.{name}");
+            if name == WILDCARD_DATABASE && d.dbname.is_some() {
+                return Err(invalid(
+                    &section,
+                    format!("{section}.dbname cannot be set: the wildcard database passes the client's database name through"),
+                ));
+            }
             if d.pool_size == Some(0) {
                 return Err(invalid(
                     &section,
