@@ -104,6 +104,7 @@ impl SecretCache {
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
+            upstream_cert: None,
         }))
     }
 }
@@ -118,7 +119,8 @@ async fn fetch(
     aq: &AuthQuery,
     name: &str,
 ) -> Result<Option<Found>, ServerError> {
-    let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
+    let tls_settings = crate::config::upstream_tls_for(db, auth_user);
+    let tls = crate::upstream_tls::UpstreamTls::build(&tls_settings)
         .map_err(|e| ServerError::Tls(e.to_string()))?;
     let upstream = Upstream {
         host: db.host.clone(),
@@ -128,7 +130,7 @@ async fn fetch(
         user: auth_user.server_user.clone(),
         password: auth_user.server_password.clone(),
         tls: tls.map(std::sync::Arc::new),
-        tls_settings: db.tls.clone(),
+        tls_settings,
         passthrough: None,
     };
     let mut conn = ServerConn::connect(&upstream, timeout).await?;

@@ -280,7 +280,8 @@ impl Registry {
                 tokio::spawn(async move { old.close_idle().await });
             }
         }
-        let tls = crate::upstream_tls::UpstreamTls::build(&db.tls)
+        let tls_settings = crate::config::upstream_tls_for(db, user);
+        let tls = crate::upstream_tls::UpstreamTls::build(&tls_settings)
             .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
         let name = match routed.tenant() {
             Some(t) => format!("{}/{}", t.id(), user.name),
@@ -298,7 +299,7 @@ impl Registry {
                 user: user.server_user.clone(),
                 password: user.server_password.clone(),
                 tls: tls.map(Arc::new),
-                tls_settings: db.tls.clone(),
+                tls_settings,
                 passthrough: user.passthrough.clone(),
             },
         );
@@ -577,7 +578,7 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.user == u.server_user
         && pool.upstream.password == u.server_password
         && pool.upstream.family == d.family
-        && pool.upstream.tls_settings == d.tls
+        && pool.upstream.tls_settings == crate::config::upstream_tls_for(d, u)
 }
 
 fn without_size(s: &PoolSettings) -> PoolSettings {

@@ -40,6 +40,42 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, UpstreamTlsError> {
     })
 }
 
+/// A client key from PEM: plain (PKCS#8, PKCS#1 or SEC1), or encrypted PKCS#8 (`ENCRYPTED
+/// PRIVATE KEY`, PBES2: what `openssl pkcs8 -topk8 -v2 aes-256-cbc` and `openssl genpkey
+/// -aes256` write) decrypted with `password`, as libpq does with `sslpassword`.
+fn client_key(
+    pem: &[u8],
+    password: Option<&crate::config::KeyPassword>,
+) -> Result<rustls::pki_types::PrivateKeyDer<'static>, String> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("Proc-Type: 4,ENCRYPTED") {
+        return Err(
+            "the key is encrypted in OpenSSL's legacy PEM format; convert it with \
+                    `openssl pkcs8 -topk8 -v2 aes-256-cbc -in old.key -out new.key`"
+                .into(),
+        );
+    }
+    if let Some(start) = text.find("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
+        let Some(password) = password else {
+            return Err("the key is encrypted: set sslpassword (or sslpassword_env)".into());
+        };
+        let (_, doc) = pkcs8::SecretDocument::from_pem(&text[start..])
+            .map_err(|e| format!("not a PEM encrypted key: {e}"))?;
+        let encrypted = pkcs8::EncryptedPrivateKeyInfo::try_from(doc.as_bytes())
+            .map_err(|e| format!("not an encrypted PKCS#8 key: {e}"))?;
+        let plain = encrypted.decrypt(password.0.as_bytes()).map_err(|_| {
+            "cannot decrypt the key: wrong sslpassword, or an unsupported cipher".to_string()
+        })?;
+        return Ok(rustls::pki_types::PrivateKeyDer::Pkcs8(
+            plain.as_bytes().to_vec().into(),
+        ));
+    }
+    rustls_pemfile::private_key(&mut &pem[..])
+        .ok()
+        .flatten()
+        .ok_or_else(|| "no private key found".to_string())
+}
+
 /// Accepts any certificate (`prefer`/`require`: encryption without authentication, as libpq
 /// does without a root certificate), still checking the handshake's signatures.
 #[derive(Debug)]
@@ -202,12 +238,12 @@ impl UpstreamTls {
                         reason: e.to_string(),
                     })?;
                 let pem = read_pem(key)?;
-                let key_der = rustls_pemfile::private_key(&mut &pem[..])
-                    .ok()
-                    .flatten()
-                    .ok_or_else(|| UpstreamTlsError::Read {
-                        path: key.display().to_string(),
-                        reason: "no private key found".into(),
+                let key_der =
+                    client_key(&pem, settings.key_password.as_ref()).map_err(|reason| {
+                        UpstreamTlsError::Read {
+                            path: key.display().to_string(),
+                            reason,
+                        }
                     })?;
                 builder
                     .with_client_auth_cert(chain, key_der)

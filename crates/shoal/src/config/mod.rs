@@ -93,6 +93,8 @@ pub struct User {
     pub passthrough: Option<std::sync::Arc<Passthrough>>,
     /// Overrides the database's `max_client_conn` (tenant users' `max_clients`).
     pub max_client_conn: Option<usize>,
+    /// Presented to PostgreSQL instead of the database's client certificate.
+    pub upstream_cert: Option<UpstreamCert>,
 }
 
 impl std::fmt::Debug for User {
@@ -304,6 +306,8 @@ impl Config {
                     format!("{section}.pool_size must be at least 1"),
                 ));
             }
+            let key_password = key_password(&section, &d.sslpassword, &d.sslpassword_env, env)
+                .map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -322,6 +326,7 @@ impl Config {
                         rootcert: d.sslrootcert,
                         cert: d.sslcert,
                         key: d.sslkey,
+                        key_password,
                         sni: d.sslsni,
                     },
                     name,
@@ -435,6 +440,40 @@ impl Config {
     }
 }
 
+/// `sslpassword` or the variable `sslpassword_env` names (not both).
+fn key_password(
+    section: &str,
+    inline: &Option<String>,
+    var: &Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<KeyPassword>, String> {
+    let from_env = match var {
+        None => None,
+        Some(v) => Some(
+            env(v)
+                .ok_or_else(|| format!("{section}.sslpassword_env names {v}, which is not set"))?,
+        ),
+    };
+    match (inline, from_env) {
+        (Some(_), Some(_)) => Err(format!(
+            "{section}: give either sslpassword or sslpassword_env, not both"
+        )),
+        (a, b) => Ok(a.clone().or(b).map(KeyPassword)),
+    }
+}
+
+/// The TLS settings a user's server logins use: its database's, with the user's own client
+/// certificate when it has one.
+pub fn upstream_tls_for(db: &Database, user: &User) -> UpstreamTlsSettings {
+    let mut tls = db.tls.clone();
+    if let Some(c) = &user.upstream_cert {
+        tls.cert = Some(c.cert.clone());
+        tls.key = Some(c.key.clone());
+        tls.key_password = c.key_password.clone();
+    }
+    tls
+}
+
 fn resolve_user(
     name: &str,
     u: UserSection,
@@ -503,9 +542,24 @@ fn resolve_user(
         }
         (a, b) => a.or(b).or(password),
     };
+    let section = format!("users.{name}");
+    let upstream_cert = match (u.sslcert, u.sslkey) {
+        (Some(cert), Some(key)) => Some(UpstreamCert {
+            cert,
+            key,
+            key_password: key_password(&section, &u.sslpassword, &u.sslpassword_env, env)?,
+        }),
+        (None, None) if u.sslpassword.is_none() && u.sslpassword_env.is_none() => None,
+        _ => {
+            return Err(format!(
+                "{section}: sslcert and sslkey go together (sslpassword only with them)"
+            ))
+        }
+    };
     Ok(User {
         name: name.to_owned(),
         auth,
+        upstream_cert,
         server_user: u.server_user.unwrap_or_else(|| name.to_owned()),
         server_password,
         client_tls: u.client_tls,

@@ -171,6 +171,8 @@ pub struct DatabaseSection {
     pub sslrootcert: Option<PathBuf>,
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
+    pub sslpassword: Option<String>,
+    pub sslpassword_env: Option<String>,
     #[serde(default = "default_true")]
     pub sslsni: bool,
     pub client_tls: Option<ClientTls>,
@@ -208,7 +210,27 @@ pub struct UpstreamTlsSettings {
     pub rootcert: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
+    /// Decrypts `key` when it is an encrypted PKCS#8 key (libpq's `sslpassword`).
+    pub key_password: Option<KeyPassword>,
     pub sni: bool,
+}
+
+/// The password of an encrypted client key: compared, never shown.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPassword(pub String);
+
+impl std::fmt::Debug for KeyPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyPassword(..)")
+    }
+}
+
+/// A client certificate a user presents to PostgreSQL instead of its database's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub key_password: Option<KeyPassword>,
 }
 
 fn default_true() -> bool {
@@ -237,6 +259,12 @@ pub struct UserSection {
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub client_tls: Option<ClientTls>,
+    /// A client certificate and key for this user's server logins (overrides the
+    /// database's), and the key's password if it is encrypted.
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    pub sslpassword: Option<String>,
+    pub sslpassword_env: Option<String>,
 }
 
 /// Looking up users' secrets in PostgreSQL, as the configured `user` (whose upstream

@@ -69,6 +69,7 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
         client_tls: None,
         passthrough: None,
         max_client_conn: None,
+        upstream_cert: None,
     };
     match authenticate(stream, &user, None, &mut BytesMut::new()).await {
         Ok(_) => auth_failed(name),

@@ -89,6 +89,7 @@ impl TenantRoute {
                 rootcert,
                 cert: None,
                 key: None,
+                key_password: None,
                 sni: true,
             },
             client_tls: tenant.enforce_ssl.then_some(ClientTls::Require),
@@ -137,6 +138,7 @@ impl TenantRoute {
                         client_tls: None,
                         passthrough: None,
                         max_client_conn: u.max_clients,
+                        upstream_cert: None,
                     };
                     (u.db_user.clone(), user)
                 })
