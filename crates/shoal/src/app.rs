@@ -40,6 +40,8 @@ pub struct App {
     pub shutdown_request: tokio::sync::Notify,
     /// A new process took over the listening sockets (see [`crate::upgrade`]).
     pub handed_over: std::sync::atomic::AtomicBool,
+    /// The line idle clients are handed to that process on (see [`crate::handoff`]).
+    pub handoff: std::sync::OnceLock<crate::handoff::Sender>,
     /// Shutdown has reached idle clients: each is told `57P01` and closed. (Until then a
     /// client between transactions keeps its connection, so one that has just logged in
     /// is not cut before its first query.)
@@ -116,6 +118,7 @@ impl App {
             metrics: Default::default(),
             shutdown_request: tokio::sync::Notify::new(),
             handed_over: std::sync::atomic::AtomicBool::new(false),
+            handoff: std::sync::OnceLock::new(),
             closing_clients: std::sync::atomic::AtomicBool::new(false),
             mock_secret: rand::random(),
             routes: crate::route::Registry::new(config.clone()),

@@ -87,7 +87,7 @@ impl SecretCache {
             return Ok(None);
         };
         let auth = if let Ok(v) = shoal_wire::scram::Verifier::parse(&secret) {
-            ClientAuth::Scram(v)
+            ClientAuth::Scram(Box::new(v))
         } else if shoal_wire::md5::is_stored_secret(&secret) {
             ClientAuth::Md5(secret.to_ascii_lowercase())
         } else {

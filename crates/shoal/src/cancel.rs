@@ -245,6 +245,31 @@ impl CancelRegistry {
         }
     }
 
+    /// Registers a client handed over by another process under the key it was given there;
+    /// `None` if a client here already has that process id.
+    pub fn register_exact(
+        self: &Arc<Self>,
+        process_id: i32,
+        secret: i32,
+        info: ClientInfo,
+    ) -> Option<Registration> {
+        let mut map = self.lock();
+        if map.contains_key(&process_id) {
+            return None;
+        }
+        let slot = Arc::new(CancelSlot {
+            secret,
+            process_id,
+            state: Mutex::new(SlotState::default()),
+            info,
+        });
+        map.insert(process_id, slot.clone());
+        Some(Registration {
+            registry: self.clone(),
+            slot,
+        })
+    }
+
     /// Every registered client: (key, whether it holds a server, whether it waits for one).
     pub fn clients(&self) -> Vec<(i32, Arc<CancelSlot>)> {
         let mut v: Vec<(i32, Arc<CancelSlot>)> =

@@ -24,6 +24,8 @@
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
+//! - [`upgrade`], [`handoff`]: zero-downtime upgrades: listening sockets, then idle clients
+//!   with their session state, handed to the new process.
 //! - [`reuseport`]: steering new connections to the open shards' listening sockets.
 //! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
@@ -38,6 +40,7 @@ pub mod cancel;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod handoff;
 pub mod listener;
 pub mod login_failures;
 pub mod logsafe;

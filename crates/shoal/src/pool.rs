@@ -62,6 +62,9 @@ pub struct Pool {
     me: Weak<Pool>,
     /// `database/user`, for messages and logs.
     pub name: String,
+    /// The database name as routed (a config entry's, or the wildcard's client-given one)
+    /// and the user name: how another process finds this pool's twin (client hand-over).
+    pub route_key: (String, String),
     pub settings: PoolSettings,
     pub upstream: Upstream,
     permits: Arc<Semaphore>,
@@ -229,6 +232,7 @@ impl Drop for Lease {
 impl Pool {
     pub fn new(
         name: String,
+        route_key: (String, String),
         tenant: Option<String>,
         settings: PoolSettings,
         upstream: Upstream,
@@ -236,6 +240,7 @@ impl Pool {
         let pool = Arc::new_cyclic(|me| Pool {
             me: me.clone(),
             name,
+            route_key,
             permits: Arc::new(Semaphore::new(settings.size)),
             size: AtomicUsize::new(settings.size),
             ended: std::sync::OnceLock::new(),

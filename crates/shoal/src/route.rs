@@ -66,9 +66,11 @@ impl RouteError {
 /// Where a login goes.
 #[derive(Debug, Clone)]
 pub enum Scope {
-    /// The config file's databases and users (database name as the client sent it), and the
-    /// database `[databases."*"]` made for a name no entry lists.
-    File(Arc<Config>, String, Option<Arc<Database>>),
+    /// The config file's databases and users (database name as the client sent it).
+    File(Arc<Config>, String),
+    /// The config file's users, and the database `[databases."*"]` made for a name no entry
+    /// lists.
+    Wildcard(Arc<Config>, Arc<Database>),
     Tenant(Arc<TenantRoute>),
 }
 
@@ -85,7 +87,8 @@ impl Routed {
     /// reported after authentication, as PostgreSQL does).
     pub fn database(&self) -> Option<&Database> {
         match &self.scope {
-            Scope::File(c, name, wild) => c.databases.get(name).or(wild.as_deref()),
+            Scope::File(c, name) => c.databases.get(name),
+            Scope::Wildcard(_, db) => Some(db),
             Scope::Tenant(t) => Some(&t.database),
         }
     }
@@ -94,7 +97,7 @@ impl Routed {
     /// it only if it has to change it.
     pub fn configured_user(&self) -> Option<&User> {
         match &self.scope {
-            Scope::File(c, ..) => c.users.get(&self.user),
+            Scope::File(c, _) | Scope::Wildcard(c, _) => c.users.get(&self.user),
             Scope::Tenant(t) => t.users().get(&self.user),
         }
     }
@@ -102,7 +105,7 @@ impl Routed {
     /// The user that runs the database's auth_query.
     pub fn auth_user(&self) -> Option<User> {
         match &self.scope {
-            Scope::File(c, ..) => {
+            Scope::File(c, _) | Scope::Wildcard(c, _) => {
                 let aq = self.database()?.auth_query.as_ref()?;
                 c.users.get(&aq.user).cloned()
             }
@@ -113,7 +116,7 @@ impl Routed {
     pub fn tenant(&self) -> Option<&Arc<TenantRoute>> {
         match &self.scope {
             Scope::Tenant(t) => Some(t),
-            Scope::File(..) => None,
+            Scope::File(..) | Scope::Wildcard(..) => None,
         }
     }
 }
@@ -228,10 +231,13 @@ impl Registry {
             // The console's names are never a wildcard database's.
             let wild = (!crate::admin::is_console(req.database))
                 .then(|| config.wildcard_database(req.database))
-                .flatten()
-                .map(Arc::new);
+                .flatten();
+            let scope = match wild {
+                Some(db) => Scope::Wildcard(config, Arc::new(db)),
+                None => Scope::File(config, req.database.to_owned()),
+            };
             return Ok(Routed {
-                scope: Scope::File(config, req.database.to_owned(), wild),
+                scope,
                 user: req.user.to_owned(),
             });
         };
@@ -260,12 +266,14 @@ impl Registry {
     /// The pool serving an authenticated `user` for `routed`, made on first use.
     pub fn pool(&self, routed: &Routed, user: &User) -> Result<Arc<Pool>, RouteError> {
         let (db, settings) = match &routed.scope {
-            Scope::File(config, name, _) => {
-                let db = routed
-                    .database()
+            Scope::File(config, name) => {
+                let db = config
+                    .databases
+                    .get(name)
                     .ok_or_else(|| RouteError::UnknownDatabase(name.clone()))?;
                 (db, config.pool_settings(db, user))
             }
+            Scope::Wildcard(config, db) => (&**db, config.pool_settings(db, user)),
             Scope::Tenant(t) => (&t.database, t.pool_settings(&self.config(), user)),
         };
         let mut pools = self.lock_pools();
@@ -289,6 +297,7 @@ impl Registry {
         };
         let pool = Pool::new(
             name,
+            (db.name.clone(), user.name.clone()),
             routed.tenant().map(|t| t.id().to_owned()),
             settings,
             Upstream {

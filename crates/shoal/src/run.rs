@@ -255,9 +255,17 @@ async fn serve_with(
     }
     if let Some(u) = upgrade {
         if let Some(mut previous) = u.confirm {
-            // Accepting now: the previous process may drain and leave.
+            // Accepting now: the previous process may drain and leave, handing its idle
+            // clients over on the same line.
             use std::io::Write;
-            let _ = previous.write_all(b"ok\n");
+            if previous.write_all(b"ok\n").is_ok() {
+                let adopting = app.clone();
+                crate::handoff::receive(
+                    previous,
+                    tokio::runtime::Handle::current(),
+                    move |fd, image| crate::session::adopt(adopting.clone(), fd, image),
+                );
+            }
         }
         tokio::spawn(crate::upgrade::serve_control(u.path, sockets, app.clone()));
     }
@@ -279,7 +287,16 @@ async fn serve_with(
     // its login and its query): wait for a quiet spell with no transaction and no login.
     let mut quiet_since = tokio::time::Instant::now();
     let mut last_churn = crate::app::CHURN.load(Ordering::Relaxed);
+    let handing_over = app.handoff.get().is_some();
     while tokio::time::Instant::now() < deadline {
+        if handing_over {
+            // Each client goes at its own transaction boundary (handed over) or leaves.
+            if app.clients.load(Ordering::Relaxed) == 0 && app.logins.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         let churn = crate::app::CHURN.load(Ordering::Relaxed);
         let busy = app.active.load(Ordering::Relaxed) > 0
             || app.logins.load(Ordering::Relaxed) > 0
@@ -296,7 +313,8 @@ async fn serve_with(
     // their read side; each tells its client why (57P01) and closes.
     app.closing_clients.store(true, Ordering::SeqCst);
     let notified = app.client_fds.shut_reads();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    // Statements in flight finish and their replies reach their clients first.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

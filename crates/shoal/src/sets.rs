@@ -242,6 +242,20 @@ impl SessionSets {
         };
     }
 
+    /// Settings held by a client that another process served until now.
+    pub fn restored(held: Vec<(Box<str>, Box<str>)>) -> SessionSets {
+        let fingerprint = if held.is_empty() {
+            0
+        } else {
+            GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        };
+        SessionSets {
+            held,
+            fingerprint,
+            ..SessionSets::default()
+        }
+    }
+
     /// The statements that recreate the held settings. Each ends on a line of its own: a
     /// `--` comment a client ended its SET with cannot swallow the next one.
     pub fn replay_sql(&self) -> String {

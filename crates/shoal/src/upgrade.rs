@@ -3,10 +3,13 @@
 //!
 //! The running process listens on PATH. A new process started with the same flag connects,
 //! receives every listening socket (PostgreSQL, Unix, API, metrics) with `SCM_RIGHTS`, starts
-//! accepting on them, and answers `ok`; only then does the old process stop accepting and
-//! drain (running transactions finish, idle clients are told `57P01` and reconnect — to the
-//! new process). The sockets are the same kernel objects throughout, so no connection
-//! attempt is refused or lost. If the new process dies before `ok`, the old one carries on.
+//! accepting on them, and answers `ok`; only then does the old process stop accepting. It
+//! then hands each transaction-mode client over at its next transaction boundary, socket and
+//! session state, on the same line (see [`crate::handoff`]); running transactions finish
+//! where they started. Clients that cannot move (TLS, session mode) drain: they stay until
+//! they leave or `shutdown_timeout` passes. The sockets are the same kernel objects
+//! throughout, so no connection attempt is refused or lost. If the new process dies before
+//! `ok`, the old one carries on.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -130,10 +133,12 @@ pub async fn serve_control(
         let sockets = sockets.clone();
         let handed = tokio::task::spawn_blocking(move || hand_over(stream, &sockets)).await;
         match handed {
-            Ok(Ok(())) => {
+            Ok(Ok(line)) => {
                 tracing::info!(
-                    "a new process took over the listening sockets: draining and leaving"
+                    "a new process took over the listening sockets: handing idle clients over, draining the rest, then leaving"
                 );
+                // The same line now carries idle clients to the new process.
+                let _ = app.handoff.set(crate::handoff::Sender::start(line));
                 app.handed_over
                     .store(true, std::sync::atomic::Ordering::SeqCst);
                 app.shutdown_request.notify_one();
@@ -147,7 +152,7 @@ pub async fn serve_control(
     }
 }
 
-fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Result<()> {
+fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Result<UnixStream> {
     stream.set_nonblocking(false)?;
     let roles: Vec<&Role> = sockets.iter().map(|(r, _)| r).collect();
     let manifest = serde_json::to_vec(&roles).map_err(std::io::Error::other)?;
@@ -169,5 +174,6 @@ fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Resu
     if &ok != b"ok\n" {
         return Err(std::io::Error::other("the new process did not confirm"));
     }
-    Ok(())
+    stream.set_read_timeout(None)?;
+    Ok(stream)
 }

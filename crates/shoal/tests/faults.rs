@@ -287,6 +287,55 @@ async fn upstream_down_at_start_then_up() {
     second.stop();
 }
 
+/// A COMMIT still running when `shutdown_timeout` passes is not cut: its real outcome reaches
+/// the client, and only then is the client told the server is shutting down (57P01).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_flight_at_the_shutdown_deadline_reports_its_outcome() {
+    let db = unique_db("fault");
+    pg().create_database(&db);
+    let setup = direct(&db).await;
+    setup
+        .batch_execute(
+            "CREATE TABLE t (x int);
+             CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END$$;
+             CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED
+               FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+        )
+        .await
+        .unwrap();
+    let config = with_server_keys(&base_config(pg(), &[&db], ""), "shutdown_timeout = 0.3");
+    let mut shoal = Shoal::start(&config);
+    let client = shoal.connect(&db).await;
+    client
+        .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let commit = tokio::spawn(async move {
+        let r = client.batch_execute("COMMIT").await;
+        (r, client)
+    });
+    // The COMMIT runs (its deferred trigger sleeps) when the shutdown begins.
+    let running =
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active'";
+    eventually("the COMMIT runs", Duration::from_secs(10), || {
+        pg().psql_admin(running).trim() == "1"
+    })
+    .await;
+    shoal.signal(libc::SIGTERM);
+    let (result, client) = commit.await.unwrap();
+    result.expect("the COMMIT's own outcome, not an error");
+    let err = client.simple_query("SELECT 1").await.unwrap_err();
+    assert!(err.is_closed() || code(&err) == "57P01", "{err:?}");
+    assert_eq!(shoal.wait(Duration::from_secs(15)), Some(true));
+    let n: i64 = setup
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "committed, as reported");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_lets_transactions_finish() {
     let db = unique_db("fault");

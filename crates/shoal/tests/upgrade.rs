@@ -148,3 +148,122 @@ async fn a_second_process_cannot_take_a_served_address() {
     let c = first.connect(&db).await;
     assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
 }
+
+/// Upgrade under steady load: 16 long-lived clients run back-to-back transactions (named
+/// prepared statements, a session SET) through the upgrade. Each is handed to the new process
+/// at a transaction boundary with its session: not one client error, every acknowledged
+/// commit is in the ledger exactly once, every commit in the ledger was acknowledged, each
+/// client keeps its SET, and the old process leaves as soon as its clients are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_under_steady_load_errs_no_client_and_loses_no_commit() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let db = unique_db("upgrade");
+    pg().create_database(&db);
+    let setup = direct(&db).await;
+    setup
+        .batch_execute("CREATE TABLE ledger (client int, seq int, PRIMARY KEY (client, seq))")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("upgrade.sock");
+    let control = control.to_str().unwrap().to_owned();
+    let config = with_server_keys(
+        &base_config(pg(), &[&db], "[pool]\npool_size = 4\n"),
+        "shutdown_timeout = 60",
+    );
+    let mut old = Shoal::start_with_args(&config, &[], &["--upgrade-socket", &control]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for c in 0..16i32 {
+        let client = old.connect(&db).await;
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            client
+                .batch_execute(&format!("SET application_name = 'ledger-{c}'"))
+                .await
+                .map_err(|e| format!("client {c}: SET: {e}"))?;
+            let insert = client
+                .prepare("INSERT INTO ledger VALUES ($1, $2)")
+                .await
+                .map_err(|e| format!("client {c}: prepare: {e}"))?;
+            let mut acked = Vec::new();
+            let mut seq = 0i32;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let run = async {
+                    client.batch_execute("BEGIN").await?;
+                    client.execute(&insert, &[&c, &seq]).await?;
+                    client.batch_execute("COMMIT").await
+                };
+                run.await
+                    .map_err(|e| format!("client {c}: transaction {seq}: {e:?}"))?;
+                acked.push(seq);
+                if seq % 25 == 0 {
+                    let name = client
+                        .query_one("SHOW application_name", &[])
+                        .await
+                        .map_err(|e| format!("client {c}: SHOW: {e}"))?;
+                    let name: String = name.get(0);
+                    if name != format!("ledger-{c}") {
+                        return Err(format!("client {c} lost its SET: {name}"));
+                    }
+                }
+            }
+            Ok::<_, String>((c, acked))
+        }));
+    }
+    let running = || async {
+        let n: i64 = direct(&db)
+            .await
+            .query_one("SELECT count(*) FROM ledger", &[])
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    // Load is steady before the upgrade starts.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while running().await < 200 {
+        assert!(tokio::time::Instant::now() < deadline, "no load");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let new = Shoal::start_with_args(&config, &[], &["--upgrade-socket", &control]);
+    assert_eq!(
+        old.wait(Duration::from_secs(30)),
+        Some(true),
+        "the old process hands its clients over and exits well before shutdown_timeout"
+    );
+    // Load goes on through the new process alone.
+    let after = running().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while running().await < after + 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no load after the upgrade"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = std::collections::BTreeSet::new();
+    for w in workers {
+        let (c, acked) = w.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!acked.is_empty());
+        for s in acked {
+            acknowledged.insert((c, s));
+        }
+    }
+    let rows = direct(&db)
+        .await
+        .query("SELECT client, seq FROM ledger", &[])
+        .await
+        .unwrap();
+    let stored: std::collections::BTreeSet<(i32, i32)> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows.len(), stored.len(), "no commit twice");
+    assert_eq!(
+        stored, acknowledged,
+        "every acknowledged commit stored, and no stored commit reported failed"
+    );
+    assert!(new.log_contains("took over") || old.log_contains("took over"));
+}

@@ -70,7 +70,8 @@ struct RawConfig {
 /// How Shoal checks a client's password. Secrets are kept only in the form the method needs.
 #[derive(Clone)]
 pub enum ClientAuth {
-    Scram(Verifier),
+    /// Boxed: a login carries its `User`, and the verifier is most of one.
+    Scram(Box<Verifier>),
     /// The stored MD5 secret (`md5` + hex).
     Md5(String),
     Trust,
@@ -93,8 +94,9 @@ pub struct User {
     pub passthrough: Option<std::sync::Arc<Passthrough>>,
     /// Overrides the database's `max_client_conn` (tenant users' `max_clients`).
     pub max_client_conn: Option<usize>,
-    /// Presented to PostgreSQL instead of the database's client certificate.
-    pub upstream_cert: Option<UpstreamCert>,
+    /// Presented to PostgreSQL instead of the database's client certificate (boxed: a
+    /// login carries a `User`, and few have one).
+    pub upstream_cert: Option<Box<UpstreamCert>>,
 }
 
 impl std::fmt::Debug for User {
@@ -517,10 +519,14 @@ fn resolve_user(
                 "users.{name}: no password, password_env or secret (or set auth_method = \"trust\")"
             ))
         }
-        (AuthMethod::ScramSha256, Some(p), None) => ClientAuth::Scram(Verifier::from_password(p)),
+        (AuthMethod::ScramSha256, Some(p), None) => {
+            ClientAuth::Scram(Box::new(Verifier::from_password(p)))
+        }
         (AuthMethod::Md5, Some(p), None) => ClientAuth::Md5(md5::stored_secret(name, p)),
         (AuthMethod::ScramSha256, None, Some(s)) => {
-            ClientAuth::Scram(Verifier::parse(s).map_err(|e| format!("users.{name}.secret: {e}"))?)
+            ClientAuth::Scram(Box::new(
+                Verifier::parse(s).map_err(|e| format!("users.{name}.secret: {e}"))?,
+            ))
         }
         (AuthMethod::Md5, None, Some(s)) if md5::is_stored_secret(s) => {
             ClientAuth::Md5(s.to_ascii_lowercase())
@@ -544,11 +550,11 @@ fn resolve_user(
     };
     let section = format!("users.{name}");
     let upstream_cert = match (u.sslcert, u.sslkey) {
-        (Some(cert), Some(key)) => Some(UpstreamCert {
+        (Some(cert), Some(key)) => Some(Box::new(UpstreamCert {
             cert,
             key,
             key_password: key_password(&section, &u.sslpassword, &u.sslpassword_env, env)?,
-        }),
+        })),
         (None, None) if u.sslpassword.is_none() && u.sslpassword_env.is_none() => None,
         _ => {
             return Err(format!(

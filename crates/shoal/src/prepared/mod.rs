@@ -166,6 +166,9 @@ pub struct Unnamed {
     dirty: bool,
 }
 
+/// Statements as (name, Parse body after the name) pairs.
+pub type NamedBodies = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A client's prepared statements.
 #[derive(Debug, Default)]
 pub struct ClientStatements {
@@ -191,6 +194,44 @@ impl ClientStatements {
     pub fn forget_all(&mut self) {
         self.named.clear();
         self.unnamed = None;
+    }
+
+    /// The client's statements as (name, Parse body) pairs, and its unnamed statement's
+    /// body: what another process needs to go on serving the client (see
+    /// [`ClientStatements::import`]).
+    pub fn export(&self) -> (NamedBodies, Option<Vec<u8>>) {
+        let named = self
+            .named
+            .iter()
+            .map(|(k, d)| (k.to_vec(), d.body.to_vec()))
+            .collect();
+        (named, self.unnamed.as_ref().map(|u| u.body.clone()))
+    }
+
+    /// The statements [`ClientStatements::export`] gave, interned in `registry` (a client
+    /// session parameters' `params` key) as if the client had parsed them here.
+    pub fn import(
+        registry: &StatementRegistry,
+        params: u64,
+        named: NamedBodies,
+        unnamed: Option<Vec<u8>>,
+    ) -> ClientStatements {
+        let mut c = ClientStatements::default();
+        for (name, body) in named {
+            c.named
+                .insert(name.into_boxed_slice(), registry.intern(params, &body));
+        }
+        if let Some(body) = unnamed {
+            let text = parse_text(&body);
+            c.unnamed_seq = 1;
+            c.unnamed = Some(Unnamed {
+                seq: 1,
+                set_op: set_of(text),
+                dirty: sql::classify(text).dirty,
+                body,
+            });
+        }
+        c
     }
 }
 

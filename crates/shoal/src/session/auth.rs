@@ -61,7 +61,7 @@ fn malformed(e: impl std::fmt::Display) -> SessionError {
 pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) -> SessionError {
     let user = User {
         name: name.to_owned(),
-        auth: ClientAuth::Scram(shoal_wire::scram::Verifier::unmatchable(seed)),
+        auth: ClientAuth::Scram(Box::new(shoal_wire::scram::Verifier::unmatchable(seed))),
         server_user: String::new(),
         server_password: None,
         pool_mode: None,
@@ -150,7 +150,7 @@ pub async fn authenticate(
             }
             let binding = Binding { plus, end_point };
             let (exchange, server_first) =
-                ServerExchange::with_binding(client_first, verifier.clone(), binding)
+                ServerExchange::with_binding(client_first, (**verifier).clone(), binding)
                     .map_err(malformed)?;
             out.clear();
             backend::authentication_sasl_continue(&mut out, server_first.as_bytes());

@@ -320,6 +320,10 @@ async fn login(
         return Ok(Some(Outcome::Admin(user.name.clone(), access)));
     }
     let pool = app.routes.pool(&routed, &user).map_err(refused)?;
+    // Not needed past here: dropped now, they take no room in this future across the
+    // awaits below.
+    drop(user);
+    drop(routed);
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
@@ -387,7 +391,7 @@ async fn login(
 }
 
 /// Counts a logged-in client against its pool for as long as it lives.
-pub(super) struct PoolClient(Arc<Pool>);
+pub(super) struct PoolClient(pub(super) Arc<Pool>);
 
 impl std::ops::Deref for PoolClient {
     type Target = Arc<Pool>;

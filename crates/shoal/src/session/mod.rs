@@ -10,6 +10,7 @@ mod budget;
 mod ending;
 mod error;
 mod flow;
+mod handoff;
 mod handshake;
 mod hygiene;
 mod login;
@@ -44,6 +45,7 @@ use relay::{Policy, RelayEnd};
 
 use ending::{end_session, finish, send_error};
 pub use error::SessionError;
+pub use handoff::adopt;
 use moving::move_to;
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
@@ -87,19 +89,31 @@ fn serve_transaction_mode(mut session: Session) -> impl std::future::Future<Outp
     async move {
         loop {
             let result = match session.run_transaction_mode().await {
-                Ok(Some(target)) => match move_to(session, target) {
+                Ok(Next::MoveTo(target)) => match move_to(session, target) {
                     Ok(()) => return,
                     Err(back) => {
                         session = *back;
                         continue;
                     }
                 },
-                Ok(None) => Ok(()),
+                // The client's socket lives on in the new process: not a word to it.
+                Ok(Next::HandedOver) => return,
+                Ok(Next::Done) => Ok(()),
                 Err(e) => Err(e),
             };
             return Box::pin(end_session(&mut session, result)).await;
         }
     }
+}
+
+/// What the idle transaction-mode loop ends with.
+enum Next {
+    /// The client left, or is to be told why it is closed (an error).
+    Done,
+    /// The client, idle, moves to that shard.
+    MoveTo(usize),
+    /// The client was handed to the process that took over (see [`crate::handoff`]).
+    HandedOver,
 }
 
 /// How the client leaves its server, from what the protocol still owes.
@@ -163,6 +177,8 @@ pub struct Extras {
     pub sets: sets::SessionSets,
     /// The idle client's `client_idle_timeout` timer, while it waits.
     pub idle_timer: Option<std::pin::Pin<Box<crate::timer::Sleep>>>,
+    /// The new process refused this client (see [`crate::handoff`]): it stays here.
+    pub stays: bool,
 }
 
 impl Extras {
@@ -302,13 +318,17 @@ impl Session {
 
     /// The transaction-mode loop. Only the idle wait lives in this future: everything that
     /// runs while the client is active is boxed, so an idle client's task stays small.
-    /// `Ok(Some(shard))` when the client, now idle, should move to that shard.
-    async fn run_transaction_mode(&mut self) -> Result<Option<usize>, SessionError> {
+    async fn run_transaction_mode(&mut self) -> Result<Next, SessionError> {
         loop {
             // One allocation per burst of activity (not per message or transaction).
             match Box::pin(self.serve_buffered()).await? {
-                Gone::Yes => return Ok(None),
+                Gone::Yes => return Ok(Next::Done),
                 Gone::No => {
+                    // Between transactions, an upgrade under way takes the client along
+                    // (with any bytes of its next request already read).
+                    if self.app.handoff.get().is_some() && Box::pin(self.try_hand_over()).await {
+                        return Ok(Next::HandedOver);
+                    }
                     if self.cbuf.is_empty() {
                         // Idle: hold no buffer, no server, no timer, no budget.
                         budget::release(&mut self.large_kib);
@@ -318,7 +338,7 @@ impl Session {
                         }
                         if matches!(self.stream, ClientStream::Tcp(_)) {
                             if let Some(target) = crate::shard::placement(crate::shard::current()) {
-                                return Ok(Some(target));
+                                return Ok(Next::MoveTo(target));
                             }
                         }
                     }
@@ -362,7 +382,7 @@ impl Session {
                                 )
                             }));
                         }
-                        Ok(Some(0)) => return Ok(None),
+                        Ok(Some(0)) => return Ok(Next::Done),
                         // Data, or stale readiness: go on (a stale wakeup holds no buffer).
                         Ok(_) => {}
                         Err(e) => return Err(e.into()),

@@ -428,6 +428,10 @@ impl Session {
             out.query_start = Some(out.txn_start);
         }
         let mut fatal: Option<ErrorFields> = None;
+        // Shutdown closed the client's read side while requests were in flight: their
+        // replies still go out (a forwarded COMMIT's outcome reaches the client), then the
+        // client is told why it is closed.
+        let mut draining = false;
         loop {
             // Bytes a TLS stream took but could not put on its socket yet are not sent.
             let client_sent =
@@ -438,6 +442,9 @@ impl Session {
                 }
             }
             if !out.server_pending() && client_sent && !server.stream.wants_flush() {
+                if draining && flow.pending == 0 {
+                    return Ok(RelayEnd::ClientGone);
+                }
                 if terminate {
                     return Ok(RelayEnd::Terminate);
                 }
@@ -450,7 +457,8 @@ impl Session {
                 }
             }
             let read_server = out.to_client.len() + out.direct < HIGH_WATER && fatal.is_none();
-            let read_client = out.to_server.len() + out.direct_to_server < HIGH_WATER && !terminate;
+            let read_client =
+                out.to_server.len() + out.direct_to_server < HIGH_WATER && !terminate && !draining;
             // One step: the first operation that can make progress, in an order that drains
             // before it fills. Pending operations leave their wakers registered.
             let step = std::future::poll_fn(|cx| {
@@ -535,6 +543,16 @@ impl Session {
                         out,
                         policy,
                     )?;
+                }
+                Step::FromClient(Ok(0))
+                    if flow.pending > 0
+                        && out.client_rest == 0
+                        && self
+                            .app
+                            .closing_clients
+                            .load(std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    draining = true;
                 }
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
                     return Ok(RelayEnd::ClientGone)

@@ -128,8 +128,8 @@ impl TenantRoute {
                     let password = u.db_password.clone().unwrap_or_default();
                     let user = User {
                         name: u.db_user.clone(),
-                        auth: ClientAuth::Scram(shoal_wire::scram::Verifier::from_password(
-                            &password,
+                        auth: ClientAuth::Scram(Box::new(
+                            shoal_wire::scram::Verifier::from_password(&password),
                         )),
                         server_user: u.db_user.clone(),
                         server_password: Some(password),

@@ -1,0 +1,252 @@
+//! A transaction-mode client between transactions, handed to the process that took over the
+//! listening sockets, or adopted from the process being replaced (see [`crate::handoff`]).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::login::{LoggedIn, PoolClient};
+use super::{serve_transaction_mode, Extras, Session};
+use crate::app::App;
+use crate::config::{ClientAuth, Passthrough, User};
+use crate::handoff::{PassthroughImage, SessionImage};
+use crate::net::ClientStream;
+use crate::route::{Routed, Scope};
+
+impl Session {
+    /// Hands this idle client (no server held, nothing in flight) to the new process when an
+    /// upgrade is under way. True when the client is no longer this process's: the caller
+    /// ends the session without a word to the client, whose socket stays open in the other
+    /// process.
+    pub(super) async fn try_hand_over(&mut self) -> bool {
+        let Some(sender) = self.app.handoff.get() else {
+            return false;
+        };
+        if self.extras.as_ref().is_some_and(|x| x.stays) {
+            return false;
+        }
+        let (fd, unix) = match &self.stream {
+            ClientStream::Tcp(s) => (s.as_fd().try_clone_to_owned(), false),
+            ClientStream::Unix(s) => (s.as_fd().try_clone_to_owned(), true),
+            // TLS keys live in this process; in-process streams have no descriptor.
+            _ => return false,
+        };
+        let Ok(fd) = fd else { return false };
+        let image = self.image(unix);
+        match sender.hand(fd, &image).await {
+            Some(true) => {
+                tracing::debug!(conn = self.id, pool = %self.pool.name, "client handed to the new process");
+                true
+            }
+            Some(false) => {
+                Extras::get(&mut self.extras).stays = true;
+                false
+            }
+            None => {
+                tracing::warn!(conn = self.id, pool = %self.pool.name, "client hand-over failed midway; letting the client go");
+                true
+            }
+        }
+    }
+
+    fn image(&self, unix: bool) -> SessionImage {
+        let (statements, unnamed) = self
+            .statements
+            .as_ref()
+            .map(|s| s.export())
+            .unwrap_or_default();
+        let held_sets = self
+            .extras
+            .as_ref()
+            .map(|x| {
+                x.sets
+                    .held
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let passthrough = self.pool.upstream.passthrough.as_deref().map(|p| match p {
+            Passthrough::Scram {
+                client_key,
+                verifier,
+            } => PassthroughImage::Scram {
+                client_key: client_key.to_vec(),
+                verifier: verifier.to_string(),
+            },
+            Passthrough::Md5(s) => PassthroughImage::Md5(s.clone()),
+        });
+        SessionImage {
+            tenant: self.pool.tenant.clone(),
+            database: self.pool.route_key.0.clone(),
+            user: self.pool.route_key.1.clone(),
+            passthrough,
+            params: self.params.to_vec(),
+            held_sets,
+            statements,
+            unnamed,
+            pending: self.cbuf.to_vec(),
+            cancel_key: (self.cancel.process_id(), self.cancel.secret_key()),
+            skip_until_sync: self.skip_until_sync,
+            peer: self
+                .cancel
+                .slot
+                .info
+                .addr
+                .map(|a| std::net::SocketAddr::new(a.ip(), a.port())),
+            unix,
+        }
+    }
+}
+
+/// Serves a client handed over by the process being replaced, from where it was: same pool,
+/// parameters, SETs, prepared statements, cancel key and unread bytes. False (the old process
+/// keeps the client) when this process cannot: the pool is not in its configuration, or the
+/// cancel key is taken.
+pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
+    let Some((routed, user)) = find_user(&app, &image) else {
+        tracing::info!(user = %crate::logsafe::Escaped(&image.user), "a handed-over client's pool is not in this configuration; it stays with the old process");
+        return false;
+    };
+    let Ok(pool) = app.routes.pool(&routed, &user) else {
+        return false;
+    };
+    let info = crate::cancel::ClientInfo {
+        pool: Arc::downgrade(&pool),
+        addr: image.peer.map(Into::into),
+        since_ms: crate::clock::now_ms(),
+    };
+    let Some(cancel) = app
+        .cancels
+        .register_exact(image.cancel_key.0, image.cancel_key.1, info)
+    else {
+        return false;
+    };
+    let std_stream = if image.unix {
+        Std::Unix(std::os::unix::net::UnixStream::from(fd))
+    } else {
+        Std::Tcp(std::net::TcpStream::from(fd))
+    };
+    // Served on the first shard (or this runtime without the per-core data plane); the
+    // shards' placement moves it later like any client.
+    let handle = crate::shard::handle(0)
+        .cloned()
+        .unwrap_or_else(tokio::runtime::Handle::current);
+    let (done, started) = tokio::sync::oneshot::channel();
+    handle.spawn(async move {
+        let Some(stream) = std_stream.register() else {
+            let _ = done.send(false);
+            return;
+        };
+        pool.stats
+            .clients
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (guard, _) = app.client_guard();
+        let id = app.next_conn_id();
+        let statements = crate::prepared::ClientStatements::import(
+            &pool.statements,
+            crate::prepared::params_key(&image.params),
+            image.statements,
+            image.unnamed,
+        );
+        let logged_in = LoggedIn {
+            pool: PoolClient(pool),
+            params: image.params,
+            cancel,
+            lease: None,
+            peer: image.peer,
+        };
+        let (mut session, _) = Session::new(&app, id, guard, stream, logged_in);
+        session.statements = Some(Box::new(statements));
+        if !image.held_sets.is_empty() {
+            let held = image
+                .held_sets
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+                .collect();
+            Extras::get(&mut session.extras).sets = crate::sets::SessionSets::restored(held);
+        }
+        session.cbuf = BytesMut::from(&image.pending[..]);
+        session.skip_until_sync = image.skip_until_sync;
+        tracing::debug!(conn = id, pool = %session.pool.name, "client adopted from the previous process");
+        let _ = done.send(true);
+        serve_transaction_mode(session).await;
+    });
+    started.await.unwrap_or(false)
+}
+
+/// The client's user as this process's configuration (or tenants) has it, with the
+/// upstream secret an auth_query user logged in with.
+fn find_user(app: &App, image: &SessionImage) -> Option<(Routed, User)> {
+    let scope = match &image.tenant {
+        Some(id) => Scope::Tenant(app.routes.tenants.get(id)?),
+        None => {
+            let config = app.routes.config();
+            match config.wildcard_database(&image.database) {
+                Some(db) => Scope::Wildcard(config, Arc::new(db)),
+                None => Scope::File(config, image.database.clone()),
+            }
+        }
+    };
+    let routed = Routed {
+        scope,
+        user: image.user.clone(),
+    };
+    let passthrough = image.passthrough.as_ref().and_then(|p| match p {
+        PassthroughImage::Scram {
+            client_key,
+            verifier,
+        } => Some(Passthrough::Scram {
+            client_key: client_key.as_slice().try_into().ok()?,
+            verifier: verifier.as_str().into(),
+        }),
+        PassthroughImage::Md5(s) => Some(Passthrough::Md5(s.clone())),
+    });
+    let mut user = match routed.configured_user() {
+        Some(u) => u.clone(),
+        // An auth_query user: only its upstream secret matters now.
+        None => User {
+            name: image.user.clone(),
+            auth: ClientAuth::Trust,
+            server_user: image.user.clone(),
+            server_password: None,
+            pool_mode: None,
+            pool_size: None,
+            client_tls: None,
+            passthrough: None,
+            max_client_conn: None,
+            upstream_cert: None,
+        },
+    };
+    if let Some(p) = passthrough {
+        user.passthrough = Some(Arc::new(p));
+    }
+    routed.database()?;
+    Some((routed, user))
+}
+
+enum Std {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Std {
+    /// Joins the current runtime's reactor.
+    fn register(self) -> Option<ClientStream> {
+        match self {
+            Std::Tcp(s) => {
+                s.set_nonblocking(true).ok()?;
+                tokio::net::TcpStream::from_std(s)
+                    .ok()
+                    .map(ClientStream::Tcp)
+            }
+            Std::Unix(s) => {
+                s.set_nonblocking(true).ok()?;
+                tokio::net::UnixStream::from_std(s)
+                    .ok()
+                    .map(ClientStream::Unix)
+            }
+        }
+    }
+}
