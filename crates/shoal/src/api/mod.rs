@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -169,18 +170,43 @@ struct Page {
     per_page: Option<usize>,
 }
 
-async fn list(State(api): Shared, headers: HeaderMap, Query(p): Query<Page>) -> Response {
+/// A query string that does not parse is the client's mistake, said in JSON like every
+/// other error (axum's own rejection is plain text).
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Refusal> {
+    q.map(|Query(v)| v).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid query string: {}", e.body_text()),
+        ))
+    })
+}
+
+async fn list(
+    State(api): Shared,
+    headers: HeaderMap,
+    p: Result<Query<Page>, QueryRejection>,
+) -> Response {
     if let Err(r) = authorized(&api, &headers) {
         return *r;
     }
-    let per_page = p.per_page.unwrap_or(100).clamp(1, 1000);
-    let page = p.page.unwrap_or(1).max(1);
+    let p = match query(p) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let per_page = p.per_page.unwrap_or(100);
+    let page = p.page.unwrap_or(1);
+    if !(1..=1000).contains(&per_page) || page == 0 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "page must be at least 1 and per_page between 1 and 1000",
+        );
+    }
     match api.service.list().await {
         Ok(all) => {
             let total = all.len();
             let data: Vec<&Tenant> = all
                 .iter()
-                .skip((page - 1) * per_page)
+                .skip((page - 1).saturating_mul(per_page))
                 .take(per_page)
                 .collect();
             Json(json!({ "data": data, "page": page, "per_page": per_page, "total": total }))
@@ -209,12 +235,16 @@ async fn put_tenant(
     State(api): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<PutQuery>,
+    q: Result<Query<PutQuery>, QueryRejection>,
     body: Bytes,
 ) -> Response {
     if let Err(r) = authorized(&api, &headers) {
         return *r;
     }
+    let q = match query(q) {
+        Ok(q) => q,
+        Err(r) => return *r,
+    };
     if let Err(r) = checked_id(&id) {
         return *r;
     }
