@@ -1,7 +1,9 @@
 //! A property test of the transaction-mode state machine against a real PostgreSQL: random
 //! interleavings of two clients' protocol traffic (simple and extended queries, named and
 //! unnamed statements, errors inside batches, transaction blocks, session SETs, malformed
-//! messages) over a pool of ONE server. A model of each client says exactly what it must
+//! messages, session changes hidden from simple lexers, SQL naming the pooler's statements,
+//! COPY messages outside a COPY, clients vanishing mid-message, SETs rolled back to a
+//! savepoint) over a pool of ONE server. A model of each client says exactly what it must
 //! receive; the property is that no client ever receives a row, an error or a setting that
 //! was produced for the other, and that every request is answered (a server released before
 //! a true boundary would leave the next client hanging or reading foreign replies).
@@ -44,6 +46,23 @@ enum Op {
     ShowName,
     /// A Flush with a body: Shoal refuses it; the client reconnects.
     Malformed,
+    /// A session change hidden from a simple lexer: a `--` comment ended by `\r`, a `U&`
+    /// identifier with `UESCAPE`, an `UPDATE pg_settings`.
+    HiddenSearchPath(u8),
+    /// `SHOW search_path`.
+    ShowSearchPath,
+    /// SQL naming the pooler's statements through those tricks: refused with 26000.
+    ReservedName(u8),
+    /// CopyData, CopyDone and CopyFail outside a COPY (ignored), then a query.
+    StrayCopy,
+    /// A query and the start of a long CopyData, then the client vanishes and reconnects.
+    VanishMidMessage,
+    /// A SET rolled back to a savepoint (separate statements): it is gone.
+    SavepointSet,
+    /// `DECLARE ... WITH HOLD` with its WITH HOLD after the eighth word.
+    LateHoldCursor,
+    /// How many cursors the session has.
+    ShowCursors,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -60,6 +79,14 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::SetName),
         Just(Op::ShowName),
         Just(Op::Malformed),
+        (0u8..3).prop_map(Op::HiddenSearchPath),
+        Just(Op::ShowSearchPath),
+        (0u8..3).prop_map(Op::ReservedName),
+        Just(Op::StrayCopy),
+        Just(Op::VanishMidMessage),
+        Just(Op::SavepointSet),
+        Just(Op::LateHoldCursor),
+        Just(Op::ShowCursors),
     ]
 }
 
@@ -72,6 +99,11 @@ struct Model {
     named: [Option<String>; 3],
     /// The application_name the client set ('' at start).
     app_name: String,
+    /// The client changed its search_path in a way Shoal cleans but does not carry: what
+    /// it sees itself depends on whether the other client needed the server since.
+    own_search_path: bool,
+    /// The same for WITH HOLD cursors.
+    own_cursors: bool,
 }
 
 struct Client {
@@ -242,6 +274,94 @@ impl Client {
                 self.model.unnamed = None;
                 expect(&ctx, rows(&msgs), vec![self.model.app_name.clone()])?;
             }
+            Op::HiddenSearchPath(k) => {
+                let sql = match k {
+                    0 => "select 1 --x\r; select set_config('search_path', 'pg_catalog', false)",
+                    1 => "select U&\"!0073et_config\" UESCAPE '!'('search_path', 'pg_catalog', false)",
+                    _ => "UPDATE pg_settings SET setting = 'pg_catalog' WHERE name = 'search_path'",
+                };
+                raw::query(&mut out, sql);
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                expect(&ctx, errors(&msgs), vec![])?;
+                self.model.own_search_path = true;
+            }
+            Op::ShowSearchPath => {
+                raw::query(&mut out, "SHOW search_path");
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                let seen = rows(&msgs);
+                let default = vec!["\"$user\", public".to_string()];
+                if !self.model.own_search_path || seen != vec!["pg_catalog".to_string()] {
+                    expect(&ctx, seen, default)?;
+                }
+            }
+            Op::ReservedName(k) => {
+                let sql = match k {
+                    0 => "execute U&\"!0073hoal_1\" UESCAPE '!'",
+                    1 => "select 1 --x\r; deallocate shoal_1",
+                    _ => "explain execute shoal_2",
+                };
+                raw::query(&mut out, sql);
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                expect(&ctx, errors(&msgs), vec!["26000".into()])?;
+            }
+            Op::StrayCopy => {
+                let v = self.value();
+                put_copy_data(&mut out, 10, 10);
+                out.extend_from_slice(&[b'c', 0, 0, 0, 4]);
+                out.extend_from_slice(&[b'f', 0, 0, 0, 7, b'n', b'o', 0]);
+                raw::query(&mut out, &format!("SELECT '{v}'"));
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                expect(&ctx, rows(&msgs), vec![v])?;
+                expect(&ctx, errors(&msgs), vec![])?;
+            }
+            Op::VanishMidMessage => {
+                let v = self.value();
+                raw::query(&mut out, &format!("SELECT '{v}'"));
+                put_copy_data(&mut out, 70_000, 100);
+                let msgs = self.round(&out).await;
+                expect(&ctx, rows(&msgs), vec![v])?;
+                *self = Client::new(self.tag).await;
+            }
+            Op::SavepointSet => {
+                for sql in [
+                    "BEGIN",
+                    "SAVEPOINT s",
+                    "SET application_name = 'rolled-back'",
+                    "ROLLBACK TO SAVEPOINT s",
+                    "COMMIT",
+                ] {
+                    let mut q = BytesMut::new();
+                    raw::query(&mut q, sql);
+                    let msgs = self.round(&q).await;
+                    expect(&ctx, errors(&msgs), vec![])?;
+                }
+                self.model.unnamed = None;
+            }
+            Op::LateHoldCursor => {
+                self.n += 1;
+                raw::query(
+                    &mut out,
+                    &format!("BEGIN; declare c{}{} binary insensitive no scroll cursor with hold for select 1; COMMIT", self.tag, self.n),
+                );
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                expect(&ctx, errors(&msgs), vec![])?;
+                self.model.own_cursors = true;
+            }
+            Op::ShowCursors => {
+                raw::query(&mut out, "SELECT count(*) FROM pg_cursors");
+                let msgs = self.round(&out).await;
+                self.model.unnamed = None;
+                // Another client's cursor is never seen; one's own stays while no other
+                // client needed the server.
+                if !self.model.own_cursors {
+                    expect(&ctx, rows(&msgs), vec!["0".to_string()])?;
+                }
+            }
             Op::Malformed => {
                 put_flush_with_body(&mut out);
                 self.raw.send(&out).await;
@@ -256,6 +376,13 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// A CopyData declaring `declared` bytes of which `sent` follow.
+fn put_copy_data(out: &mut BytesMut, declared: u32, sent: usize) {
+    out.put_u8(b'd');
+    out.put_u32(declared + 4);
+    out.extend_from_slice(&vec![b'x'; sent]);
 }
 
 fn put_flush_with_body(out: &mut BytesMut) {
