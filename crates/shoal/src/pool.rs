@@ -233,6 +233,7 @@ impl Pool {
     pub fn new(
         name: String,
         route_key: (String, String),
+        statements: crate::prepared::StatementRegistry,
         tenant: Option<String>,
         settings: PoolSettings,
         upstream: Upstream,
@@ -260,7 +261,7 @@ impl Pool {
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
             login_params: Mutex::new(HashMap::new()),
-            statements: Default::default(),
+            statements,
             stats: PoolStats::default(),
         });
         tokio::spawn(reap(Arc::downgrade(&pool)));

@@ -132,6 +132,8 @@ pub struct Registry {
     paused: Mutex<std::collections::HashSet<String>>,
     /// Pools taken out of routing whose servers may still be open (`WAIT_CLOSE`).
     retired: Mutex<Vec<std::sync::Weak<Pool>>>,
+    /// A schema counter per database (host, port, name), shared by its pools.
+    schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
 }
 
 impl Registry {
@@ -142,6 +144,7 @@ impl Registry {
             pools: Mutex::new(HashMap::new()),
             paused: Mutex::new(Default::default()),
             retired: Mutex::new(Vec::new()),
+            schemas: Mutex::new(HashMap::new()),
         }
     }
 
@@ -276,21 +279,28 @@ impl Registry {
             Scope::Wildcard(config, db) => (&**db, config.pool_settings(db, user)),
             Scope::Tenant(t) => (&t.database, t.pool_settings(&self.config(), user)),
         };
-        let mut pools = self.lock_pools();
         let key = (db.name.clone(), user.name.clone());
+        // A user found by auth_query whose password changed needs a pool that logs in with
+        // the new secret; clients on the old one keep it.
+        let usable =
+            |pool: &Pool| pool.upstream.passthrough == user.passthrough && pool.ended().is_none();
+        if let Some(pool) = self.lock_pools().get(&key).filter(|p| usable(p)) {
+            return Ok(pool.clone());
+        }
+        // Certificates and keys are read with no lock held: every login waits on that one.
+        let tls_settings = crate::config::upstream_tls_for(db, user);
+        let tls = crate::upstream_tls::UpstreamTls::build(&tls_settings)
+            .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
+        let mut pools = self.lock_pools();
         if let Some(pool) = pools.get(&key) {
-            // A user found by auth_query whose password changed needs a pool that logs in
-            // with the new secret; clients on the old one keep it.
-            if pool.upstream.passthrough == user.passthrough && pool.ended().is_none() {
+            if usable(pool) {
+                // Made by another login meanwhile.
                 return Ok(pool.clone());
             }
             if let Some(old) = pools.remove(&key) {
                 tokio::spawn(async move { old.close_idle().await });
             }
         }
-        let tls_settings = crate::config::upstream_tls_for(db, user);
-        let tls = crate::upstream_tls::UpstreamTls::build(&tls_settings)
-            .map_err(|e| RouteError::Misconfigured(db.name.clone(), e.to_string()))?;
         let name = match routed.tenant() {
             Some(t) => format!("{}/{}", t.id(), user.name),
             None => format!("{}/{}", db.name, user.name),
@@ -298,6 +308,7 @@ impl Registry {
         let pool = Pool::new(
             name,
             (db.name.clone(), user.name.clone()),
+            crate::prepared::StatementRegistry::sharing(self.schema_counter(db)),
             routed.tenant().map(|t| t.id().to_owned()),
             settings,
             Upstream {
@@ -333,6 +344,16 @@ impl Registry {
         }
         pools.insert(key, pool.clone());
         Ok(pool)
+    }
+
+    /// The schema counter of `db`'s database on its server, shared by the pools of its
+    /// users (see [`crate::prepared::StatementRegistry`]).
+    fn schema_counter(&self, db: &Database) -> Arc<std::sync::atomic::AtomicU64> {
+        let mut schemas = self.schemas.lock().unwrap_or_else(|e| e.into_inner());
+        schemas
+            .entry((db.host.clone(), db.port, db.dbname.clone()))
+            .or_default()
+            .clone()
     }
 
     /// Every pool routing can reach.
@@ -404,7 +425,7 @@ impl Registry {
     pub async fn put_tenant(&self, route: TenantRoute) {
         let id = route.id().to_owned();
         let config = self.config();
-        let new_users = route.users().clone();
+        let new_users = route.upstream_users();
         let database = route.database.clone();
         let settings_of: HashMap<String, PoolSettings> = new_users
             .values()
@@ -597,12 +618,9 @@ fn without_size(s: &PoolSettings) -> PoolSettings {
     }
 }
 
-/// The user part of a pool's name (`tenant/user`).
+/// The user of a pool (from its route key, not its display name: names may hold a `/`).
 fn pool_user(pool: &Pool) -> String {
-    pool.name
-        .split_once('/')
-        .map(|(_, u)| u.to_owned())
-        .unwrap_or_default()
+    pool.route_key.1.clone()
 }
 
 #[cfg(test)]
@@ -634,6 +652,47 @@ mod tests {
         let routed = r.resolve(&req(user, db)).unwrap();
         let u = routed.configured_user().unwrap().clone();
         (routed, u)
+    }
+
+    /// DDL through one database's pools makes its statements be prepared afresh, and no
+    /// other database's.
+    #[tokio::test]
+    async fn schema_changes_stay_within_their_database() {
+        let c = Config::parse(
+            "[databases.d]\nport = 1\n[databases.e]\nport = 1\n[databases.d2]\nport = 1\ndbname = \"d\"\n\
+             [users.u]\npassword = \"p\"\n[users.v]\npassword = \"p\"\n",
+            "test",
+            &|_| None,
+        )
+        .unwrap();
+        let r = Registry::new(c);
+        let pool = |user: &str, db: &str| {
+            let (routed, u) = user_of(&r, user, db);
+            r.pool(&routed, &u).unwrap()
+        };
+        let (du, dv, d2, e) = (
+            pool("u", "d"),
+            pool("v", "d"),
+            pool("u", "d2"),
+            pool("u", "e"),
+        );
+        let body = b"SELECT 1\0\0\0";
+        let before: Vec<_> = [&du, &dv, &d2, &e]
+            .iter()
+            .map(|p| p.statements.intern(0, body))
+            .collect();
+        du.statements.schema_changed();
+        let after: Vec<_> = [&du, &dv, &d2, &e]
+            .iter()
+            .map(|p| p.statements.intern(0, body))
+            .collect();
+        let fresh: Vec<bool> = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| b.id != a.id)
+            .collect();
+        // d, as u and as v, and d2 (the same database on the same server) re-prepare; e keeps.
+        assert_eq!(fresh, vec![true, true, true, false]);
     }
 
     #[tokio::test]

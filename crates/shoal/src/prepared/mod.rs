@@ -53,7 +53,7 @@ pub struct StatementDef {
     /// type it used is gone): clients move to a fresh statement of the same text on their
     /// next use.
     pub stale: AtomicBool,
-    /// [`SCHEMA_EPOCH`] when it was made; a Parse after DDL gets a fresh one.
+    /// The registry's schema counter when it was made; a Parse after DDL gets a fresh one.
     epoch: u64,
     /// The session `SET` this statement is, if Shoal follows it (pgJDBC prepares them).
     pub set_op: Option<SetOp>,
@@ -101,12 +101,13 @@ fn parse_text(rest: &[u8]) -> &[u8] {
 pub struct StatementRegistry {
     by_body: Mutex<HashMap<(u64, Bytes), Arc<StatementDef>>>,
     next_id: AtomicU64,
+    /// Grows whenever a client changes its database's schema (through any pool of that
+    /// database: the pools of its users share this counter, other databases and tenants have
+    /// their own): statements interned before are not handed to new Parses, as their plans
+    /// and parameter types describe the old schema. DDL is rare; re-preparing after it is
+    /// cheap.
+    schema: Arc<AtomicU64>,
 }
-
-/// Grows whenever a client changes a schema (through any pool: the users of one database
-/// share it): statements interned before are not handed to new Parses, as their plans and
-/// parameter types describe the old schema. DDL is rare; re-preparing after it is cheap.
-static SCHEMA_EPOCH: AtomicU64 = AtomicU64::new(0);
 
 /// A key for a client's session parameters, for [`StatementRegistry::intern`].
 pub fn params_key(params: &[(String, String)]) -> u64 {
@@ -121,8 +122,17 @@ pub fn params_key(params: &[(String, String)]) -> u64 {
 const REGISTRY_LIMIT: usize = 100_000;
 
 impl StatementRegistry {
+    /// A registry whose schema counter is `schema`, shared with the other pools of the
+    /// same database.
+    pub fn sharing(schema: Arc<AtomicU64>) -> StatementRegistry {
+        StatementRegistry {
+            schema,
+            ..StatementRegistry::default()
+        }
+    }
+
     pub fn intern(&self, params: u64, body: &[u8]) -> Arc<StatementDef> {
-        let epoch = SCHEMA_EPOCH.load(Ordering::Relaxed);
+        let epoch = self.schema.load(Ordering::Relaxed);
         let mut map = self.by_body.lock().unwrap_or_else(|e| e.into_inner());
         let key = (params, Bytes::copy_from_slice(body));
         if let Some(d) = map.get(&key) {
@@ -151,7 +161,7 @@ impl StatementRegistry {
 
     /// A client changed the schema: later Parses get statements planned afresh.
     pub fn schema_changed(&self) {
-        SCHEMA_EPOCH.fetch_add(1, Ordering::Relaxed);
+        self.schema.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -120,30 +120,44 @@ impl TenantRoute {
     /// The tenant's listed users: each checks its client against its password (SCRAM) and
     /// logs in upstream with it.
     pub fn users(&self) -> &BTreeMap<String, User> {
+        // The SCRAM verifier costs a PBKDF2 derivation per user: made at the first login,
+        // not when the tenant is stored or synced.
         self.users.get_or_init(|| {
-            self.tenant
-                .users
-                .iter()
-                .map(|u| {
-                    let password = u.db_password.clone().unwrap_or_default();
-                    let user = User {
-                        name: u.db_user.clone(),
-                        auth: ClientAuth::Scram(Box::new(
-                            shoal_wire::scram::Verifier::from_password(&password),
-                        )),
-                        server_user: u.db_user.clone(),
-                        server_password: Some(password),
-                        pool_mode: Some(u.mode_type.into()),
-                        pool_size: u.pool_size,
-                        client_tls: None,
-                        passthrough: None,
-                        max_client_conn: u.max_clients,
-                        upstream_cert: None,
-                    };
-                    (u.db_user.clone(), user)
-                })
-                .collect()
+            self.user_list(|password| {
+                ClientAuth::Scram(Box::new(shoal_wire::scram::Verifier::from_password(
+                    password,
+                )))
+            })
         })
+    }
+
+    /// The listed users as their pools see them (upstream login, sizes, mode), without the
+    /// client-side check: for comparing and resizing pools, never for authentication.
+    pub fn upstream_users(&self) -> BTreeMap<String, User> {
+        self.user_list(|_| ClientAuth::Trust)
+    }
+
+    fn user_list(&self, auth: impl Fn(&str) -> ClientAuth) -> BTreeMap<String, User> {
+        self.tenant
+            .users
+            .iter()
+            .map(|u| {
+                let password = u.db_password.clone().unwrap_or_default();
+                let user = User {
+                    name: u.db_user.clone(),
+                    auth: auth(&password),
+                    server_user: u.db_user.clone(),
+                    server_password: Some(password),
+                    pool_mode: Some(u.mode_type.into()),
+                    pool_size: u.pool_size,
+                    client_tls: None,
+                    passthrough: None,
+                    max_client_conn: u.max_clients,
+                    upstream_cert: None,
+                };
+                (u.db_user.clone(), user)
+            })
+            .collect()
     }
 
     /// The user that runs the tenant's auth_query.
@@ -260,5 +274,28 @@ impl Tenants {
             }
         }
         Some(old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Storing or syncing a tenant derives no SCRAM verifier (a PBKDF2 per user, on the
+    /// control thread): only a login does, once.
+    #[test]
+    fn verifiers_are_made_at_the_first_login_only() {
+        let tenant: Tenant = serde_json::from_value(serde_json::json!({
+            "external_id": "acme", "db_host": "h", "db_database": "d", "require_user": true,
+            "users": [{"db_user": "a", "db_password": "pa"}, {"db_user": "b", "db_password": "pb"}]
+        }))
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let route = TenantRoute::new(tenant, dir.path()).unwrap();
+        let upstream = route.upstream_users();
+        assert_eq!(upstream["a"].server_password.as_deref(), Some("pa"));
+        assert!(matches!(upstream["b"].auth, ClientAuth::Trust));
+        assert!(route.users.get().is_none(), "no verifier derived yet");
+        assert!(matches!(route.users()["a"].auth, ClientAuth::Scram(_)));
     }
 }

@@ -142,10 +142,13 @@ impl TenantService {
     async fn check_upstream(&self, t: &Tenant) -> Result<(), ServiceError> {
         let route = TenantRoute::new(t.clone(), &self.ca_dir)
             .map_err(|e| field_error("upstream_tls_ca", e))?;
-        let Some(user) = route
-            .manager()
+        // Only its upstream login is needed: no client-side verifier (a PBKDF2) is made.
+        let users = route.upstream_users();
+        let manager = route.database.auth_query.as_ref().map(|aq| &aq.user);
+        let Some(user) = manager
+            .and_then(|m| users.get(m))
+            .or_else(|| users.values().next())
             .cloned()
-            .or_else(|| route.users().values().next().cloned())
         else {
             return Err(field_error("users", "at least one user is needed"));
         };
