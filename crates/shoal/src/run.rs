@@ -36,8 +36,10 @@ impl Listeners {
         };
         let mut out = Listeners::default();
         let shards = crate::shard::count();
-        for (k, l) in i.tcp.into_iter().enumerate() {
-            match k % shards {
+        // Each socket goes to the shard that had it (modulo this process's shard count), so
+        // every address's shard-0 socket steers its own group, however many addresses.
+        for (old_shard, l) in i.tcp {
+            match old_shard % shards {
                 0 => out.tcp.push(tcp(l)?),
                 s => out.shard_tcp.push((s, l)),
             }
@@ -182,7 +184,7 @@ async fn serve_with(
         listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
         tracing::info!(%addr, "listening");
         ready.push_str(&format!("tcp {addr}\n"));
-        sockets.push((Role::Tcp, l.as_raw_fd()));
+        sockets.push((Role::Tcp { shard: 0 }, l.as_raw_fd()));
         let steer = crate::shard::count() > 1;
         match crate::shard::handle(0) {
             Some(_) => {
@@ -198,7 +200,7 @@ async fn serve_with(
     for (shard, l) in listeners.shard_tcp {
         if shard > 0 {
             listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
-            sockets.push((Role::Tcp, l.as_raw_fd()));
+            sockets.push((Role::Tcp { shard }, l.as_raw_fd()));
         }
         let steer = shard == 0 && crate::shard::count() > 1;
         let Some(handle) = crate::shard::handle(shard) else {

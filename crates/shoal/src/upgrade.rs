@@ -22,8 +22,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "role", rename_all = "lowercase")]
 pub enum Role {
-    Tcp,
-    Unix { path: PathBuf },
+    /// A client listener, and the shard that accepted on it (one socket per shard and
+    /// address on the per-core data plane).
+    Tcp {
+        #[serde(default)]
+        shard: usize,
+    },
+    Unix {
+        path: PathBuf,
+    },
     Api,
     Metrics,
 }
@@ -31,7 +38,8 @@ pub enum Role {
 /// Sockets received from the previous process.
 #[derive(Debug, Default)]
 pub struct Inherited {
-    pub tcp: Vec<std::net::TcpListener>,
+    /// With the shard each accepted on in the previous process.
+    pub tcp: Vec<(usize, std::net::TcpListener)>,
     pub unix: Vec<(std::os::unix::net::UnixListener, PathBuf)>,
     pub api: Option<std::net::TcpListener>,
     pub metrics: Option<std::net::TcpListener>,
@@ -89,7 +97,7 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
     let mut inherited = Inherited::default();
     for (role, fd) in roles.into_iter().zip(fds) {
         match role {
-            Role::Tcp => inherited.tcp.push(std::net::TcpListener::from(fd)),
+            Role::Tcp { shard } => inherited.tcp.push((shard, std::net::TcpListener::from(fd))),
             Role::Api => inherited.api = Some(std::net::TcpListener::from(fd)),
             Role::Metrics => inherited.metrics = Some(std::net::TcpListener::from(fd)),
             Role::Unix { path } => inherited

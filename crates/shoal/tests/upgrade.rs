@@ -267,3 +267,33 @@ async fn upgrade_under_steady_load_errs_no_client_and_loses_no_commit() {
     );
     assert!(new.log_contains("took over") || old.log_contains("took over"));
 }
+
+/// Two listen addresses through an upgrade: each address's sockets go to the shards that had
+/// them, and both addresses keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_every_listen_address() {
+    let db = unique_db("upg");
+    pg().create_database(&db);
+    let (p1, p2) = (free_port(), free_port());
+    let config = base_config(pg(), &[&db], "").replace(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!("listen = [\"127.0.0.1:{p1}\", \"127.0.0.1:{p2}\"]"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("upgrade.sock");
+    let control = control.to_str().unwrap().to_owned();
+    let mut old = Shoal::start_with_args(&config, &[], &["--upgrade-socket", &control]);
+    let new = Shoal::start_with_args(&config, &[], &["--upgrade-socket", &control]);
+    assert_eq!(old.wait(Duration::from_secs(30)), Some(true));
+    for port in [p1, p2] {
+        for _ in 0..20 {
+            let conninfo =
+                format!("host=127.0.0.1 port={port} user=app password={APP_PASSWORD} dbname={db}");
+            let c = new
+                .try_connect(&conninfo)
+                .await
+                .unwrap_or_else(|e| panic!("port {port}: {e}"));
+            assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
+        }
+    }
+}
