@@ -1,6 +1,8 @@
 //! A coarse clock for pool bookkeeping: milliseconds since start, advanced by one task on a
 //! short tick, so the per-transaction path reads an atomic instead of asking the OS. It runs
 //! on tokio's clock, so tests with paused time (`tokio::time::pause`) control it too.
+// The clock's ticker runs on the main runtime.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

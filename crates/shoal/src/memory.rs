@@ -12,6 +12,8 @@
 //! A connect storm also leaves pages of freed login state. jemalloc returns dirty pages after
 //! a decay period, but only when the arena sees activity; a fleet of idle clients may give it
 //! none. So after churn, a task asks jemalloc to purge every arena now.
+// The allocator's housekeeping runs on the main runtime.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! Starting and stopping a Shoal process: bind every listener, accept until told to stop,
 //! then drain — running transactions may finish within `shutdown_timeout`.
+// Control plane: runs on the main runtime, which has tokio's time driver.
+#![allow(clippy::disallowed_methods)]
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -200,6 +200,8 @@ pub const SUSTAINED: u32 = 5;
 /// change is made only once the same one was called for over [`SUSTAINED`] intervals in a
 /// row: a burst (a login storm, a benchmark's first second) does not make clients move back
 /// and forth.
+// Runs on the main runtime (tokio's timers work there).
+#[allow(clippy::disallowed_methods)]
 pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     let n = count();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;

@@ -13,6 +13,8 @@
 //!
 //! Anywhere else (the control thread, the multi-threaded runtime, tests' runtimes) the same
 //! calls are tokio's own timers, so code using them runs on either kind of thread.
+// Off the shards these are tokio's own timers (see the module doc).
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::future::Future;

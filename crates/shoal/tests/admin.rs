@@ -1,5 +1,7 @@
 //! The admin console: every command, through real clients (tokio-postgres, psql, psycopg
 //! running the PgBouncer exporter's queries), with admin, stats-only and refused users.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! Client authentication (SCRAM, MD5, trust) and upstream authentication (SCRAM, MD5,
 //! cleartext), with real clients and a real PostgreSQL.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

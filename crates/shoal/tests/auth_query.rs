@@ -1,6 +1,8 @@
 //! Users not in Shoal's configuration, found by the database's auth_query, with SCRAM and MD5
 //! passthrough upstream (Shoal never learns their passwords), and a password rotated with
 //! `ALTER ROLE` while clients are connected.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! Real client libraries against Shoal in transaction mode, with many more workers than the
 //! pool has servers (`tests/clients/`; dependencies are installed by `scripts/test`).
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! Failures: cancels, dying servers, vanishing clients, an upstream that is down, shutdown.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Shoal as a library, in-process: a session served over `tokio::io::duplex` (no socket
 //! between the client and Shoal) against a real PostgreSQL, through the transport seam that
 //! TLS will use too.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

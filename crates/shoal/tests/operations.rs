@@ -1,5 +1,7 @@
 //! Operating Shoal: `/metrics` read by the reference Prometheus parser while traffic moves
 //! its values, `/health` and `/ready`.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! pgbench through Shoal: the classic load, asserting correctness (not speed).
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

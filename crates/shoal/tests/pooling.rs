@@ -1,4 +1,6 @@
 //! Pool behaviour: sharing, growth and shrinking, limits, waiting, and session mode.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,4 +1,6 @@
 //! Named prepared statements in transaction mode, across server switches.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

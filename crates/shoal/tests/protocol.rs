@@ -1,4 +1,6 @@
 //! Wire-protocol behaviour through Shoal, with a real PostgreSQL behind it.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

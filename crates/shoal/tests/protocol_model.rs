@@ -10,6 +10,8 @@
 //!
 //! Cases are bounded (`SHOAL_PROPTEST_CASES`, default 40) so the suite stays quick; raise it
 //! to search longer.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

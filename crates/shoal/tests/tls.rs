@@ -2,6 +2,8 @@
 //! (`psql`) with `sslmode=require` and `verify-full`, SNI choosing the certificate, a client
 //! that starts TLS directly (ALPN `postgresql`), `client_tls = "require"`, and handshake
 //! garbage.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Zero-downtime restart: a second Shoal process takes the listening sockets over from the
 //! first (`--upgrade-socket`) while pgbench opens a connection per transaction through it;
 //! no transaction fails, and the first process drains and exits.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,5 +1,7 @@
 //! TLS from Shoal to PostgreSQL in each `sslmode`, against a PostgreSQL started with
 //! `ssl = on` and a certificate made at run time for `localhost` only.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 mod common;
 

@@ -1,6 +1,8 @@
 //! Operations endpoints: `/metrics` (Prometheus text format), `/health` (the process is up)
 //! and `/ready` (its upstreams accept TCP connections). Served on the API listener and on
 //! `[metrics] listen`.
+// The HTTP endpoints run on the main runtime.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Test harness: a real throwaway PostgreSQL cluster per test binary, real Shoal processes,
 //! and a raw protocol client for the cases client libraries cannot express.
 #![allow(dead_code)]
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
 
 pub mod raw;
 #[allow(dead_code)]
