@@ -16,6 +16,8 @@
 //! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
 //!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
+//! - [`disposition`]: what becomes of a server when its client lets go (reuse, clean,
+//!   close and why), as one pure, unit-tested function.
 //! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
 //! - [`server_session`]: what a pooled server's session holds for its clients (parameters,
 //!   SETs, dirt and its owner, statements, replies owed), with one owner.
@@ -39,6 +41,7 @@ pub mod bufpool;
 pub mod cancel;
 pub mod clock;
 pub mod config;
+pub mod disposition;
 pub mod error;
 pub mod handoff;
 pub mod listener;

@@ -11,6 +11,7 @@
 //! transaction.
 #![allow(clippy::vec_box)]
 
+use crate::disposition::{decide, CloseReason, Disposition, ServerState};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -171,6 +172,8 @@ impl std::ops::DerefMut for Lease {
 pub struct Leaving {
     /// Replies are still owed (a query may be running, a batch is unsynced, a COPY is open).
     pub busy: bool,
+    /// A client message is only partly written to the server.
+    pub partial: bool,
     /// A transaction block is open.
     pub in_transaction: bool,
     /// Run the pool's `server_reset_query` (session mode).
@@ -189,7 +192,41 @@ impl Lease {
     /// a CancelRequest and is closed; an open transaction is rolled back; in session mode the
     /// reset query runs; all of it bounded by `server_reset_timeout`.
     pub async fn release(mut self, how: Leaving) {
-        if how.busy {
+        let reset_query = self.pool.settings.reset_query.clone();
+        let state = ServerState {
+            busy: how.busy,
+            partial_message: how.partial,
+            in_transaction: how.in_transaction,
+            reset: how.reset && !reset_query.is_empty(),
+            expired: self.pool.past_lifetime(&self),
+            pool_ended: self.pool.ended().is_some(),
+            ..ServerState::default()
+        };
+        let (rollback, reset) = match decide(&state) {
+            Disposition::CheckIn => return self.checkin(),
+            Disposition::Clean { rollback, reset } => (rollback, reset),
+            Disposition::Close(reason) => return self.close(reason),
+        };
+        let timeout = self.pool.settings.reset_timeout;
+        let clean = async {
+            if rollback {
+                self.simple_query("ROLLBACK").await?;
+            }
+            if reset {
+                self.reset_session(&reset_query).await?;
+            }
+            Ok::<(), ServerError>(())
+        };
+        match crate::timer::timeout(timeout, clean).await {
+            Ok(Ok(())) => self.checkin(),
+            _ => self.close(CloseReason::Lost),
+        }
+    }
+
+    /// Closes the server for `reason` (after a CancelRequest when a request may still run).
+    pub fn close(self, reason: CloseReason) {
+        tracing::debug!(pool = %self.pool.name, server = self.id, reason = reason.label(), "closing a server");
+        if reason.cancel_first() {
             let target = crate::cancel::CancelTarget {
                 addr: self.addr,
                 process_id: self.process_id,
@@ -197,24 +234,6 @@ impl Lease {
             };
             drop(self);
             tokio::spawn(crate::cancel::forward(target));
-            return;
-        }
-        let reset_query = self.pool.settings.reset_query.clone();
-        let timeout = self.pool.settings.reset_timeout;
-        let clean = async {
-            if how.in_transaction {
-                self.simple_query("ROLLBACK").await?;
-            }
-            if how.reset && !reset_query.is_empty() {
-                self.reset_session(&reset_query).await?;
-            }
-            Ok::<(), ServerError>(())
-        };
-        match crate::timer::timeout(timeout, clean).await {
-            Ok(Ok(())) => self.checkin(),
-            _ => {
-                tracing::debug!(pool = %self.pool.name, server = self.id, "server not reusable after its client left")
-            }
         }
     }
 }
@@ -464,7 +483,13 @@ impl Pool {
         };
         conn.last_used = clock::now_ms();
         conn.session.checked_in();
-        if self.past_lifetime(&conn) || self.ended().is_some() {
+        let state = ServerState {
+            expired: self.past_lifetime(&conn),
+            pool_ended: self.ended().is_some(),
+            ..ServerState::default()
+        };
+        if let Disposition::Close(reason) = decide(&state) {
+            tracing::debug!(pool = %self.name, server = conn.id, reason = reason.label(), "closing a server");
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
             tokio::spawn(conn.close());
         } else {

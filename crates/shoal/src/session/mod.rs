@@ -119,7 +119,8 @@ enum Next {
 /// How the client leaves its server, from what the protocol still owes.
 fn leaving(flow: &Flow, reset: bool) -> Leaving {
     Leaving {
-        busy: flow.pending > 0 || flow.copy_in || flow.unsynced || flow.partial,
+        busy: flow.pending > 0 || flow.copy_in || flow.unsynced,
+        partial: flow.partial,
         in_transaction: flow.status != b'I',
         reset,
     }
@@ -436,13 +437,19 @@ impl Session {
         match end {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
-                if lease.buf.is_empty() && lease.session.owes_nothing() {
-                    lease.checkin();
-                } else {
-                    // Bytes nobody asked for, or replies still owed: this server is not at a
-                    // true boundary, and no other client may have it.
+                // Bytes nobody asked for, or replies still owed: this server is not at a
+                // true boundary, and no other client may have it.
+                let unread = !(lease.buf.is_empty() && lease.session.owes_nothing());
+                if unread {
                     tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.session.owed(), "server not at a clean boundary; closing it");
-                    drop(lease);
+                }
+                let state = crate::disposition::ServerState {
+                    unread,
+                    ..Default::default()
+                };
+                match crate::disposition::decide(&state) {
+                    crate::disposition::Disposition::Close(reason) => lease.close(reason),
+                    _ => lease.checkin(),
                 }
                 Ok(false)
             }
