@@ -4,6 +4,8 @@
 // Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
 #![allow(clippy::disallowed_methods)]
 
+#[allow(dead_code)]
+pub mod fake_pg;
 pub mod raw;
 #[allow(dead_code)]
 pub mod traffic;
