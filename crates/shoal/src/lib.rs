@@ -26,6 +26,7 @@
 //! - [`app`]: state shared by all sessions.
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
+//! - [`control`]: the control plane's runtime and `spawn` onto it (never a shard).
 //! - [`upgrade`], [`handoff`]: zero-downtime upgrades: listening sockets, then idle clients
 //!   with their session state, handed to the new process.
 //! - [`reuseport`]: steering new connections to the open shards' listening sockets.
@@ -41,6 +42,7 @@ pub mod bufpool;
 pub mod cancel;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod disposition;
 pub mod error;
 pub mod handoff;

@@ -283,7 +283,8 @@ impl Pool {
             statements,
             stats: PoolStats::default(),
         });
-        tokio::spawn(reap(Arc::downgrade(&pool)));
+        // Upkeep runs on the control runtime, not on the shard whose login made the pool.
+        crate::control::spawn(reap(Arc::downgrade(&pool)));
         pool
     }
 

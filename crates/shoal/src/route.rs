@@ -298,7 +298,7 @@ impl Registry {
                 return Ok(pool.clone());
             }
             if let Some(old) = pools.remove(&key) {
-                tokio::spawn(async move { old.close_idle().await });
+                crate::control::spawn(async move { old.close_idle().await });
             }
         }
         let name = match routed.tenant() {

@@ -150,6 +150,7 @@ async fn serve_with(
 ) -> std::io::Result<()> {
     use crate::upgrade::Role;
     use std::os::fd::AsRawFd;
+    crate::control::set(tokio::runtime::Handle::current());
     crate::clock::start();
     crate::memory::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);

@@ -38,7 +38,7 @@ fn database_command_text(app: &App, query_body: &[u8]) {
         for pool in app.routes.pools() {
             if pool.upstream.dbname == name {
                 tracing::info!(pool = %pool.name, "closing idle servers: a client drops or renames their database");
-                tokio::spawn(async move { pool.close_idle().await });
+                crate::control::spawn(async move { pool.close_idle().await });
             }
         }
     }
