@@ -3,6 +3,7 @@
 //! a TLS stream — after an SSLRequest, or directly (PostgreSQL 17's `sslnegotiation=direct`,
 //! ALPN `postgresql`).
 
+use rustls::pki_types::pem::PemObject;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -41,11 +42,11 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 /// A certificate chain and its key, ready to sign handshakes.
 fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
     let pem = read(cert)?;
-    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &pem[..])
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
-        .map_err(|source| TlsError::Read {
+        .map_err(|e| TlsError::Read {
             path: cert.display().to_string(),
-            source,
+            source: std::io::Error::other(e),
         })?;
     if chain.is_empty() {
         return Err(TlsError::NoCertificate {
@@ -53,14 +54,20 @@ fn load_pair(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
         });
     }
     let pem = read(key)?;
-    let key_der: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut &pem[..])
-        .map_err(|source| TlsError::Read {
-            path: key.display().to_string(),
-            source,
-        })?
-        .ok_or_else(|| TlsError::NoKey {
-            path: key.display().to_string(),
-        })?;
+    let key_der: PrivateKeyDer<'static> = match PrivateKeyDer::from_pem_slice(&pem) {
+        Ok(k) => k,
+        Err(rustls::pki_types::pem::Error::NoItemsFound) => {
+            return Err(TlsError::NoKey {
+                path: key.display().to_string(),
+            })
+        }
+        Err(e) => {
+            return Err(TlsError::Read {
+                path: key.display().to_string(),
+                source: std::io::Error::other(e),
+            })
+        }
+    };
     let provider = rustls::crypto::ring::default_provider();
     let signing = provider
         .key_provider
@@ -170,10 +177,10 @@ impl TlsState {
             Some(ca) => {
                 let pem = read(ca)?;
                 let mut roots = rustls::RootCertStore::empty();
-                for c in rustls_pemfile::certs(&mut &pem[..]) {
-                    let c = c.map_err(|source| TlsError::Read {
+                for c in CertificateDer::pem_slice_iter(&pem) {
+                    let c = c.map_err(|e| TlsError::Read {
                         path: ca.display().to_string(),
-                        source,
+                        source: std::io::Error::other(e),
                     })?;
                     roots.add(c).map_err(|e| TlsError::BadKey {
                         path: ca.display().to_string(),

@@ -2,6 +2,7 @@
 //! (TLS when offered, unverified), `require` (TLS, unverified), `verify-ca` (chain verified),
 //! `verify-full` (chain and host name verified), and a client certificate when configured.
 
+use rustls::pki_types::pem::PemObject;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -70,10 +71,10 @@ fn client_key(
             plain.as_bytes().to_vec().into(),
         ));
     }
-    rustls_pemfile::private_key(&mut &pem[..])
-        .ok()
-        .flatten()
-        .ok_or_else(|| "no private key found".to_string())
+    rustls::pki_types::PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => "no private key found".to_string(),
+        e => e.to_string(),
+    })
 }
 
 /// Accepts any certificate (`prefer`/`require`: encryption without authentication, as libpq
@@ -190,7 +191,7 @@ impl UpstreamTls {
             match &settings.rootcert {
                 Some(path) => {
                     let pem = read_pem(path)?;
-                    for c in rustls_pemfile::certs(&mut &pem[..]) {
+                    for c in CertificateDer::pem_slice_iter(&pem) {
                         let c = c.map_err(|e| UpstreamTlsError::Read {
                             path: path.display().to_string(),
                             reason: e.to_string(),
@@ -231,7 +232,7 @@ impl UpstreamTls {
         let config = match (&settings.cert, &settings.key) {
             (Some(cert), Some(key)) => {
                 let pem = read_pem(cert)?;
-                let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut &pem[..])
+                let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
                     .collect::<Result<_, _>>()
                     .map_err(|e| UpstreamTlsError::Read {
                         path: cert.display().to_string(),

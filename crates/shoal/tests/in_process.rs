@@ -123,7 +123,11 @@ async fn large_replies_to_a_slow_tls_client_always_complete() {
     std::fs::write(path("cert.pem"), cert).unwrap();
     std::fs::write(path("key.pem"), key).unwrap();
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut ca.as_bytes()) {
+    for c in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            ca.as_bytes(),
+        )
+    {
         roots.add(c.unwrap()).unwrap();
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());

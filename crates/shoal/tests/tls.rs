@@ -158,7 +158,11 @@ async fn require_refuses_plain_text_before_any_password() {
 fn tls_client(pki: &Pki) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(pki.path("ca.pem")).unwrap();
-    for c in rustls_pemfile::certs(&mut &pem[..]) {
+    for c in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            &pem,
+        )
+    {
         roots.add(c.unwrap()).unwrap();
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -373,7 +377,10 @@ async fn tls_login(
 
 fn pem_der(path: &str) -> Vec<u8> {
     let pem = std::fs::read(path).unwrap();
-    let cert = rustls_pemfile::certs(&mut &pem[..])
+    let cert =
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            &pem,
+        )
         .next()
         .unwrap()
         .unwrap();

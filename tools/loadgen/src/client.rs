@@ -175,7 +175,11 @@ fn tls_connector(args: &Args) -> anyhow::Result<TlsConnector> {
         .context("--tls needs --sslrootcert")?;
     let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+    for cert in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            &pem,
+        )
+    {
         roots.add(cert?)?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
