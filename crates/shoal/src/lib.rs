@@ -4,7 +4,7 @@
 //! - [`error`]: what a failure to get or keep a server means for the client: kind, SQLSTATE,
 //!   client-safe message, log detail, whether a retry is safe.
 //! - [`listener`]: TCP and Unix listening sockets and the accept loops.
-//! - [`net`]: the client transport seam (TCP, Unix; TLS later).
+//! - [`net`]: the client transport seam (TCP, Unix, TLS, in-process streams).
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.

@@ -1,5 +1,5 @@
-//! The client transport seam: TCP or Unix sockets, and any other byte stream (an in-process
-//! `tokio::io::duplex` in tests; TLS next), behind the few operations the session needs.
+//! The client transport seam: TCP or Unix sockets, TLS, and any other byte stream (an
+//! in-process `tokio::io::duplex` in tests), behind the few operations the session needs.
 //!
 //! Reads go through `poll_read`, which lets tokio forget a socket's readiness when a read
 //! returns less than the buffer could take: the next wait then costs no extra `read` that
