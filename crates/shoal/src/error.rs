@@ -20,8 +20,12 @@ pub enum ErrorKind {
     ClientLimit,
     /// Authentication failed.
     Auth,
-    /// The user or database is not served here.
+    /// The user or database is not served here, or the address may not reach it.
     Routing,
+    /// The tenant is banned.
+    Banned,
+    /// The client cancelled its own request (a CancelRequest, or a statement timeout).
+    Canceled,
     /// The client did not log in within `client_login_timeout`.
     LoginTimeout,
     /// Shoal is shutting down.
@@ -43,6 +47,26 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, for metrics that count each.
+    pub const ALL: [ErrorKind; 16] = [
+        ErrorKind::ClientGone,
+        ErrorKind::ClientProtocol,
+        ErrorKind::ClientLimit,
+        ErrorKind::Auth,
+        ErrorKind::Routing,
+        ErrorKind::Banned,
+        ErrorKind::Canceled,
+        ErrorKind::LoginTimeout,
+        ErrorKind::Shutdown,
+        ErrorKind::ServerLost,
+        ErrorKind::ServerProtocol,
+        ErrorKind::PoolTimeout,
+        ErrorKind::PoolClosed,
+        ErrorKind::ServerUnavailable,
+        ErrorKind::ServerRefused,
+        ErrorKind::ServerTimeout,
+    ];
+
     /// A stable name for logs and metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -51,6 +75,8 @@ impl ErrorKind {
             ErrorKind::ClientLimit => "client_limit",
             ErrorKind::Auth => "auth",
             ErrorKind::Routing => "routing",
+            ErrorKind::Banned => "banned",
+            ErrorKind::Canceled => "canceled",
             ErrorKind::LoginTimeout => "login_timeout",
             ErrorKind::Shutdown => "shutdown",
             ErrorKind::ServerLost => "server_lost",
@@ -74,7 +100,9 @@ pub fn kind_of_code(code: &str) -> ErrorKind {
         sqlstate::INVALID_PASSWORD => ErrorKind::Auth,
         sqlstate::INVALID_AUTHORIZATION | sqlstate::INVALID_CATALOG_NAME => ErrorKind::Routing,
         sqlstate::ADMIN_SHUTDOWN | sqlstate::CANNOT_CONNECT_NOW => ErrorKind::Shutdown,
-        sqlstate::QUERY_CANCELED => ErrorKind::PoolTimeout,
+        sqlstate::CONNECTION_REJECTED => ErrorKind::Banned,
+        // A pool's wait timeout is made with its own kind (`ClientError::checkout`).
+        sqlstate::QUERY_CANCELED => ErrorKind::Canceled,
         _ => ErrorKind::ServerLost,
     }
 }
@@ -283,5 +311,11 @@ mod kind_tests {
         assert_eq!(kind_of_code("28P01"), ErrorKind::Auth);
         assert_eq!(kind_of_code("3D000"), ErrorKind::Routing);
         assert_eq!(kind_of_code("57P01").label(), "shutdown");
+        // A user's cancel is not a pool's timeout (which is made with its own kind).
+        assert_eq!(kind_of_code("57014"), ErrorKind::Canceled);
+        assert_eq!(kind_of_code("08004"), ErrorKind::Banned);
+        let labels: std::collections::BTreeSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), ErrorKind::ALL.len(), "labels are distinct");
     }
 }

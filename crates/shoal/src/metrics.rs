@@ -154,17 +154,9 @@ impl PoolMetrics {
 }
 
 /// Why a connection was refused, for `shoal_connections_rejected_total{reason}`.
-pub const REJECT_REASONS: [&str; 9] = [
-    "too_many_connections",
-    "auth_failed",
-    "not_authorized",
-    "unknown_database",
-    "banned",
-    "shutting_down",
-    "protocol",
-    "login_timeout",
-    "other",
-];
+/// Why logins are refused: every [`crate::error::ErrorKind`] (the one taxonomy of failures;
+/// its label is the metric's `reason`).
+pub const REJECT_REASONS: [crate::error::ErrorKind; 16] = crate::error::ErrorKind::ALL;
 
 /// Process-wide counters.
 #[derive(Debug, Default)]
@@ -178,27 +170,16 @@ pub struct ProcessMetrics {
 
 impl ProcessMetrics {
     /// Counts a login refused with `code` (and an auth failure for 28P01).
-    pub fn rejected(&self, code: &str, timeout: bool) {
-        let reason = match code {
-            _ if timeout => "login_timeout",
-            "53300" => "too_many_connections",
-            "28P01" => "auth_failed",
-            "28000" => "not_authorized",
-            "3D000" => "unknown_database",
-            "08004" => "banned",
-            "57P03" | "57P01" => "shutting_down",
-            "08P01" => "protocol",
-            _ => "other",
-        };
-        if code == "28P01" {
+    pub fn rejected(&self, kind: crate::error::ErrorKind) {
+        if kind == crate::error::ErrorKind::Auth {
             self.auth_failures.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(i) = REJECT_REASONS.iter().position(|r| *r == reason) {
+        if let Some(i) = REJECT_REASONS.iter().position(|r| *r == kind) {
             self.rejected[i].fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub fn rejected_count(&self, reason: &str) -> u64 {
+    pub fn rejected_count(&self, reason: crate::error::ErrorKind) -> u64 {
         REJECT_REASONS
             .iter()
             .position(|r| *r == reason)
@@ -483,7 +464,7 @@ impl Collector for ShoalCollector {
                 MetricType::Counter,
             )?;
             for r in REJECT_REASONS {
-                let labels: Labels = vec![("reason", LabelValue::new(r))];
+                let labels: Labels = vec![("reason", LabelValue::new(r.label()))];
                 m.encode_family(&labels)?
                     .encode_counter::<NoLabelSet, _, u64>(&pm.rejected_count(r), None)?;
             }

@@ -130,7 +130,7 @@ async fn metrics_move_with_traffic_and_parse() {
         sample(
             &s,
             "shoal_connections_rejected_total",
-            &[("reason", "auth_failed")]
+            &[("reason", "auth")]
         ),
         1.0
     );

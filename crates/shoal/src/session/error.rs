@@ -12,7 +12,11 @@ pub enum SessionError {
     #[error("client I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error("{message}")]
-    Fatal { code: &'static str, message: String },
+    Fatal {
+        code: &'static str,
+        message: String,
+        kind: ErrorKind,
+    },
     /// Ends the connection without a word to the client (it does not speak the protocol).
     #[error("{0}")]
     Quiet(String),
@@ -23,10 +27,22 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// A FATAL whose kind its SQLSTATE says (see [`crate::error::kind_of_code`]).
     pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
         SessionError::Fatal {
             code,
             message: message.into(),
+            kind: crate::error::kind_of_code(code),
+        }
+    }
+
+    /// A FATAL whose kind its SQLSTATE cannot say (a login timeout is a protocol
+    /// violation's `08P01`).
+    pub fn fatal_kind(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
+        SessionError::Fatal {
+            code,
+            message: message.into(),
+            kind,
         }
     }
 
@@ -53,20 +69,14 @@ impl SessionError {
             SessionError::ClientGone | SessionError::Io(_) => ErrorKind::ClientGone,
             SessionError::Quiet(_) | SessionError::UnknownMessage(_) => ErrorKind::ClientProtocol,
             SessionError::ServerProtocol(_) => ErrorKind::ServerProtocol,
-            SessionError::Fatal { code, message } => {
-                if message.contains("client_login_timeout") {
-                    ErrorKind::LoginTimeout
-                } else {
-                    crate::error::kind_of_code(code)
-                }
-            }
+            SessionError::Fatal { kind, .. } => *kind,
         }
     }
 
     /// The error to show the client, if it should get one.
     pub(super) fn client_message(&self) -> Option<(&'static str, String)> {
         match self {
-            SessionError::Fatal { code, message } => Some((code, message.clone())),
+            SessionError::Fatal { code, message, .. } => Some((code, message.clone())),
             SessionError::UnknownMessage(_) => {
                 Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
             }

@@ -42,15 +42,12 @@ pub(super) async fn login_phase(
         }
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let mut timed_out = false;
     let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer)).await {
-        Err(_) => {
-            timed_out = true;
-            Err(SessionError::fatal(
-                sqlstate::PROTOCOL_VIOLATION,
-                "client did not finish logging in within client_login_timeout",
-            ))
-        }
+        Err(_) => Err(SessionError::fatal_kind(
+            crate::error::ErrorKind::LoginTimeout,
+            sqlstate::PROTOCOL_VIOLATION,
+            "client did not finish logging in within client_login_timeout",
+        )),
         Ok(r) => r,
     };
     drop(logging_in);
@@ -83,7 +80,7 @@ pub(super) async fn login_phase(
         }
         Ok(None) => None,
         Err(e) => {
-            app.metrics.rejected(e.code().unwrap_or(""), timed_out);
+            app.metrics.rejected(e.kind());
             Box::pin(finish(id, &mut stream, Err(e))).await;
             None
         }
