@@ -11,12 +11,10 @@ pub enum SessionError {
     ClientGone,
     #[error("client I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("{message}")]
-    Fatal {
-        code: &'static str,
-        message: String,
-        kind: ErrorKind,
-    },
+    /// Boxed: a session's futures carry a `SessionError` slot, and every idle client is
+    /// one of those futures.
+    #[error("{}", .0.message)]
+    Fatal(Box<Fatal>),
     /// Ends the connection without a word to the client (it does not speak the protocol).
     #[error("{0}")]
     Quiet(String),
@@ -26,24 +24,32 @@ pub enum SessionError {
     ServerProtocol(String),
 }
 
+/// A FATAL for the client: its SQLSTATE, message and kind.
+#[derive(Debug)]
+pub struct Fatal {
+    pub code: &'static str,
+    pub message: String,
+    pub kind: ErrorKind,
+}
+
 impl SessionError {
     /// A FATAL whose kind its SQLSTATE says (see [`crate::error::kind_of_code`]).
     pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
-        SessionError::Fatal {
+        SessionError::Fatal(Box::new(Fatal {
             code,
             message: message.into(),
             kind: crate::error::kind_of_code(code),
-        }
+        }))
     }
 
     /// A FATAL whose kind its SQLSTATE cannot say (a login timeout is a protocol
     /// violation's `08P01`).
     pub fn fatal_kind(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
-        SessionError::Fatal {
+        SessionError::Fatal(Box::new(Fatal {
             code,
             message: message.into(),
             kind,
-        }
+        }))
     }
 
     pub(super) fn from_frame(e: FrameError) -> Self {
@@ -69,14 +75,14 @@ impl SessionError {
             SessionError::ClientGone | SessionError::Io(_) => ErrorKind::ClientGone,
             SessionError::Quiet(_) | SessionError::UnknownMessage(_) => ErrorKind::ClientProtocol,
             SessionError::ServerProtocol(_) => ErrorKind::ServerProtocol,
-            SessionError::Fatal { kind, .. } => *kind,
+            SessionError::Fatal(f) => f.kind,
         }
     }
 
     /// The error to show the client, if it should get one.
     pub(super) fn client_message(&self) -> Option<(&'static str, String)> {
         match self {
-            SessionError::Fatal { code, message, .. } => Some((code, message.clone())),
+            SessionError::Fatal(f) => Some((f.code, f.message.clone())),
             SessionError::UnknownMessage(_) => {
                 Some((sqlstate::PROTOCOL_VIOLATION, self.to_string()))
             }
