@@ -28,25 +28,37 @@ pub enum StoreError {
 /// The NOTIFY channel a shared store announces changes on (payload: the tenant id).
 pub const CHANNEL: &str = "shoal_tenants";
 
-/// A tenant store.
-pub enum Store {
-    Sqlite {
-        conn: Arc<Mutex<rusqlite::Connection>>,
-        sealer: Sealer,
-    },
-    Postgres {
-        client: tokio_postgres::Client,
-        url: String,
-        sealer: Sealer,
-    },
+/// What a tenant store keeps: sealed tenant bodies by id. A backend knows nothing of tenants
+/// or secrets ([`Store`] seals and reads the bodies), so adding one (a cluster's etcd, say)
+/// means these four operations and nothing else.
+pub trait Backend: Send + Sync {
+    /// Every (id, body), by id.
+    fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>>;
+    fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>>;
+    /// Creates or replaces; true when it was created.
+    fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool>;
+    /// True when it existed.
+    fn remove(&self, id: String) -> BoxFuture<'_, bool>;
+    /// Where other nodes' changes are announced, for a store several nodes share.
+    fn shared_url(&self) -> Option<&str> {
+        None
+    }
+    fn name(&self) -> &'static str;
+}
+
+/// A backend's answer.
+pub type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A tenant store: a [`Backend`], and the sealing of passwords at rest.
+pub struct Store {
+    backend: Box<dyn Backend>,
+    sealer: Sealer,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Store::Sqlite { .. } => "Store::Sqlite",
-            Store::Postgres { .. } => "Store::Postgres",
-        })
+        write!(f, "Store({})", self.backend.name())
     }
 }
 
@@ -68,10 +80,12 @@ impl Store {
             let conn = tokio::task::spawn_blocking(move || open_sqlite(&path))
                 .await
                 .map_err(|e| StoreError::Config(e.to_string()))??;
-            Ok(Store::Sqlite {
-                conn: Arc::new(Mutex::new(conn)),
+            Ok(Store::with(
+                Box::new(Sqlite {
+                    conn: Arc::new(Mutex::new(conn)),
+                }),
                 sealer,
-            })
+            ))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let Some(k) = key else {
                 return Err(StoreError::Config(format!(
@@ -82,11 +96,7 @@ impl Store {
             let sealer = Sealer::from_text(&k)?;
             let client = pg_connect(&url).await?;
             migrate_pg(&client).await?;
-            Ok(Store::Postgres {
-                client,
-                url,
-                sealer,
-            })
+            Ok(Store::with(Box::new(Postgres { client, url }), sealer))
         } else {
             Err(StoreError::Config(
                 "store.url must start with sqlite: or postgres://".into(),
@@ -94,18 +104,14 @@ impl Store {
         }
     }
 
-    /// The shared store's URL (for the change listener).
-    pub fn shared_url(&self) -> Option<&str> {
-        match self {
-            Store::Postgres { url, .. } => Some(url),
-            Store::Sqlite { .. } => None,
-        }
+    /// A store over any backend.
+    pub fn with(backend: Box<dyn Backend>, sealer: Sealer) -> Store {
+        Store { backend, sealer }
     }
 
-    fn sealer(&self) -> &Sealer {
-        match self {
-            Store::Sqlite { sealer, .. } | Store::Postgres { sealer, .. } => sealer,
-        }
+    /// The shared store's URL (for the change listener).
+    pub fn shared_url(&self) -> Option<&str> {
+        self.backend.shared_url()
     }
 
     fn to_stored(&self, t: &Tenant) -> Result<String, StoreError> {
@@ -115,7 +121,7 @@ impl Store {
                 if let (Some(obj), Some(p)) = (u.as_object_mut(), &src.db_password) {
                     obj.insert(
                         "db_password".into(),
-                        serde_json::Value::String(self.sealer().seal(p)),
+                        serde_json::Value::String(self.sealer.seal(p)),
                     );
                 }
             }
@@ -129,7 +135,7 @@ impl Store {
             for u in users {
                 if let Some(obj) = u.as_object_mut() {
                     if let Some(serde_json::Value::String(s)) = obj.get("db_password") {
-                        let plain = self.sealer().open(s)?;
+                        let plain = self.sealer.open(s)?;
                         obj.insert("db_password".into(), serde_json::Value::String(plain));
                     }
                 }
@@ -142,21 +148,103 @@ impl Store {
 
     /// Every tenant.
     pub async fn list(&self) -> Result<Vec<Tenant>, StoreError> {
-        let rows: Vec<(String, String)> = match self {
-            Store::Sqlite { conn, .. } => {
-                let conn = conn.clone();
-                blocking(move || {
-                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut st =
-                        c.prepare("SELECT external_id, body FROM tenants ORDER BY external_id")?;
-                    let rows = st
-                        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok(rows)
-                })
-                .await?
-            }
-            Store::Postgres { client, .. } => client
+        self.backend
+            .rows()
+            .await?
+            .iter()
+            .map(|(id, body)| self.read_stored(id, body))
+            .collect()
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Tenant>, StoreError> {
+        let body = self.backend.row(id).await?;
+        body.map(|b| self.read_stored(id, &b)).transpose()
+    }
+
+    /// Creates or replaces a tenant; true when it was created.
+    pub async fn put(&self, t: &Tenant) -> Result<bool, StoreError> {
+        let body = self.to_stored(t)?;
+        self.backend.upsert(t.external_id.clone(), body).await
+    }
+
+    /// Deletes a tenant; true when it existed.
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        self.backend.remove(id.to_owned()).await
+    }
+}
+
+/// The embedded store: SQLite in the data directory, one node.
+struct Sqlite {
+    conn: Arc<Mutex<rusqlite::Connection>>,
+}
+
+impl Backend for Sqlite {
+    fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
+        let conn = self.conn.clone();
+        Box::pin(blocking(move || {
+            let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = c.prepare("SELECT external_id, body FROM tenants ORDER BY external_id")?;
+            let rows = st
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        }))
+    }
+
+    fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>> {
+        let conn = self.conn.clone();
+        let id = id.to_owned();
+        Box::pin(blocking(move || {
+            let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = c.prepare("SELECT body FROM tenants WHERE external_id = ?1")?;
+            let mut rows = st.query([&id])?;
+            Ok(match rows.next()? {
+                Some(r) => Some(r.get(0)?),
+                None => None,
+            })
+        }))
+    }
+
+    fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool> {
+        let conn = self.conn.clone();
+        Box::pin(blocking(move || {
+            let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            let existed: bool = c
+                .prepare("SELECT 1 FROM tenants WHERE external_id = ?1")?
+                .exists([&id])?;
+            c.execute(
+                "INSERT INTO tenants (external_id, body, updated_at) VALUES (?1, ?2, strftime('%s','now'))
+                 ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+                rusqlite::params![id, body],
+            )?;
+            Ok(!existed)
+        }))
+    }
+
+    fn remove(&self, id: String) -> BoxFuture<'_, bool> {
+        let conn = self.conn.clone();
+        Box::pin(blocking(move || {
+            let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            Ok(c.execute("DELETE FROM tenants WHERE external_id = ?1", [&id])? > 0)
+        }))
+    }
+
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+}
+
+/// The shared store: a PostgreSQL table several nodes use, changes announced with NOTIFY.
+struct Postgres {
+    client: tokio_postgres::Client,
+    url: String,
+}
+
+impl Backend for Postgres {
+    fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
+        Box::pin(async move {
+            Ok(self
+                .client
                 .query(
                     "SELECT external_id, body FROM shoal_tenants ORDER BY external_id",
                     &[],
@@ -164,101 +252,61 @@ impl Store {
                 .await?
                 .into_iter()
                 .map(|r| (r.get(0), r.get(1)))
-                .collect(),
-        };
-        rows.iter()
-            .map(|(id, body)| self.read_stored(id, body))
-            .collect()
+                .collect())
+        })
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Tenant>, StoreError> {
-        let body: Option<String> = match self {
-            Store::Sqlite { conn, .. } => {
-                let conn = conn.clone();
-                let id = id.to_owned();
-                blocking(move || {
-                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut st = c.prepare("SELECT body FROM tenants WHERE external_id = ?1")?;
-                    let mut rows = st.query([&id])?;
-                    Ok(match rows.next()? {
-                        Some(r) => Some(r.get(0)?),
-                        None => None,
-                    })
-                })
-                .await?
-            }
-            Store::Postgres { client, .. } => client
+    fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            Ok(self
+                .client
                 .query_opt(
                     "SELECT body FROM shoal_tenants WHERE external_id = $1",
                     &[&id],
                 )
                 .await?
-                .map(|r| r.get(0)),
-        };
-        body.map(|b| self.read_stored(id, &b)).transpose()
+                .map(|r| r.get(0)))
+        })
     }
 
-    /// Creates or replaces a tenant; true when it was created.
-    pub async fn put(&self, t: &Tenant) -> Result<bool, StoreError> {
-        let body = self.to_stored(t)?;
-        let id = t.external_id.clone();
-        match self {
-            Store::Sqlite { conn, .. } => {
-                let conn = conn.clone();
-                blocking(move || {
-                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let existed: bool = c
-                        .prepare("SELECT 1 FROM tenants WHERE external_id = ?1")?
-                        .exists([&id])?;
-                    c.execute(
-                        "INSERT INTO tenants (external_id, body, updated_at) VALUES (?1, ?2, strftime('%s','now'))
-                         ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
-                        rusqlite::params![id, body],
-                    )?;
-                    Ok(!existed)
-                })
-                .await
-            }
-            Store::Postgres { client, .. } => {
-                let row = client
-                    .query_one(
-                        "WITH up AS (
-                            INSERT INTO shoal_tenants (external_id, body) VALUES ($1, $2)
-                            ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = now()
-                            RETURNING (xmax = 0) AS created
-                         ) SELECT created, pg_notify($3, $1) IS NULL FROM up",
-                        &[&id, &body, &CHANNEL],
-                    )
-                    .await?;
-                Ok(row.get(0))
-            }
-        }
+    fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let row = self
+                .client
+                .query_one(
+                    "WITH up AS (
+                        INSERT INTO shoal_tenants (external_id, body) VALUES ($1, $2)
+                        ON CONFLICT (external_id) DO UPDATE SET body = excluded.body, updated_at = now()
+                        RETURNING (xmax = 0) AS created
+                     ) SELECT created, pg_notify($3, $1) IS NULL FROM up",
+                    &[&id, &body, &CHANNEL],
+                )
+                .await?;
+            Ok(row.get(0))
+        })
     }
 
-    /// Deletes a tenant; true when it existed.
-    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_owned();
-        match self {
-            Store::Sqlite { conn, .. } => {
-                let conn = conn.clone();
-                blocking(move || {
-                    let c = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    Ok(c.execute("DELETE FROM tenants WHERE external_id = ?1", [&id])? > 0)
-                })
-                .await
-            }
-            Store::Postgres { client, .. } => {
-                let n = client
-                    .query(
-                        "WITH d AS (DELETE FROM shoal_tenants WHERE external_id = $1 RETURNING external_id)
-                         SELECT pg_notify($2, external_id) FROM d",
-                        &[&id, &CHANNEL],
-                    )
-                    .await?
-                    .len();
-                Ok(n > 0)
-            }
-        }
+    fn remove(&self, id: String) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let n = self
+                .client
+                .query(
+                    "WITH d AS (DELETE FROM shoal_tenants WHERE external_id = $1 RETURNING external_id)
+                     SELECT pg_notify($2, external_id) FROM d",
+                    &[&id, &CHANNEL],
+                )
+                .await?
+                .len();
+            Ok(n > 0)
+        })
+    }
+
+    fn shared_url(&self) -> Option<&str> {
+        Some(&self.url)
+    }
+
+    fn name(&self) -> &'static str {
+        "postgres"
     }
 }
 
@@ -403,5 +451,73 @@ mod tests {
         assert!(store.delete("acme").await.unwrap());
         assert!(!store.delete("acme").await.unwrap());
         assert!(store.get("acme").await.unwrap().is_none());
+    }
+
+    /// Any backend plugs in: one in memory keeps only sealed bodies, and the store reads
+    /// them back as the tenants put.
+    #[tokio::test]
+    async fn a_backend_in_memory_plugs_in() {
+        #[derive(Default)]
+        struct Memory(Mutex<std::collections::BTreeMap<String, String>>);
+        impl Backend for Memory {
+            fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
+                let m = self.0.lock().unwrap();
+                let rows = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                Box::pin(async move { Ok(rows) })
+            }
+            fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>> {
+                let body = self.0.lock().unwrap().get(id).cloned();
+                Box::pin(async move { Ok(body) })
+            }
+            fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool> {
+                let created = self.0.lock().unwrap().insert(id, body).is_none();
+                Box::pin(async move { Ok(created) })
+            }
+            fn remove(&self, id: String) -> BoxFuture<'_, bool> {
+                let existed = self.0.lock().unwrap().remove(&id).is_some();
+                Box::pin(async move { Ok(existed) })
+            }
+            fn name(&self) -> &'static str {
+                "memory"
+            }
+        }
+        let memory = Arc::new(Memory::default());
+        struct Shared(Arc<Memory>);
+        impl Backend for Shared {
+            fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
+                self.0.rows()
+            }
+            fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>> {
+                self.0.row(id)
+            }
+            fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool> {
+                self.0.upsert(id, body)
+            }
+            fn remove(&self, id: String) -> BoxFuture<'_, bool> {
+                self.0.remove(id)
+            }
+            fn name(&self) -> &'static str {
+                "memory"
+            }
+        }
+        let sealer = Sealer::from_text(&Sealer::generate_text()).unwrap();
+        let store = Store::with(Box::new(Shared(memory.clone())), sealer);
+        let mut t: Tenant = serde_json::from_value(serde_json::json!({
+            "db_host": "h", "db_database": "d", "require_user": true,
+            "users": [{"db_user": "u", "db_password": "s3cret-pw"}]
+        }))
+        .unwrap();
+        t.external_id = "acme".into();
+        assert!(store.put(&t).await.unwrap());
+        assert_eq!(store.get("acme").await.unwrap().unwrap(), t);
+        assert_eq!(store.list().await.unwrap(), vec![t]);
+        assert!(memory
+            .0
+            .lock()
+            .unwrap()
+            .values()
+            .all(|b| !b.contains("s3cret-pw")));
+        assert!(store.delete("acme").await.unwrap());
+        assert!(store.list().await.unwrap().is_empty());
     }
 }
