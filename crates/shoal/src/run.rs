@@ -366,6 +366,7 @@ async fn start_tenants(
         tokio::spawn(crate::tenant::service::follow_shared_store(
             service.clone(),
             url,
+            section.tls_settings(),
             secs(section.resync_interval.max(1.0)),
         ));
     }

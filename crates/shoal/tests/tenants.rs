@@ -998,3 +998,51 @@ async fn the_api_conforms_to_its_openapi_document() {
     );
     assert!(out.status.success(), "conformance failures:\n{text}");
 }
+
+/// The shared store over TLS, verified like any upstream (`sslmode = "verify-full"` with the
+/// store's CA): tenants are stored and read through it, and PostgreSQL sees the store's
+/// connections encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_store_speaks_tls() {
+    let (ca, cert, key) = common::ca_and_server_cert();
+    let port = free_port();
+    let tls_pg = Pg::start_with(
+        port,
+        &[("server.crt", &cert), ("server.key", &key)],
+        "-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key",
+    );
+    tls_pg.create_database("meta");
+    let data = tempfile::tempdir().unwrap();
+    let ca_path = data.path().join("ca.pem");
+    std::fs::write(&ca_path, ca).unwrap();
+    let url = format!("postgres://app:{APP_PASSWORD}@localhost:{port}/meta");
+    let config = base_config(
+        pg(),
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\n[store]\nurl = \"{url}\"\ndata_dir = \"{}\"\n\
+             sslmode = \"verify-full\"\nsslrootcert = \"{}\"\n",
+            data.path().display(),
+            ca_path.display()
+        ),
+    );
+    let key = "cd".repeat(32);
+    let shoal = Shoal::start_with_env(
+        &config,
+        &[("API_JWT_SECRET", JWT_SECRET), ("SHOAL_ENC_KEY", &key)],
+    );
+    let http = Http::new(&shoal);
+    let db = unique_db("tlsstore");
+    pg().create_database(&db);
+    let (code, body) = http.authed("PUT", "/api/tenants/acme", Some(tenant_body(pg(), &db, 2)));
+    assert_eq!(code, 201, "{body}");
+    let (code, got) = http.authed("GET", "/api/tenants/acme", None);
+    assert_eq!(code, 200);
+    assert_eq!(got["data"]["db_database"], db.as_str());
+    let encrypted = tls_pg.psql_admin(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+         WHERE datname = 'meta' AND ssl",
+    );
+    assert_ne!(encrypted.trim(), "0", "the store's connections use TLS");
+    tls_pg.stop();
+}

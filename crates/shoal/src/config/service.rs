@@ -45,6 +45,10 @@ pub struct StoreSection {
     /// this heals a missed one).
     #[serde(default = "default_resync")]
     pub resync_interval: f64,
+    /// TLS to a shared (postgres) store, with libpq's meanings as for `[databases]`.
+    #[serde(default)]
+    pub sslmode: super::SslMode,
+    pub sslrootcert: Option<PathBuf>,
 }
 
 impl Default for StoreSection {
@@ -54,12 +58,26 @@ impl Default for StoreSection {
             data_dir: default_data_dir(),
             encryption_key_env: default_key_env(),
             resync_interval: default_resync(),
+            sslmode: Default::default(),
+            sslrootcert: None,
         }
     }
 }
 
 impl StoreSection {
     /// The store's URL, the embedded SQLite file under `data_dir` when none is set.
+    /// The shared store's TLS settings (as an upstream database's).
+    pub fn tls_settings(&self) -> super::UpstreamTlsSettings {
+        super::UpstreamTlsSettings {
+            mode: self.sslmode,
+            rootcert: self.sslrootcert.clone(),
+            cert: None,
+            key: None,
+            key_password: None,
+            sni: true,
+        }
+    }
+
     pub fn url(&self) -> String {
         self.url
             .clone()

@@ -272,10 +272,15 @@ fn user_index(t: &Tenant, name: &str) -> usize {
 
 /// Keeps a node in step with a shared store: LISTEN for changes (applied at once) and a full
 /// resync every `interval`, so a missed notification heals.
-pub async fn follow_shared_store(service: Arc<TenantService>, url: String, interval: Duration) {
+pub async fn follow_shared_store(
+    service: Arc<TenantService>,
+    url: String,
+    tls: crate::config::UpstreamTlsSettings,
+    interval: Duration,
+) {
     use futures_util::StreamExt;
     loop {
-        let conn = tokio_postgres::connect(&url, tokio_postgres::NoTls).await;
+        let conn = super::store::pg_connect_pair(&url, &tls).await;
         let (client, mut connection) = match conn {
             Ok(c) => c,
             Err(e) => {

@@ -94,7 +94,7 @@ impl Store {
                 )));
             };
             let sealer = Sealer::from_text(&k)?;
-            let client = pg_connect(&url).await?;
+            let client = pg_connect(&url, &section.tls_settings()).await?;
             migrate_pg(&client).await?;
             Ok(Store::with(Box::new(Postgres { client, url }), sealer))
         } else {
@@ -361,10 +361,50 @@ fn open_sqlite(path: &Path) -> Result<rusqlite::Connection, StoreError> {
     Ok(c)
 }
 
+/// A connection to the shared store (TLS or not, as its settings say).
+pub type StoreConnection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream,
+>;
+
+/// Connects to the metadata database with `tls` as libpq's `sslmode` means it (the same
+/// rustls setup as every upstream); the caller drives the connection.
+pub async fn pg_connect_pair(
+    url: &str,
+    tls: &crate::config::UpstreamTlsSettings,
+) -> Result<(tokio_postgres::Client, StoreConnection), StoreError> {
+    use crate::config::SslMode;
+    let mut config: tokio_postgres::Config = url.parse()?;
+    config.ssl_mode(match tls.mode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    // Without TLS a configuration is still needed to name the connector's type.
+    let settings = crate::config::UpstreamTlsSettings {
+        mode: if tls.mode == SslMode::Disable {
+            SslMode::Require
+        } else {
+            tls.mode
+        },
+        ..tls.clone()
+    };
+    let rustls = crate::upstream_tls::UpstreamTls::build(&settings)
+        .map_err(|e| StoreError::Config(format!("store TLS: {e}")))?
+        .ok_or_else(|| StoreError::Config("store TLS: no configuration".into()))?;
+    let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*rustls.config).clone());
+    Ok(config.connect(connector).await?)
+}
+
 /// Connects to the metadata database; the connection is driven by a task of its own.
-pub async fn pg_connect(url: &str) -> Result<tokio_postgres::Client, StoreError> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
+pub async fn pg_connect(
+    url: &str,
+    tls: &crate::config::UpstreamTlsSettings,
+) -> Result<tokio_postgres::Client, StoreError> {
+    let (client, conn) = pg_connect_pair(url, tls).await?;
+    crate::control::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "tenant store connection ended");
         }
@@ -423,6 +463,7 @@ mod tests {
             data_dir: dir.path().to_owned(),
             encryption_key_env: "SHOAL_TEST_NO_SUCH_KEY".into(),
             resync_interval: 30.0,
+            ..StoreSection::default()
         };
         let store = Store::open(&section).await.unwrap();
         let mut t: Tenant = serde_json::from_value(serde_json::json!({
