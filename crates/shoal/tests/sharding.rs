@@ -26,6 +26,23 @@ fn sharded(db: &str, open_busy: f64, close_busy: f64) -> Shoal {
     Shoal::start(&config)
 }
 
+/// Whether this kernel accepts the steering program (some sandboxes refuse it; Shoal then
+/// hands misrouted connections over between shards, so only the no-hand-over assertions
+/// depend on it).
+fn kernel_steers() -> bool {
+    let first =
+        shoal::listener::bind_tcp_std("127.0.0.1:0".parse().unwrap(), 16, true).expect("bind");
+    let addr = first.local_addr().unwrap();
+    let _second = shoal::listener::bind_tcp_std(addr, 16, true).expect("bind second");
+    match shoal::reuseport::steer(&first, 1) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("the kernel refuses SO_ATTACH_REUSEPORT_CBPF here ({e}): hand-over counts not checked");
+            false
+        }
+    }
+}
+
 /// The metrics page, scraped once.
 fn scrape(shoal: &Shoal) -> String {
     let url = format!(
@@ -101,11 +118,13 @@ async fn light_load_keeps_every_client_on_one_shard() {
     }
     // With one shard open the kernel is steered to give every connection to shard 0's
     // socket: none was accepted by the closed shard and handed over.
-    assert_eq!(
-        value(&scrape(&shoal), "shoal_shard_handovers_total"),
-        0,
-        "connections reached the closed shard"
-    );
+    if kernel_steers() {
+        assert_eq!(
+            value(&scrape(&shoal), "shoal_shard_handovers_total"),
+            0,
+            "connections reached the closed shard"
+        );
+    }
     // Under light traffic every client stays on shard 0 (a client the login storm put
     // elsewhere would move when it next goes idle).
     rounds_until(
