@@ -38,52 +38,29 @@ pub fn program(open: usize) -> Program {
     ]
 }
 
-/// `SO_ATTACH_REUSEPORT_CBPF` from asm-generic/socket.h (MIPS and SPARC number it otherwise).
-#[cfg(all(
-    target_os = "linux",
-    not(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))
-))]
-const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
-
 /// Makes the kernel give new connections on `socket`'s reuseport group to the first `open`
-/// sockets only.
-#[cfg(all(
-    target_os = "linux",
-    not(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))
-))]
-#[allow(unsafe_code)]
-pub fn steer(socket: &impl std::os::fd::AsRawFd, open: usize) -> std::io::Result<()> {
+/// sockets only (`SO_ATTACH_REUSEPORT_CBPF`).
+#[cfg(target_os = "linux")]
+pub fn steer(socket: &impl std::os::fd::AsFd, open: usize) -> std::io::Result<()> {
     let mut filter: Vec<libc::sock_filter> = program(open)
         .into_iter()
         .map(|(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })
         .collect();
+    // The kernel copies and validates the program during the call; `filter` outlives it.
     let prog = libc::sock_fprog {
         len: filter.len() as libc::c_ushort,
         filter: filter.as_mut_ptr(),
     };
-    // SAFETY: `prog` points at `filter`, which outlives the call; the kernel copies the
-    // program and validates it; the length passed is the size of `prog`.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::AttachReusePortCbpf,
+        &prog,
+    )
+    .map_err(std::io::Error::from)
 }
 
-#[cfg(not(all(
-    target_os = "linux",
-    not(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))
-)))]
-pub fn steer(_socket: &impl std::os::fd::AsRawFd, _open: usize) -> std::io::Result<()> {
+#[cfg(not(target_os = "linux"))]
+pub fn steer(_socket: &impl std::os::fd::AsFd, _open: usize) -> std::io::Result<()> {
     Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
 }
 
