@@ -288,6 +288,12 @@ impl Pool {
         pool
     }
 
+    /// The database this pool serves, as the console and routing name it (a config entry's
+    /// name, or `tenant:<id>`).
+    pub fn database(&self) -> &str {
+        &self.route_key.0
+    }
+
     fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<Box<ServerConn>>> {
         // A server opened off the shards (`NO_SHARD`) waits in shard 0's list.
         self.idle[if shard < self.idle.len() { shard } else { 0 }]

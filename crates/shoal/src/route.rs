@@ -63,6 +63,11 @@ impl RouteError {
     }
 }
 
+/// The virtual database names of the admin console.
+pub fn is_console(database: &str) -> bool {
+    database == "pgbouncer" || database == "shoal"
+}
+
 /// Where a login goes.
 #[derive(Debug, Clone)]
 pub enum Scope {
@@ -232,7 +237,7 @@ impl Registry {
         let config = self.config();
         let Some((id, user)) = self.tenant_named(&config, req)? else {
             // The console's names are never a wildcard database's.
-            let wild = (!crate::admin::is_console(req.database))
+            let wild = (!is_console(req.database))
                 .then(|| config.wildcard_database(req.database))
                 .flatten();
             let scope = match wild {
@@ -506,7 +511,7 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter_map(|w| w.upgrade())
-            .filter(|p| database.is_none_or(|d| crate::admin::show::pool_database(p) == d))
+            .filter(|p| database.is_none_or(|d| p.database() == d))
             .collect()
     }
 
@@ -528,7 +533,7 @@ impl Registry {
             }
         }
         for p in self.retired_pools(None) {
-            let db = crate::admin::show::pool_database(&p);
+            let db = p.database().to_owned();
             if !still.contains("*") && !still.contains(&db) {
                 p.resume();
             }
@@ -540,7 +545,7 @@ impl Registry {
         let r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         r.iter()
             .filter_map(|w| w.upgrade())
-            .filter(|p| database.is_none_or(|d| crate::admin::show::pool_database(p) == d))
+            .filter(|p| database.is_none_or(|d| p.database() == d))
             .map(|p| p.stats.servers.load(std::sync::atomic::Ordering::Relaxed))
             .sum()
     }

@@ -18,10 +18,7 @@ use crate::net::ClientStream;
 use command::Command;
 use show::{Kind, ResultSet};
 
-/// The virtual database names of the console.
-pub fn is_console(database: &str) -> bool {
-    database == "pgbouncer" || database == "shoal"
-}
+pub use crate::route::is_console;
 
 /// What the console lets a user do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

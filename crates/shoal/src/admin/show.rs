@@ -46,13 +46,6 @@ fn n(v: impl std::fmt::Display) -> Option<String> {
 use Kind::{Int, Text};
 
 /// The console's name for a pool's database (`tenant:<id>` for tenants).
-pub fn pool_database(p: &Pool) -> String {
-    match &p.tenant {
-        Some(t) => format!("{}{t}", crate::tenant::DB_PREFIX),
-        None => p.name.split('/').next().unwrap_or("").to_owned(),
-    }
-}
-
 fn mode(p: &Pool) -> &'static str {
     match p.settings.mode {
         crate::config::PoolMode::Transaction => "transaction",
@@ -98,7 +91,7 @@ pub fn pools(app: &App) -> ResultSet {
         let clients = p.stats.clients.load(Ordering::Relaxed);
         let waiting = p.stats.waiting.load(Ordering::Relaxed);
         r.row(vec![
-            t(pool_database(&p)),
+            t(p.database()),
             t(p.upstream.user.clone()),
             n(clients.saturating_sub(waiting)),
             n(waiting),
@@ -146,7 +139,7 @@ pub fn stats(app: &App) -> ResultSet {
         let m = &p.metrics;
         let a = *p.averages.lock().unwrap_or_else(|e| e.into_inner());
         let xacts = s.checkouts.load(Ordering::Relaxed);
-        let row = by_db.entry(pool_database(&p)).or_default();
+        let row = by_db.entry(p.database().to_owned()).or_default();
         let add = [
             xacts,
             xacts,
@@ -203,7 +196,7 @@ pub fn databases(app: &App) -> ResultSet {
     let config = app.routes.config();
     let pools = app.routes.pools();
     let current = |name: &str| -> (usize, bool) {
-        let mine: Vec<&Arc<Pool>> = pools.iter().filter(|p| pool_database(p) == name).collect();
+        let mine: Vec<&Arc<Pool>> = pools.iter().filter(|p| p.database() == name).collect();
         (
             mine.iter()
                 .map(|p| p.stats.servers.load(Ordering::Relaxed))
@@ -318,7 +311,7 @@ pub fn clients(app: &App) -> ResultSet {
         r.row(vec![
             t("C"),
             t(pool.upstream.user.clone()),
-            t(pool_database(&pool)),
+            t(pool.database()),
             t(state),
             slot.info.addr.map(|a| a.ip().to_string()),
             n(slot.info.addr.map_or(0, |a| a.port())),
@@ -346,7 +339,7 @@ pub fn servers(app: &App) -> ResultSet {
             r.row(vec![
                 t("S"),
                 t(p.upstream.user.clone()),
-                t(pool_database(&p)),
+                t(p.database()),
                 t(if idle { "idle" } else { "active" }),
                 t(info.addr.ip().to_string()),
                 n(info.addr.port()),
