@@ -112,6 +112,11 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
     let Ok(pool) = app.routes.pool(&routed, &user) else {
         return false;
     };
+    // A pool the new configuration puts in session mode cannot take a client between
+    // transactions mid-session: it stays and drains.
+    if pool.settings.mode != crate::config::PoolMode::Transaction {
+        return false;
+    }
     let info = crate::cancel::ClientInfo {
         pool: Arc::downgrade(&pool),
         addr: image.peer.map(Into::into),
