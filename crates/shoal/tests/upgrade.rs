@@ -299,3 +299,49 @@ async fn an_upgrade_keeps_every_listen_address() {
         }
     }
 }
+
+/// A client the new process will not take (its pool is in session mode in the new
+/// configuration) stays with the old process, which goes on serving it until it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_the_new_process_refuses_stays_served() {
+    let db = unique_db("upg");
+    pg().create_database(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("upgrade.sock");
+    let control = control.to_str().unwrap().to_owned();
+    let config = with_server_keys(&base_config(pg(), &[&db], ""), "shutdown_timeout = 60");
+    let mut old = Shoal::start_with_args(&config, &[], &["--upgrade-socket", &control]);
+    let client = old.connect(&db).await;
+    client
+        .batch_execute("SET application_name = 'stays'")
+        .await
+        .unwrap();
+    let session_mode = config.replace("[pool]\n", "[pool]\npool_mode = \"session\"\n");
+    assert_ne!(session_mode, config);
+    let _new = Shoal::start_with_args(&session_mode, &[], &["--upgrade-socket", &control]);
+    for i in 0..20 {
+        let v: i32 = client
+            .query_one("SELECT $1::int", &[&i])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, i);
+    }
+    let name: String = client
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "stays");
+    assert_eq!(
+        old.wait(Duration::from_millis(200)),
+        None,
+        "still serving its client"
+    );
+    drop(client);
+    assert_eq!(
+        old.wait(Duration::from_secs(30)),
+        Some(true),
+        "leaves once its last client has"
+    );
+}
