@@ -94,18 +94,7 @@ impl SecretCache {
             tracing::warn!(database = %db.name, "auth_query returned a secret that is neither SCRAM nor MD5");
             return Ok(None);
         };
-        Ok(Some(User {
-            name: name.to_owned(),
-            auth,
-            server_user: name.to_owned(),
-            server_password: None,
-            pool_mode: None,
-            pool_size: None,
-            client_tls: None,
-            passthrough: None,
-            max_client_conn: None,
-            upstream_cert: None,
-        }))
+        Ok(Some(User::named(name, auth)))
     }
 }
 

@@ -12,7 +12,7 @@
 //! process) and session-mode clients (their server cannot move) stay and drain instead.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use serde::{Deserialize, Serialize};
@@ -121,17 +121,7 @@ fn send_loop(mut stream: UnixStream, rx: std::sync::mpsc::Receiver<Request>) {
 
 fn send_one(stream: &mut UnixStream, fd: &OwnedFd, image: &[u8]) -> std::io::Result<bool> {
     let len = (image.len() as u32).to_be_bytes();
-    let iov = [std::io::IoSlice::new(&len)];
-    let fds = [fd.as_raw_fd()];
-    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
-    nix::sys::socket::sendmsg::<()>(
-        stream.as_raw_fd(),
-        &iov,
-        &cmsg,
-        nix::sys::socket::MsgFlags::empty(),
-        None,
-    )
-    .map_err(std::io::Error::from)?;
+    crate::upgrade::send_with_fds(stream, &len, &[fd.as_raw_fd()])?;
     stream.write_all(image)?;
     let mut answer = [0u8; 1];
     stream.read_exact(&mut answer)?;
@@ -180,30 +170,12 @@ where
 /// One client off the line; `None` at its end (the old process is gone).
 fn receive_one(stream: &mut UnixStream) -> std::io::Result<Option<(OwnedFd, Vec<u8>)>> {
     let mut len = [0u8; 4];
-    let mut iov = [std::io::IoSliceMut::new(&mut len)];
-    let mut space = nix::cmsg_space!([RawFd; 4]);
-    let msg = nix::sys::socket::recvmsg::<()>(
-        stream.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        nix::sys::socket::MsgFlags::MSG_WAITALL,
-    )
-    .map_err(std::io::Error::from)?;
-    if msg.bytes == 0 {
+    let (n, mut fds) =
+        crate::upgrade::recv_with_fds(stream, &mut len, nix::sys::socket::MsgFlags::MSG_WAITALL)?;
+    if n == 0 {
         return Ok(None);
     }
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs().map_err(std::io::Error::from)? {
-        if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else
-                // owns yet.
-                #[allow(unsafe_code)]
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    if msg.bytes != 4 || fds.len() != 1 {
+    if n != 4 || fds.len() != 1 {
         return Err(std::io::Error::other("malformed client hand-over"));
     }
     let n = u32::from_be_bytes(len) as usize;

@@ -64,27 +64,7 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
     };
     control.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let msg = nix::sys::socket::recvmsg::<()>(
-        control.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        nix::sys::socket::MsgFlags::empty(),
-    )
-    .map_err(std::io::Error::from)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs().map_err(std::io::Error::from)? {
-        if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else
-                // owns yet.
-                #[allow(unsafe_code)]
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    let n = msg.bytes;
+    let (n, fds) = recv_with_fds(&control, &mut buf, nix::sys::socket::MsgFlags::empty())?;
     let roles: Vec<Role> = serde_json::from_slice(&buf[..n])
         .map_err(|e| std::io::Error::other(format!("upgrade manifest: {e}")))?;
     if roles.len() != fds.len() {
@@ -165,16 +145,7 @@ fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Resu
     let roles: Vec<&Role> = sockets.iter().map(|(r, _)| r).collect();
     let manifest = serde_json::to_vec(&roles).map_err(std::io::Error::other)?;
     let fds: Vec<RawFd> = sockets.iter().map(|(_, fd)| *fd).collect();
-    let iov = [std::io::IoSlice::new(&manifest)];
-    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
-    nix::sys::socket::sendmsg::<()>(
-        stream.as_raw_fd(),
-        &iov,
-        &cmsg,
-        nix::sys::socket::MsgFlags::empty(),
-        None,
-    )
-    .map_err(std::io::Error::from)?;
+    send_with_fds(&stream, &manifest, &fds)?;
     // Until the new process confirms it accepts, this one keeps serving.
     stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
     let mut ok = [0u8; 3];
@@ -184,4 +155,50 @@ fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Resu
     }
     stream.set_read_timeout(None)?;
     Ok(stream)
+}
+
+/// Sends `data` with the descriptors `fds` attached (`SCM_RIGHTS`): the receiver gets its own
+/// copies, the same kernel objects.
+pub(crate) fn send_with_fds(
+    stream: &UnixStream,
+    data: &[u8],
+    fds: &[RawFd],
+) -> std::io::Result<()> {
+    let iov = [std::io::IoSlice::new(data)];
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+    nix::sys::socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &iov,
+        &cmsg,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+/// Receives into `buf` (up to [`MAX_FDS`] descriptors attached): the bytes read and the
+/// descriptors, now this process's own.
+pub(crate) fn recv_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    flags: nix::sys::socket::MsgFlags,
+) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let msg =
+        nix::sys::socket::recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), flags)
+            .map_err(std::io::Error::from)?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for c in msg.cmsgs().map_err(std::io::Error::from)? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
+            for fd in raw {
+                // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else
+                // owns yet.
+                #[allow(unsafe_code)]
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Ok((msg.bytes, fds))
 }

@@ -99,6 +99,25 @@ pub struct User {
     pub upstream_cert: Option<Box<UpstreamCert>>,
 }
 
+impl User {
+    /// A user known only by name and check (auth_query's, a refused login's): it logs in
+    /// upstream as itself, with nothing configured.
+    pub fn named(name: &str, auth: ClientAuth) -> User {
+        User {
+            name: name.to_owned(),
+            auth,
+            server_user: name.to_owned(),
+            server_password: None,
+            pool_mode: None,
+            pool_size: None,
+            client_tls: None,
+            passthrough: None,
+            max_client_conn: None,
+            upstream_cert: None,
+        }
+    }
+}
+
 impl std::fmt::Debug for User {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("User")

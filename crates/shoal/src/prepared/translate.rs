@@ -271,10 +271,18 @@ impl Translator<'_> {
                 .as_ref()
                 .and_then(|c| c.unnamed.as_ref())
                 .is_some_and(|u| !u.body.is_empty() && u.body == rest);
-        if let Some(reserved) = (!repeated)
-            .then(|| reserved_name_in(parse_text(rest)))
-            .flatten()
-        {
+        let text = parse_text(rest);
+        // A new text is read once: its first word and whether it is plain serve both the
+        // reserved-name check and (unnamed) its classification below.
+        let read = (!repeated).then(|| {
+            let first = sql::FirstWord::of(text);
+            (first, sql::is_plain(first, text))
+        });
+        let reserved = match read {
+            Some((_, false)) => sql::prepared_name_with_prefix(text, RESERVED_PREFIX),
+            _ => None,
+        };
+        if let Some(reserved) = reserved {
             // As in a simple query: the pooler's statements are no client's to name. The
             // client's unnamed statement is gone, as after any failed Parse of one.
             if name.is_empty() {
@@ -296,10 +304,8 @@ impl Translator<'_> {
             u.seq = c.unnamed_seq;
             // Drivers without named statements parse the same text again and again: what it
             // does was read from it last time.
-            if u.body.is_empty() || u.body != rest {
-                let text = parse_text(rest);
-                let first = sql::FirstWord::of(text);
-                u.dirty = sql::classify_with(first, text).dirty;
+            if let Some((first, plain)) = read {
+                u.dirty = !plain && sql::classify_with(first, text).dirty;
                 u.set_op = set_of_with(first, text);
                 u.body.clear();
                 u.body.extend_from_slice(rest);
@@ -309,7 +315,7 @@ impl Translator<'_> {
             self.queue.push_back(Expect::ParseUnnamed(u.seq));
             return Ok(());
         }
-        if self.aborted && !ends_transaction(parse_text(rest)) {
+        if self.aborted && !ends_transaction(text) {
             // As PostgreSQL: refused before the name is looked at, and no statement is made
             // (a server that already has this text must not answer for it).
             self.fail(
@@ -430,15 +436,6 @@ impl Translator<'_> {
 /// them (`EXECUTE`, `DEALLOCATE`, `PREPARE`, `EXPLAIN EXECUTE`, ..., through either protocol).
 const RESERVED_PREFIX: &[u8] = b"shoal_";
 const RESERVED_HINT: &str = "names starting with shoal_ are reserved by the Shoal pooler";
-
-/// A reserved statement name the text uses, unless the text is plainly about something else.
-fn reserved_name_in(text: &[u8]) -> Option<Vec<u8>> {
-    let first = sql::FirstWord::of(text);
-    if sql::is_plain(first, text) {
-        return None;
-    }
-    sql::prepared_name_with_prefix(text, RESERVED_PREFIX)
-}
 
 /// Statements PostgreSQL parses inside a failed transaction block: those that end it
 /// (`COMMIT`, `ROLLBACK [TO SAVEPOINT]`, `PREPARE TRANSACTION`, and their synonyms).

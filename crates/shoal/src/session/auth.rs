@@ -59,18 +59,10 @@ fn malformed(e: impl std::fmt::Display) -> SessionError {
 /// with the same `28P01` a wrong password gets, so that which users exist cannot be probed.
 /// (The reason is in Shoal's log.) `seed` makes the fake salt stable per user name.
 pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) -> SessionError {
-    let user = User {
-        name: name.to_owned(),
-        auth: ClientAuth::Scram(Box::new(shoal_wire::scram::Verifier::unmatchable(seed))),
-        server_user: String::new(),
-        server_password: None,
-        pool_mode: None,
-        pool_size: None,
-        client_tls: None,
-        passthrough: None,
-        max_client_conn: None,
-        upstream_cert: None,
-    };
+    let user = User::named(
+        name,
+        ClientAuth::Scram(Box::new(shoal_wire::scram::Verifier::unmatchable(seed))),
+    );
     match authenticate(stream, &user, None, &mut BytesMut::new()).await {
         Ok(_) => auth_failed(name),
         Err(e) => e,

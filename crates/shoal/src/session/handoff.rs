@@ -211,18 +211,7 @@ fn find_user(app: &App, image: &SessionImage) -> Option<(Routed, User)> {
     let mut user = match routed.configured_user() {
         Some(u) => u.clone(),
         // An auth_query user: only its upstream secret matters now.
-        None => User {
-            name: image.user.clone(),
-            auth: ClientAuth::Trust,
-            server_user: image.user.clone(),
-            server_password: None,
-            pool_mode: None,
-            pool_size: None,
-            client_tls: None,
-            passthrough: None,
-            max_client_conn: None,
-            upstream_cert: None,
-        },
+        None => User::named(&image.user, ClientAuth::Trust),
     };
     if let Some(p) = passthrough {
         user.passthrough = Some(Arc::new(p));

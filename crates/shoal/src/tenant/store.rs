@@ -498,8 +498,9 @@ mod tests {
     /// them back as the tenants put.
     #[tokio::test]
     async fn a_backend_in_memory_plugs_in() {
-        #[derive(Default)]
-        struct Memory(Mutex<std::collections::BTreeMap<String, String>>);
+        /// Its map is shared, so the test can look inside once the store owns the backend.
+        #[derive(Default, Clone)]
+        struct Memory(Arc<Mutex<std::collections::BTreeMap<String, String>>>);
         impl Backend for Memory {
             fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
                 let m = self.0.lock().unwrap();
@@ -522,27 +523,9 @@ mod tests {
                 "memory"
             }
         }
-        let memory = Arc::new(Memory::default());
-        struct Shared(Arc<Memory>);
-        impl Backend for Shared {
-            fn rows(&self) -> BoxFuture<'_, Vec<(String, String)>> {
-                self.0.rows()
-            }
-            fn row<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Option<String>> {
-                self.0.row(id)
-            }
-            fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool> {
-                self.0.upsert(id, body)
-            }
-            fn remove(&self, id: String) -> BoxFuture<'_, bool> {
-                self.0.remove(id)
-            }
-            fn name(&self) -> &'static str {
-                "memory"
-            }
-        }
+        let memory = Memory::default();
         let sealer = Sealer::from_text(&Sealer::generate_text()).unwrap();
-        let store = Store::with(Box::new(Shared(memory.clone())), sealer);
+        let store = Store::with(Box::new(memory.clone()), sealer);
         let mut t: Tenant = serde_json::from_value(serde_json::json!({
             "db_host": "h", "db_database": "d", "require_user": true,
             "users": [{"db_user": "u", "db_password": "s3cret-pw"}]
