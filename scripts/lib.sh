@@ -16,6 +16,8 @@ ensure_packages() {
   command -v psql >/dev/null || missing+=(postgresql-client)
   command -v cc >/dev/null || missing+=(build-essential)
   command -v curl >/dev/null || missing+=(curl)
+  # The upstream TLS tests encrypt a client key with the openssl command.
+  command -v openssl >/dev/null || missing+=(openssl)
   if [ "${#missing[@]}" -gt 0 ]; then
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
