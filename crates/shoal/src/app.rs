@@ -15,7 +15,8 @@ pub struct App {
     /// The configuration Shoal started with (listeners and process-wide settings).
     pub config: Config,
     /// Users, databases and their pools: where each login goes.
-    pub routes: crate::route::Registry,
+    /// Shared with the tenant service, which needs nothing else of the App.
+    pub routes: Arc<crate::route::Registry>,
     pub cancels: Arc<CancelRegistry>,
     /// Clients logged in, for `max_client_conn`.
     pub clients: AtomicUsize,
@@ -121,7 +122,7 @@ impl App {
             handoff: std::sync::OnceLock::new(),
             closing_clients: std::sync::atomic::AtomicBool::new(false),
             mock_secret: rand::random(),
-            routes: crate::route::Registry::new(config.clone()),
+            routes: Arc::new(crate::route::Registry::new(config.clone())),
             config,
             cancels: Arc::new(CancelRegistry::default()),
             clients: AtomicUsize::new(0),

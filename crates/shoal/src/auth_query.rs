@@ -121,6 +121,7 @@ async fn fetch(
         tls: tls.map(std::sync::Arc::new),
         tls_settings,
         passthrough: None,
+        dial: None,
     };
     let mut conn = ServerConn::connect(&upstream, timeout).await?;
     let rows = crate::timer::timeout(timeout, async {

@@ -9,23 +9,13 @@
 //! another client, while the common case (no cancel) costs one uncontended lock.
 
 use std::collections::HashMap;
+
+pub use crate::server::{forward, CancelTarget};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use bytes::BytesMut;
 use rand::Rng;
 use subtle::ConstantTimeEq;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// The server a cancel should go to.
-#[derive(Clone, Copy, Debug)]
-pub struct CancelTarget {
-    pub addr: SocketAddr,
-    pub process_id: i32,
-    pub secret_key: i32,
-}
 
 #[derive(Default)]
 struct SlotState {
@@ -308,32 +298,10 @@ impl CancelRegistry {
     }
 }
 
-/// Sends a CancelRequest to a server and waits until PostgreSQL has acted on it.
-pub async fn forward(target: CancelTarget) {
-    if let Err(e) = send_cancel(target).await {
-        tracing::warn!(server = %target.addr, error = %e, "forwarding cancel request failed");
-    }
-}
-
-async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
-    let mut buf = BytesMut::new();
-    shoal_wire::frontend::cancel_request(&mut buf, target.process_id, target.secret_key);
-    let send = async {
-        let mut s = TcpStream::connect(target.addr).await?;
-        s.write_all(&buf).await?;
-        // PostgreSQL closes the connection once it has signalled the backend.
-        let mut sink = [0u8; 16];
-        while s.read(&mut sink).await? > 0 {}
-        Ok(())
-    };
-    crate::timer::timeout(Duration::from_secs(5), send)
-        .await
-        .unwrap_or_else(|_| Err(std::io::Error::other("cancel timed out")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Every connected client holds one slot: with its reference counts it must fit the
     /// allocator's 128-byte size class (the next is 160).

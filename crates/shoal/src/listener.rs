@@ -15,7 +15,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::app::App;
-use crate::net::ClientStream;
+use crate::net::Stream;
 
 pub fn bind_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     TcpListener::from_std(bind_tcp_std(addr, backlog, false)?)
@@ -125,7 +125,7 @@ fn hand_over(
     });
     match moved {
         Ok(s) => {
-            target.spawn(crate::session::serve(app, ClientStream::Tcp(s), Some(peer)));
+            target.spawn(crate::session::serve(app, Stream::Tcp(s), Some(peer)));
         }
         Err(e) => tracing::warn!(error = %e, "cannot move a new client to its shard"),
     }
@@ -154,7 +154,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
                             hand_over(target, stream, peer, app.clone())
                         }
                         None => {
-                            tokio::spawn(crate::session::serve(app.clone(), ClientStream::Tcp(stream), Some(peer)));
+                            tokio::spawn(crate::session::serve(app.clone(), Stream::Tcp(stream), Some(peer)));
                         }
                     }
                 }
@@ -187,7 +187,7 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tokio::spawn(crate::session::serve(app.clone(), ClientStream::Unix(stream), None));
+                    tokio::spawn(crate::session::serve(app.clone(), Stream::Unix(stream), None));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

@@ -1,13 +1,15 @@
-//! The client transport seam: TCP or Unix sockets, TLS, and any other byte stream (an
-//! in-process `tokio::io::duplex` in tests), behind the few operations the session needs.
+//! The transport seam, one for both sides: a client's stream (TCP, Unix, TLS accepted by
+//! Shoal) and a server's (TCP, TLS to PostgreSQL), or any other byte stream (an in-process
+//! `tokio::io::duplex` in tests, later a link to another node), behind the few operations the
+//! session and the relay need. One type means one copy of the TLS write and flush rules.
 //!
 //! Reads go through `poll_read`, which lets tokio forget a socket's readiness when a read
 //! returns less than the buffer could take: the next wait then costs no extra `read` that
 //! would only say "would block". An idle client on a socket holds no buffer: the session
-//! waits for readiness alone ([`ClientStream::poll_read_ready`]) and takes a buffer only when
-//! bytes are there ([`ClientStream::read_now`]). A stream that buffers by itself (TLS
-//! records, a duplex pipe; [`ClientStream::is_buffered`]) cannot say "readable" without
-//! reading, so for it the idle wait reads.
+//! waits for readiness alone ([`Stream::poll_read_ready`]) and takes a buffer only when
+//! bytes are there ([`Stream::read_now`]). A stream that buffers by itself (TLS records, a
+//! duplex pipe; [`Stream::is_buffered`]) cannot say "readable" without reading, so for it the
+//! idle wait reads.
 
 use std::io;
 use std::pin::Pin;
@@ -17,18 +19,23 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
-/// Any byte stream a client can arrive on.
-pub trait ClientIo: AsyncRead + AsyncWrite + Send + Sync + Unpin {}
+/// Any byte stream a peer can be reached over.
+pub trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin {}
 
-impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin> ClientIo for T {}
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin> Io for T {}
 
-pub enum ClientStream {
+/// TLS that Shoal opened to a server.
+pub type UpstreamTlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
     /// A stream that owns its buffering (no readiness to wait on).
-    Buffered(Box<dyn ClientIo>),
-    /// TLS over TCP (buffered too).
+    Buffered(Box<dyn Io>),
+    /// TLS a client started with Shoal (buffered too).
     Tls(Box<crate::tls::ClientTlsStream>),
+    /// TLS Shoal started with a server (buffered too).
+    TlsUpstream(Box<UpstreamTlsStream>),
     /// Only while the transport is being replaced (the TLS handshake).
     Upgrading,
 }
@@ -54,7 +61,7 @@ pub fn poll_read_buf<S: AsyncRead + Unpin>(
 /// still wait inside it (the socket was full). A flush still pending leaves the waker
 /// registered for the socket; the caller sees the records through `wants_flush` and must
 /// flush them before it counts its bytes as sent (nothing else would: no write may follow).
-pub fn poll_write_tls<S: AsyncWrite + Unpin>(
+fn poll_write_tls<S: AsyncWrite + Unpin>(
     s: &mut S,
     cx: &mut Context<'_>,
     data: &[u8],
@@ -70,26 +77,27 @@ pub fn poll_write_tls<S: AsyncWrite + Unpin>(
     }
 }
 
-impl ClientStream {
+impl Stream {
     /// Readiness without a waiter node in the caller's future: the socket keeps the waker. A
     /// buffered stream is always "ready" (only a read can tell).
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Tcp(s) => s.poll_read_ready(cx),
-            ClientStream::Unix(s) => s.poll_read_ready(cx),
-            ClientStream::Buffered(_) | ClientStream::Tls(_) | ClientStream::Upgrading => {
-                Poll::Ready(Ok(()))
-            }
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+            _ => Poll::Ready(Ok(())),
         }
     }
 
     pub fn is_tls(&self) -> bool {
-        matches!(self, ClientStream::Tls(_))
+        matches!(self, Stream::Tls(_) | Stream::TlsUpstream(_))
     }
 
     /// A stream that buffers by itself: the idle wait must read (see the module doc).
     pub fn is_buffered(&self) -> bool {
-        matches!(self, ClientStream::Buffered(_) | ClientStream::Tls(_))
+        matches!(
+            self,
+            Stream::Buffered(_) | Stream::Tls(_) | Stream::TlsUpstream(_)
+        )
     }
 
     /// One read that does not wait: `Ok(None)` if nothing was there (stale readiness).
@@ -107,39 +115,54 @@ impl ClientStream {
         buf: &mut BytesMut,
     ) -> Poll<io::Result<usize>> {
         match self {
-            ClientStream::Tcp(s) => poll_read_buf(s, cx, buf),
-            ClientStream::Unix(s) => poll_read_buf(s, cx, buf),
-            ClientStream::Buffered(s) => poll_read_buf(s, cx, buf),
-            ClientStream::Tls(s) => poll_read_buf(s, cx, buf),
-            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
+            Stream::Tcp(s) => poll_read_buf(s, cx, buf),
+            Stream::Unix(s) => poll_read_buf(s, cx, buf),
+            Stream::Buffered(s) => poll_read_buf(s, cx, buf),
+            Stream::Tls(s) => poll_read_buf(s, cx, buf),
+            Stream::TlsUpstream(s) => poll_read_buf(s, cx, buf),
+            Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
 
     pub fn poll_write(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         match self {
-            ClientStream::Tcp(s) => Pin::new(s).poll_write(cx, data),
-            ClientStream::Unix(s) => Pin::new(s).poll_write(cx, data),
-            ClientStream::Buffered(s) => Pin::new(s).poll_write(cx, data),
-            ClientStream::Tls(s) => poll_write_tls(&mut **s, cx, data),
-            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, data),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, data),
+            Stream::Buffered(s) => Pin::new(s).poll_write(cx, data),
+            Stream::Tls(s) => poll_write_tls(&mut **s, cx, data),
+            Stream::TlsUpstream(s) => poll_write_tls(&mut **s, cx, data),
+            Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
 
     /// TLS records made but not yet on the socket: see [`poll_write_tls`].
     pub fn wants_flush(&self) -> bool {
         match self {
-            ClientStream::Tls(s) => s.get_ref().1.wants_write(),
+            Stream::Tls(s) => s.get_ref().1.wants_write(),
+            Stream::TlsUpstream(s) => s.get_ref().1.wants_write(),
             _ => false,
         }
     }
 
-    /// Pushes out what [`ClientStream::wants_flush`] reports.
+    /// Pushes out what [`Stream::wants_flush`] reports (and what a buffered stream holds).
     pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Tcp(_) | ClientStream::Unix(_) => Poll::Ready(Ok(())),
-            ClientStream::Buffered(s) => Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
-            ClientStream::Upgrading => Poll::Ready(Err(upgrading())),
+            Stream::Tcp(_) | Stream::Unix(_) => Poll::Ready(Ok(())),
+            Stream::Buffered(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_flush(cx),
+            Stream::Upgrading => Poll::Ready(Err(upgrading())),
+        }
+    }
+
+    fn poll_shutdown_inner(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Buffered(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
 
@@ -151,38 +174,56 @@ impl ClientStream {
         std::future::poll_fn(|cx| self.poll_read_buf(cx, buf)).await
     }
 
+    /// Writes all of `data` and flushes it: with TLS, what rustls still holds after the last
+    /// write would otherwise wait until the next one, which may never come.
     pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
-        match self {
-            ClientStream::Tcp(s) => s.write_all(data).await,
-            ClientStream::Unix(s) => s.write_all(data).await,
-            ClientStream::Buffered(s) => {
-                s.write_all(data).await?;
-                s.flush().await
+        AsyncWriteExt::write_all(self, data).await?;
+        std::future::poll_fn(|cx| self.poll_flush(cx)).await
+    }
+
+    /// Whether the peer closed or sent something while nobody was reading (a server that
+    /// sat idle in its pool): one read that does not wait, for buffered streams; the socket
+    /// alone for the others. Whatever a read finds is lost, so only a stream about to be
+    /// dropped when the answer is yes may be asked.
+    pub fn peer_spoke(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let tcp = match self {
+            Stream::Tcp(s) => s,
+            Stream::TlsUpstream(s) => s.get_ref().0,
+            Stream::Tls(s) => &s.get_ref().0.inner,
+            Stream::Unix(s) => {
+                return !matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
-            ClientStream::Tls(s) => {
-                s.write_all(data).await?;
-                s.flush().await
+            Stream::Buffered(s) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                let mut buf = tokio::io::ReadBuf::new(&mut probe);
+                return Pin::new(&mut **s).poll_read(&mut cx, &mut buf).is_ready();
             }
-            ClientStream::Upgrading => Err(upgrading()),
-        }
+            Stream::Upgrading => return true,
+        };
+        // Readiness alone decides whether to look (no read while the socket is not known
+        // readable); a read that finds nothing clears stale readiness.
+        !matches!(tcp.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
     /// The socket's descriptor, for [`ClientFds`].
     pub fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match self {
-            ClientStream::Tcp(s) => Some(s.as_raw_fd()),
-            ClientStream::Unix(s) => Some(s.as_raw_fd()),
-            ClientStream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
-            ClientStream::Buffered(_) | ClientStream::Upgrading => None,
+            Stream::Tcp(s) => Some(s.as_raw_fd()),
+            Stream::Unix(s) => Some(s.as_raw_fd()),
+            Stream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
+            Stream::TlsUpstream(s) => Some(s.get_ref().0.as_raw_fd()),
+            Stream::Buffered(_) | Stream::Upgrading => None,
         }
     }
 
-    /// The client's address (none for Unix sockets).
+    /// The peer's address (none for Unix sockets and in-process streams).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
-            ClientStream::Tcp(s) => s.peer_addr().ok(),
-            ClientStream::Tls(s) => s.get_ref().0.inner.peer_addr().ok(),
+            Stream::Tcp(s) => s.peer_addr().ok(),
+            Stream::Tls(s) => s.get_ref().0.inner.peer_addr().ok(),
+            Stream::TlsUpstream(s) => s.get_ref().0.peer_addr().ok(),
             _ => None,
         }
     }
@@ -195,14 +236,49 @@ impl ClientStream {
     /// How logs name the client whose address is already known (from `accept`).
     pub fn describe_peer(&self, addr: Option<std::net::SocketAddr>) -> String {
         match (self, addr) {
-            (ClientStream::Tcp(_), Some(a)) => a.to_string(),
-            (ClientStream::Tcp(_), None) => "?".into(),
-            (ClientStream::Tls(_), Some(a)) => format!("{a} (TLS)"),
-            (ClientStream::Tls(_), None) => "? (TLS)".into(),
-            (ClientStream::Unix(_), _) => "unix".into(),
-            (ClientStream::Buffered(_), _) => "in-process".into(),
-            (ClientStream::Upgrading, _) => "upgrading".into(),
+            (Stream::Tcp(_), Some(a)) => a.to_string(),
+            (Stream::Tcp(_), None) => "?".into(),
+            (Stream::Tls(_) | Stream::TlsUpstream(_), Some(a)) => format!("{a} (TLS)"),
+            (Stream::Tls(_) | Stream::TlsUpstream(_), None) => "? (TLS)".into(),
+            (Stream::Unix(_), _) => "unix".into(),
+            (Stream::Buffered(_), _) => "in-process".into(),
+            (Stream::Upgrading, _) => "upgrading".into(),
         }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Buffered(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Stream::Upgrading => Poll::Ready(Err(upgrading())),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Stream::poll_write(self.get_mut(), cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Stream::poll_flush(self.get_mut(), cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_shutdown_inner(cx)
     }
 }
 

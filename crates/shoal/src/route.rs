@@ -139,6 +139,8 @@ pub struct Registry {
     retired: Mutex<Vec<std::sync::Weak<Pool>>>,
     /// A schema counter per database (host, port, name), shared by its pools.
     schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
+    /// How pools made from now on reach their servers, when not by host and port.
+    dial: std::sync::OnceLock<Arc<dyn crate::server::Dial>>,
 }
 
 impl Registry {
@@ -150,7 +152,14 @@ impl Registry {
             paused: Mutex::new(Default::default()),
             retired: Mutex::new(Vec::new()),
             schemas: Mutex::new(HashMap::new()),
+            dial: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes every pool created from now on reach its servers through `dial` instead of by
+    /// host and port (in-process servers in tests). Set once, before the first login.
+    pub fn set_dial(&self, dial: Arc<dyn crate::server::Dial>) {
+        let _ = self.dial.set(dial);
     }
 
     fn lock_pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Arc<Pool>>> {
@@ -326,6 +335,7 @@ impl Registry {
                 tls: tls.map(Arc::new),
                 tls_settings,
                 passthrough: user.passthrough.clone(),
+                dial: self.dial.get().cloned(),
             },
         );
         if let Some(t) = routed.tenant() {

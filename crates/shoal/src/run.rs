@@ -356,7 +356,7 @@ async fn start_tenants(
         .map_err(std::io::Error::other)?;
     let shared = store.shared_url().map(str::to_owned);
     let service = std::sync::Arc::new(crate::tenant::service::TenantService::new(
-        app.clone(),
+        app.routes.clone(),
         store,
         &section.data_dir,
     ));

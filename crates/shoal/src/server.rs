@@ -13,6 +13,8 @@ use shoal_wire::{frontend, md5, Frame, FrameError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::net::Stream;
+
 /// Largest message accepted from a server during login and pooler-issued queries; real results
 /// stream through the relay, which has its own bound.
 const SERVER_MAX_MESSAGE: usize = 1 << 30;
@@ -32,114 +34,65 @@ pub struct Upstream {
     pub tls_settings: crate::config::UpstreamTlsSettings,
     /// A secret to log in with instead of `password` (auth_query users).
     pub passthrough: Option<std::sync::Arc<crate::config::Passthrough>>,
+    /// Reaches the server instead of `host`/`port` (no TLS then: the stream is what it is).
+    pub dial: Option<std::sync::Arc<dyn Dial>>,
 }
 
-/// The byte stream to a server: plain TCP, or TLS over it.
-pub enum ServerStream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+/// The server a cancel should go to.
+#[derive(Clone, Copy, Debug)]
+pub struct CancelTarget {
+    pub addr: SocketAddr,
+    pub process_id: i32,
+    pub secret_key: i32,
 }
 
-impl ServerStream {
-    /// The TCP socket underneath (for readiness checks while the server is idle).
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            ServerStream::Plain(s) => s,
-            ServerStream::Tls(s) => s.get_ref().0,
-        }
-    }
-
-    pub fn is_tls(&self) -> bool {
-        matches!(self, ServerStream::Tls(_))
-    }
-
-    /// Whether a read may find something, registering the waker if not. TLS buffers records
-    /// of its own, so only a read can tell: always "ready".
-    pub fn poll_read_ready(
-        &self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self {
-            ServerStream::Plain(s) => s.poll_read_ready(cx),
-            ServerStream::Tls(_) => std::task::Poll::Ready(Ok(())),
-        }
+/// Sends a CancelRequest to a server and waits until PostgreSQL has acted on it.
+pub async fn forward(target: CancelTarget) {
+    if let Err(e) = send_cancel(target).await {
+        tracing::warn!(server = %target.addr, error = %e, "forwarding cancel request failed");
     }
 }
 
-impl ServerStream {
-    /// TLS records made but not yet on the socket (the socket was full): the writer must
-    /// flush before it may consider its bytes sent.
-    pub fn wants_flush(&self) -> bool {
-        match self {
-            ServerStream::Plain(_) => false,
-            ServerStream::Tls(s) => s.get_ref().1.wants_write(),
-        }
+async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
+    let mut buf = BytesMut::new();
+    shoal_wire::frontend::cancel_request(&mut buf, target.process_id, target.secret_key);
+    if target.addr.ip().is_unspecified() {
+        // A server reached by a dialed stream that names no cancel address.
+        return Err(std::io::Error::other("the server takes no cancel requests"));
     }
-
-    /// Writes all of `data` and flushes it: with TLS, what rustls still holds after the last
-    /// write would otherwise wait until the next one, which may never come.
-    pub async fn send(&mut self, data: &[u8]) -> std::io::Result<()> {
-        use tokio::io::AsyncWriteExt;
-        self.write_all(data).await?;
-        if self.wants_flush() {
-            self.flush().await?;
-        }
+    let send = async {
+        let mut s = TcpStream::connect(target.addr).await?;
+        s.write_all(&buf).await?;
+        // PostgreSQL closes the connection once it has signalled the backend.
+        let mut sink = [0u8; 16];
+        while s.read(&mut sink).await? > 0 {}
         Ok(())
+    };
+    crate::timer::timeout(Duration::from_secs(5), send)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("cancel timed out")))
+}
+
+/// Another way to reach a server than its host and port: an in-process stream in tests,
+/// later a link through another node. The stream it gives is logged in like a socket.
+pub trait Dial: Send + Sync {
+    fn dial<'a>(&'a self, upstream: &'a Upstream) -> DialFuture<'a>;
+
+    /// Where CancelRequests for the servers it reaches go (none: cancels are not sent).
+    fn cancel_addr(&self, _upstream: &Upstream) -> Option<SocketAddr> {
+        None
     }
 }
 
-impl tokio::io::AsyncRead for ServerStream {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl tokio::io::AsyncWrite for ServerStream {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, data),
-            ServerStream::Tls(s) => crate::net::poll_write_tls(&mut **s, cx, data),
-        }
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
-            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-            ServerStream::Tls(s) => std::pin::Pin::new(&mut **s).poll_shutdown(cx),
-        }
-    }
-}
+pub type DialFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<Stream>> + Send + 'a>>;
 
 /// Asks the server for TLS (SSLRequest) and does the handshake as `sslmode` says.
 async fn negotiate_tls(
     mut tcp: TcpStream,
     up: &Upstream,
     tls: &crate::upstream_tls::UpstreamTls,
-) -> Result<ServerStream, ServerError> {
+) -> Result<Stream, ServerError> {
     use crate::config::SslMode;
     let mut out = BytesMut::new();
     out.extend_from_slice(&8i32.to_be_bytes());
@@ -149,7 +102,7 @@ async fn negotiate_tls(
     tcp.read_exact(&mut answer).await?;
     match answer[0] {
         b'S' => {}
-        b'N' if tls.mode == SslMode::Prefer => return Ok(ServerStream::Plain(tcp)),
+        b'N' if tls.mode == SslMode::Prefer => return Ok(Stream::Tcp(tcp)),
         b'N' => {
             return Err(ServerError::Tls(format!(
                 "the server does not support SSL, but sslmode is {:?}",
@@ -165,7 +118,7 @@ async fn negotiate_tls(
         .connect(name, tcp)
         .await
         .map_err(|e| ServerError::Tls(e.to_string()))?;
-    Ok(ServerStream::Tls(Box::new(stream)))
+    Ok(Stream::TlsUpstream(Box::new(stream)))
 }
 
 impl std::fmt::Debug for Upstream {
@@ -236,9 +189,10 @@ static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 /// A live, authenticated server connection.
 pub struct ServerConn {
     pub id: u64,
-    pub stream: ServerStream,
+    pub stream: Stream,
     /// Bytes read from the server and not yet handled.
     pub buf: BytesMut,
+    /// Where cancel requests go (unspecified for a dialed stream, which takes none).
     pub addr: SocketAddr,
     pub process_id: i32,
     pub secret_key: i32,
@@ -249,8 +203,9 @@ pub struct ServerConn {
     /// [`crate::clock::now_ms`] at connect and at the last checkin.
     pub created: u64,
     pub last_used: u64,
-    /// Keeps the server listed in its pool (for `SHOW SERVERS`) while it lives.
-    pub tracker: Option<crate::pool::ServerTracker>,
+    /// Dropped with the connection, however it ends: how its pool's list of servers (for
+    /// `SHOW SERVERS`) learns that it is gone, without this module knowing pools.
+    pub tracker: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// The shard whose runtime registered this socket (its idle list takes it back).
     pub shard: usize,
 }
@@ -284,29 +239,40 @@ async fn connect_tcp(up: &Upstream, addr_text: &str) -> std::io::Result<TcpStrea
     }))
 }
 
+/// The stream to the server, TLS negotiated, and the address cancel requests go to.
+async fn open(up: &Upstream, addr_text: &str) -> Result<(Stream, SocketAddr), ServerError> {
+    if let Some(dial) = &up.dial {
+        let stream = dial.dial(up).await.map_err(|source| ServerError::Connect {
+            addr: addr_text.to_owned(),
+            source,
+        })?;
+        let cancel = dial.cancel_addr(up);
+        return Ok((
+            stream,
+            cancel.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+        ));
+    }
+    let tcp = connect_tcp(up, addr_text)
+        .await
+        .map_err(|source| ServerError::Connect {
+            addr: addr_text.to_owned(),
+            source,
+        })?;
+    tcp.set_nodelay(true)?;
+    let addr = tcp.peer_addr()?;
+    let stream = match &up.tls {
+        None => Stream::Tcp(tcp),
+        Some(tls) => negotiate_tls(tcp, up, tls).await?,
+    };
+    Ok((stream, addr))
+}
+
 impl ServerConn {
     pub async fn connect(up: &Upstream, timeout: Duration) -> Result<ServerConn, ServerError> {
         let addr_text = format!("{}:{}", up.host, up.port);
-        let stream = match crate::timer::timeout(timeout, connect_tcp(up, &addr_text)).await {
+        let (stream, addr) = match crate::timer::timeout(timeout, open(up, &addr_text)).await {
             Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
-            Ok(Err(source)) => {
-                return Err(ServerError::Connect {
-                    addr: addr_text,
-                    source,
-                })
-            }
-            Ok(Ok(s)) => s,
-        };
-        stream.set_nodelay(true)?;
-        let addr = stream.peer_addr()?;
-        let stream = match &up.tls {
-            None => ServerStream::Plain(stream),
-            Some(tls) => {
-                match crate::timer::timeout(timeout, negotiate_tls(stream, up, tls)).await {
-                    Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
-                    Ok(r) => r?,
-                }
-            }
+            Ok(r) => r?,
         };
         let now = crate::clock::now_ms();
         let mut conn = ServerConn {
@@ -332,7 +298,7 @@ impl ServerConn {
     async fn login(&mut self, up: &Upstream) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         frontend::startup(&mut out, &[("user", &up.user), ("database", &up.dbname)]);
-        self.stream.send(&out).await?;
+        self.stream.write_all(&out).await?;
         let mut scram: Option<ScramSha256> = None;
         // SCRAM passthrough: the exchange, then the server signature it must answer with.
         let mut passthrough: Option<Result<shoal_wire::scram::ClientExchange, [u8; 32]>> = None;
@@ -372,7 +338,7 @@ impl ServerConn {
                                     first.as_bytes(),
                                 );
                                 passthrough = Some(Ok(ex));
-                                self.stream.send(&out).await?;
+                                self.stream.write_all(&out).await?;
                                 continue;
                             }
                             let s = ScramSha256::new(
@@ -433,7 +399,7 @@ impl ServerConn {
                             )))
                         }
                     }
-                    self.stream.send(&out).await?;
+                    self.stream.write_all(&out).await?;
                 }
                 tag::BACKEND_KEY_DATA => {
                     (self.process_id, self.secret_key) =
@@ -483,7 +449,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::query(&mut out, sql);
         self.session.unnamed_dropped();
-        self.stream.send(&out).await?;
+        self.stream.write_all(&out).await?;
         self.read_until_ready().await
     }
 
@@ -497,7 +463,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::parse_bind_execute(&mut out, sql, params);
         self.session.unnamed_dropped();
-        self.stream.send(&out).await?;
+        self.stream.write_all(&out).await?;
         self.read_until_ready().await
     }
 
@@ -570,7 +536,7 @@ impl ServerConn {
     /// one write and reads every reply; fails with the first error once all are read, so
     /// the connection is left at a boundary either way (or is broken).
     pub async fn run_batch(&mut self, out: &[u8], replies: usize) -> Result<(), ServerError> {
-        self.stream.send(out).await?;
+        self.stream.write_all(out).await?;
         let mut first = None;
         for _ in 0..replies {
             match self.read_until_ready().await {
@@ -594,7 +560,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::parse_bind_execute(&mut out, sql, params);
         self.session.unnamed_dropped();
-        self.stream.send(&out).await?;
+        self.stream.write_all(&out).await?;
         let mut row = None;
         let mut first_error = None;
         loop {
@@ -670,11 +636,11 @@ impl ServerConn {
             return Ok(self);
         }
         match self.stream {
-            ServerStream::Plain(tcp) => {
+            Stream::Tcp(tcp) => {
                 // Leaves the other shard's reactor and joins this one's: two epoll_ctl calls,
                 // the descriptor unchanged.
                 let std = tcp.into_std()?;
-                self.stream = ServerStream::Plain(TcpStream::from_std(std)?);
+                self.stream = Stream::Tcp(TcpStream::from_std(std)?);
                 self.shard = here;
                 Ok(self)
             }
@@ -691,19 +657,22 @@ impl ServerConn {
     /// Costs no system call in the usual case: reads drain the socket through `poll_read`,
     /// which clears its readiness, so readiness here means something did arrive.
     pub fn is_stale(&mut self) -> bool {
-        if !self.buf.is_empty() {
-            return true;
+        !self.buf.is_empty() || self.stream.peer_spoke()
+    }
+
+    /// Where a CancelRequest for this server's running query goes.
+    pub fn cancel_target(&self) -> CancelTarget {
+        CancelTarget {
+            addr: self.addr,
+            process_id: self.process_id,
+            secret_key: self.secret_key,
         }
-        // Readiness alone decides whether to look (no read while the socket is not known
-        // readable); a read that finds nothing clears stale readiness.
-        let mut probe = [0u8; 1];
-        !matches!(self.stream.tcp().try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     /// Sends Terminate and closes; errors are irrelevant at this point.
     pub async fn close(mut self) {
         let mut out = BytesMut::new();
         frontend::terminate(&mut out);
-        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.send(&out)).await;
+        let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
     }
 }

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use shoal::app::App;
 use shoal::config::Config;
-use shoal::net::ClientStream;
+use shoal::net::Stream;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_over_an_in_process_pipe() {
@@ -24,7 +24,7 @@ async fn a_session_over_an_in_process_pipe() {
         let (ours, theirs) = tokio::io::duplex(64 * 1024);
         tokio::spawn(shoal::session::serve(
             app.clone(),
-            ClientStream::Buffered(Box::new(theirs)),
+            Stream::Buffered(Box::new(theirs)),
             None,
         ));
         let (client, conn) = tokio_postgres::Config::new()
@@ -157,11 +157,7 @@ async fn large_replies_to_a_slow_tls_client_always_complete() {
         socket2::SockRef::from(&ours)
             .set_send_buffer_size(8192)
             .unwrap();
-        tokio::spawn(shoal::session::serve(
-            app,
-            ClientStream::Tcp(ours),
-            Some(peer),
-        ));
+        tokio::spawn(shoal::session::serve(app, Stream::Tcp(ours), Some(peer)));
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let tls = connector.connect(name, tcp.unwrap()).await.expect("TLS");
         let slow = SlowReader {

@@ -47,7 +47,7 @@ async fn a_reply_larger_than_any_buffer_is_held_back_not_buffered() {
     let mut still = 0;
     while still < 10 {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let now = fake.big_written.load(Ordering::Relaxed);
+        let now = fake.shared.big_written.load(Ordering::Relaxed);
         if now == last {
             still += 1;
         } else {
@@ -63,7 +63,7 @@ async fn a_reply_larger_than_any_buffer_is_held_back_not_buffered() {
     let row = msgs.iter().find(|m| m.tag == 'D').expect("the row");
     assert_eq!(row.body.len(), 2 + 4 + SIZE);
     assert!(row.body[6..].iter().all(|&b| b == b'x'));
-    assert_eq!(fake.big_written.load(Ordering::Relaxed), SIZE as u64);
+    assert_eq!(fake.shared.big_written.load(Ordering::Relaxed), SIZE as u64);
 }
 
 /// Three pipelined queries; the server answers the first and dies at the second. The client
@@ -172,5 +172,5 @@ async fn split_replies_under_concurrency_all_arrive() {
             .expect("every client finishes")
             .unwrap();
     }
-    assert!(fake.connections.load(Ordering::Relaxed) <= 4 + 1);
+    assert!(fake.shared.connections.load(Ordering::Relaxed) <= 4 + 1);
 }

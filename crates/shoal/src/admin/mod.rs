@@ -14,7 +14,7 @@ use bytes::{BufMut, BytesMut};
 use shoal_wire::{backend, sqlstate, Frame};
 
 use crate::app::App;
-use crate::net::ClientStream;
+use crate::net::Stream;
 use command::Command;
 use show::{Kind, ResultSet};
 
@@ -98,7 +98,7 @@ fn error(out: &mut BytesMut, code: &str, message: &str) {
 }
 
 /// Serves a logged-in console user until they leave.
-pub async fn serve(app: Arc<App>, stream: &mut ClientStream, user: String, access: Access) {
+pub async fn serve(app: Arc<App>, stream: &mut Stream, user: String, access: Access) {
     tracing::info!(user = %crate::logsafe::Escaped(&user), ?access, "admin console login");
     let mut buf = BytesMut::with_capacity(1024);
     let mut skipping = false;

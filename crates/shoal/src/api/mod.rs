@@ -318,12 +318,11 @@ async fn pools(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -
     if let Err(r) = authorized(&api, &headers) {
         return *r;
     }
-    if api.service.app.routes.tenants.get(&id).is_none() {
+    if api.service.routes.tenants.get(&id).is_none() {
         return error(StatusCode::NOT_FOUND, "tenant not found");
     }
     let pools: Vec<Value> = api
         .service
-        .app
         .routes
         .tenant_pools(&id)
         .iter()

@@ -10,12 +10,12 @@ use subtle::ConstantTimeEq;
 
 use super::SessionError;
 use crate::config::{ClientAuth, User};
-use crate::net::ClientStream;
+use crate::net::Stream;
 
 /// Authentication messages are small; a larger one is an attack or a bug.
 const MAX_AUTH_MESSAGE: usize = 8192;
 
-async fn read_password_message(stream: &mut ClientStream) -> Result<Frame, SessionError> {
+async fn read_password_message(stream: &mut Stream) -> Result<Frame, SessionError> {
     let mut buf = BytesMut::with_capacity(512);
     loop {
         if let Some(f) = Frame::split(&mut buf, MAX_AUTH_MESSAGE)
@@ -58,7 +58,7 @@ fn malformed(e: impl std::fmt::Display) -> SessionError {
 /// A login as a user Shoal does not serve: a SCRAM exchange that no password passes, ending
 /// with the same `28P01` a wrong password gets, so that which users exist cannot be probed.
 /// (The reason is in Shoal's log.) `seed` makes the fake salt stable per user name.
-pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) -> SessionError {
+pub async fn refuse_unknown(stream: &mut Stream, name: &str, seed: &[u8]) -> SessionError {
     let user = User::named(
         name,
         ClientAuth::Scram(Box::new(shoal_wire::scram::Verifier::unmatchable(seed))),
@@ -74,7 +74,7 @@ pub async fn refuse_unknown(stream: &mut ClientStream, name: &str, seed: &[u8]) 
 /// messages (SASLFinal, AuthenticationOk) are left in `done`, unsent, for the caller to send
 /// with the session's parameters: one write and one wake-up of the client fewer.
 pub async fn authenticate(
-    stream: &mut ClientStream,
+    stream: &mut Stream,
     user: &User,
     end_point: Option<&[u8]>,
     done: &mut BytesMut,
@@ -89,7 +89,7 @@ pub async fn authenticate(
             // As PostgreSQL's `cert`: a client certificate verified at the TLS handshake
             // (against `[tls] ca_file`) whose common name is the user name.
             let cn = match &*stream {
-                ClientStream::Tls(s) => crate::tls::peer_common_name(s),
+                Stream::Tls(s) => crate::tls::peer_common_name(s),
                 _ => None,
             };
             let Some(cn) = cn else {

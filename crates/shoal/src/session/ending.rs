@@ -8,10 +8,10 @@ use shoal_wire::backend::{self, Severity};
 
 use super::{Session, SessionError};
 use crate::logsafe::Escaped;
-use crate::net::ClientStream;
+use crate::net::Stream;
 
 pub(super) async fn send_error(
-    stream: &mut ClientStream,
+    stream: &mut Stream,
     severity: Severity,
     code: &str,
     message: &str,
@@ -41,7 +41,7 @@ fn log_disconnect(session: &Session, result: &Result<(), SessionError>) {
 }
 
 /// Logs how the session ended and tells the client why, where it should know.
-pub(super) async fn finish(id: u64, stream: &mut ClientStream, result: Result<(), SessionError>) {
+pub(super) async fn finish(id: u64, stream: &mut Stream, result: Result<(), SessionError>) {
     match result {
         Ok(()) | Err(SessionError::ClientGone) => {
             tracing::debug!(conn = id, "client disconnected")

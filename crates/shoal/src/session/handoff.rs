@@ -11,7 +11,7 @@ use super::{serve_transaction_mode, Extras, Session};
 use crate::app::App;
 use crate::config::{ClientAuth, Passthrough, User};
 use crate::handoff::{PassthroughImage, SessionImage};
-use crate::net::ClientStream;
+use crate::net::Stream;
 use crate::route::{Routed, Scope};
 
 impl Session {
@@ -27,8 +27,8 @@ impl Session {
             return false;
         }
         let (fd, unix) = match &self.stream {
-            ClientStream::Tcp(s) => (s.as_fd().try_clone_to_owned(), false),
-            ClientStream::Unix(s) => (s.as_fd().try_clone_to_owned(), true),
+            Stream::Tcp(s) => (s.as_fd().try_clone_to_owned(), false),
+            Stream::Unix(s) => (s.as_fd().try_clone_to_owned(), true),
             // TLS keys live in this process; in-process streams have no descriptor.
             _ => return false,
         };
@@ -227,19 +227,15 @@ enum Std {
 
 impl Std {
     /// Joins the current runtime's reactor.
-    fn register(self) -> Option<ClientStream> {
+    fn register(self) -> Option<Stream> {
         match self {
             Std::Tcp(s) => {
                 s.set_nonblocking(true).ok()?;
-                tokio::net::TcpStream::from_std(s)
-                    .ok()
-                    .map(ClientStream::Tcp)
+                tokio::net::TcpStream::from_std(s).ok().map(Stream::Tcp)
             }
             Std::Unix(s) => {
                 s.set_nonblocking(true).ok()?;
-                tokio::net::UnixStream::from_std(s)
-                    .ok()
-                    .map(ClientStream::Unix)
+                tokio::net::UnixStream::from_std(s).ok().map(Stream::Unix)
             }
         }
     }

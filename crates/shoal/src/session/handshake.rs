@@ -11,7 +11,7 @@ use shoal_wire::startup::{self, StartupMessage, StartupPacket, TLS_HANDSHAKE_BYT
 
 use super::SessionError;
 use crate::app::App;
-use crate::net::ClientStream;
+use crate::net::Stream;
 
 /// What a client's first packet asked for.
 pub enum FirstPacket {
@@ -28,7 +28,7 @@ pub enum FirstPacket {
 
 /// Reads one first packet. `None` when the client left. `buf` holds what was read past it.
 pub async fn read_packet(
-    stream: &mut ClientStream,
+    stream: &mut Stream,
     buf: &mut BytesMut,
 ) -> Result<Option<FirstPacket>, SessionError> {
     let len = loop {
@@ -76,10 +76,10 @@ pub async fn read_packet(
 /// routing cancel requests. `None` when the connection was only a CancelRequest or the
 /// client left.
 pub async fn negotiate(
-    stream: &mut ClientStream,
+    stream: &mut Stream,
     app: &App,
 ) -> Result<Option<StartupMessage>, SessionError> {
-    // Large enough that the first read does not grow it (see `ClientStream::read_buf`).
+    // Large enough that the first read does not grow it (see `Stream::read_buf`).
     let mut buf = BytesMut::with_capacity(1024);
     // As PostgreSQL: one SSLRequest and one GSSENCRequest at most (libpq may send both).
     let (mut ssl_done, mut gss_done) = (false, false);
@@ -106,7 +106,7 @@ pub async fn negotiate(
                 return Ok(None);
             }
             FirstPacket::DirectTls => {
-                if ssl_done || !app.tls.enabled() || !matches!(stream, ClientStream::Tcp(_)) {
+                if ssl_done || !app.tls.enabled() || !matches!(stream, Stream::Tcp(_)) {
                     // A direct-TLS client cannot read a plain error.
                     return Err(SessionError::Quiet(
                         "client started TLS directly; TLS is not enabled".into(),
@@ -132,7 +132,7 @@ pub async fn negotiate(
                 "received unencrypted data after encryption request",
             ));
         }
-        let tls = ssl && app.tls.enabled() && matches!(stream, ClientStream::Tcp(_));
+        let tls = ssl && app.tls.enabled() && matches!(stream, Stream::Tcp(_));
         if tls {
             stream.write_all(b"S").await?;
             upgrade(stream, app, bytes::Bytes::new()).await?;
@@ -145,12 +145,8 @@ pub async fn negotiate(
 
 /// Replaces a TCP client's stream with TLS over it (`hello`: bytes of the handshake already
 /// read).
-async fn upgrade(
-    stream: &mut ClientStream,
-    app: &App,
-    hello: bytes::Bytes,
-) -> Result<(), SessionError> {
-    let ClientStream::Tcp(tcp) = std::mem::replace(stream, ClientStream::Upgrading) else {
+async fn upgrade(stream: &mut Stream, app: &App, hello: bytes::Bytes) -> Result<(), SessionError> {
+    let Stream::Tcp(tcp) = std::mem::replace(stream, Stream::Upgrading) else {
         return Err(SessionError::Quiet("TLS over a non-TCP stream".into()));
     };
     match app.tls.accept(tcp, hello).await {
@@ -158,7 +154,7 @@ async fn upgrade(
             app.metrics
                 .tls_handshakes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            *stream = ClientStream::Tls(Box::new(tls));
+            *stream = Stream::Tls(Box::new(tls));
             Ok(())
         }
         // The client cannot read a plain error in the middle of a TLS handshake.

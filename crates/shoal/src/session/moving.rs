@@ -2,7 +2,7 @@
 //! [`crate::shard`]).
 
 use super::{serve_transaction_mode, Session};
-use crate::net::ClientStream;
+use crate::net::Stream;
 
 /// Moves an idle transaction-mode client to shard `target`: its socket leaves this shard's
 /// reactor and joins the target's, where a new task goes on serving it. Gives the session
@@ -11,8 +11,8 @@ pub(super) fn move_to(mut session: Session, target: usize) -> Result<(), Box<Ses
     let Some(handle) = crate::shard::handle(target) else {
         return Err(Box::new(session));
     };
-    let tcp = match std::mem::replace(&mut session.stream, ClientStream::Upgrading) {
-        ClientStream::Tcp(tcp) => tcp,
+    let tcp = match std::mem::replace(&mut session.stream, Stream::Upgrading) {
+        Stream::Tcp(tcp) => tcp,
         other => {
             session.stream = other;
             return Err(Box::new(session));
@@ -38,7 +38,7 @@ pub(super) fn move_to(mut session: Session, target: usize) -> Result<(), Box<Ses
                 to = target,
                 "client moves to another shard"
             );
-            session.stream = ClientStream::Tcp(s);
+            session.stream = Stream::Tcp(s);
             crate::shard::client_left(crate::shard::current());
             crate::shard::client_arrived(target);
             handle.spawn(serve_transaction_mode(session));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::model::{FieldErrors, Tenant};
 use super::store::{Store, StoreError};
 use super::TenantRoute;
-use crate::app::App;
+use crate::route::Registry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -30,15 +30,16 @@ fn field_error(field: &str, msg: impl Into<String>) -> ServiceError {
 
 /// The tenant store and the routing it feeds.
 pub struct TenantService {
-    pub app: Arc<App>,
+    /// The routing tenants are applied to.
+    pub routes: Arc<Registry>,
     pub store: Store,
     ca_dir: std::path::PathBuf,
 }
 
 impl TenantService {
-    pub fn new(app: Arc<App>, store: Store, data_dir: &std::path::Path) -> TenantService {
+    pub fn new(routes: Arc<Registry>, store: Store, data_dir: &std::path::Path) -> TenantService {
         TenantService {
-            app,
+            routes,
             store,
             ca_dir: data_dir.join("tenant-ca"),
         }
@@ -54,10 +55,9 @@ impl TenantService {
         for t in stored {
             self.apply(t).await;
         }
-        for id in self.app.routes.tenants.ids() {
+        for id in self.routes.tenants.ids() {
             if !ids.contains(&id) {
-                self.app
-                    .routes
+                self.routes
                     .remove_tenant(&id, &format!("tenant \"{id}\" was deleted"))
                     .await;
             }
@@ -68,19 +68,13 @@ impl TenantService {
     /// Applies one stored tenant to routing (no-op when unchanged).
     pub async fn apply(&self, t: Tenant) {
         let id = t.external_id.clone();
-        if self
-            .app
-            .routes
-            .tenants
-            .get(&id)
-            .is_some_and(|r| r.tenant == t)
-        {
+        if self.routes.tenants.get(&id).is_some_and(|r| r.tenant == t) {
             return;
         }
         let banned = t.banned_at(std::time::SystemTime::now());
         let reason = t.ban_reason.clone();
         match TenantRoute::new(t, &self.ca_dir) {
-            Ok(route) => self.app.routes.put_tenant(route).await,
+            Ok(route) => self.routes.put_tenant(route).await,
             Err(e) => {
                 tracing::error!(tenant = %id, error = %e, "tenant not applied");
                 return;
@@ -91,7 +85,7 @@ impl TenantService {
                 Some(r) => format!("tenant \"{id}\" was banned: {r}"),
                 None => format!("tenant \"{id}\" was banned"),
             };
-            let n = self.app.routes.end_tenant_pools(&id, &why).await;
+            let n = self.routes.end_tenant_pools(&id, &why).await;
             tracing::info!(tenant = %id, clients = n, "tenant banned: its clients were disconnected");
         }
     }
@@ -101,8 +95,7 @@ impl TenantService {
         match self.store.get(id).await? {
             Some(t) => self.apply(t).await,
             None => {
-                self.app
-                    .routes
+                self.routes
                     .remove_tenant(id, &format!("tenant \"{id}\" was deleted"))
                     .await;
             }
@@ -122,7 +115,7 @@ impl TenantService {
         t.external_id = id.to_owned();
         t.validate().map_err(ServiceError::Invalid)?;
         if let Some(sni) = &t.sni_hostname {
-            if let Some(other) = self.app.routes.tenants.by_sni(sni) {
+            if let Some(other) = self.routes.tenants.by_sni(sni) {
                 if other != id {
                     return Err(field_error(
                         "sni_hostname",
@@ -131,7 +124,7 @@ impl TenantService {
                 }
             }
         }
-        let exists = self.app.routes.tenants.get(id).is_some();
+        let exists = self.routes.tenants.get(id).is_some();
         if check && !exists {
             self.check_upstream(&t).await?;
         }
@@ -166,6 +159,7 @@ impl TenantService {
             tls: tls.map(Arc::new),
             tls_settings: route.database.tls.clone(),
             passthrough: None,
+            dial: None,
         };
         match crate::server::ServerConn::connect(&upstream, Duration::from_secs(5)).await {
             Ok(conn) => {
@@ -203,8 +197,7 @@ impl TenantService {
         if !self.store.delete(id).await? {
             return Err(ServiceError::NotFound);
         }
-        self.app
-            .routes
+        self.routes
             .remove_tenant(id, &format!("tenant \"{id}\" was deleted"))
             .await;
         Ok(())
@@ -252,11 +245,10 @@ impl TenantService {
 
     /// Ends every client and pool of a tenant (the tenant stays).
     pub async fn terminate(&self, id: &str) -> Result<usize, ServiceError> {
-        if self.app.routes.tenants.get(id).is_none() {
+        if self.routes.tenants.get(id).is_none() {
             return Err(ServiceError::NotFound);
         }
         Ok(self
-            .app
             .routes
             .end_tenant_pools(
                 id,

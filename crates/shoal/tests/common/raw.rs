@@ -10,8 +10,13 @@ use shoal_wire::{frontend, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Any byte stream a raw client can speak over (TCP, or an in-process pipe to a session).
+pub trait RawIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> RawIo for T {}
+
 pub struct Raw {
-    pub stream: TcpStream,
+    pub stream: Box<dyn RawIo>,
     buf: BytesMut,
     pub params: Vec<(String, String)>,
     pub key: (i32, i32),
@@ -112,8 +117,12 @@ pub fn query(b: &mut BytesMut, sql: &str) {
 
 impl Raw {
     pub async fn connect(addr: SocketAddr) -> Raw {
+        Raw::over(TcpStream::connect(addr).await.expect("connect"))
+    }
+
+    pub fn over(stream: impl RawIo + 'static) -> Raw {
         Raw {
-            stream: TcpStream::connect(addr).await.expect("connect"),
+            stream: Box::new(stream),
             buf: BytesMut::new(),
             params: Vec::new(),
             key: (0, 0),
@@ -180,7 +189,11 @@ impl Raw {
 
     /// Completes a trust login, recording ParameterStatus and BackendKeyData.
     pub async fn login(addr: SocketAddr, user: &str, db: &str, extra: &[(&str, &str)]) -> Raw {
-        let mut r = Raw::connect(addr).await;
+        Raw::login_over(Raw::connect(addr).await, user, db, extra).await
+    }
+
+    /// [`Raw::login`] over a stream already open.
+    pub async fn login_over(mut r: Raw, user: &str, db: &str, extra: &[(&str, &str)]) -> Raw {
         r.startup(user, db, extra).await;
         for m in r.until_ready().await {
             match m.tag {
