@@ -201,6 +201,23 @@ impl ClientError {
         }
     }
 
+    /// Why no prepared server could be had for a client of `pool`.
+    pub fn wait(pool: &str, e: &crate::pool::ServerWait) -> ClientError {
+        match e {
+            crate::pool::ServerWait::Cancelled => ClientError {
+                kind: ErrorKind::Canceled,
+                code: sqlstate::QUERY_CANCELED,
+                message: "canceling statement due to user request".into(),
+                detail: "cancelled while waiting for a server".into(),
+                retry_safe: false,
+            },
+            crate::pool::ServerWait::Checkout(e) => Self::checkout(e),
+            crate::pool::ServerWait::Prepare(e) => {
+                Self::server(pool, e, "preparing it for a client")
+            }
+        }
+    }
+
     /// A failure of server `e` in `pool` while Shoal was `doing` something with it, before
     /// any client message was sent to it.
     pub fn server(pool: &str, e: &ServerError, doing: &str) -> ClientError {

@@ -47,6 +47,18 @@ pub enum CheckoutError {
     Closed(String),
 }
 
+/// Why [`Pool::prepared_server`] has no server to give.
+#[derive(Debug)]
+pub enum ServerWait {
+    /// The client cancelled while it waited.
+    Cancelled,
+    /// No server could be had (see [`crate::error::ClientError::checkout`]).
+    Checkout(CheckoutError),
+    /// A server was had, but failed while being made what the client expects; nothing of
+    /// the client's reached it, and it is closed.
+    Prepare(ServerError),
+}
+
 /// Counters an operator needs, updated with relaxed atomics.
 #[derive(Default, Debug)]
 pub struct PoolStats {
@@ -227,13 +239,9 @@ impl Lease {
     pub fn close(self, reason: CloseReason) {
         tracing::debug!(pool = %self.pool.name, server = self.id, reason = reason.label(), "closing a server");
         if reason.cancel_first() {
-            let target = crate::cancel::CancelTarget {
-                addr: self.addr,
-                process_id: self.process_id,
-                secret_key: self.secret_key,
-            };
+            let target = self.cancel_target();
             drop(self);
-            tokio::spawn(crate::cancel::forward(target));
+            tokio::spawn(crate::server::forward(target));
         }
     }
 }
@@ -394,7 +402,40 @@ impl Pool {
         })
     }
 
-    /// The most recently used healthy idle server, if any (stale ones are closed).
+    /// A server ready for a client: checked out (at once when one is idle, else waiting
+    /// first come, first served, until `cancelled` — made only when a wait begins — fires),
+    /// then made what the client expects: nothing of another client, its startup `params`,
+    /// its held `sets`. The one way logins, transactions and other front doors get a server.
+    pub async fn prepared_server<C, F>(
+        self: &Arc<Self>,
+        client: u64,
+        params: &[(String, String)],
+        sets: Option<&crate::sets::SessionSets>,
+        cancelled: C,
+    ) -> Result<Lease, ServerWait>
+    where
+        C: FnOnce() -> F,
+        F: std::future::Future,
+    {
+        let mut lease = match self.try_checkout() {
+            Some(l) => l,
+            None => {
+                let cancelled = cancelled();
+                tokio::select! {
+                    r = self.checkout() => r.map_err(ServerWait::Checkout)?,
+                    _ = cancelled => return Err(ServerWait::Cancelled),
+                }
+            }
+        };
+        match lease
+            .prepare_for(client, params, sets, &self.settings)
+            .await
+        {
+            Ok(()) => Ok(lease),
+            Err(e) => Err(ServerWait::Prepare(e)),
+        }
+    }
+
     /// The most recently returned idle server of this thread's shard, else of another.
     fn pop_any(&self) -> Option<Box<ServerConn>> {
         let here = crate::shard::current();
@@ -459,13 +500,13 @@ impl Pool {
                             process_id: conn.process_id,
                             addr: conn.addr,
                             created: conn.created,
-                            tls: matches!(conn.stream, crate::server::ServerStream::Tls(_)),
+                            tls: conn.stream.is_tls(),
                         },
                     );
-                conn.tracker = Some(ServerTracker {
+                conn.tracker = Some(Box::new(ServerTracker {
                     pool: self.self_weak(),
                     id: conn.id,
-                });
+                }));
                 self.stats.servers.fetch_add(1, Ordering::Relaxed);
                 if self.login_params(&[]).is_none() {
                     self.remember_login_params(&[], &conn.params);

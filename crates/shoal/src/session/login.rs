@@ -14,19 +14,20 @@ use super::{auth, finish, handshake, Session, SessionError};
 use crate::app::App;
 use crate::cancel::Registration;
 use crate::config::PoolMode;
+use crate::config::User;
 use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
-use crate::net::ClientStream;
+use crate::net::Stream;
 use crate::params::StartupRequest;
-use crate::pool::{Lease, Pool};
-use crate::route::{RouteError, RouteRequest};
+use crate::pool::{Lease, Pool, ServerWait};
+use crate::route::{RouteError, RouteRequest, Routed};
 use crate::server::ServerError;
 
 /// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
 /// failures; returns the logged-in session.
 pub(super) async fn login_phase(
     app: Arc<App>,
-    mut stream: ClientStream,
+    mut stream: Stream,
     peer: Option<std::net::SocketAddr>,
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.next_conn_id();
@@ -87,7 +88,8 @@ pub(super) async fn login_phase(
     }
 }
 
-/// Where a login ends up.
+/// Where a login ends up. A front door other than the pool (a relay to the node that owns
+/// the pool, in a cluster) is one more variant, made by [`outcome`].
 pub(super) enum Outcome {
     Pool(Box<LoggedIn>),
     /// The admin console (a user allowed in by `[admin]`).
@@ -106,19 +108,71 @@ pub(super) struct LoggedIn {
     pub(super) peer: Option<std::net::SocketAddr>,
 }
 
+/// What a client asks for, and what is known of it before it proves who it is.
+struct Request {
+    startup: StartupRequest,
+    /// The TLS server name (SNI) it connected with.
+    server_name: Option<String>,
+    peer: Option<std::net::SocketAddr>,
+    /// The reply being composed: AuthenticationOk and what follows go out in one write.
+    out: BytesMut,
+}
+
+impl Request {
+    fn ip(&self) -> Option<std::net::IpAddr> {
+        self.peer.map(|a| a.ip())
+    }
+
+    fn route(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            user: &self.startup.user,
+            database: &self.startup.database,
+            server_name: self.server_name.as_deref(),
+            reference: self.startup.reference.as_deref(),
+            addr: self.ip(),
+        }
+    }
+}
+
+/// The steps of a login, each a function of what the last one found: request → admit →
+/// resolve → credentials → authenticate → destination → enter.
+///
+/// Each step that awaits much is boxed, so a login in flight holds only the state of its
+/// current step: in a connect storm thousands wait here at once, and what they leave behind
+/// in the heap is what idle clients later pay for.
 async fn login(
     app: &Arc<App>,
-    stream: &mut ClientStream,
+    stream: &mut Stream,
     peer: Option<std::net::SocketAddr>,
 ) -> Result<Option<Outcome>, SessionError> {
-    // Each phase is boxed so a login in flight holds only the state of its current phase:
-    // in a connect storm thousands wait here at once, and what they leave behind in the
-    // heap is what idle clients later pay for.
+    let Some(mut req) = Box::pin(request(app, stream, peer)).await? else {
+        return Ok(None);
+    };
+    admit(app, &req)?;
+    let routed = Box::pin(resolve(app, &req)).await?;
+    let found = Box::pin(credentials(app, &routed)).await?;
+    require_tls(app, stream, &routed, &found)?;
+    let user = Box::pin(authenticate(app, stream, &mut req, &routed, found)).await?;
+    let to = destination(app, &req, &routed, &user)?;
+    // Not needed past here: dropped now, they take no room in this future across the
+    // awaits below.
+    drop(user);
+    drop(routed);
+    Box::pin(enter(app, stream, req, to)).await.map(Some)
+}
+
+/// The handshake, and the startup packet read as a request; `None` when the connection
+/// was only a cancel request (or ended before asking anything).
+async fn request(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    peer: Option<std::net::SocketAddr>,
+) -> Result<Option<Request>, SessionError> {
     let Some(startup) = Box::pin(handshake::negotiate(stream, app)).await? else {
         return Ok(None);
     };
     let minor = startup.minor;
-    let req = StartupRequest::from_startup(startup).map_err(|e| {
+    let startup = StartupRequest::from_startup(startup).map_err(|e| {
         let code = match e {
             crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
             _ => sqlstate::PROTOCOL_VIOLATION,
@@ -128,11 +182,26 @@ async fn login(
     // Sized for the usual reply (AuthenticationOk, a dozen ParameterStatus, BackendKeyData,
     // ReadyForQuery), so composing it does not reallocate.
     let mut out = BytesMut::with_capacity(1024);
-    if minor > 0 || !req.unrecognized.is_empty() {
-        let names: Vec<&str> = req.unrecognized.iter().map(String::as_str).collect();
+    if minor > 0 || !startup.unrecognized.is_empty() {
+        let names: Vec<&str> = startup.unrecognized.iter().map(String::as_str).collect();
         backend::negotiate_protocol_version(&mut out, 3 << 16, &names);
         stream.write_all(&out).await?;
+        out.clear();
     }
+    let server_name = match &*stream {
+        Stream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
+        _ => None,
+    };
+    Ok(Some(Request {
+        startup,
+        server_name,
+        peer,
+        out,
+    }))
+}
+
+/// Process-wide limits that refuse a login before anything is looked up.
+fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     // Logins accepted before shutdown began complete (the drain waits for them); only once
     // idle clients are being closed is it too late.
     if app.closing_clients.load(Ordering::Relaxed) {
@@ -148,20 +217,10 @@ async fn login(
             format!("too many client connections: server.max_client_conn ({max}) reached"),
         ));
     }
-    let server_name = match &*stream {
-        ClientStream::Tls(s) => crate::tls::server_name(s).map(str::to_owned),
-        _ => None,
-    };
-    let addr = peer.map(|a| a.ip());
-    let route = RouteRequest {
-        user: &req.user,
-        database: &req.database,
-        server_name: server_name.as_deref(),
-        reference: req.reference.as_deref(),
-        addr,
-    };
-    let refused = |e: RouteError| SessionError::fatal(e.code(), e.to_string());
-    if let Some(left) = addr.and_then(|a| app.login_failures.banned(a, &req.user)) {
+    if let Some(left) = req
+        .ip()
+        .and_then(|a| app.login_failures.banned(a, &req.startup.user))
+    {
         return Err(SessionError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!(
@@ -170,102 +229,112 @@ async fn login(
             ),
         ));
     }
-    let routed = match app.routes.resolve(&route) {
-        Ok(r) => r,
+    Ok(())
+}
+
+fn refused(e: RouteError) -> SessionError {
+    SessionError::fatal(e.code(), e.to_string())
+}
+
+/// Which tenant or database, and which user entry, the request names.
+async fn resolve(app: &App, req: &Request) -> Result<Routed, SessionError> {
+    match app.routes.resolve(&req.route()) {
+        Ok(r) => Ok(r),
         Err(e) => {
-            tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused before authentication");
-            if let (Some(a), RouteError::UnknownTenant(_)) = (addr, &e) {
+            tracing::info!(user = %Escaped(&req.startup.user), reason = %Escaped(&e), "login refused before authentication");
+            if let (Some(a), RouteError::UnknownTenant(_)) = (req.ip(), &e) {
                 // Probing for tenant names is rate-limited like guessing passwords.
-                let delay = app.login_failures.failed(a, &req.user);
+                let delay = app.login_failures.failed(a, &req.startup.user);
                 crate::timer::sleep(delay).await;
             }
-            return Err(refused(e));
-        }
-    };
-    let end_point = if stream.is_tls() {
-        app.tls.end_point(server_name.as_deref())
-    } else {
-        None
-    };
-    // Who the user is: configured (config file or tenant), or found by the database's
-    // auth_query.
-    let database = routed.database();
-    let mut found = routed
-        .configured_user()
-        .map(Cow::Borrowed)
-        .ok_or_else(|| RouteError::UnknownUser(routed.user.clone()));
-    if let (Err(_), Some(db)) = (&found, database) {
-        if let (Some(aq), Some(auth_user)) = (&db.auth_query, routed.auth_user()) {
-            let timeout = crate::config::secs(app.routes.config().pool.server_connect_timeout);
-            // Boxed: the lookup may open a server connection, a large future that every
-            // login would otherwise carry (and copy) while only auth_query users need it.
-            match Box::pin(app.secrets.user(&auth_user, timeout, db, aq, &routed.user)).await {
-                Ok(Some(user)) => found = Ok(Cow::Owned(user)),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(database = %db.name, error = %Escaped(&e), "auth_query failed");
-                    return Err(SessionError::fatal(
-                        sqlstate::CONNECTION_FAILURE,
-                        format!(
-                            "cannot look up the user: the auth_query of database \"{}\" failed",
-                            db.name
-                        ),
-                    ));
-                }
-            }
+            Err(refused(e))
         }
     }
-    // TLS requirement: the user's, else the database's (a tenant's `enforce_ssl`), else
-    // `[tls] client_tls` — checked before any password is exchanged.
-    let db_tls = database.and_then(|d| d.client_tls);
-    let tls_mode = found
+}
+
+/// Who the user is: configured (config file or tenant), or found by the database's
+/// auth_query. An unknown user is not an error yet: it is refused like a wrong password.
+async fn credentials<'a>(
+    app: &App,
+    routed: &'a Routed,
+) -> Result<Result<Cow<'a, User>, RouteError>, SessionError> {
+    if let Some(user) = routed.configured_user() {
+        return Ok(Ok(Cow::Borrowed(user)));
+    }
+    let unknown = Err(RouteError::UnknownUser(routed.user.clone()));
+    let Some(db) = routed.database() else {
+        return Ok(unknown);
+    };
+    let (Some(aq), Some(auth_user)) = (&db.auth_query, routed.auth_user()) else {
+        return Ok(unknown);
+    };
+    let timeout = crate::config::secs(app.routes.config().pool.server_connect_timeout);
+    match app
+        .secrets
+        .user(&auth_user, timeout, db, aq, &routed.user)
+        .await
+    {
+        Ok(Some(user)) => Ok(Ok(Cow::Owned(user))),
+        Ok(None) => Ok(unknown),
+        Err(e) => {
+            tracing::warn!(database = %db.name, error = %Escaped(&e), "auth_query failed");
+            Err(SessionError::fatal(
+                sqlstate::CONNECTION_FAILURE,
+                format!(
+                    "cannot look up the user: the auth_query of database \"{}\" failed",
+                    db.name
+                ),
+            ))
+        }
+    }
+}
+
+/// The TLS requirement: the user's, else the database's (a tenant's `enforce_ssl`), else
+/// `[tls] client_tls` — checked before any password is exchanged.
+fn require_tls(
+    app: &App,
+    stream: &Stream,
+    routed: &Routed,
+    found: &Result<Cow<'_, User>, RouteError>,
+) -> Result<(), SessionError> {
+    let db_tls = routed.database().and_then(|d| d.client_tls);
+    let mode = found
         .as_ref()
         .ok()
         .and_then(|u| u.client_tls)
         .or(db_tls)
         .unwrap_or(app.tls.mode);
-    if tls_mode == crate::config::ClientTls::Require && !stream.is_tls() {
+    if mode == crate::config::ClientTls::Require && !stream.is_tls() {
         return Err(SessionError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             "TLS is required: connect with sslmode=require (or stricter)",
         ));
     }
+    Ok(())
+}
+
+/// The password exchange. Failures count towards the address's login delays and bans; an
+/// unknown user is answered like a wrong password (no probing which users exist). What
+/// authentication ends with (AuthenticationOk) waits in `req.out` for the rest of the reply.
+async fn authenticate<'a>(
+    app: &App,
+    stream: &mut Stream,
+    req: &mut Request,
+    routed: &Routed,
+    found: Result<Cow<'a, User>, RouteError>,
+) -> Result<Cow<'a, User>, SessionError> {
     let result = match found {
-        Ok(mut user) => {
-            // What authentication ends with (AuthenticationOk) waits in `out` to go out with
-            // the session's parameters: one write, one wake-up of the client, fewer.
-            out.clear();
-            let r = Box::pin(auth::authenticate(
-                stream,
-                &user,
-                end_point.as_deref(),
-                &mut out,
-            ))
-            .await;
+        Ok(user) => {
+            let end_point = if stream.is_tls() {
+                app.tls.end_point(req.server_name.as_deref())
+            } else {
+                None
+            };
+            let r = auth::authenticate(stream, &user, end_point.as_deref(), &mut req.out).await;
             match r {
-                Ok(client_key) => {
-                    // A user from auth_query logs in upstream with its secret (passthrough).
-                    if user.server_password.is_none() && user.passthrough.is_none() {
-                        let passthrough = match (&user.auth, client_key) {
-                            (crate::config::ClientAuth::Scram(v), Some(k)) => {
-                                Some(Arc::new(crate::config::Passthrough::Scram {
-                                    client_key: k,
-                                    verifier: v.to_text().into(),
-                                }))
-                            }
-                            (crate::config::ClientAuth::Md5(s), _) => {
-                                Some(Arc::new(crate::config::Passthrough::Md5(s.clone())))
-                            }
-                            _ => None,
-                        };
-                        if passthrough.is_some() {
-                            user.to_mut().passthrough = passthrough;
-                        }
-                    }
-                    Ok(user)
-                }
+                Ok(client_key) => Ok(with_passthrough(user, client_key)),
                 Err(e) => {
-                    if let Some(d) = database.filter(|d| d.auth_query.is_some()) {
+                    if let Some(d) = routed.database().filter(|d| d.auth_query.is_some()) {
                         // The password may have changed in PostgreSQL: look again next time.
                         app.secrets.forget(&d.name, &routed.user);
                     }
@@ -274,53 +343,115 @@ async fn login(
             }
         }
         Err(e) => {
-            // Answered like a wrong password (no probing which users exist); the log says why.
-            tracing::info!(user = %Escaped(&req.user), reason = %Escaped(&e), "login refused");
-            let seed = app.unknown_user_seed(&req.user);
+            tracing::info!(user = %Escaped(&req.startup.user), reason = %Escaped(&e), "login refused");
+            let seed = app.unknown_user_seed(&req.startup.user);
             Err(Box::pin(auth::refuse_unknown(stream, &routed.user, &seed)).await)
         }
     };
-    let user = match result {
+    match result {
         Ok(user) => {
-            if let Some(a) = addr {
-                app.login_failures.succeeded(a, &req.user);
+            if let Some(a) = req.ip() {
+                app.login_failures.succeeded(a, &req.startup.user);
             }
-            user
+            Ok(user)
         }
         Err(e) => {
-            if let (Some(a), true) = (addr, e.kind() == crate::error::ErrorKind::Auth) {
-                let delay = app.login_failures.failed(a, &req.user);
+            if let (Some(a), true) = (req.ip(), e.kind() == crate::error::ErrorKind::Auth) {
+                let delay = app.login_failures.failed(a, &req.startup.user);
                 crate::timer::sleep(delay).await;
             }
-            return Err(e);
+            Err(e)
         }
+    }
+}
+
+/// A user from auth_query logs in upstream with the secret its client just proved
+/// (passthrough): the SCRAM client key, or the MD5 secret.
+fn with_passthrough<'a>(mut user: Cow<'a, User>, client_key: Option<[u8; 32]>) -> Cow<'a, User> {
+    if user.server_password.is_some() || user.passthrough.is_some() {
+        return user;
+    }
+    let passthrough = match (&user.auth, client_key) {
+        (crate::config::ClientAuth::Scram(v), Some(k)) => {
+            Some(Arc::new(crate::config::Passthrough::Scram {
+                client_key: k,
+                verifier: v.to_text().into(),
+            }))
+        }
+        (crate::config::ClientAuth::Md5(s), _) => {
+            Some(Arc::new(crate::config::Passthrough::Md5(s.clone())))
+        }
+        _ => None,
     };
+    if passthrough.is_some() {
+        user.to_mut().passthrough = passthrough;
+    }
+    user
+}
+
+/// Where an authenticated client goes. A front door other than the pool (a relay to the
+/// node that owns the pool, in a cluster) is one more variant.
+enum Destination {
+    Admin(String, crate::admin::Access),
+    Pool(Arc<Pool>),
+}
+
+fn destination(
+    app: &App,
+    req: &Request,
+    routed: &Routed,
+    user: &User,
+) -> Result<Destination, SessionError> {
     if routed.tenant().is_none()
-        && crate::admin::is_console(&req.database)
+        && crate::admin::is_console(&req.startup.database)
         && routed.database().is_none()
     {
-        let Some(access) = crate::admin::access(app, &user.name) else {
-            return Err(SessionError::fatal(
+        return match crate::admin::access(app, &user.name) {
+            Some(access) => Ok(Destination::Admin(user.name.clone(), access)),
+            None => Err(SessionError::fatal(
                 sqlstate::INVALID_AUTHORIZATION,
                 format!(
                     "user \"{}\" may not use the admin console (not in [admin] users or stats_users)",
                     user.name
                 ),
-            ));
+            )),
         };
-        for (k, v) in crate::admin::PARAMS {
-            backend::parameter_status(&mut out, k, v);
-        }
-        backend::backend_key_data(&mut out, rand::random::<i32>() & i32::MAX, rand::random());
-        backend::ready_for_query(&mut out, b'I');
-        stream.write_all(&out).await?;
-        return Ok(Some(Outcome::Admin(user.name.clone(), access)));
     }
-    let pool = app.routes.pool(&routed, &user).map_err(refused)?;
-    // Not needed past here: dropped now, they take no room in this future across the
-    // awaits below.
-    drop(user);
-    drop(routed);
+    let pool = app.routes.pool(routed, user).map_err(refused)?;
+    Ok(Destination::Pool(pool))
+}
+
+/// Ends the login at its destination, with the reply that tells the client it is in.
+async fn enter(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    mut req: Request,
+    to: Destination,
+) -> Result<Outcome, SessionError> {
+    match to {
+        Destination::Admin(user, access) => {
+            let out = &mut req.out;
+            for (k, v) in crate::admin::PARAMS {
+                backend::parameter_status(out, k, v);
+            }
+            backend::backend_key_data(out, rand::random::<i32>() & i32::MAX, rand::random());
+            backend::ready_for_query(out, b'I');
+            stream.write_all(out).await?;
+            Ok(Outcome::Admin(user, access))
+        }
+        Destination::Pool(pool) => enter_pool(app, stream, req, pool).await.map(Outcome::Pool),
+    }
+}
+
+/// Joins the pool: its client limit, the ParameterStatus values to report (known for these
+/// startup parameters, or learned from a server prepared for them), the cancel key, and the
+/// reply that ends the login.
+async fn enter_pool(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    mut req: Request,
+    pool: Arc<Pool>,
+) -> Result<Box<LoggedIn>, SessionError> {
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
@@ -335,26 +466,25 @@ async fn login(
     }
     let session_mode = pool.settings.mode == PoolMode::Session;
     let mut lease = None;
-    let reported = match pool.login_params(&req.params) {
+    let params = &req.startup.params;
+    let reported = match pool.login_params(params) {
         Some(known) if !session_mode => known,
         _ => {
-            let mut l = Box::pin(pool.checkout()).await.map_err(|e| {
-                let c = ClientError::checkout(&e);
-                tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
-                SessionError::fatal(c.code, c.message)
-            })?;
-            // Boxed, as the checkout: only a login with parameters not seen before gets here.
-            Box::pin(l.prepare_for(0, &req.params, None, &pool.settings))
+            // Boxed: only a login with parameters not seen before gets here.
+            let l = Box::pin(pool.prepared_server(0, params, None, std::future::pending::<()>))
                 .await
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.
-                    ServerError::Db(f) => SessionError::fatal(known_code(&f.code), f.message),
+                    ServerWait::Prepare(ServerError::Db(f)) => {
+                        SessionError::fatal(known_code(&f.code), f.message)
+                    }
                     e => {
-                        let c = ClientError::server(&pool.name, &e, "preparing it for a client");
+                        let c = ClientError::wait(&pool.name, &e);
+                        tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
                         SessionError::fatal(c.code, c.message)
                     }
                 })?;
-            let p = pool.remember_login_params(&req.params, &l.params);
+            let p = pool.remember_login_params(params, &l.params);
             if session_mode {
                 lease = Some(l);
             } else {
@@ -367,24 +497,25 @@ async fn login(
         lease.as_ref().map(|l: &Lease| l.process_id),
         crate::cancel::ClientInfo {
             pool: Arc::downgrade(&pool),
-            addr: peer.map(Into::into),
+            addr: req.peer.map(Into::into),
             since_ms: crate::clock::now_ms(),
         },
     );
+    let out = &mut req.out;
     for (k, v) in reported.iter() {
-        backend::parameter_status(&mut out, k, v);
+        backend::parameter_status(out, k, v);
     }
-    backend::backend_key_data(&mut out, cancel.process_id(), cancel.secret_key());
-    backend::ready_for_query(&mut out, b'I');
-    stream.write_all(&out).await?;
+    backend::backend_key_data(out, cancel.process_id(), cancel.secret_key());
+    backend::ready_for_query(out, b'I');
+    stream.write_all(out).await?;
     drop(pool);
-    Ok(Some(Outcome::Pool(Box::new(LoggedIn {
+    Ok(Box::new(LoggedIn {
         pool: pool_client,
-        params: req.params,
+        params: req.startup.params,
         cancel,
         lease,
-        peer,
-    }))))
+        peer: req.peer,
+    }))
 }
 
 /// Counts a logged-in client against its pool for as long as it lives.

@@ -12,6 +12,7 @@ mod error;
 mod flow;
 mod handoff;
 mod handshake;
+mod hooks;
 mod hygiene;
 mod login;
 mod moving;
@@ -31,11 +32,11 @@ use shoal_wire::frontend::{self, tag as fe};
 use shoal_wire::sqlstate;
 
 use crate::app::{App, ClientGuard};
-use crate::cancel::{CancelTarget, Registration};
+use crate::cancel::Registration;
 use crate::config::PoolMode;
 use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
-use crate::net::ClientStream;
+use crate::net::Stream;
 use crate::params::SharedParams;
 use crate::pool::{Lease, Leaving};
 use crate::{prepared, sets};
@@ -54,7 +55,7 @@ use moving::move_to;
 /// it is `None`, the stream is asked.
 pub fn serve(
     app: Arc<App>,
-    stream: ClientStream,
+    stream: Stream,
     peer: Option<SocketAddr>,
 ) -> impl std::future::Future<Output = ()> + Send {
     // This task lives as long as the (mostly idle) client, so its future is kept small
@@ -126,14 +127,6 @@ fn leaving(flow: &Flow, reset: bool) -> Leaving {
     }
 }
 
-fn cancel_target(lease: &Lease) -> CancelTarget {
-    CancelTarget {
-        addr: lease.addr,
-        process_id: lease.process_id,
-        secret_key: lease.secret_key,
-    }
-}
-
 /// What the buffered client messages call for while no server is held.
 enum Idle {
     /// Need more bytes before anything can be decided.
@@ -154,7 +147,7 @@ pub struct Session {
     /// Counted in [`App::active`] while holding a server.
     active: bool,
     app: Arc<App>,
-    stream: ClientStream,
+    stream: Stream,
     /// Client bytes not yet forwarded. Released (capacity 0) while the client is idle.
     cbuf: BytesMut,
     /// Counts this client in its pool while it lives.
@@ -206,7 +199,7 @@ impl Session {
         app: &Arc<App>,
         id: u64,
         client: ClientGuard,
-        stream: ClientStream,
+        stream: Stream,
         done: LoggedIn,
     ) -> (Session, Option<Box<Lease>>) {
         let LoggedIn {
@@ -337,7 +330,7 @@ impl Session {
                         if let Some(e) = self.ended() {
                             return Err(e);
                         }
-                        if matches!(self.stream, ClientStream::Tcp(_)) {
+                        if matches!(self.stream, Stream::Tcp(_)) {
                             if let Some(target) = crate::shard::placement(crate::shard::current()) {
                                 return Ok(Next::MoveTo(target));
                             }
@@ -418,7 +411,7 @@ impl Session {
             self.cancel.slot.not_busy();
             return Ok(false);
         };
-        if !self.cancel.slot.set(cancel_target(&lease)) {
+        if !self.cancel.slot.set(lease.cancel_target()) {
             // Cancelled while its server was being found: the request never reaches it, as
             // when the cancel comes during the wait for a server.
             lease.checkin();
@@ -488,7 +481,7 @@ impl Session {
 
     async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
         // Session mode marks no request busy, so no cancel can be pending here.
-        let _named = self.cancel.slot.set(cancel_target(&lease));
+        let _named = self.cancel.slot.set(lease.cancel_target());
         self.set_active(true);
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, Policy::Session).await;
@@ -528,44 +521,21 @@ impl Session {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let checkout = match self.pool.try_checkout() {
-                Some(l) => Ok(l),
-                None => {
-                    let cancelled = self.cancel.slot.begin_wait();
-                    let r = tokio::select! {
-                        r = self.pool.checkout() => Some(r),
-                        _ = cancelled => None,
-                    };
-                    self.cancel.slot.end_wait();
-                    match r {
-                        Some(r) => r,
-                        None => {
-                            self.fail_unit(
-                                sqlstate::QUERY_CANCELED,
-                                "canceling statement due to user request",
-                            )
-                            .await?;
-                            return Ok(None);
-                        }
-                    }
-                }
+            let sets = self.extras.as_ref().map(|x| &x.sets);
+            let slot = &self.cancel.slot;
+            let r = self
+                .pool
+                .prepared_server(self.id, &self.params, sets, || slot.begin_wait())
+                .await;
+            slot.end_wait();
+            let e = match r {
+                Ok(lease) => return Ok(Some(lease)),
+                Err(e) => ClientError::wait(&self.pool.name, &e),
             };
-            let e = match checkout {
-                Err(e) => ClientError::checkout(&e),
-                Ok(mut lease) => {
-                    let sets = self.extras.as_ref().map(|x| &x.sets);
-                    match lease
-                        .prepare_for(self.id, &self.params, sets, &self.pool.settings)
-                        .await
-                    {
-                        Ok(()) => return Ok(Some(lease)),
-                        Err(e) => {
-                            drop(lease);
-                            ClientError::server(&self.pool.name, &e, "preparing it for a client")
-                        }
-                    }
-                }
-            };
+            if e.kind == crate::error::ErrorKind::Canceled {
+                self.fail_unit(e.code, &e.message).await?;
+                return Ok(None);
+            }
             tracing::warn!(conn = self.id, pool = %self.pool.name, kind = e.kind.label(), detail = %Escaped(&e.detail), retry = e.retry_safe && attempts < 2, "no server for the client");
             if !(e.retry_safe && attempts < 2) {
                 self.fail_unit(e.code, &e.message).await?;

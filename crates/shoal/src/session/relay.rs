@@ -4,8 +4,8 @@
 //!
 //! Each read is followed by a scan of the new message headers; complete messages go out in one
 //! write, from the buffer they were read into when passed on unchanged, through an output
-//! buffer when Shoal rewrites around them (named prepared statements in transaction mode, see
-//! [`crate::prepared`]; the bookkeeping is in [`super::outbound`]). Both directions are driven
+//! buffer when a hook rewrites around them (what each message becomes is the hook's to say,
+//! see [`super::hooks`]; the bookkeeping is in [`super::outbound`]). Both directions are driven
 //! by readiness, so neither side can stall the other (a client pipelining a large batch while
 //! PostgreSQL streams results back cannot deadlock the relay).
 
@@ -20,11 +20,12 @@ use std::task::Poll;
 use tokio::io::AsyncWrite;
 
 use super::flow::Flow;
+use super::hooks::{HookCx, Hooks, PassThrough, Prepared};
 use super::outbound::{stream_some, stream_start, ClientSink, Outbound};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
-use crate::prepared::{emit_due, pass_reply, server_reply, synthetic_due, Expect, Translator};
+use crate::prepared::Expect;
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
@@ -77,12 +78,12 @@ impl Session {
     ///
     /// Every message is checked for shape first: a malformed one never reaches a server
     /// (PostgreSQL would silently skip to the next Sync, a state Shoal could not see).
-    fn take_client(
+    fn take_client<H: Hooks>(
         &mut self,
+        hooks: &mut H,
         server: &mut ServerConn,
         flow: &mut Flow,
         out: &mut Outbound,
-        policy: Policy,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
         loop {
@@ -142,37 +143,36 @@ impl Session {
                 _ => {}
             }
             let mut sink = ClientSink::new(head, msg, &mut out.to_server);
-            if policy.per_transaction() {
-                let (statements, queue, dirty) = server.session.translation();
-                Translator {
-                    registry: &self.pool.statements,
-                    params: &self.params,
-                    client_id: self.id,
-                    client: &mut self.statements,
-                    server: statements,
-                    queue,
-                    max_per_server: self.pool.settings.max_prepared_statements.max(1),
-                    dirty,
-                    aborted: flow.status == b'E',
-                }
-                .client_message(msg, &mut sink)
+            let mut cx = HookCx {
+                registry: &self.pool.statements,
+                params: &self.params,
+                client_id: self.id,
+                statements: &mut self.statements,
+                server: &mut server.session,
+                max_prepared: self.pool.settings.max_prepared_statements.max(1),
+                pending: &mut flow.pending,
+                status: flow.status,
+            };
+            hooks
+                .client_message(&mut cx, msg, &mut sink)
                 .map_err(SessionError::from_frame)?;
-            } else {
-                crate::prepared::ToServer::pass(&mut sink, msg);
-            }
             let (consumed, direct) = sink.settle();
             self.cbuf.advance(consumed);
             out.direct_to_server = direct;
         }
-        if policy.per_transaction() && synthetic_due(server.session.translation().1) {
+        if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
-            emit_due(
-                server.session.translation().1,
-                &mut self.statements,
-                &mut out.to_client,
-                &mut flow.pending,
-                flow.status,
-            );
+            let mut cx = HookCx {
+                registry: &self.pool.statements,
+                params: &self.params,
+                client_id: self.id,
+                statements: &mut self.statements,
+                server: &mut server.session,
+                max_prepared: self.pool.settings.max_prepared_statements.max(1),
+                pending: &mut flow.pending,
+                status: flow.status,
+            };
+            hooks.emit_due(&mut cx, &mut out.to_client);
         }
         Ok(true)
     }
@@ -201,15 +201,17 @@ fn copy_message_len(buf: &[u8]) -> Result<Option<usize>, SessionError> {
 /// Shoal adds or hides) is copied to `to_client` (in transaction mode, hiding or adding
 /// replies for the statement translation).
 /// Stops at a FATAL error, which it returns; in session mode the FATAL itself is passed on.
-fn take_server(
+#[allow(clippy::too_many_arguments)]
+fn take_server<H: Hooks>(
+    hooks: &mut H,
+    side: &mut ClientSide<'_>,
     server: &mut ServerConn,
-    client: &mut Option<Box<crate::prepared::ClientStatements>>,
     extras: &mut Option<Box<super::Extras>>,
-    registry: &crate::prepared::StatementRegistry,
     flow: &mut Flow,
     out: &mut Outbound,
     policy: Policy,
 ) -> Result<Option<ErrorFields>, SessionError> {
+    let registry = side.registry;
     loop {
         if out.server_rest > 0 {
             stream_some(&mut server.buf, &mut out.to_client, &mut out.server_rest);
@@ -221,14 +223,8 @@ fn take_server(
         let at = out.direct;
         if stream_start(&server.buf[at..], &[be::DATA_ROW, be::COPY_DATA]).is_some() {
             out.spill_to_client(&mut server.buf);
-            if policy.per_transaction() {
-                emit_due(
-                    server.session.translation().1,
-                    client,
-                    &mut out.to_client,
-                    &mut flow.pending,
-                    flow.status,
-                );
+            if hooks.replies_due(&mut server.session) {
+                hooks.emit_due(&mut side.cx(&mut server.session, flow), &mut out.to_client);
             }
             out.server_rest =
                 stream_start(&server.buf, &[be::DATA_ROW, be::COPY_DATA]).unwrap_or(0);
@@ -305,10 +301,9 @@ fn take_server(
         // through `to_client`.
         let in_place = out.to_client.is_empty()
             && !matches!(tag, be::ERROR_RESPONSE | be::COPY_IN_RESPONSE)
-            && (!policy.per_transaction() || !synthetic_due(server.session.translation().1));
+            && !hooks.replies_due(&mut server.session);
         let forwarded = if in_place {
-            let forward =
-                !policy.per_transaction() || pass_reply(server.session.translation().1, tag);
+            let forward = hooks.passes(&mut server.session, tag);
             if forward {
                 out.direct += n;
             } else if out.direct == 0 {
@@ -320,21 +315,11 @@ fn take_server(
             forward
         } else {
             out.spill_to_client(&mut server.buf);
-            let forward = if policy.per_transaction() {
-                let (statements, queue, _) = server.session.translation();
-                server_reply(
-                    queue,
-                    statements,
-                    client,
-                    &server.buf[..n],
-                    &mut out.to_client,
-                    &mut flow.pending,
-                    flow.status,
-                )
-            } else {
-                out.to_client.extend_from_slice(&server.buf[..n]);
-                true
-            };
+            let forward = hooks.server_reply(
+                &mut side.cx(&mut server.session, flow),
+                &server.buf[..n],
+                &mut out.to_client,
+            );
             server.buf.advance(n);
             forward
         };
@@ -365,18 +350,40 @@ fn take_server(
                 registry.schema_changed();
             }
         }
-        if policy.per_transaction() && synthetic_due(server.session.translation().1) {
+        if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
-            emit_due(
-                server.session.translation().1,
-                client,
-                &mut out.to_client,
-                &mut flow.pending,
-                flow.status,
-            );
+            hooks.emit_due(&mut side.cx(&mut server.session, flow), &mut out.to_client);
         }
     }
     Ok(None)
+}
+
+/// The client's side of the session, lent to hooks while server replies pass.
+struct ClientSide<'a> {
+    registry: &'a crate::prepared::StatementRegistry,
+    params: &'a [(String, String)],
+    client_id: u64,
+    statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
+    max_prepared: usize,
+}
+
+impl ClientSide<'_> {
+    fn cx<'b>(
+        &'b mut self,
+        server: &'b mut crate::server_session::ServerSession,
+        flow: &'b mut Flow,
+    ) -> HookCx<'b> {
+        HookCx {
+            registry: self.registry,
+            params: self.params,
+            client_id: self.client_id,
+            statements: self.statements,
+            server,
+            max_prepared: self.max_prepared,
+            pending: &mut flow.pending,
+            status: flow.status,
+        }
+    }
 }
 
 impl Session {
@@ -392,7 +399,18 @@ impl Session {
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound::new();
         let server: &mut ServerConn = lease;
-        let mut end = self.relay_loop(server, flow, policy, &mut out).await;
+        // Boxed apart from each other would cost an allocation per transaction: the two
+        // loops are two instances of one generic function instead.
+        let mut end = match policy {
+            Policy::Transaction => {
+                self.relay_loop(&mut Prepared, server, flow, policy, &mut out)
+                    .await
+            }
+            Policy::Session => {
+                self.relay_loop(&mut PassThrough, server, flow, policy, &mut out)
+                    .await
+            }
+        };
         // Replies for a client that is gone (or with a server that failed) go nowhere, and
         // messages taken for a failed server are dropped with it.
         server.buf.advance(out.direct);
@@ -416,14 +434,15 @@ impl Session {
         end
     }
 
-    async fn relay_loop(
+    async fn relay_loop<H: Hooks>(
         &mut self,
+        hooks: &mut H,
         server: &mut ServerConn,
         flow: &mut Flow,
         policy: Policy,
         out: &mut Outbound,
     ) -> Result<RelayEnd, SessionError> {
-        let mut terminate = !self.take_client(server, flow, out, policy)?;
+        let mut terminate = !self.take_client(hooks, server, flow, out)?;
         if out.server_pending() {
             out.query_start = Some(out.txn_start);
         }
@@ -534,11 +553,18 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
+                    let mut side = ClientSide {
+                        registry: &self.pool.statements,
+                        params: &self.params,
+                        client_id: self.id,
+                        statements: &mut self.statements,
+                        max_prepared: self.pool.settings.max_prepared_statements.max(1),
+                    };
                     fatal = take_server(
+                        hooks,
+                        &mut side,
                         server,
-                        &mut self.statements,
                         &mut self.extras,
-                        &self.pool.statements,
                         flow,
                         out,
                         policy,
@@ -564,7 +590,7 @@ impl Session {
                     if out.client_rest == 0 {
                         self.account_large(out.direct_to_server, true)?;
                     }
-                    terminate = !self.take_client(server, flow, out, policy)?;
+                    terminate = !self.take_client(hooks, server, flow, out)?;
                     if out.query_start.is_none() && out.server_pending() {
                         out.query_start = Some(crate::clock::mono_us());
                     }

@@ -11,7 +11,7 @@ async fn session_future_fits_a_small_task() {
     let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
-    let stream = ClientStream::Tcp(client);
+    let stream = Stream::Tcp(client);
     let mut rx2 = app.shutdown.clone();
     println!(
         "changed future: {} bytes",
@@ -20,12 +20,12 @@ async fn session_future_fits_a_small_task() {
     let other = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
-    let login = login::login_phase(app.clone(), ClientStream::Tcp(other), None);
+    let login = login::login_phase(app.clone(), Stream::Tcp(other), None);
     println!("login future: {} bytes", std::mem::size_of_val(&login));
     // Every login moves this future into the heap (and a connect storm holds thousands):
     // phases only some logins need (auth_query, a server for new parameters, refusals)
     // are boxed apart.
-    assert!(std::mem::size_of_val(&login) <= 2048, "login future grew");
+    assert!(std::mem::size_of_val(&login) <= 1280, "login future grew");
     drop(login);
     let fut = serve(app, stream, None);
     println!("serve future: {} bytes", std::mem::size_of_val(&fut));
