@@ -4,7 +4,8 @@
 //! - [`error`]: what a failure to get or keep a server means for the client: kind, SQLSTATE,
 //!   client-safe message, log detail, whether a retry is safe.
 //! - [`listener`]: TCP and Unix listening sockets and the accept loops.
-//! - [`net`]: the client transport seam (TCP, Unix, TLS, in-process streams).
+//! - [`net`]: the transport seam for both sides (TCP, Unix, TLS either way, in-process
+//!   streams).
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.
@@ -18,7 +19,8 @@
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
 //! - [`disposition`]: what becomes of a server when its client lets go (reuse, clean,
 //!   close and why), as one pure, unit-tested function.
-//! - [`server`]: one upstream connection: connect, authenticate, pooler-issued queries.
+//! - [`server`]: one upstream connection: connect (or dial), authenticate, pooler-issued
+//!   queries, cancel requests.
 //! - [`server_session`]: what a pooled server's session holds for its clients (parameters,
 //!   SETs, dirt and its owner, statements, replies owed), with one owner.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
