@@ -53,6 +53,7 @@ impl Flow {
 
     /// A client message is sent to the server. `Ok(false)` for Terminate (not sent); an
     /// unknown type is an error carrying it.
+    #[inline]
     pub fn client(&mut self, tag: u8) -> Result<bool, u8> {
         match tag {
             fe::QUERY | fe::FUNCTION_CALL => {

@@ -162,6 +162,7 @@ impl<'a> ClientSink<'a> {
 }
 
 impl crate::prepared::ToServer for ClientSink<'_> {
+    #[inline]
     fn pass(&mut self, msg: &[u8]) {
         debug_assert!(
             std::ptr::eq(msg, self.msg),
