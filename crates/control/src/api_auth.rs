@@ -113,8 +113,7 @@ fn token_file(data_dir: &Path) -> std::io::Result<String> {
     }
     std::fs::create_dir_all(data_dir)?;
     let token: String = {
-        use rand::Rng;
-        let bytes: [u8; 24] = rand::thread_rng().gen();
+        let bytes: [u8; 24] = rand::random();
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     };
     let mut f = std::fs::OpenOptions::new()

@@ -1,5 +1,5 @@
 //! The control plane's runtime, and the one way onto it: `spawn`. The data plane's shard
-//! runtimes have no tokio time driver (see [`crate::timer`]), so a task that uses tokio's
+//! runtimes have no tokio time driver (see the pooler's `timer` module), so a task that uses tokio's
 //! timers, or a third-party async client that does (hyper, tokio-postgres, tonic), panics
 //! there. Tasks that are not a client's own — pool upkeep, store and API work — are spawned
 //! here instead of on whichever shard happened to start them.

@@ -14,7 +14,6 @@ pub use crate::server::{forward, CancelTarget};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
-use rand::Rng;
 use subtle::ConstantTimeEq;
 
 #[derive(Default)]
@@ -216,14 +215,13 @@ impl CancelRegistry {
     /// `pg_backend_pid()` matches); otherwise, or if that pid is taken by a client of another
     /// server, Shoal picks one above the range of real pids.
     pub fn register(self: &Arc<Self>, process_id: Option<i32>, info: ClientInfo) -> Registration {
-        let mut rng = rand::thread_rng();
         let mut map = self.lock();
-        let mut pid = process_id.unwrap_or_else(|| rng.gen_range(1 << 30..i32::MAX));
+        let mut pid = process_id.unwrap_or_else(|| rand::random_range(1 << 30..i32::MAX));
         while map.contains_key(&pid) {
-            pid = rng.gen_range(1 << 30..i32::MAX);
+            pid = rand::random_range(1 << 30..i32::MAX);
         }
         let slot = Arc::new(CancelSlot {
-            secret: rng.gen(),
+            secret: rand::random(),
             process_id: pid,
             state: Mutex::new(SlotState::default()),
             info,

@@ -1,6 +1,8 @@
 //! Shoal, a PostgreSQL connection pooler. Module map:
 //!
-//! - [`config`]: the TOML configuration, its validation and the embedded default.
+//! - [`config`], [`control`], [`logsafe`], [`upstream_tls`], and `tenant`'s model, crypto
+//!   and store: the control plane, from the `shoal-control` crate (shared with the realtime
+//!   service).
 //! - [`error`]: what a failure to get or keep a server means for the client: kind, SQLSTATE,
 //!   client-safe message, log detail, whether a retry is safe.
 //! - [`listener`]: TCP and Unix listening sockets and the accept loops.
@@ -9,11 +11,11 @@
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.
-//! - [`upstream_tls`]: TLS to PostgreSQL per database (libpq's `sslmode`s).
 //! - [`params`]: client session parameters and how they are applied to servers.
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
 //! - [`sets`]: session `SET`s a transaction-mode client holds, replayed on its next server.
+//! - [`tenant`]: tenants ready for routing, and the service applying store changes to it.
 //! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
 //!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
@@ -25,16 +27,18 @@
 //!   SETs, dirt and its owner, statements, replies owed), with one owner.
 //! - [`cancel`]: cancel keys and the safe forwarding of CancelRequests.
 //! - [`auth_query`]: users looked up in PostgreSQL (auth_query), for SCRAM/MD5 passthrough.
-//! - [`app`]: state shared by all sessions.
+//! - [`app`]: state shared by all sessions, as handles (routes, admission, lifecycle, ...).
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
 //! - [`run`]: wiring it all together, with graceful shutdown.
-//! - [`control`]: the control plane's runtime and `spawn` onto it (never a shard).
 //! - [`upgrade`], [`handoff`]: zero-downtime upgrades: listening sockets, then idle clients
 //!   with their session state, handed to the new process.
 //! - [`reuseport`]: steering new connections to the open shards' listening sockets.
 //! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
-//! - [`logsafe`]: escaping client-controlled text in log lines.
+
+// The control plane's modules, under the names the pooler has always used for them.
+pub use shoal_control::runtime as control;
+pub use shoal_control::{config, logsafe, upstream_tls};
 
 pub mod admin;
 pub mod api;
@@ -43,14 +47,11 @@ pub mod auth_query;
 pub mod bufpool;
 pub mod cancel;
 pub mod clock;
-pub mod config;
-pub mod control;
 pub mod disposition;
 pub mod error;
 pub mod handoff;
 pub mod listener;
 pub mod login_failures;
-pub mod logsafe;
 pub mod memory;
 pub mod metrics;
 pub mod net;
@@ -69,4 +70,3 @@ pub mod tenant;
 pub mod timer;
 pub mod tls;
 pub mod upgrade;
-pub mod upstream_tls;

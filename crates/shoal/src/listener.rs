@@ -87,7 +87,7 @@ pub fn set_client_options(
     socket: SockRef<'_>,
     server: &crate::config::ServerSection,
 ) -> std::io::Result<()> {
-    socket.set_nodelay(true)?;
+    socket.set_tcp_nodelay(true)?;
     if server.tcp_keepalive {
         let ka = TcpKeepalive::new()
             .with_time(Duration::from_secs_f64(server.tcp_keepalive_idle.max(1.0)))
@@ -135,7 +135,7 @@ fn hand_over(
 /// of a per-core group: its loop keeps the kernel giving new connections to open shards only
 /// ([`crate::reuseport`]).
 pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
-    let mut shutdown = app.shutdown.clone();
+    let mut shutdown = app.lifecycle.shutdown.clone();
     let mut steered = 0;
     loop {
         if steer {
@@ -181,7 +181,7 @@ fn steer_to_open(listener: &TcpListener, steered: &mut usize) {
 }
 
 pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
-    let mut shutdown = app.shutdown.clone();
+    let mut shutdown = app.lifecycle.shutdown.clone();
     loop {
         tokio::select! {
             r = listener.accept() => match r {
@@ -224,10 +224,10 @@ mod tests {
             super::set_client_options(SockRef::from(&accepted), &server).expect("tune accepted");
         }
         let s = SockRef::from(&accepted);
-        assert!(s.nodelay().expect("nodelay"));
+        assert!(s.tcp_nodelay().expect("nodelay"));
         assert!(s.keepalive().expect("keepalive"));
-        assert_eq!(s.keepalive_time().expect("idle").as_secs(), 77);
-        assert_eq!(s.keepalive_interval().expect("interval").as_secs(), 13);
+        assert_eq!(s.tcp_keepalive_time().expect("idle").as_secs(), 77);
+        assert_eq!(s.tcp_keepalive_interval().expect("interval").as_secs(), 13);
     }
 
     #[tokio::test]
@@ -244,7 +244,7 @@ mod tests {
             .expect("connect");
         let (accepted, _) = listener.accept().await.expect("accept");
         let s = SockRef::from(&accepted);
-        assert!(s.nodelay().expect("nodelay"));
+        assert!(s.tcp_nodelay().expect("nodelay"));
         assert!(!s.keepalive().expect("keepalive"));
     }
 }

@@ -276,13 +276,13 @@ async fn serve_with(
     }
     tokio::select! {
         _ = stop => {}
-        _ = app.shutdown_request.notified() => tracing::info!("shutdown requested (admin console or upgrade)"),
+        _ = app.lifecycle.shutdown_request.notified() => tracing::info!("shutdown requested (admin console or upgrade)"),
     }
     let _ = tx.send(true);
     let timeout = secs(app.config.server.shutdown_timeout);
     tracing::info!(
-        clients = app.clients.load(Ordering::Relaxed),
-        active = app.active.load(Ordering::Relaxed),
+        clients = app.admission.clients.load(Ordering::Relaxed),
+        active = app.lifecycle.active.load(Ordering::Relaxed),
         ?timeout,
         "shutting down: no new connections; waiting for running transactions"
     );
@@ -292,19 +292,21 @@ async fn serve_with(
     // its login and its query): wait for a quiet spell with no transaction and no login.
     let mut quiet_since = tokio::time::Instant::now();
     let mut last_churn = crate::app::CHURN.load(Ordering::Relaxed);
-    let handing_over = app.handoff.get().is_some();
+    let handing_over = app.lifecycle.handoff.get().is_some();
     while tokio::time::Instant::now() < deadline {
         if handing_over {
             // Each client goes at its own transaction boundary (handed over) or leaves.
-            if app.clients.load(Ordering::Relaxed) == 0 && app.logins.load(Ordering::Relaxed) == 0 {
+            if app.admission.clients.load(Ordering::Relaxed) == 0
+                && app.admission.logins.load(Ordering::Relaxed) == 0
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
         let churn = crate::app::CHURN.load(Ordering::Relaxed);
-        let busy = app.active.load(Ordering::Relaxed) > 0
-            || app.logins.load(Ordering::Relaxed) > 0
+        let busy = app.lifecycle.active.load(Ordering::Relaxed) > 0
+            || app.admission.logins.load(Ordering::Relaxed) > 0
             || churn != last_churn;
         last_churn = churn;
         if busy {
@@ -316,11 +318,13 @@ async fn serve_with(
     }
     // Idle clients (and any still in a transaction past the timeout) are woken by the end of
     // their read side; each tells its client why (57P01) and closes.
-    app.closing_clients.store(true, Ordering::SeqCst);
-    let notified = app.client_fds.shut_reads();
+    app.lifecycle.closing_clients.store(true, Ordering::SeqCst);
+    let notified = app.lifecycle.client_fds.shut_reads();
     // Statements in flight finish and their replies reach their clients first.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while app.clients.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    while app.admission.clients.load(Ordering::Relaxed) > 0
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tracing::info!(notified, "clients told of the shutdown");
@@ -328,13 +332,13 @@ async fn serve_with(
         pool.close_idle().await;
     }
     // After a hand-over the Unix sockets belong to the new process.
-    if !app.handed_over.load(Ordering::SeqCst) {
+    if !app.lifecycle.handed_over.load(Ordering::SeqCst) {
         for p in unix_paths {
             let _ = std::fs::remove_file(p);
         }
     }
     tracing::info!(
-        disconnected = app.clients.load(Ordering::Relaxed),
+        disconnected = app.admission.clients.load(Ordering::Relaxed),
         "stopped; idle clients are disconnected"
     );
     Ok(())

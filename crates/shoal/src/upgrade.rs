@@ -126,10 +126,14 @@ pub async fn serve_control(
                     "a new process took over the listening sockets: handing idle clients over, draining the rest, then leaving"
                 );
                 // The same line now carries idle clients to the new process.
-                let _ = app.handoff.set(crate::handoff::Sender::start(line));
-                app.handed_over
+                let _ = app
+                    .lifecycle
+                    .handoff
+                    .set(crate::handoff::Sender::start(line));
+                app.lifecycle
+                    .handed_over
                     .store(true, std::sync::atomic::Ordering::SeqCst);
-                app.shutdown_request.notify_one();
+                app.lifecycle.shutdown_request.notify_one();
                 return;
             }
             Ok(Err(e)) => {

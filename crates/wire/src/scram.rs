@@ -8,7 +8,6 @@
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -73,7 +72,7 @@ impl Verifier {
     /// Builds a verifier from a plain password with a fresh random salt.
     pub fn from_password(password: &str) -> Verifier {
         let mut salt = vec![0u8; 16];
-        rand::thread_rng().fill_bytes(&mut salt);
+        rand::fill(&mut salt[..]);
         Self::from_password_with_salt(password, salt, DEFAULT_ITERATIONS)
     }
 
@@ -131,9 +130,9 @@ impl Verifier {
     pub fn unmatchable(seed: &[u8]) -> Verifier {
         let salt = Sha256::digest(seed)[..16].to_vec();
         let mut stored_key = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut stored_key);
+        rand::fill(&mut stored_key[..]);
         let mut server_key = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut server_key);
+        rand::fill(&mut server_key[..]);
         Verifier {
             iterations: DEFAULT_ITERATIONS,
             salt,
@@ -249,7 +248,7 @@ impl ServerExchange {
         binding: Binding<'_>,
     ) -> Result<(Self, String), ScramError> {
         let mut server_nonce = [0u8; NONCE_LEN];
-        rand::thread_rng().fill_bytes(&mut server_nonce);
+        rand::fill(&mut server_nonce[..]);
         Self::start(client_first, verifier, &B64.encode(server_nonce), binding)
     }
 
@@ -424,7 +423,7 @@ impl ClientExchange {
     /// Starts an exchange; returns the client-first message to send.
     pub fn new() -> (ClientExchange, String) {
         let mut raw = [0u8; NONCE_LEN];
-        rand::thread_rng().fill_bytes(&mut raw);
+        rand::fill(&mut raw[..]);
         let nonce = B64.encode(raw);
         let bare = format!("n=,r={nonce}");
         let first = format!("n,,{bare}");

@@ -12,7 +12,7 @@ use base64::Engine;
 use bytes::BytesMut;
 use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
-use rand::Rng;
+
 use shoal_wire::backend::{self, AuthRequest};
 use shoal_wire::{frontend, md5, scram, Frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -275,7 +275,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
     let interval = Duration::from_secs_f64(args.interval.max(0.0));
     let mut query = BytesMut::new();
     frontend::query(&mut query, &args.query);
-    let mut next = Instant::now() + interval.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+    let mut next = Instant::now() + interval.mul_f64(rand::random_range(0.0..1.0));
     buf = BytesMut::new();
     loop {
         if args.interval <= 0.0 {

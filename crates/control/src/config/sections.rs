@@ -14,7 +14,7 @@ pub enum Runtime {
     MultiThread,
     /// One single-threaded runtime per core (`worker_threads` of them), each accepting on
     /// its own `SO_REUSEPORT` socket, packed onto as few as the load needs (see
-    /// [`crate::shard`]): the default, measured cheaper per transaction (docs/benchmarks.md).
+    /// the pooler's `shard` module): the default, measured cheaper per transaction (docs/benchmarks.md).
     #[default]
     PerCore,
 }
@@ -73,7 +73,7 @@ pub struct ServerSection {
     pub tcp_keepalive_interval: f64,
     pub worker_threads: usize,
     pub runtime: Runtime,
-    /// `per_core`: open shards only as load needs them (see [`crate::shard`]).
+    /// `per_core`: open shards only as load needs them (see the pooler's `shard` module).
     pub shard_packing: bool,
     /// Busy fraction of every open shard above which another opens.
     pub shard_open_busy: f64,

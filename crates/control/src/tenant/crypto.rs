@@ -4,7 +4,6 @@
 use aes_gcm::aead::{Aead, KeyInit};
 use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine;
-use rand::RngCore;
 
 const PREFIX: &str = "enc:v1:";
 
@@ -51,13 +50,13 @@ impl Sealer {
     /// A new random key, as text for a key file.
     pub fn generate_text() -> String {
         let mut key = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut key);
+        rand::fill(&mut key[..]);
         base64::engine::general_purpose::STANDARD.encode(key)
     }
 
     pub fn seal(&self, plain: &str) -> String {
         let mut nonce = [0u8; 12];
-        rand::thread_rng().fill_bytes(&mut nonce);
+        rand::fill(&mut nonce[..]);
         // Encryption with a valid key and nonce cannot fail for inputs this small.
         let sealed = self
             .cipher

@@ -404,7 +404,7 @@ pub async fn pg_connect(
     tls: &crate::config::UpstreamTlsSettings,
 ) -> Result<tokio_postgres::Client, StoreError> {
     let (client, conn) = pg_connect_pair(url, tls).await?;
-    crate::control::spawn(async move {
+    crate::runtime::spawn(async move {
         if let Err(e) = conn.await {
             tracing::warn!(error = %e, "tenant store connection ended");
         }

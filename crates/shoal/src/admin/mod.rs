@@ -256,10 +256,10 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
         }
         Command::Shutdown => {
             tracing::info!(
-                clients = app.clients.load(Ordering::Relaxed),
+                clients = app.admission.clients.load(Ordering::Relaxed),
                 "SHUTDOWN requested from the admin console"
             );
-            app.shutdown_request.notify_one();
+            app.lifecycle.shutdown_request.notify_one();
             command_complete(out, "SHUTDOWN");
         }
     }

@@ -497,8 +497,14 @@ pub fn lists(app: &App) -> ResultSet {
         ("users", config.users.len()),
         ("pools", pools.len()),
         ("free_clients", 0),
-        ("used_clients", app.clients.load(Ordering::Relaxed)),
-        ("login_clients", app.logins.load(Ordering::Relaxed)),
+        (
+            "used_clients",
+            app.admission.clients.load(Ordering::Relaxed),
+        ),
+        (
+            "login_clients",
+            app.admission.logins.load(Ordering::Relaxed),
+        ),
         ("free_servers", idle),
         ("used_servers", servers.saturating_sub(idle)),
         ("dns_names", 0),

@@ -3,7 +3,7 @@
 //! health check and the OpenAPI document. Every route but `/api/health` and
 //! `/api/openapi.json` needs a bearer token ([`auth`]).
 
-pub mod auth;
+pub use shoal_control::api_auth as auth;
 pub mod ops;
 
 use std::sync::atomic::Ordering;

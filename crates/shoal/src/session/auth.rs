@@ -1,7 +1,6 @@
 //! Client authentication against the configured users: SCRAM-SHA-256, MD5 or trust.
 
 use bytes::BytesMut;
-use rand::RngCore;
 use shoal_wire::backend;
 use shoal_wire::frontend::{self, tag};
 use shoal_wire::scram::{Binding, ScramError, ServerExchange, MECHANISM, MECHANISM_PLUS};
@@ -111,7 +110,7 @@ pub async fn authenticate(
         }
         ClientAuth::Md5(stored) => {
             let mut salt = [0u8; 4];
-            rand::thread_rng().fill_bytes(&mut salt);
+            rand::fill(&mut salt[..]);
             backend::authentication_md5(&mut out, salt);
             stream.write_all(&out).await?;
             let f = read_password_message(stream).await?;

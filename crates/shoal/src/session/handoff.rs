@@ -20,7 +20,7 @@ impl Session {
     /// ends the session without a word to the client, whose socket stays open in the other
     /// process.
     pub(super) async fn try_hand_over(&mut self) -> bool {
-        let Some(sender) = self.app.handoff.get() else {
+        let Some(sender) = self.app.lifecycle.handoff.get() else {
             return false;
         };
         if self.extras.as_ref().is_some_and(|x| x.stays) {
@@ -147,8 +147,8 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
         pool.stats
             .clients
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (guard, _) = app.client_guard();
-        let id = app.next_conn_id();
+        let (guard, _) = app.admission.client_guard();
+        let id = app.lifecycle.next_conn_id();
         let statements = crate::prepared::ClientStatements::import(
             &pool.statements,
             crate::prepared::params_key(&image.params),

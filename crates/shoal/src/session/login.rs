@@ -30,11 +30,11 @@ pub(super) async fn login_phase(
     mut stream: Stream,
     peer: Option<std::net::SocketAddr>,
 ) -> Option<(Session, Option<Box<Lease>>)> {
-    let id = app.next_conn_id();
+    let id = app.lifecycle.next_conn_id();
     tracing::debug!(conn = id, "client connected");
     // Asked of the kernel (a system call) only if `accept` did not say.
     let peer = peer.or_else(|| stream.peer_addr());
-    let logging_in = match app.begin_login(peer.map(|a| a.ip())) {
+    let logging_in = match app.admission.begin_login(peer.map(|a| a.ip())) {
         Ok(g) => g,
         Err(message) => {
             let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
@@ -54,13 +54,13 @@ pub(super) async fn login_phase(
     drop(logging_in);
     match r {
         Ok(Some(Outcome::Admin(user, access))) => {
-            let (guard, _) = app.client_guard();
+            let (guard, _) = app.admission.client_guard();
             Box::pin(crate::admin::serve(app.clone(), &mut stream, user, access)).await;
             drop(guard);
             None
         }
         Ok(Some(Outcome::Pool(done))) => {
-            let (guard, clients) = app.client_guard();
+            let (guard, clients) = app.admission.client_guard();
             let max = app.config.server.max_client_conn;
             if clients > max {
                 // Others logged in meanwhile.
@@ -204,14 +204,14 @@ async fn request(
 fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     // Logins accepted before shutdown began complete (the drain waits for them); only once
     // idle clients are being closed is it too late.
-    if app.closing_clients.load(Ordering::Relaxed) {
+    if app.lifecycle.closing_clients.load(Ordering::Relaxed) {
         return Err(SessionError::fatal(
             sqlstate::CANNOT_CONNECT_NOW,
             "Shoal is shutting down",
         ));
     }
     let max = app.config.server.max_client_conn;
-    if app.clients.load(Ordering::Relaxed) >= max {
+    if app.admission.clients.load(Ordering::Relaxed) >= max {
         return Err(SessionError::fatal(
             sqlstate::TOO_MANY_CONNECTIONS,
             format!("too many client connections: server.max_client_conn ({max}) reached"),
@@ -219,7 +219,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     }
     if let Some(left) = req
         .ip()
-        .and_then(|a| app.login_failures.banned(a, &req.startup.user))
+        .and_then(|a| app.admission.login_failures.banned(a, &req.startup.user))
     {
         return Err(SessionError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
@@ -244,7 +244,7 @@ async fn resolve(app: &App, req: &Request) -> Result<Routed, SessionError> {
             tracing::info!(user = %Escaped(&req.startup.user), reason = %Escaped(&e), "login refused before authentication");
             if let (Some(a), RouteError::UnknownTenant(_)) = (req.ip(), &e) {
                 // Probing for tenant names is rate-limited like guessing passwords.
-                let delay = app.login_failures.failed(a, &req.startup.user);
+                let delay = app.admission.login_failures.failed(a, &req.startup.user);
                 crate::timer::sleep(delay).await;
             }
             Err(refused(e))
@@ -344,20 +344,20 @@ async fn authenticate<'a>(
         }
         Err(e) => {
             tracing::info!(user = %Escaped(&req.startup.user), reason = %Escaped(&e), "login refused");
-            let seed = app.unknown_user_seed(&req.startup.user);
+            let seed = app.admission.unknown_user_seed(&req.startup.user);
             Err(Box::pin(auth::refuse_unknown(stream, &routed.user, &seed)).await)
         }
     };
     match result {
         Ok(user) => {
             if let Some(a) = req.ip() {
-                app.login_failures.succeeded(a, &req.startup.user);
+                app.admission.login_failures.succeeded(a, &req.startup.user);
             }
             Ok(user)
         }
         Err(e) => {
             if let (Some(a), true) = (req.ip(), e.kind() == crate::error::ErrorKind::Auth) {
-                let delay = app.login_failures.failed(a, &req.startup.user);
+                let delay = app.admission.login_failures.failed(a, &req.startup.user);
                 crate::timer::sleep(delay).await;
             }
             Err(e)

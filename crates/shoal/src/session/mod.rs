@@ -184,12 +184,12 @@ impl Extras {
 impl Drop for Session {
     fn drop(&mut self) {
         if let Some(fd) = self.stream.raw_fd() {
-            self.app.client_fds.remove(fd);
+            self.app.lifecycle.client_fds.remove(fd);
             self.pool.client_fds.remove(fd);
         }
         budget::release(&mut self.large_kib);
         self.set_active(false);
-        self.app.client_left();
+        self.app.admission.client_left();
         crate::shard::client_left(crate::shard::current());
     }
 }
@@ -213,7 +213,7 @@ impl Session {
         client.into_session();
         crate::shard::client_arrived(crate::shard::current());
         if let Some(fd) = stream.raw_fd() {
-            app.client_fds.insert(fd);
+            app.lifecycle.client_fds.insert(fd);
             pool.client_fds.insert(fd);
         }
         let session = Session {
@@ -245,7 +245,7 @@ impl Session {
     /// Why Shoal is ending this client, if it is: shutdown, or its pool was ended (tenant
     /// banned, deleted or terminated).
     fn ended(&self) -> Option<SessionError> {
-        if self.app.closing_clients.load(Ordering::Relaxed) {
+        if self.app.lifecycle.closing_clients.load(Ordering::Relaxed) {
             return Some(SessionError::fatal(
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because Shoal is shutting down",
@@ -303,9 +303,9 @@ impl Session {
         if self.active != active {
             self.active = active;
             if active {
-                self.app.active.fetch_add(1, Ordering::Relaxed);
+                self.app.lifecycle.active.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.app.active.fetch_sub(1, Ordering::Relaxed);
+                self.app.lifecycle.active.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -320,7 +320,9 @@ impl Session {
                 Gone::No => {
                     // Between transactions, an upgrade under way takes the client along
                     // (with any bytes of its next request already read).
-                    if self.app.handoff.get().is_some() && Box::pin(self.try_hand_over()).await {
+                    if self.app.lifecycle.handoff.get().is_some()
+                        && Box::pin(self.try_hand_over()).await
+                    {
                         return Ok(Next::HandedOver);
                     }
                     if self.cbuf.is_empty() {

@@ -46,7 +46,7 @@ pub(super) fn move_to(mut session: Session, target: usize) -> Result<(), Box<Ses
         Err(e) => {
             // The socket is gone with the error: forget its descriptor before anything can
             // reuse the number; the session ends here.
-            session.app.client_fds.remove(fd);
+            session.app.lifecycle.client_fds.remove(fd);
             session.pool.client_fds.remove(fd);
             tracing::warn!(conn = session.id, error = %e, "cannot move a client between shards");
         }

@@ -575,6 +575,7 @@ impl Session {
                         && out.client_rest == 0
                         && self
                             .app
+                            .lifecycle
                             .closing_clients
                             .load(std::sync::atomic::Ordering::Relaxed) =>
                 {

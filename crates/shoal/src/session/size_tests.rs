@@ -12,7 +12,7 @@ async fn session_future_fits_a_small_task() {
         .await
         .unwrap();
     let stream = Stream::Tcp(client);
-    let mut rx2 = app.shutdown.clone();
+    let mut rx2 = app.lifecycle.shutdown.clone();
     println!(
         "changed future: {} bytes",
         std::mem::size_of_val(&rx2.changed())

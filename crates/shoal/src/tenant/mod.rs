@@ -6,10 +6,8 @@
 //! module turns a tenant into what routing and the pools use ([`TenantRoute`]) and keeps the
 //! table routing looks tenants up in ([`Tenants`]).
 
-pub mod crypto;
-pub mod model;
 pub mod service;
-pub mod store;
+pub use shoal_control::tenant::{crypto, model, store};
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
