@@ -121,7 +121,7 @@ fn send_loop(mut stream: UnixStream, rx: std::sync::mpsc::Receiver<Request>) {
 
 fn send_one(stream: &mut UnixStream, fd: &OwnedFd, image: &[u8]) -> std::io::Result<bool> {
     let len = (image.len() as u32).to_be_bytes();
-    crate::upgrade::send_with_fds(stream, &len, &[fd.as_raw_fd()])?;
+    crate::fdpass::send_with_fds(stream, &len, &[fd.as_raw_fd()])?;
     stream.write_all(image)?;
     let mut answer = [0u8; 1];
     stream.read_exact(&mut answer)?;
@@ -171,7 +171,7 @@ where
 fn receive_one(stream: &mut UnixStream) -> std::io::Result<Option<(OwnedFd, Vec<u8>)>> {
     let mut len = [0u8; 4];
     let (n, mut fds) =
-        crate::upgrade::recv_with_fds(stream, &mut len, nix::sys::socket::MsgFlags::MSG_WAITALL)?;
+        crate::fdpass::recv_with_fds(stream, &mut len, nix::sys::socket::MsgFlags::MSG_WAITALL)?;
     if n == 0 {
         return Ok(None);
     }

@@ -29,9 +29,11 @@
 //! - [`auth_query`]: users looked up in PostgreSQL (auth_query), for SCRAM/MD5 passthrough.
 //! - [`app`]: state shared by all sessions, as handles (routes, admission, lifecycle, ...).
 //! - [`clock`], [`bufpool`]: a coarse clock and recycled buffers for the per-transaction path.
+//! - [`metrics`], [`scrape`]: counters kept where the work happens, and their Prometheus
+//!   exposition read at scrape time.
 //! - [`run`]: wiring it all together, with graceful shutdown.
-//! - [`upgrade`], [`handoff`]: zero-downtime upgrades: listening sockets, then idle clients
-//!   with their session state, handed to the new process.
+//! - [`upgrade`], [`handoff`], [`fdpass`]: zero-downtime upgrades: listening sockets, then
+//!   idle clients with their session state, handed to the new process.
 //! - [`reuseport`]: steering new connections to the open shards' listening sockets.
 //! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
@@ -49,6 +51,7 @@ pub mod cancel;
 pub mod clock;
 pub mod disposition;
 pub mod error;
+pub mod fdpass;
 pub mod handoff;
 pub mod listener;
 pub mod login_failures;
@@ -61,6 +64,7 @@ pub mod prepared;
 pub mod reuseport;
 pub mod route;
 pub mod run;
+pub mod scrape;
 pub mod server;
 pub mod server_session;
 pub mod session;

@@ -12,7 +12,7 @@
 //! `ok`, the old one carries on.
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -53,8 +53,6 @@ pub struct Takeover {
     pub control: UnixStream,
 }
 
-const MAX_FDS: usize = 64;
-
 /// Asks a running process at `path` for its sockets; `None` when nobody answers there (a
 /// first start, or a stale socket file).
 pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
@@ -64,7 +62,8 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
     };
     control.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
     let mut buf = vec![0u8; 64 * 1024];
-    let (n, fds) = recv_with_fds(&control, &mut buf, nix::sys::socket::MsgFlags::empty())?;
+    let (n, fds) =
+        crate::fdpass::recv_with_fds(&control, &mut buf, nix::sys::socket::MsgFlags::empty())?;
     let roles: Vec<Role> = serde_json::from_slice(&buf[..n])
         .map_err(|e| std::io::Error::other(format!("upgrade manifest: {e}")))?;
     if roles.len() != fds.len() {
@@ -149,7 +148,7 @@ fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Resu
     let roles: Vec<&Role> = sockets.iter().map(|(r, _)| r).collect();
     let manifest = serde_json::to_vec(&roles).map_err(std::io::Error::other)?;
     let fds: Vec<RawFd> = sockets.iter().map(|(_, fd)| *fd).collect();
-    send_with_fds(&stream, &manifest, &fds)?;
+    crate::fdpass::send_with_fds(&stream, &manifest, &fds)?;
     // Until the new process confirms it accepts, this one keeps serving.
     stream.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
     let mut ok = [0u8; 3];
@@ -159,50 +158,4 @@ fn hand_over(mut stream: UnixStream, sockets: &[(Role, RawFd)]) -> std::io::Resu
     }
     stream.set_read_timeout(None)?;
     Ok(stream)
-}
-
-/// Sends `data` with the descriptors `fds` attached (`SCM_RIGHTS`): the receiver gets its own
-/// copies, the same kernel objects.
-pub(crate) fn send_with_fds(
-    stream: &UnixStream,
-    data: &[u8],
-    fds: &[RawFd],
-) -> std::io::Result<()> {
-    let iov = [std::io::IoSlice::new(data)];
-    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
-    nix::sys::socket::sendmsg::<()>(
-        stream.as_raw_fd(),
-        &iov,
-        &cmsg,
-        nix::sys::socket::MsgFlags::empty(),
-        None,
-    )
-    .map_err(std::io::Error::from)?;
-    Ok(())
-}
-
-/// Receives into `buf` (up to [`MAX_FDS`] descriptors attached): the bytes read and the
-/// descriptors, now this process's own.
-pub(crate) fn recv_with_fds(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    flags: nix::sys::socket::MsgFlags,
-) -> std::io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = [std::io::IoSliceMut::new(buf)];
-    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let msg =
-        nix::sys::socket::recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), flags)
-            .map_err(std::io::Error::from)?;
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    for c in msg.cmsgs().map_err(std::io::Error::from)? {
-        if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: SCM_RIGHTS gave this process a new descriptor that nothing else
-                // owns yet.
-                #[allow(unsafe_code)]
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    Ok((msg.bytes, fds))
 }

@@ -51,7 +51,7 @@ async fn metrics(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&ops.app),
+        crate::scrape::render(&ops.app),
     )
         .into_response()
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::model::{FieldErrors, Tenant};
 use super::store::{Store, StoreError};
-use super::TenantRoute;
 use crate::route::Registry;
+use crate::route::TenantRoute;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {

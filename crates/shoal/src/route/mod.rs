@@ -15,7 +15,9 @@ use shoal_wire::sqlstate;
 use crate::config::{Config, Database, PoolSettings, User};
 use crate::pool::Pool;
 use crate::server::Upstream;
-use crate::tenant::{TenantRoute, Tenants};
+pub mod tenant;
+
+pub use tenant::{TenantRoute, Tenants, DB_PREFIX};
 
 /// What a client asks for.
 #[derive(Debug, Clone, Copy)]
@@ -228,7 +230,7 @@ impl Registry {
                 // a tenant that does not exist.
                 None if config.users.contains_key(req.user) => {}
                 None if config.store.is_some()
-                    && crate::tenant::model::valid_external_id(suffix)
+                    && shoal_control::tenant::model::valid_external_id(suffix)
                     && !base.is_empty() =>
                 {
                     named = Some(suffix.to_owned());
@@ -378,7 +380,7 @@ impl Registry {
 
     /// A tenant's pools.
     pub fn tenant_pools(&self, id: &str) -> Vec<Arc<Pool>> {
-        let db = format!("{}{id}", crate::tenant::DB_PREFIX);
+        let db = format!("{}{id}", DB_PREFIX);
         self.lock_pools()
             .iter()
             .filter(|((d, _), _)| *d == db)
@@ -405,7 +407,7 @@ impl Registry {
         let mut stale: Vec<PoolKey> = Vec::new();
         let mut resize: Vec<(Arc<Pool>, usize)> = Vec::new();
         for ((db, user), pool) in self.lock_pools().iter() {
-            if db.starts_with(crate::tenant::DB_PREFIX) {
+            if db.starts_with(DB_PREFIX) {
                 continue;
             }
             let wild = config.wildcard_database(db);
@@ -602,7 +604,7 @@ impl Registry {
             .lock_pools()
             .iter()
             .filter(|((db, _), p)| {
-                db.starts_with(crate::tenant::DB_PREFIX)
+                db.starts_with(DB_PREFIX)
                     && p.stats.clients.load(std::sync::atomic::Ordering::Relaxed) == 0
                     && now.saturating_sub(p.unused_since.load(std::sync::atomic::Ordering::Relaxed))
                         >= idle_ms
