@@ -254,9 +254,37 @@ pub type ClientTlsStream = tokio_rustls::server::TlsStream<Prefixed<TcpStream>>;
 /// The common name of the certificate a client presented (verified during the handshake).
 pub fn peer_common_name(s: &ClientTlsStream) -> Option<String> {
     let leaf = s.get_ref().1.peer_certificates()?.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
-    let cn = cert.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_owned)
+    common_name(leaf.as_ref())
+}
+
+/// The first common name (CN) in a DER certificate's subject, in any of the string types
+/// certificates use for it.
+fn common_name(der: &[u8]) -> Option<String> {
+    use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, TeletexStringRef, Utf8StringRef};
+    use x509_cert::der::{Decode, Tag, Tagged};
+    const CN: x509_cert::der::asn1::ObjectIdentifier =
+        x509_cert::der::asn1::ObjectIdentifier::new_unwrap("2.5.4.3");
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    let value = cert
+        .tbs_certificate
+        .subject
+        .0
+        .iter()
+        .flat_map(|rdn| rdn.0.iter())
+        .find(|atv| atv.oid == CN)?
+        .value
+        .clone();
+    let text = match value.tag() {
+        Tag::Utf8String => value.decode_as::<Utf8StringRef<'_>>().ok()?.to_string(),
+        Tag::PrintableString => value
+            .decode_as::<PrintableStringRef<'_>>()
+            .ok()?
+            .to_string(),
+        Tag::Ia5String => value.decode_as::<Ia5StringRef<'_>>().ok()?.to_string(),
+        Tag::TeletexString => value.decode_as::<TeletexStringRef<'_>>().ok()?.to_string(),
+        _ => return None,
+    };
+    Some(text)
 }
 
 /// The server name (SNI) a TLS client asked for.
@@ -301,5 +329,43 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn cert_with(name: Option<rcgen::DnValue>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Shoal tests");
+        if let Some(value) = name {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, value);
+        }
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn reads_the_common_name_in_each_string_type() {
+        for (value, want) in [
+            (rcgen::DnValue::Utf8String("alice".into()), "alice"),
+            (
+                rcgen::DnValue::PrintableString("bob".try_into().unwrap()),
+                "bob",
+            ),
+            (
+                rcgen::DnValue::Ia5String("carol".try_into().unwrap()),
+                "carol",
+            ),
+        ] {
+            let der = cert_with(Some(value));
+            assert_eq!(super::common_name(&der).as_deref(), Some(want));
+        }
+        assert_eq!(super::common_name(&cert_with(None)), None);
+        assert_eq!(super::common_name(b"not a certificate"), None);
     }
 }
