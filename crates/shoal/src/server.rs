@@ -568,9 +568,9 @@ impl ServerConn {
             match frame.tag() {
                 b'D' if row.is_none() => {
                     let mut r = shoal_wire::frame::Reader::new(frame.body());
-                    let n = r.i16()?;
+                    let n = r.u16()?;
                     let mut cols = Vec::new();
-                    for _ in 0..n.max(0) {
+                    for _ in 0..n {
                         let len = r.i32()?;
                         cols.push(if len < 0 {
                             None

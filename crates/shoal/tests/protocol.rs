@@ -407,3 +407,37 @@ async fn session_mode_passes_the_real_backend_pid() {
     let pid2 = r2.simple("SELECT pg_backend_pid()").await.unwrap();
     assert_ne!(pid2, vec![r2.key.0.to_string()]);
 }
+
+/// The protocol's maximum of 65,535 parameters (an unsigned 16-bit count): Parse with that
+/// many declared types and Bind with that many values reach PostgreSQL, named statement
+/// (translated) and unnamed alike, in both pool modes.
+#[tokio::test]
+async fn the_maximum_of_65535_parameters_passes() {
+    for mode in ["transaction", "session"] {
+        let db = unique_db("params");
+        let shoal = shoal_for(&db, &format!("[pool]\npool_mode = \"{mode}\"\n"));
+        let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
+        let values: Vec<String> = (1..=65535).map(|i| (i % 1000).to_string()).collect();
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        for name in ["", "many"] {
+            let mut b = BytesMut::new();
+            shoal_wire::backend::put_message(&mut b, b'P', |b| {
+                use bytes::BufMut;
+                raw::cstr(b, name);
+                raw::cstr(b, "SELECT $1::int4 + $65535::int4");
+                b.put_u16(65535);
+                for _ in 0..65535 {
+                    b.put_u32(23);
+                }
+            });
+            raw::bind(&mut b, "", name, &values);
+            raw::execute(&mut b, "");
+            raw::sync(&mut b);
+            r.send(&b).await;
+            let msgs = r.until_ready().await;
+            let tags: String = msgs.iter().map(|m| m.tag).collect();
+            assert_eq!(tags, "12DCZ", "{mode} {name:?}: {msgs:?}");
+            assert_eq!(raw::first_column(&msgs[2]), "536", "1 + 535");
+        }
+    }
+}

@@ -97,6 +97,15 @@ impl<'a> Reader<'a> {
         Ok(self.buf.get_u8())
     }
 
+    /// A 16-bit count (parameters, formats, values, columns): unsigned, as PostgreSQL reads
+    /// them, so up to 65,535.
+    pub fn u16(&mut self) -> Result<u16, FrameError> {
+        if self.buf.len() < 2 {
+            return Err(FrameError::Malformed("message ends early"));
+        }
+        Ok(self.buf.get_u16())
+    }
+
     pub fn i16(&mut self) -> Result<i16, FrameError> {
         if self.buf.len() < 2 {
             return Err(FrameError::Malformed("message ends early"));

@@ -60,7 +60,7 @@ pub fn parse_bind_execute(buf: &mut BytesMut, sql: &str, params: &[&str]) {
         put_cstr(b, "");
         put_cstr(b, "");
         b.put_i16(0);
-        b.put_i16(params.len() as i16);
+        b.put_u16(u16::try_from(params.len()).expect("at most 65,535 parameters"));
         for p in params {
             b.put_i32(p.len() as i32);
             b.put_slice(p.as_bytes());
@@ -129,26 +129,17 @@ pub fn validate(tag: u8, body: &[u8]) -> Result<(), FrameError> {
         tag::PARSE => {
             r.cstr_bytes()?;
             r.cstr_bytes()?;
-            let n = r.i16()?;
-            if n < 0 {
-                return Err(FrameError::Malformed("negative parameter type count"));
-            }
-            r.bytes(n as usize * 4)?;
+            let n = r.u16()?;
+            r.bytes(usize::from(n) * 4)?;
         }
         tag::BIND => {
             r.cstr_bytes()?;
             r.cstr_bytes()?;
-            let formats = r.i16()?;
-            if formats < 0 {
-                return Err(FrameError::Malformed("negative format count"));
-            }
-            r.bytes(formats as usize * 2)?;
+            let formats = r.u16()?;
+            r.bytes(usize::from(formats) * 2)?;
             values(&mut r)?;
-            let results = r.i16()?;
-            if results < 0 {
-                return Err(FrameError::Malformed("negative result format count"));
-            }
-            r.bytes(results as usize * 2)?;
+            let results = r.u16()?;
+            r.bytes(usize::from(results) * 2)?;
         }
         tag::DESCRIBE | tag::CLOSE => {
             if !matches!(r.u8()?, b'S' | b'P') {
@@ -164,11 +155,8 @@ pub fn validate(tag: u8, body: &[u8]) -> Result<(), FrameError> {
         }
         tag::FUNCTION_CALL => {
             r.i32()?;
-            let formats = r.i16()?;
-            if formats < 0 {
-                return Err(FrameError::Malformed("negative format count"));
-            }
-            r.bytes(formats as usize * 2)?;
+            let formats = r.u16()?;
+            r.bytes(usize::from(formats) * 2)?;
             values(&mut r)?;
             r.i16()?;
         }
@@ -182,10 +170,7 @@ pub fn validate(tag: u8, body: &[u8]) -> Result<(), FrameError> {
 
 /// A count, then that many length-prefixed values (length -1 is NULL).
 fn values(r: &mut Reader<'_>) -> Result<(), FrameError> {
-    let n = r.i16()?;
-    if n < 0 {
-        return Err(FrameError::Malformed("negative value count"));
-    }
+    let n = r.u16()?;
     for _ in 0..n {
         let len = r.i32()?;
         if len < -1 {
@@ -237,7 +222,52 @@ mod fuzz {
     use super::*;
     use proptest::prelude::*;
 
+    /// A Parse declaring `n` parameter types, and a Bind with `n` parameter formats, `n`
+    /// values (of `len` bytes, or NULL) and `n` result formats.
+    fn parse_and_bind(n: u16, len: i32) -> (Vec<u8>, Vec<u8>) {
+        let mut parse = b"s\0SELECT 1\0".to_vec();
+        parse.extend_from_slice(&n.to_be_bytes());
+        for _ in 0..n {
+            parse.extend_from_slice(&23u32.to_be_bytes());
+        }
+        let mut bind = b"\0s\0".to_vec();
+        bind.extend_from_slice(&n.to_be_bytes());
+        bind.extend(std::iter::repeat_n([0u8, 0], n.into()).flatten());
+        bind.extend_from_slice(&n.to_be_bytes());
+        for _ in 0..n {
+            bind.extend_from_slice(&len.to_be_bytes());
+            bind.extend(std::iter::repeat_n(b'v', len.max(0) as usize));
+        }
+        bind.extend_from_slice(&n.to_be_bytes());
+        bind.extend(std::iter::repeat_n([0u8, 1], n.into()).flatten());
+        (parse, bind)
+    }
+
+    /// The counts are unsigned 16-bit integers: PostgreSQL takes up to 65,535 parameters.
+    #[test]
+    fn counts_up_to_65535_pass() {
+        for n in [0, 1, 255, 32767, 32768, 65535] {
+            let (parse, bind) = parse_and_bind(n, -1);
+            assert_eq!(validate(tag::PARSE, &parse), Ok(()), "Parse with {n}");
+            assert_eq!(validate(tag::BIND, &bind), Ok(()), "Bind with {n}");
+        }
+    }
+
     proptest! {
+        /// Any count and value length: the message passes whole, and fails one byte short or
+        /// one byte long.
+        #[test]
+        fn counts_are_read_whole_at_any_size(n in prop_oneof![0u16..300, 65000u16..=65535], len in -1i32..4) {
+            let (parse, bind) = parse_and_bind(n, len);
+            prop_assert_eq!(validate(tag::PARSE, &parse), Ok(()));
+            prop_assert_eq!(validate(tag::BIND, &bind), Ok(()));
+            prop_assert!(validate(tag::PARSE, &parse[..parse.len() - 1]).is_err());
+            prop_assert!(validate(tag::BIND, &bind[..bind.len() - 1]).is_err());
+            let mut longer = bind.clone();
+            longer.push(0);
+            prop_assert!(validate(tag::BIND, &longer).is_err());
+        }
+
         /// Any tag and body: validation answers without panicking.
         #[test]
         fn validate_accepts_any_input(tag in any::<u8>(), body in proptest::collection::vec(any::<u8>(), 0..64)) {

@@ -73,7 +73,7 @@ pub fn bind(b: &mut BytesMut, portal: &str, stmt: &str, params: &[&str]) {
         cstr(b, portal);
         cstr(b, stmt);
         b.put_i16(0);
-        b.put_i16(params.len() as i16);
+        b.put_u16(params.len() as u16);
         for p in params {
             b.put_i32(p.len() as i32);
             b.put_slice(p.as_bytes());
