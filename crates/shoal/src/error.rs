@@ -36,7 +36,7 @@ pub enum ErrorKind {
     ServerProtocol,
     /// No server became free within `query_wait_timeout`.
     PoolTimeout,
-    /// The pool is closing (shutdown).
+    /// The pool was ended: shutdown, or its tenant banned, deleted or terminated.
     PoolClosed,
     /// PostgreSQL could not be reached, or the connection broke while Shoal set it up.
     ServerUnavailable,
@@ -87,23 +87,6 @@ impl ErrorKind {
             ErrorKind::ServerRefused => "server_refused",
             ErrorKind::ServerTimeout => "server_timeout",
         }
-    }
-}
-
-/// The kind of an error the client is told about with `code`, where only the code is known.
-pub fn kind_of_code(code: &str) -> ErrorKind {
-    match code {
-        sqlstate::PROTOCOL_VIOLATION | sqlstate::FEATURE_NOT_SUPPORTED => ErrorKind::ClientProtocol,
-        sqlstate::TOO_MANY_CONNECTIONS
-        | sqlstate::PROGRAM_LIMIT_EXCEEDED
-        | sqlstate::OUT_OF_MEMORY => ErrorKind::ClientLimit,
-        sqlstate::INVALID_PASSWORD => ErrorKind::Auth,
-        sqlstate::INVALID_AUTHORIZATION | sqlstate::INVALID_CATALOG_NAME => ErrorKind::Routing,
-        sqlstate::ADMIN_SHUTDOWN | sqlstate::CANNOT_CONNECT_NOW => ErrorKind::Shutdown,
-        sqlstate::CONNECTION_REJECTED => ErrorKind::Banned,
-        // A pool's wait timeout is made with its own kind (`ClientError::checkout`).
-        sqlstate::QUERY_CANCELED => ErrorKind::Canceled,
-        _ => ErrorKind::ServerLost,
     }
 }
 
@@ -322,17 +305,36 @@ mod kind_tests {
     use super::*;
 
     #[test]
-    fn codes_map_to_kinds_and_labels() {
-        assert_eq!(kind_of_code("08P01"), ErrorKind::ClientProtocol);
-        assert_eq!(kind_of_code("53300"), ErrorKind::ClientLimit);
-        assert_eq!(kind_of_code("28P01"), ErrorKind::Auth);
-        assert_eq!(kind_of_code("3D000"), ErrorKind::Routing);
-        assert_eq!(kind_of_code("57P01").label(), "shutdown");
-        // A user's cancel is not a pool's timeout (which is made with its own kind).
-        assert_eq!(kind_of_code("57014"), ErrorKind::Canceled);
-        assert_eq!(kind_of_code("08004"), ErrorKind::Banned);
+    fn labels_are_distinct() {
         let labels: std::collections::BTreeSet<_> =
             ErrorKind::ALL.iter().map(|k| k.label()).collect();
-        assert_eq!(labels.len(), ErrorKind::ALL.len(), "labels are distinct");
+        assert_eq!(labels.len(), ErrorKind::ALL.len());
+    }
+
+    /// A pool's wait timeout and a user's cancel share SQLSTATE 57014 but not their kind;
+    /// a pool ended and a shutdown share 57P01.
+    #[test]
+    fn failures_declare_their_kind() {
+        use crate::pool::{CheckoutError, ServerWait};
+        let timeout = CheckoutError::WaitTimeout {
+            pool: "p".into(),
+            waited: std::time::Duration::from_secs(1),
+            size: 1,
+        };
+        let c = ClientError::checkout(&timeout);
+        assert_eq!((c.kind, c.code), (ErrorKind::PoolTimeout, "57014"));
+        let c = ClientError::wait("p", &ServerWait::Cancelled);
+        assert_eq!((c.kind, c.code), (ErrorKind::Canceled, "57014"));
+        let c = ClientError::checkout(&CheckoutError::Closed("p".into()));
+        assert_eq!(c.kind, ErrorKind::PoolClosed);
+        use crate::route::RouteError;
+        assert_eq!(
+            RouteError::TenantBanned("t".into(), String::new()).kind(),
+            ErrorKind::Banned
+        );
+        assert_eq!(
+            RouteError::UnknownTenant("t".into()).kind(),
+            ErrorKind::Routing
+        );
     }
 }

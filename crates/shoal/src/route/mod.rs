@@ -52,6 +52,17 @@ pub enum RouteError {
 }
 
 impl RouteError {
+    /// Its kind, in the one taxonomy of [`crate::error`].
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            RouteError::TenantBanned(..) => ErrorKind::Banned,
+            // Shoal's own configuration cannot reach the database.
+            RouteError::Misconfigured(..) => ErrorKind::ServerUnavailable,
+            _ => ErrorKind::Routing,
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             RouteError::UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION,

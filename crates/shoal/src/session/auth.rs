@@ -9,6 +9,7 @@ use subtle::ConstantTimeEq;
 
 use super::SessionError;
 use crate::config::{ClientAuth, User};
+use crate::error::ErrorKind;
 use crate::net::Stream;
 
 /// Authentication messages are small; a larger one is an attack or a bug.
@@ -17,11 +18,16 @@ const MAX_AUTH_MESSAGE: usize = 8192;
 async fn read_password_message(stream: &mut Stream) -> Result<Frame, SessionError> {
     let mut buf = BytesMut::with_capacity(512);
     loop {
-        if let Some(f) = Frame::split(&mut buf, MAX_AUTH_MESSAGE)
-            .map_err(|e| SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))?
-        {
+        if let Some(f) = Frame::split(&mut buf, MAX_AUTH_MESSAGE).map_err(|e| {
+            SessionError::fatal(
+                ErrorKind::ClientProtocol,
+                sqlstate::PROTOCOL_VIOLATION,
+                e.to_string(),
+            )
+        })? {
             if f.tag() != tag::PASSWORD {
                 return Err(SessionError::fatal(
+                    ErrorKind::ClientProtocol,
                     sqlstate::PROTOCOL_VIOLATION,
                     format!(
                         "expected a password message, got message type '{}'",
@@ -31,6 +37,7 @@ async fn read_password_message(stream: &mut Stream) -> Result<Frame, SessionErro
             }
             if !buf.is_empty() {
                 return Err(SessionError::fatal(
+                    ErrorKind::ClientProtocol,
                     sqlstate::PROTOCOL_VIOLATION,
                     "unexpected data after the password message",
                 ));
@@ -45,13 +52,18 @@ async fn read_password_message(stream: &mut Stream) -> Result<Frame, SessionErro
 
 fn auth_failed(user: &str) -> SessionError {
     SessionError::fatal(
+        ErrorKind::Auth,
         sqlstate::INVALID_PASSWORD,
         format!("password authentication failed for user \"{user}\""),
     )
 }
 
 fn malformed(e: impl std::fmt::Display) -> SessionError {
-    SessionError::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string())
+    SessionError::fatal(
+        ErrorKind::ClientProtocol,
+        sqlstate::PROTOCOL_VIOLATION,
+        e.to_string(),
+    )
 }
 
 /// A login as a user Shoal does not serve: a SCRAM exchange that no password passes, ending
@@ -93,6 +105,7 @@ pub async fn authenticate(
             };
             let Some(cn) = cn else {
                 return Err(SessionError::fatal(
+                    ErrorKind::Auth,
                     sqlstate::INVALID_AUTHORIZATION,
                     "connection requires a valid client certificate",
                 ));
@@ -100,6 +113,7 @@ pub async fn authenticate(
             if !bool::from(cn.as_bytes().ct_eq(user.name.as_bytes())) {
                 tracing::info!(user = %crate::logsafe::Escaped(&user.name), certificate_cn = %crate::logsafe::Escaped(&cn), "certificate does not name the user");
                 return Err(SessionError::fatal(
+                    ErrorKind::Auth,
                     sqlstate::INVALID_AUTHORIZATION,
                     format!(
                         "certificate authentication failed for user \"{}\"",
@@ -133,6 +147,7 @@ pub async fn authenticate(
             let plus = mechanism == MECHANISM_PLUS && end_point.is_some();
             if mechanism != MECHANISM && !plus {
                 return Err(SessionError::fatal(
+                    ErrorKind::ClientProtocol,
                     sqlstate::PROTOCOL_VIOLATION,
                     format!(
                         "client selected an invalid SASL authentication mechanism \"{mechanism}\""

@@ -11,6 +11,7 @@ use shoal_wire::frontend::tag as fe;
 use shoal_wire::sqlstate;
 
 use super::SessionError;
+use crate::error::ErrorKind;
 
 /// Messages up to this size are ordinary and need no budget.
 pub const LARGE: usize = 1 << 20;
@@ -71,6 +72,7 @@ fn account_in(
         .is_ok();
     if !granted {
         return Err(SessionError::fatal(
+            ErrorKind::ClientLimit,
             sqlstate::OUT_OF_MEMORY,
             format!(
                 "message of {total} bytes refused: Shoal's memory for large messages (server.max_large_message_memory, {budget} bytes) is in use by other clients; retry later or send smaller messages"

@@ -33,18 +33,11 @@ pub struct Fatal {
 }
 
 impl SessionError {
-    /// A FATAL whose kind its SQLSTATE says (see [`crate::error::kind_of_code`]).
-    pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
-        SessionError::Fatal(Box::new(Fatal {
-            code,
-            message: message.into(),
-            kind: crate::error::kind_of_code(code),
-        }))
-    }
-
-    /// A FATAL whose kind its SQLSTATE cannot say (a login timeout is a protocol
-    /// violation's `08P01`).
-    pub fn fatal_kind(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
+    /// A FATAL: what failed (`kind`, the label logs and metrics use), and what the client is
+    /// told (`code`, `message`). The kind is stated where the failure is known, never read
+    /// back from the SQLSTATE (one code can mean several kinds: a login timeout and a bad
+    /// message are both `08P01`).
+    pub fn fatal(kind: ErrorKind, code: &'static str, message: impl Into<String>) -> Self {
         SessionError::Fatal(Box::new(Fatal {
             code,
             message: message.into(),
@@ -53,11 +46,13 @@ impl SessionError {
     }
 
     pub(super) fn from_frame(e: FrameError) -> Self {
-        let code = match e {
-            FrameError::TooLarge { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
-            _ => sqlstate::PROTOCOL_VIOLATION,
+        let (kind, code) = match e {
+            FrameError::TooLarge { .. } => {
+                (ErrorKind::ClientLimit, sqlstate::PROGRAM_LIMIT_EXCEEDED)
+            }
+            _ => (ErrorKind::ClientProtocol, sqlstate::PROTOCOL_VIOLATION),
         };
-        SessionError::fatal(code, e.to_string())
+        SessionError::fatal(kind, code, e.to_string())
     }
 
     pub(super) fn server_protocol(e: FrameError) -> Self {

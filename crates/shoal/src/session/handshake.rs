@@ -11,6 +11,7 @@ use shoal_wire::startup::{self, StartupMessage, StartupPacket, TLS_HANDSHAKE_BYT
 
 use super::SessionError;
 use crate::app::App;
+use crate::error::ErrorKind;
 use crate::net::Stream;
 
 /// What a client's first packet asked for.
@@ -65,6 +66,7 @@ pub async fn read_packet(
         })),
         Ok(StartupPacket::Startup(m)) => Ok(Some(FirstPacket::Startup(m))),
         Err(e @ startup::StartupError::UnsupportedProtocol { .. }) => Err(SessionError::fatal(
+            ErrorKind::ClientProtocol,
             sqlstate::FEATURE_NOT_SUPPORTED,
             e.to_string(),
         )),
@@ -92,6 +94,7 @@ pub async fn negotiate(
             FirstPacket::Startup(m) => {
                 if !buf.is_empty() {
                     return Err(SessionError::fatal(
+                        ErrorKind::ClientProtocol,
                         sqlstate::PROTOCOL_VIOLATION,
                         "unexpected data after the startup packet",
                     ));
@@ -122,12 +125,14 @@ pub async fn negotiate(
         };
         if std::mem::replace(done, true) {
             return Err(SessionError::fatal(
+                ErrorKind::ClientProtocol,
                 sqlstate::PROTOCOL_VIOLATION,
                 "encryption was already negotiated on this connection",
             ));
         }
         if !buf.is_empty() {
             return Err(SessionError::fatal(
+                ErrorKind::ClientProtocol,
                 sqlstate::PROTOCOL_VIOLATION,
                 "received unencrypted data after encryption request",
             ));

@@ -15,6 +15,7 @@ use crate::app::App;
 use crate::cancel::Registration;
 use crate::config::PoolMode;
 use crate::config::User;
+use crate::error::ErrorKind;
 use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::Stream;
@@ -37,14 +38,18 @@ pub(super) async fn login_phase(
     let logging_in = match app.admission.begin_login(peer.map(|a| a.ip())) {
         Ok(g) => g,
         Err(message) => {
-            let e = SessionError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
+            let e = SessionError::fatal(
+                ErrorKind::ClientLimit,
+                sqlstate::TOO_MANY_CONNECTIONS,
+                message,
+            );
             Box::pin(finish(id, &mut stream, Err(e))).await;
             return None;
         }
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
     let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer)).await {
-        Err(_) => Err(SessionError::fatal_kind(
+        Err(_) => Err(SessionError::fatal(
             crate::error::ErrorKind::LoginTimeout,
             sqlstate::PROTOCOL_VIOLATION,
             "client did not finish logging in within client_login_timeout",
@@ -66,6 +71,7 @@ pub(super) async fn login_phase(
                 // Others logged in meanwhile.
                 drop(guard);
                 let e = SessionError::fatal(
+                    ErrorKind::ClientLimit,
                     sqlstate::TOO_MANY_CONNECTIONS,
                     format!("too many client connections: server.max_client_conn ({max}) reached"),
                 );
@@ -173,11 +179,13 @@ async fn request(
     };
     let minor = startup.minor;
     let startup = StartupRequest::from_startup(startup).map_err(|e| {
-        let code = match e {
-            crate::params::ParamError::NoUser => sqlstate::INVALID_AUTHORIZATION,
-            _ => sqlstate::PROTOCOL_VIOLATION,
+        let (kind, code) = match e {
+            crate::params::ParamError::NoUser => {
+                (ErrorKind::Routing, sqlstate::INVALID_AUTHORIZATION)
+            }
+            _ => (ErrorKind::ClientProtocol, sqlstate::PROTOCOL_VIOLATION),
         };
-        SessionError::fatal(code, e.to_string())
+        SessionError::fatal(kind, code, e.to_string())
     })?;
     // Sized for the usual reply (AuthenticationOk, a dozen ParameterStatus, BackendKeyData,
     // ReadyForQuery), so composing it does not reallocate.
@@ -206,6 +214,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     // idle clients are being closed is it too late.
     if app.lifecycle.closing_clients.load(Ordering::Relaxed) {
         return Err(SessionError::fatal(
+            ErrorKind::Shutdown,
             sqlstate::CANNOT_CONNECT_NOW,
             "Shoal is shutting down",
         ));
@@ -213,6 +222,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     let max = app.config.server.max_client_conn;
     if app.admission.clients.load(Ordering::Relaxed) >= max {
         return Err(SessionError::fatal(
+            ErrorKind::ClientLimit,
             sqlstate::TOO_MANY_CONNECTIONS,
             format!("too many client connections: server.max_client_conn ({max}) reached"),
         ));
@@ -222,6 +232,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
         .and_then(|a| app.admission.login_failures.banned(a, &req.startup.user))
     {
         return Err(SessionError::fatal(
+            ErrorKind::Auth,
             sqlstate::INVALID_AUTHORIZATION,
             format!(
                 "too many failed logins for this user from this address: try again in {} s",
@@ -233,7 +244,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
 }
 
 fn refused(e: RouteError) -> SessionError {
-    SessionError::fatal(e.code(), e.to_string())
+    SessionError::fatal(e.kind(), e.code(), e.to_string())
 }
 
 /// Which tenant or database, and which user entry, the request names.
@@ -279,6 +290,7 @@ async fn credentials<'a>(
         Err(e) => {
             tracing::warn!(database = %db.name, error = %Escaped(&e), "auth_query failed");
             Err(SessionError::fatal(
+                ErrorKind::ServerUnavailable,
                 sqlstate::CONNECTION_FAILURE,
                 format!(
                     "cannot look up the user: the auth_query of database \"{}\" failed",
@@ -306,6 +318,7 @@ fn require_tls(
         .unwrap_or(app.tls.mode);
     if mode == crate::config::ClientTls::Require && !stream.is_tls() {
         return Err(SessionError::fatal(
+            ErrorKind::Routing,
             sqlstate::INVALID_AUTHORIZATION,
             "TLS is required: connect with sslmode=require (or stricter)",
         ));
@@ -409,6 +422,7 @@ fn destination(
         return match crate::admin::access(app, &user.name) {
             Some(access) => Ok(Destination::Admin(user.name.clone(), access)),
             None => Err(SessionError::fatal(
+                ErrorKind::Routing,
                 sqlstate::INVALID_AUTHORIZATION,
                 format!(
                     "user \"{}\" may not use the admin console (not in [admin] users or stats_users)",
@@ -457,6 +471,7 @@ async fn enter_pool(
     let pool_client = PoolClient(pool.clone());
     if per_pool > 0 && n > per_pool {
         return Err(SessionError::fatal(
+            ErrorKind::ClientLimit,
             sqlstate::TOO_MANY_CONNECTIONS,
             format!(
                 "too many client connections for pool \"{}\": max_client_conn ({per_pool}) reached",
@@ -476,12 +491,12 @@ async fn enter_pool(
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.
                     ServerWait::Prepare(ServerError::Db(f)) => {
-                        SessionError::fatal(known_code(&f.code), f.message)
+                        SessionError::fatal(ErrorKind::ServerRefused, known_code(&f.code), f.message)
                     }
                     e => {
                         let c = ClientError::wait(&pool.name, &e);
                         tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
-                        SessionError::fatal(c.code, c.message)
+                        SessionError::fatal(c.kind, c.code, c.message)
                     }
                 })?;
             let p = pool.remember_login_params(params, &l.params);

@@ -34,6 +34,7 @@ use shoal_wire::sqlstate;
 use crate::app::{App, ClientGuard};
 use crate::cancel::Registration;
 use crate::config::PoolMode;
+use crate::error::ErrorKind;
 use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::Stream;
@@ -247,12 +248,14 @@ impl Session {
     fn ended(&self) -> Option<SessionError> {
         if self.app.lifecycle.closing_clients.load(Ordering::Relaxed) {
             return Some(SessionError::fatal(
+                ErrorKind::Shutdown,
                 sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection because Shoal is shutting down",
             ));
         }
         self.pool.ended().map(|why| {
             SessionError::fatal(
+                ErrorKind::PoolClosed,
                 sqlstate::ADMIN_SHUTDOWN,
                 format!("terminating connection: {why}"),
             )
@@ -351,6 +354,7 @@ impl Session {
                             None => {
                                 let limit = self.pool.settings.client_idle_timeout;
                                 return Err(SessionError::fatal(
+                                    ErrorKind::ClientLimit,
                                     sqlstate::IDLE_SESSION_TIMEOUT,
                                     format!(
                                         "closing an idle client: client_idle_timeout ({} s) passed",
@@ -373,6 +377,7 @@ impl Session {
                             // why, as PostgreSQL does.
                             return Err(self.ended().unwrap_or_else(|| {
                                 SessionError::fatal(
+                                    ErrorKind::Shutdown,
                                     sqlstate::ADMIN_SHUTDOWN,
                                     "terminating connection",
                                 )
@@ -469,7 +474,7 @@ impl Session {
                         ),
                     };
                     tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
-                    return Err(SessionError::fatal(code, message));
+                    return Err(SessionError::fatal(ErrorKind::ServerLost, code, message));
                 }
                 self.report_server_loss(&flow, fatal).await?;
                 Ok(false)
@@ -503,6 +508,7 @@ impl Session {
                     // Already passed on to the client by the relay.
                     Some(_) => Err(SessionError::ClientGone),
                     None => Err(SessionError::fatal(
+                        ErrorKind::ServerLost,
                         sqlstate::CONNECTION_FAILURE,
                         "server closed the connection unexpectedly",
                     )),
