@@ -27,6 +27,17 @@ pub struct ServerSession {
     expect: VecDeque<Expect>,
 }
 
+/// What an idle server is to a client about to take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// It holds this client's own state: the client gets its session back as it left it.
+    Own,
+    /// It holds no client's state.
+    Clean,
+    /// It holds another client's state, which would be cleaned away.
+    Other,
+}
+
 /// What a server needs before a client's transaction runs on it.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -47,6 +58,20 @@ impl Plan {
 }
 
 impl ServerSession {
+    /// Whether a client left state here that a clean would lose.
+    pub fn holds_state(&self) -> bool {
+        self.dirty
+    }
+
+    /// What this server is to `client` (0: a client not yet identified).
+    pub fn fit(&self, client: u64) -> Fit {
+        match (self.dirty, self.dirty_owner) {
+            (false, _) => Fit::Clean,
+            (true, owner) if owner == client && client != 0 => Fit::Own,
+            (true, _) => Fit::Other,
+        }
+    }
+
     /// A client's message leaves state behind.
     pub fn mark_dirty(&mut self) {
         self.dirty = true;

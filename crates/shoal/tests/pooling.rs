@@ -440,3 +440,30 @@ async fn the_wildcard_database_passes_names_through() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("passes the client's database name"));
 }
+
+/// A temporary table stays with the client that made it while the pool has room: another
+/// client's transactions in between get other servers, not its (which would be cleaned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_temp_table_survives_other_clients_while_the_pool_has_room() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 20\n");
+    let a = shoal.connect(&db).await;
+    let b = shoal.connect(&db).await;
+    a.batch_execute("CREATE TEMP TABLE mine (x int); INSERT INTO mine VALUES (7)")
+        .await
+        .unwrap();
+    for round in 0..10 {
+        let v: i32 = b
+            .query_one("SELECT $1::int", &[&round])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(v, round);
+        let x: i32 = a
+            .query_one("SELECT x FROM mine", &[])
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the temp table is gone: {e}"))
+            .get(0);
+        assert_eq!(x, 7);
+    }
+}

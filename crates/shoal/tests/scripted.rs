@@ -407,7 +407,7 @@ async fn pool_resizes_in_place() {
     .await;
     let _one = pool.checkout().await.unwrap();
     assert!(
-        pool.try_checkout().is_none(),
+        pool.try_checkout(0).is_none(),
         "one server at a time after shrinking"
     );
 }
@@ -492,4 +492,44 @@ async fn an_ended_pool_serves_no_one() {
         fake.shared.open.load(Ordering::Relaxed) == 0
     })
     .await;
+}
+
+/// A server a client left its own state on goes back to that client; another client gets a
+/// clean or a new server while the pool has room, and the state-holding one (to be cleaned)
+/// only when nothing else can be had within `pool_size`.
+#[tokio::test]
+async fn a_server_holding_a_clients_state_waits_for_that_client() {
+    let fake = FakePg::start().await;
+    let app = app(&fake, "pool_size = 2\nquery_wait_timeout = 30");
+    let pool = pool_of(&app);
+    let (a, b) = (101, 102);
+    let mut lease = pool.checkout_for(a).await.unwrap();
+    let held_by_a = lease.id;
+    lease.session.mark_dirty();
+    lease.session.transaction_ended(a);
+    lease.checkin();
+    // Another client: a new server, not the one holding a's state.
+    let other = pool.checkout_for(b).await.unwrap();
+    assert_ne!(other.id, held_by_a);
+    assert_eq!(fake.shared.connections.load(Ordering::Relaxed), 2);
+    let b_server = other.id;
+    other.checkin();
+    // a gets its own server back even though b's was returned more recently.
+    let mine = pool.try_checkout(a).expect("an idle server");
+    assert_eq!(mine.id, held_by_a);
+    mine.checkin();
+    // b again: the clean one; nobody's state is touched.
+    let again = pool.checkout_for(b).await.unwrap();
+    assert_eq!(again.id, b_server);
+    // With b holding the other server and no room left, a third client gets a's server
+    // (its plan then cleans it).
+    let third = pool.checkout_for(103).await.unwrap();
+    assert_eq!(third.id, held_by_a);
+    assert_eq!(
+        third.session.fit(103),
+        shoal::server_session::Fit::Other,
+        "its state is another's: prepare_for cleans it"
+    );
+    assert_eq!(fake.shared.connections.load(Ordering::Relaxed), 2);
+    assert_eq!(pool.stats.servers.load(Ordering::Relaxed), 2);
 }

@@ -11,13 +11,19 @@
 //! transaction.
 #![allow(clippy::vec_box)]
 
-use crate::disposition::{decide, CloseReason, Disposition, ServerState};
-use std::collections::{HashMap, VecDeque};
+mod idle;
+mod lease;
+
+use idle::IdleList;
+pub use lease::{Lease, Leaving};
+
+use crate::disposition::{decide, Disposition, ServerState};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::clock;
@@ -45,6 +51,15 @@ pub enum CheckoutError {
     },
     #[error("pool \"{0}\" is shutting down")]
     Closed(String),
+}
+
+/// What a checkout finds among the idle servers.
+enum Idle {
+    Server(Box<ServerConn>),
+    /// None to take: open one (`reserved`: room for it is already counted).
+    Open {
+        reserved: bool,
+    },
 }
 
 /// Why [`Pool::prepared_server`] has no server to give.
@@ -83,7 +98,7 @@ pub struct Pool {
     permits: Arc<Semaphore>,
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
-    idle: Box<[Mutex<VecDeque<Box<ServerConn>>>]>,
+    idle: Box<[Mutex<IdleList>]>,
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
@@ -154,108 +169,6 @@ pub struct Averages {
     pub wait_time: u64,
 }
 
-/// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
-/// broken or abandoned server is never reused) and frees the permit.
-pub struct Lease {
-    conn: Option<Box<ServerConn>>,
-    _permit: OwnedSemaphorePermit,
-    pool: Arc<Pool>,
-}
-
-impl std::ops::Deref for Lease {
-    type Target = ServerConn;
-    fn deref(&self) -> &ServerConn {
-        self.conn
-            .as_ref()
-            .expect("a lease holds its connection until dropped")
-    }
-}
-
-impl std::ops::DerefMut for Lease {
-    fn deref_mut(&mut self) -> &mut ServerConn {
-        self.conn
-            .as_mut()
-            .expect("a lease holds its connection until dropped")
-    }
-}
-
-/// In what state a client leaves the server it held, for [`Lease::release`].
-#[derive(Debug, Clone, Copy)]
-pub struct Leaving {
-    /// Replies are still owed (a query may be running, a batch is unsynced, a COPY is open).
-    pub busy: bool,
-    /// A client message is only partly written to the server.
-    pub partial: bool,
-    /// A transaction block is open.
-    pub in_transaction: bool,
-    /// Run the pool's `server_reset_query` (session mode).
-    pub reset: bool,
-}
-
-impl Lease {
-    /// The way back to the pool: a healthy server at a boundary goes back as it is.
-    pub fn checkin(self) {
-        let pool = self.pool.clone();
-        pool.checkin(self);
-    }
-
-    /// The client left (or broke the protocol) while holding this server: make it clean
-    /// before anyone else gets it, or close it. A server with a query possibly running gets
-    /// a CancelRequest and is closed; an open transaction is rolled back; in session mode the
-    /// reset query runs; all of it bounded by `server_reset_timeout`.
-    pub async fn release(mut self, how: Leaving) {
-        let reset_query = self.pool.settings.reset_query.clone();
-        let state = ServerState {
-            busy: how.busy,
-            partial_message: how.partial,
-            in_transaction: how.in_transaction,
-            reset: how.reset && !reset_query.is_empty(),
-            expired: self.pool.past_lifetime(&self),
-            pool_ended: self.pool.ended().is_some(),
-            ..ServerState::default()
-        };
-        let (rollback, reset) = match decide(&state) {
-            Disposition::CheckIn => return self.checkin(),
-            Disposition::Clean { rollback, reset } => (rollback, reset),
-            Disposition::Close(reason) => return self.close(reason),
-        };
-        let timeout = self.pool.settings.reset_timeout;
-        let clean = async {
-            if rollback {
-                self.simple_query("ROLLBACK").await?;
-            }
-            if reset {
-                self.reset_session(&reset_query).await?;
-            }
-            Ok::<(), ServerError>(())
-        };
-        match crate::timer::timeout(timeout, clean).await {
-            Ok(Ok(())) => self.checkin(),
-            _ => self.close(CloseReason::Lost),
-        }
-    }
-
-    /// Closes the server for `reason` (after a CancelRequest when a request may still run).
-    pub fn close(self, reason: CloseReason) {
-        tracing::debug!(pool = %self.pool.name, server = self.id, reason = reason.label(), "closing a server");
-        if reason.cancel_first() {
-            let target = self.cancel_target();
-            drop(self);
-            tokio::spawn(crate::server::forward(target));
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.stats.servers.fetch_sub(1, Ordering::Relaxed);
-            tracing::debug!(pool = %self.pool.name, server = conn.id, "discarding server connection");
-            tokio::spawn(conn.close());
-        }
-    }
-}
-
 impl Pool {
     pub fn new(
         name: String,
@@ -285,7 +198,7 @@ impl Pool {
             settings,
             upstream,
             idle: (0..crate::shard::count())
-                .map(|_| Mutex::new(VecDeque::new()))
+                .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
             login_params: Mutex::new(HashMap::new()),
             statements,
@@ -302,7 +215,7 @@ impl Pool {
         &self.route_key.0
     }
 
-    fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, VecDeque<Box<ServerConn>>> {
+    fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, IdleList> {
         // A server opened off the shards (`NO_SHARD`) waits in shard 0's list.
         self.idle[if shard < self.idle.len() { shard } else { 0 }]
             .lock()
@@ -312,13 +225,13 @@ impl Pool {
     /// Every idle server of every shard, in one list (for upkeep, not the hot path).
     fn take_all_idle(&self) -> Vec<Box<ServerConn>> {
         (0..self.idle.len())
-            .flat_map(|i| self.lock_shard(i).drain(..).collect::<Vec<_>>())
+            .flat_map(|i| self.lock_shard(i).drain())
             .collect()
     }
 
     fn idle_ids(&self) -> Vec<u64> {
         (0..self.idle.len())
-            .flat_map(|i| self.lock_shard(i).iter().map(|c| c.id).collect::<Vec<_>>())
+            .flat_map(|i| self.lock_shard(i).ids().collect::<Vec<_>>())
             .collect()
     }
 
@@ -344,8 +257,15 @@ impl Pool {
         shared
     }
 
-    /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection.
+    /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection, for a client
+    /// not yet identified (see [`Pool::checkout_for`]).
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, CheckoutError> {
+        self.checkout_for(0).await
+    }
+
+    /// Waits (FIFO, bounded by `query_wait_timeout`) for a server connection for `client`
+    /// (its connection id): the server it left its own state on, if that is idle.
+    pub async fn checkout_for(self: &Arc<Self>, client: u64) -> Result<Lease, CheckoutError> {
         // The rare paths (a paused pool, a new connection) are boxed: this future is part of
         // every transaction's, which is allocated and moved once per burst of activity.
         if self.paused.load(Ordering::Relaxed) {
@@ -387,14 +307,17 @@ impl Pool {
             }
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        if let Some(conn) = self.pop_idle() {
-            return Ok(Lease {
-                conn: Some(conn),
-                _permit: permit,
-                pool: self.clone(),
-            });
-        }
-        let conn = Box::pin(self.connect()).await?;
+        let reserved = match self.pop_idle(client, true) {
+            Idle::Server(conn) => {
+                return Ok(Lease {
+                    conn: Some(conn),
+                    _permit: permit,
+                    pool: self.clone(),
+                })
+            }
+            Idle::Open { reserved } => reserved,
+        };
+        let conn = Box::pin(self.connect(reserved)).await?;
         Ok(Lease {
             conn: Some(conn),
             _permit: permit,
@@ -417,12 +340,12 @@ impl Pool {
         C: FnOnce() -> F,
         F: std::future::Future,
     {
-        let mut lease = match self.try_checkout() {
+        let mut lease = match self.try_checkout(client) {
             Some(l) => l,
             None => {
                 let cancelled = cancelled();
                 tokio::select! {
-                    r = self.checkout() => r.map_err(ServerWait::Checkout)?,
+                    r = self.checkout_for(client) => r.map_err(ServerWait::Checkout)?,
                     _ = cancelled => return Err(ServerWait::Cancelled),
                 }
             }
@@ -436,20 +359,44 @@ impl Pool {
         }
     }
 
-    /// The most recently returned idle server of this thread's shard, else of another.
-    fn pop_any(&self) -> Option<Box<ServerConn>> {
+    /// The best idle server for `client` (see [`IdleList::take`]) of this thread's shard,
+    /// else of another.
+    fn pop_any(&self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
         let here = crate::shard::current();
-        if let Some(c) = self.lock_shard(here).pop_back() {
+        if let Some(c) = self.lock_shard(here).take(client, take_others) {
             return Some(c);
         }
         (0..self.idle.len())
             .filter(|&i| i != here)
-            .find_map(|i| self.lock_shard(i).pop_back())
+            .find_map(|i| self.lock_shard(i).take(client, take_others))
     }
 
-    fn pop_idle(&self) -> Option<Box<ServerConn>> {
+    /// Whether every idle server holds another client's state (none is free for `client`
+    /// without cleaning one).
+    fn only_others_idle(&self, client: u64) -> bool {
+        (0..self.idle.len()).all(|i| {
+            let list = self.lock_shard(i);
+            list.len() == 0 || list.only_others(client)
+        }) && self.idle_count() > 0
+    }
+
+    /// A healthy idle server for `client`, or what to do instead. Another client's state
+    /// is cleaned away only when no other server can be had within `pool_size`: when only
+    /// such servers are idle, a new server is opened instead if the pool has room
+    /// (`reserve`: room is taken for it, counted in `stats.servers`; without `reserve`, only
+    /// looked at).
+    fn pop_idle(&self, client: u64, reserve: bool) -> Idle {
         loop {
-            let mut conn = self.pop_any()?;
+            let mut conn = match self.pop_any(client, false) {
+                Some(c) => c,
+                None if !self.only_others_idle(client) => return Idle::Open { reserved: false },
+                None if reserve && self.reserve_server() => return Idle::Open { reserved: true },
+                None if !reserve && self.has_room() => return Idle::Open { reserved: false },
+                None => match self.pop_any(client, true) {
+                    Some(c) => c,
+                    None => return Idle::Open { reserved: false },
+                },
+            };
             if conn.is_stale() || self.past_lifetime(&conn) {
                 tracing::debug!(pool = %self.name, server = conn.id, "discarding stale server connection");
                 self.stats.servers.fetch_sub(1, Ordering::Relaxed);
@@ -458,7 +405,7 @@ impl Pool {
             }
             let id = conn.id;
             match conn.follow_to_this_shard() {
-                Ok(conn) => return Some(conn),
+                Ok(conn) => return Idle::Server(conn),
                 Err(e) => {
                     tracing::warn!(pool = %self.name, server = id, error = %e, "cannot move a server to this shard; closing it");
                     self.stats.servers.fetch_sub(1, Ordering::Relaxed);
@@ -467,14 +414,31 @@ impl Pool {
         }
     }
 
+    /// Whether another server may be opened within `pool_size`.
+    fn has_room(&self) -> bool {
+        self.stats.servers.load(Ordering::Relaxed) < self.size()
+    }
+
+    /// Takes room for one more server within `pool_size`, if there is room.
+    fn reserve_server(&self) -> bool {
+        self.stats
+            .servers
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.size()).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
     /// A server without waiting or connecting, when one is free and idle: the common case,
     /// which needs no cancellation handling.
-    pub fn try_checkout(self: &Arc<Self>) -> Option<Lease> {
+    pub fn try_checkout(self: &Arc<Self>, client: u64) -> Option<Lease> {
         if self.paused.load(Ordering::Relaxed) {
             return None;
         }
         let permit = self.permits.clone().try_acquire_owned().ok()?;
-        let conn = self.pop_idle()?;
+        let Idle::Server(conn) = self.pop_idle(client, false) else {
+            return None;
+        };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         self.metrics.wait.observe_us(0);
         Some(Lease {
@@ -484,7 +448,11 @@ impl Pool {
         })
     }
 
-    async fn connect(&self) -> Result<Box<ServerConn>, CheckoutError> {
+    /// Opens a server, counted in `stats.servers` from now on (`reserved`: it already is).
+    async fn connect(&self, reserved: bool) -> Result<Box<ServerConn>, CheckoutError> {
+        if !reserved {
+            self.stats.servers.fetch_add(1, Ordering::Relaxed);
+        }
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
         let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
@@ -507,7 +475,6 @@ impl Pool {
                     pool: self.self_weak(),
                     id: conn.id,
                 }));
-                self.stats.servers.fetch_add(1, Ordering::Relaxed);
                 if self.login_params(&[]).is_none() {
                     self.remember_login_params(&[], &conn.params);
                 }
@@ -515,6 +482,7 @@ impl Pool {
                 Ok(Box::new(conn))
             }
             Err(source) => {
+                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                 Err(CheckoutError::Server {
                     pool: self.name.clone(),
@@ -542,7 +510,7 @@ impl Pool {
             tokio::spawn(conn.close());
         } else {
             let shard = conn.shard;
-            self.lock_shard(shard).push_back(conn);
+            self.lock_shard(shard).push(conn);
         }
         // The permit is released when `lease` drops, after the connection is idle again, so
         // the next waiter finds it.
@@ -563,20 +531,16 @@ impl Pool {
         let mut removable = total.saturating_sub(self.settings.min_size);
         let mut expired: Vec<Box<ServerConn>> = Vec::new();
         for shard in 0..self.idle.len() {
-            let mut idle = self.lock_shard(shard);
-            let mut keep = VecDeque::with_capacity(idle.len());
             // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
-            while let Some(mut c) = idle.pop_front() {
+            expired.extend(self.lock_shard(shard).sweep(|c| {
                 let too_old = now.saturating_sub(c.created) >= lifetime;
                 let too_idle = removable > 0 && now.saturating_sub(c.last_used) >= idle_timeout;
-                if too_old || too_idle || c.is_stale() {
+                let gone = too_old || too_idle || c.is_stale();
+                if gone {
                     removable = removable.saturating_sub(1);
-                    expired.push(c);
-                } else {
-                    keep.push_back(c);
                 }
-            }
-            *idle = keep;
+                gone
+            }));
         }
         for c in expired {
             self.stats.servers.fetch_sub(1, Ordering::Relaxed);
@@ -587,10 +551,10 @@ impl Pool {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
-            match self.connect().await {
+            match self.connect(false).await {
                 Ok(conn) => {
                     let shard = conn.shard;
-                    self.lock_shard(shard).push_back(conn)
+                    self.lock_shard(shard).push(conn)
                 }
                 Err(e) => {
                     tracing::warn!(pool = %self.name, error = %crate::logsafe::Escaped(&e), "cannot open min_pool_size connection");
@@ -712,9 +676,8 @@ impl Pool {
                 .saturating_sub(new);
             let mut closing: Vec<Box<ServerConn>> = Vec::new();
             for shard in 0..self.idle.len() {
-                let mut idle = self.lock_shard(shard);
-                let n = (surplus - closing.len()).min(idle.len());
-                closing.extend(idle.drain(..n));
+                let n = surplus - closing.len();
+                closing.extend(self.lock_shard(shard).drain_oldest(n));
             }
             for c in closing {
                 self.stats.servers.fetch_sub(1, Ordering::Relaxed);

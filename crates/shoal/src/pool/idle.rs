@@ -1,0 +1,110 @@
+//! One shard's idle servers, and which one a client gets. A server a client left its own
+//! state on (a temporary table, a `WITH HOLD` cursor) goes back to that client when it comes
+//! back; a clean server to anyone; another client's state is cleaned away only when nothing
+//! else can be had (see [`super::Pool::checkout`]). Without such servers, the most recently
+//! returned server is taken (the rest age out), and the choice costs one check.
+
+use std::collections::VecDeque;
+
+use crate::server::ServerConn;
+use crate::server_session::Fit;
+
+#[derive(Default)]
+pub(super) struct IdleList {
+    /// Oldest returned first.
+    servers: VecDeque<Box<ServerConn>>,
+    /// How many hold a client's state.
+    holding: usize,
+}
+
+impl IdleList {
+    pub(super) fn push(&mut self, conn: Box<ServerConn>) {
+        if conn.session.holds_state() {
+            self.holding += 1;
+        }
+        self.servers.push_back(conn);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub(super) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.servers.iter().map(|c| c.id)
+    }
+
+    /// The server for `client`: one holding its own state, else the most recently returned
+    /// clean one, else (only with `take_others`) the most recent holding another's state.
+    pub(super) fn take(&mut self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
+        if self.holding == 0 {
+            return self.servers.pop_back();
+        }
+        let (mut clean, mut other) = (None, None);
+        for i in (0..self.servers.len()).rev() {
+            match self.servers[i].session.fit(client) {
+                Fit::Own => return self.remove(i),
+                Fit::Clean => {
+                    clean.get_or_insert(i);
+                }
+                Fit::Other => {
+                    other.get_or_insert(i);
+                }
+            }
+        }
+        let i = clean.or(other.filter(|_| take_others))?;
+        self.remove(i)
+    }
+
+    /// Whether only servers holding another client's state are here for `client`.
+    pub(super) fn only_others(&self, client: u64) -> bool {
+        self.holding > 0
+            && self
+                .servers
+                .iter()
+                .all(|c| c.session.fit(client) == Fit::Other)
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Box<ServerConn>> {
+        let conn = self.servers.remove(i)?;
+        if conn.session.holds_state() {
+            self.holding -= 1;
+        }
+        Some(conn)
+    }
+
+    /// Every server, oldest first.
+    pub(super) fn drain(&mut self) -> Vec<Box<ServerConn>> {
+        self.holding = 0;
+        self.servers.drain(..).collect()
+    }
+
+    /// Up to `n` servers, oldest first.
+    pub(super) fn drain_oldest(&mut self, n: usize) -> Vec<Box<ServerConn>> {
+        let taken: Vec<_> = self.servers.drain(..n.min(self.servers.len())).collect();
+        self.holding -= taken.iter().filter(|c| c.session.holds_state()).count();
+        taken
+    }
+
+    /// Takes out, oldest first, the servers `remove` says go; keeps the rest in order.
+    pub(super) fn sweep(
+        &mut self,
+        mut remove: impl FnMut(&mut ServerConn) -> bool,
+    ) -> Vec<Box<ServerConn>> {
+        let mut kept = VecDeque::with_capacity(self.servers.len());
+        let mut gone = Vec::new();
+        while let Some(mut c) = self.servers.pop_front() {
+            if remove(&mut c) {
+                gone.push(c);
+            } else {
+                kept.push_back(c);
+            }
+        }
+        self.servers = kept;
+        self.holding = self
+            .servers
+            .iter()
+            .filter(|c| c.session.holds_state())
+            .count();
+        gone
+    }
+}
