@@ -35,10 +35,16 @@ impl IdleList {
 
     /// The server for `client`: one holding its own state, else the most recently returned
     /// clean one, else (only with `take_others`) the most recent holding another's state.
+    #[inline]
     pub(super) fn take(&mut self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
         if self.holding == 0 {
             return self.servers.pop_back();
         }
+        self.take_best(client, take_others)
+    }
+
+    /// [`IdleList::take`] when some servers hold a client's state.
+    fn take_best(&mut self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
         let (mut clean, mut other) = (None, None);
         for i in (0..self.servers.len()).rev() {
             match self.servers[i].session.fit(client) {

@@ -361,6 +361,7 @@ impl Pool {
 
     /// The best idle server for `client` (see [`IdleList::take`]) of this thread's shard,
     /// else of another.
+    #[inline]
     fn pop_any(&self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
         let here = crate::shard::current();
         if let Some(c) = self.lock_shard(here).take(client, take_others) {
