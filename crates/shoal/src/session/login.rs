@@ -143,20 +143,23 @@ impl Request {
 /// The steps of a login, each a function of what the last one found: request → admit →
 /// resolve → credentials → authenticate → destination → enter.
 ///
-/// Each step that awaits much is boxed, so a login in flight holds only the state of its
-/// current step: in a connect storm thousands wait here at once, and what they leave behind
-/// in the heap is what idle clients later pay for.
+/// The steps that await much, and only some logins take (the handshake, authentication,
+/// an auth_query lookup, a server for new parameters), are boxed inside, so a login in
+/// flight holds only the state of its current step. Few boxes per login matter as much: in
+/// a connect storm thousands of logins allocate and free them between the sessions that
+/// stay, and each freed box left in a page beside a live session is memory idle clients
+/// later pay for.
 async fn login(
     app: &Arc<App>,
     stream: &mut Stream,
     peer: Option<std::net::SocketAddr>,
 ) -> Result<Option<Outcome>, SessionError> {
-    let Some(mut req) = Box::pin(request(app, stream, peer)).await? else {
+    let Some(mut req) = request(app, stream, peer).await? else {
         return Ok(None);
     };
     admit(app, &req)?;
-    let routed = Box::pin(resolve(app, &req)).await?;
-    let found = Box::pin(credentials(app, &routed)).await?;
+    let routed = resolve(app, &req).await?;
+    let found = credentials(app, &routed).await?;
     require_tls(app, stream, &routed, &found)?;
     let user = Box::pin(authenticate(app, stream, &mut req, &routed, found)).await?;
     let to = destination(app, &req, &routed, &user)?;
@@ -164,7 +167,7 @@ async fn login(
     // awaits below.
     drop(user);
     drop(routed);
-    Box::pin(enter(app, stream, req, to)).await.map(Some)
+    enter(app, stream, &mut req, to).await.map(Some)
 }
 
 /// The handshake, and the startup packet read as a request; `None` when the connection
@@ -280,11 +283,9 @@ async fn credentials<'a>(
         return Ok(unknown);
     };
     let timeout = crate::config::secs(app.routes.config().pool.server_connect_timeout);
-    match app
-        .secrets
-        .user(&auth_user, timeout, db, aq, &routed.user)
-        .await
-    {
+    // Boxed: the lookup may open a server connection, a large future that every login would
+    // otherwise carry while only auth_query users need it.
+    match Box::pin(app.secrets.user(&auth_user, timeout, db, aq, &routed.user)).await {
         Ok(Some(user)) => Ok(Ok(Cow::Owned(user))),
         Ok(None) => Ok(unknown),
         Err(e) => {
@@ -439,7 +440,7 @@ fn destination(
 async fn enter(
     app: &Arc<App>,
     stream: &mut Stream,
-    mut req: Request,
+    req: &mut Request,
     to: Destination,
 ) -> Result<Outcome, SessionError> {
     match to {
@@ -463,7 +464,7 @@ async fn enter(
 async fn enter_pool(
     app: &Arc<App>,
     stream: &mut Stream,
-    mut req: Request,
+    req: &mut Request,
     pool: Arc<Pool>,
 ) -> Result<Box<LoggedIn>, SessionError> {
     let per_pool = pool.settings.max_client_conn;
@@ -526,7 +527,7 @@ async fn enter_pool(
     drop(pool);
     Ok(Box::new(LoggedIn {
         pool: pool_client,
-        params: req.startup.params,
+        params: std::mem::take(&mut req.startup.params),
         cancel,
         lease,
         peer: req.peer,
