@@ -425,7 +425,8 @@ async fn pipelined_queries_on_a_dying_server_are_answered_once_and_not_rerun() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_failing_before_any_client_byte_is_replaced() {
     let db = unique_db("fault");
-    let shoal = shoal_for(&db, "[pool]\npool_size = 2\nserver_reset_timeout = 1\n");
+    // A pool of one: the next client has no other server to get, so it must take A's.
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nserver_reset_timeout = 1\n");
     let mut a = common::raw::Raw::login(shoal.addr, "raw", &db, &[]).await;
     let pid = a.simple("SELECT pg_backend_pid()").await.unwrap()[0].clone();
     // A leaves session state, so the next client's checkout must reset that server.

@@ -533,3 +533,37 @@ async fn a_server_holding_a_clients_state_waits_for_that_client() {
     assert_eq!(fake.shared.connections.load(Ordering::Relaxed), 2);
     assert_eq!(pool.stats.servers.load(Ordering::Relaxed), 2);
 }
+
+/// A server that never answers the connection.
+struct Hanging;
+
+impl shoal::server::Dial for Hanging {
+    fn dial<'a>(&'a self, _: &'a shoal::server::Upstream) -> shoal::server::DialFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A checkout given up while its server is being opened (the client cancelled, or went
+/// away) gives back the room it took: the pool can still open `pool_size` servers.
+#[tokio::test]
+async fn a_checkout_given_up_while_connecting_gives_its_room_back() {
+    let fake = FakePg::start().await;
+    clock();
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[pool]\npool_size = 1\n\
+         [databases.fake]\nhost = \"127.0.0.1\"\nport = {}\n\
+         [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"x\"\n",
+        fake.addr.port()
+    );
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let app = App::new(Config::parse(&text, "test", &|_| None).unwrap(), shutdown).unwrap();
+    app.routes.set_dial(Arc::new(Hanging));
+    let pool = pool_of(&app);
+    for _ in 0..3 {
+        let attempt = tokio::time::timeout(Duration::from_millis(50), pool.checkout()).await;
+        assert!(attempt.is_err(), "the server never answers");
+        assert_eq!(pool.stats.servers.load(Ordering::Relaxed), 0);
+        assert_eq!(pool.in_use(), 0);
+    }
+    drop(stop);
+}

@@ -61,15 +61,6 @@ impl IdleList {
         self.remove(i)
     }
 
-    /// Whether only servers holding another client's state are here for `client`.
-    pub(super) fn only_others(&self, client: u64) -> bool {
-        self.holding > 0
-            && self
-                .servers
-                .iter()
-                .all(|c| c.session.fit(client) == Fit::Other)
-    }
-
     fn remove(&mut self, i: usize) -> Option<Box<ServerConn>> {
         let conn = self.servers.remove(i)?;
         if conn.session.holds_state() {

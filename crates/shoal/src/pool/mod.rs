@@ -54,12 +54,29 @@ pub enum CheckoutError {
 }
 
 /// What a checkout finds among the idle servers.
-enum Idle {
+enum Idle<'a> {
     Server(Box<ServerConn>),
-    /// None to take: open one (`reserved`: room for it is already counted).
-    Open {
-        reserved: bool,
-    },
+    /// None to take: open one, in the room taken for it.
+    Open(Opening<'a>),
+    /// None to take, and no room to open one (only without `reserve`).
+    Nothing,
+}
+
+/// Room taken in `stats.servers` for a server being opened: given back unless the server
+/// opens ([`Opening::opened`]), however the opening ends (a failure, or a checkout dropped
+/// midway by the client's cancel).
+struct Opening<'a>(&'a AtomicUsize);
+
+impl Opening<'_> {
+    fn opened(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Why [`Pool::prepared_server`] has no server to give.
@@ -307,7 +324,7 @@ impl Pool {
             }
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        let reserved = match self.pop_idle(client, true) {
+        let opening = match self.pop_idle(client, true) {
             Idle::Server(conn) => {
                 return Ok(Lease {
                     conn: Some(conn),
@@ -315,9 +332,14 @@ impl Pool {
                     pool: self.clone(),
                 })
             }
-            Idle::Open { reserved } => reserved,
+            Idle::Open(opening) => opening,
+            // Not given to a reserving checkout; opened as one would be, should it come.
+            Idle::Nothing => {
+                self.stats.servers.fetch_add(1, Ordering::Relaxed);
+                Opening(&self.stats.servers)
+            }
         };
-        let conn = Box::pin(self.connect(reserved)).await?;
+        let conn = Box::pin(self.connect(opening)).await?;
         Ok(Lease {
             conn: Some(conn),
             _permit: permit,
@@ -372,30 +394,29 @@ impl Pool {
             .find_map(|i| self.lock_shard(i).take(client, take_others))
     }
 
-    /// Whether every idle server holds another client's state (none is free for `client`
-    /// without cleaning one).
-    fn only_others_idle(&self, client: u64) -> bool {
-        (0..self.idle.len()).all(|i| {
-            let list = self.lock_shard(i);
-            list.len() == 0 || list.only_others(client)
-        }) && self.idle_count() > 0
-    }
-
-    /// A healthy idle server for `client`, or what to do instead. Another client's state
-    /// is cleaned away only when no other server can be had within `pool_size`: when only
-    /// such servers are idle, a new server is opened instead if the pool has room
-    /// (`reserve`: room is taken for it, counted in `stats.servers`; without `reserve`, only
-    /// looked at).
-    fn pop_idle(&self, client: u64, reserve: bool) -> Idle {
+    /// A healthy idle server for `client`, or room to open one. Another client's state is
+    /// cleaned away only when no other server can be had within `pool_size`: a server is
+    /// opened instead while the pool has room. With `reserve`, the room is taken (counted in
+    /// `stats.servers`, so `pool_size` holds however many checkouts race); without, only
+    /// looked at, and `Nothing` says a server is to be waited for or opened by a checkout
+    /// that reserves.
+    fn pop_idle(&self, client: u64, reserve: bool) -> Idle<'_> {
         loop {
             let mut conn = match self.pop_any(client, false) {
                 Some(c) => c,
-                None if !self.only_others_idle(client) => return Idle::Open { reserved: false },
-                None if reserve && self.reserve_server() => return Idle::Open { reserved: true },
-                None if !reserve && self.has_room() => return Idle::Open { reserved: false },
+                None if !reserve && self.has_room() => return Idle::Nothing,
+                None if reserve && self.reserve_server() => {
+                    return Idle::Open(Opening(&self.stats.servers))
+                }
                 None => match self.pop_any(client, true) {
                     Some(c) => c,
-                    None => return Idle::Open { reserved: false },
+                    None if reserve => {
+                        // No room and nothing idle while this checkout holds a permit: the
+                        // pool is shrinking (`resize`); its permits bound it meanwhile.
+                        self.stats.servers.fetch_add(1, Ordering::Relaxed);
+                        return Idle::Open(Opening(&self.stats.servers));
+                    }
+                    None => return Idle::Nothing,
                 },
             };
             if conn.is_stale() || self.past_lifetime(&conn) {
@@ -449,11 +470,8 @@ impl Pool {
         })
     }
 
-    /// Opens a server, counted in `stats.servers` from now on (`reserved`: it already is).
-    async fn connect(&self, reserved: bool) -> Result<Box<ServerConn>, CheckoutError> {
-        if !reserved {
-            self.stats.servers.fetch_add(1, Ordering::Relaxed);
-        }
+    /// Opens a server in the room `opening` took.
+    async fn connect(&self, opening: Opening<'_>) -> Result<Box<ServerConn>, CheckoutError> {
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
         let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
@@ -476,6 +494,7 @@ impl Pool {
                     pool: self.self_weak(),
                     id: conn.id,
                 }));
+                opening.opened();
                 if self.login_params(&[]).is_none() {
                     self.remember_login_params(&[], &conn.params);
                 }
@@ -483,7 +502,7 @@ impl Pool {
                 Ok(Box::new(conn))
             }
             Err(source) => {
-                self.stats.servers.fetch_sub(1, Ordering::Relaxed);
+                drop(opening);
                 self.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                 Err(CheckoutError::Server {
                     pool: self.name.clone(),
@@ -552,7 +571,10 @@ impl Pool {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
-            match self.connect(false).await {
+            if !self.reserve_server() {
+                break;
+            }
+            match self.connect(Opening(&self.stats.servers)).await {
                 Ok(conn) => {
                     let shard = conn.shard;
                     self.lock_shard(shard).push(conn)
