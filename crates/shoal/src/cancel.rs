@@ -296,6 +296,19 @@ impl CancelRegistry {
     }
 }
 
+/// A client's cancel ends its wait for a server (see [`crate::pool::Pool::prepared_server`]).
+impl crate::pool::WaitCancel for CancelSlot {
+    type Cancelled = tokio::sync::oneshot::Receiver<()>;
+
+    fn begin(&self) -> Self::Cancelled {
+        self.begin_wait()
+    }
+
+    fn end(&self) {
+        self.end_wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,26 @@ pub enum CheckoutError {
     Closed(String),
 }
 
+/// How a client's cancel reaches a checkout waiting for a server: [`WaitCancel::begin`]
+/// when the wait begins (its future completes on a cancel), [`WaitCancel::end`] as soon as
+/// it ends, before the server is prepared.
+pub trait WaitCancel {
+    type Cancelled: std::future::Future;
+    fn begin(&self) -> Self::Cancelled;
+    fn end(&self);
+}
+
+/// A wait nothing can cancel (a login's: the client has no cancel key yet).
+pub struct NoCancel;
+
+impl WaitCancel for NoCancel {
+    type Cancelled = std::future::Pending<()>;
+    fn begin(&self) -> Self::Cancelled {
+        std::future::pending()
+    }
+    fn end(&self) {}
+}
+
 /// What a checkout finds among the idle servers.
 enum Idle<'a> {
     Server(Box<ServerConn>),
@@ -348,28 +368,28 @@ impl Pool {
     }
 
     /// A server ready for a client: checked out (at once when one is idle, else waiting
-    /// first come, first served, until `cancelled` — made only when a wait begins — fires),
-    /// then made what the client expects: nothing of another client, its startup `params`,
-    /// its held `sets`. The one way logins, transactions and other front doors get a server.
-    pub async fn prepared_server<C, F>(
+    /// first come, first served, until the client's cancel ends the wait), then made what
+    /// the client expects: nothing of another client, its startup `params`, its held
+    /// `sets`. The one way logins, transactions and other front doors get a server. The
+    /// wait is over before the server is prepared: a cancel from then on is the caller's
+    /// to route (to the server, once it is named).
+    pub async fn prepared_server<W: WaitCancel>(
         self: &Arc<Self>,
         client: u64,
         params: &[(String, String)],
         sets: Option<&crate::sets::SessionSets>,
-        cancelled: C,
-    ) -> Result<Lease, ServerWait>
-    where
-        C: FnOnce() -> F,
-        F: std::future::Future,
-    {
+        cancel: &W,
+    ) -> Result<Lease, ServerWait> {
         let mut lease = match self.try_checkout(client) {
             Some(l) => l,
             None => {
-                let cancelled = cancelled();
-                tokio::select! {
-                    r = self.checkout_for(client) => r.map_err(ServerWait::Checkout)?,
-                    _ = cancelled => return Err(ServerWait::Cancelled),
-                }
+                let cancelled = cancel.begin();
+                let r = tokio::select! {
+                    r = self.checkout_for(client) => r.map_err(ServerWait::Checkout),
+                    _ = cancelled => Err(ServerWait::Cancelled),
+                };
+                cancel.end();
+                r?
             }
         };
         match lease

@@ -487,7 +487,7 @@ async fn enter_pool(
         Some(known) if !session_mode => known,
         _ => {
             // Boxed: only a login with parameters not seen before gets here.
-            let l = Box::pin(pool.prepared_server(0, params, None, std::future::pending::<()>))
+            let l = Box::pin(pool.prepared_server(0, params, None, &crate::pool::NoCancel))
                 .await
                 .map_err(|e| match e {
                     // PostgreSQL's own verdict on the client's startup parameters.

@@ -530,12 +530,10 @@ impl Session {
         loop {
             attempts += 1;
             let sets = self.extras.as_ref().map(|x| &x.sets);
-            let slot = &self.cancel.slot;
             let r = self
                 .pool
-                .prepared_server(self.id, &self.params, sets, || slot.begin_wait())
+                .prepared_server(self.id, &self.params, sets, &*self.cancel.slot)
                 .await;
-            slot.end_wait();
             let e = match r {
                 Ok(lease) => return Ok(Some(lease)),
                 Err(e) => ClientError::wait(&self.pool.name, &e),
