@@ -42,6 +42,12 @@ fn clock() {
 
 /// An App whose pools reach `fake` over pipes; `pool` adds `[pool]` settings.
 fn app(fake: &FakePg, pool: &str) -> Arc<App> {
+    app_reaching(fake, pool, Some(fake.dialer(PIPE)))
+}
+
+/// An App for `fake`'s database whose pools reach their servers through `dial` (`None`:
+/// over TCP to `fake`).
+fn app_reaching(fake: &FakePg, pool: &str, dial: Option<Arc<dyn shoal::server::Dial>>) -> Arc<App> {
     clock();
     let size = if pool.contains("pool_size") {
         ""
@@ -60,7 +66,9 @@ fn app(fake: &FakePg, pool: &str) -> Arc<App> {
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     std::mem::forget(stop);
     let app = App::new(config, shutdown).unwrap();
-    app.routes.set_dial(fake.dialer(PIPE));
+    if let Some(dial) = dial {
+        app.routes.set_dial(dial);
+    }
     app
 }
 
@@ -275,15 +283,7 @@ async fn a_fatal_in_an_extended_pipeline() {
 #[tokio::test]
 async fn split_replies_on_one_thread_all_arrive() {
     let fake = FakePg::start().await;
-    clock();
-    let text = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n[pool]\npool_size = 3\n\
-         [databases.fake]\nhost = \"127.0.0.1\"\nport = {}\n\
-         [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"x\"\n",
-        fake.addr.port()
-    );
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let app = App::new(Config::parse(&text, "test", &|_| None).unwrap(), shutdown).unwrap();
+    let app = app_reaching(&fake, "pool_size = 3", None);
     let mut tasks = Vec::new();
     for i in 0..12 {
         let mut c = client(&app).await;
@@ -301,7 +301,6 @@ async fn split_replies_on_one_thread_all_arrive() {
             .unwrap();
     }
     assert!(fake.shared.connections.load(Ordering::Relaxed) <= 3);
-    drop(stop);
 }
 
 /// Checkouts beyond the pool size wait in arrival order.
@@ -548,16 +547,7 @@ impl shoal::server::Dial for Hanging {
 #[tokio::test]
 async fn a_checkout_given_up_while_connecting_gives_its_room_back() {
     let fake = FakePg::start().await;
-    clock();
-    let text = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n[pool]\npool_size = 1\n\
-         [databases.fake]\nhost = \"127.0.0.1\"\nport = {}\n\
-         [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"x\"\n",
-        fake.addr.port()
-    );
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let app = App::new(Config::parse(&text, "test", &|_| None).unwrap(), shutdown).unwrap();
-    app.routes.set_dial(Arc::new(Hanging));
+    let app = app_reaching(&fake, "", Some(Arc::new(Hanging)));
     let pool = pool_of(&app);
     for _ in 0..3 {
         let attempt = tokio::time::timeout(Duration::from_millis(50), pool.checkout()).await;
@@ -565,5 +555,4 @@ async fn a_checkout_given_up_while_connecting_gives_its_room_back() {
         assert_eq!(pool.stats.servers.load(Ordering::Relaxed), 0);
         assert_eq!(pool.in_use(), 0);
     }
-    drop(stop);
 }

@@ -354,10 +354,7 @@ impl Pool {
             }
             Idle::Open(opening) => opening,
             // Not given to a reserving checkout; opened as one would be, should it come.
-            Idle::Nothing => {
-                self.stats.servers.fetch_add(1, Ordering::Relaxed);
-                Opening(&self.stats.servers)
-            }
+            Idle::Nothing => self.open_beyond_room(),
         };
         let conn = Box::pin(self.connect(opening)).await?;
         Ok(Lease {
@@ -433,8 +430,7 @@ impl Pool {
                     None if reserve => {
                         // No room and nothing idle while this checkout holds a permit: the
                         // pool is shrinking (`resize`); its permits bound it meanwhile.
-                        self.stats.servers.fetch_add(1, Ordering::Relaxed);
-                        return Idle::Open(Opening(&self.stats.servers));
+                        return Idle::Open(self.open_beyond_room());
                     }
                     None => return Idle::Nothing,
                 },
@@ -454,6 +450,12 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// Room for a server counted whether or not there is room (the permits bound the pool).
+    fn open_beyond_room(&self) -> Opening<'_> {
+        self.stats.servers.fetch_add(1, Ordering::Relaxed);
+        Opening(&self.stats.servers)
     }
 
     /// Whether another server may be opened within `pool_size`.

@@ -86,6 +86,7 @@ impl Session {
         out: &mut Outbound,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
+        let mut side = ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
         loop {
             if out.client_rest > 0 {
                 stream_some(&mut self.cbuf, &mut out.to_server, &mut out.client_rest);
@@ -143,18 +144,8 @@ impl Session {
                 _ => {}
             }
             let mut sink = ClientSink::new(head, msg, &mut out.to_server);
-            let mut cx = HookCx {
-                registry: &self.pool.statements,
-                params: &self.params,
-                client_id: self.id,
-                statements: &mut self.statements,
-                server: &mut server.session,
-                max_prepared: self.pool.settings.max_prepared_statements.max(1),
-                pending: &mut flow.pending,
-                status: flow.status,
-            };
             hooks
-                .client_message(&mut cx, msg, &mut sink)
+                .client_message(&mut side.cx(&mut server.session, flow), msg, &mut sink)
                 .map_err(SessionError::from_frame)?;
             let (consumed, direct) = sink.settle();
             self.cbuf.advance(consumed);
@@ -162,17 +153,7 @@ impl Session {
         }
         if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
-            let mut cx = HookCx {
-                registry: &self.pool.statements,
-                params: &self.params,
-                client_id: self.id,
-                statements: &mut self.statements,
-                server: &mut server.session,
-                max_prepared: self.pool.settings.max_prepared_statements.max(1),
-                pending: &mut flow.pending,
-                status: flow.status,
-            };
-            hooks.emit_due(&mut cx, &mut out.to_client);
+            hooks.emit_due(&mut side.cx(&mut server.session, flow), &mut out.to_client);
         }
         Ok(true)
     }
@@ -358,7 +339,7 @@ fn take_server<H: Hooks>(
     Ok(None)
 }
 
-/// The client's side of the session, lent to hooks while server replies pass.
+/// The client's side of the session, lent to hooks while messages pass.
 struct ClientSide<'a> {
     registry: &'a crate::prepared::StatementRegistry,
     params: &'a [(String, String)],
@@ -367,7 +348,22 @@ struct ClientSide<'a> {
     max_prepared: usize,
 }
 
-impl ClientSide<'_> {
+impl<'a> ClientSide<'a> {
+    fn of(
+        pool: &'a crate::pool::Pool,
+        params: &'a [(String, String)],
+        client_id: u64,
+        statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
+    ) -> Self {
+        ClientSide {
+            registry: &pool.statements,
+            params,
+            client_id,
+            statements,
+            max_prepared: pool.settings.max_prepared_statements.max(1),
+        }
+    }
+
     fn cx<'b>(
         &'b mut self,
         server: &'b mut crate::server_session::ServerSession,
@@ -553,13 +549,8 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
-                    let mut side = ClientSide {
-                        registry: &self.pool.statements,
-                        params: &self.params,
-                        client_id: self.id,
-                        statements: &mut self.statements,
-                        max_prepared: self.pool.settings.max_prepared_statements.max(1),
-                    };
+                    let mut side =
+                        ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
                     fatal = take_server(
                         hooks,
                         &mut side,
