@@ -15,6 +15,8 @@
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
 //! - [`sets`]: session `SET`s a transaction-mode client holds, replayed on its next server.
+//! - [`notify`]: LISTEN/NOTIFY in transaction mode: a listener connection per pool, and
+//!   each listening client's mailbox.
 //! - [`tenant`]: tenants ready for routing, and the service applying store changes to it.
 //! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
 //!   pool, over a registry of pools that can change at run time.
@@ -58,6 +60,7 @@ pub mod login_failures;
 pub mod memory;
 pub mod metrics;
 pub mod net;
+pub mod notify;
 pub mod params;
 pub mod pool;
 pub mod prepared;

@@ -146,6 +146,30 @@ impl Collector for ShoalCollector {
             "Server connections that failed to open",
             &crows(&|p| l(&p.stats.connect_failures)),
         )?;
+        gauge(
+            &mut e,
+            "shoal_pool_listen_channels",
+            "Channels the pool's transaction-mode clients LISTEN to (one listener connection serves them)",
+            &rows(&|p| p.notify.channels() as i64),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_notifications_delivered",
+            "Notifications handed to listening clients by the pool's listener connection",
+            &crows(&|p| l(&p.notify.counts.delivered)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_listener_connections_lost",
+            "Listener connections lost while clients listened (notifications sent until it was back were lost)",
+            &crows(&|p| l(&p.notify.counts.listener_lost)),
+        )?;
+        counter(
+            &mut e,
+            "shoal_pool_notification_overflows",
+            "Clients closed for leaving more notifications unread than Shoal holds for one client",
+            &crows(&|p| l(&p.notify.counts.overflowed)),
+        )?;
         {
             let mut m = e.encode_descriptor(
                 "shoal_pool_errors",

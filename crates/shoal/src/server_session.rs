@@ -25,6 +25,9 @@ pub struct ServerSession {
     last_client: u64,
     statements: ServerStatements,
     expect: VecDeque<Expect>,
+    /// A client's carried `LISTEN` ran here: the server listens until it is unlistened,
+    /// which happens before it goes back to the pool (the pool's listener delivers).
+    listens: bool,
 }
 
 /// What an idle server is to a client about to take it.
@@ -160,6 +163,21 @@ impl ServerSession {
     /// prepared statements, the replies owed, and the dirty flag.
     pub fn translation(&mut self) -> (&mut ServerStatements, &mut VecDeque<Expect>, &mut bool) {
         (&mut self.statements, &mut self.expect, &mut self.dirty)
+    }
+
+    /// A client's `LISTEN` completed here (see `listens`).
+    pub fn listened(&mut self) {
+        self.listens = true;
+    }
+
+    /// Whether the server is to be unlistened before anyone else uses it; clears the mark.
+    pub fn take_listens(&mut self) -> bool {
+        std::mem::take(&mut self.listens)
+    }
+
+    /// Whether the next ReadyForQuery is one of Shoal's own, hidden from the client.
+    pub fn ready_is_hidden(&self) -> bool {
+        matches!(self.expect.front(), Some(Expect::HideSync))
     }
 
     /// A simple query of the pooler's ran: the unnamed statement is gone.

@@ -10,6 +10,11 @@
 //! transaction only and needs nothing. Other ways of changing settings (several statements in
 //! one query, `set_config()`, inside functions) are not replayed; the server is still cleaned
 //! before another client uses it.
+//!
+//! `LISTEN`/`UNLISTEN` follow the same rules: the channels a client listens to are session
+//! state, in force once their transaction commits.
+
+use shoal_wire::sql::ListenCommand;
 
 /// One session-level change a client made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +28,13 @@ pub enum SetOp {
         name: Box<str>,
     },
     ResetAll,
+    /// `DISCARD ALL`: `RESET ALL`, and every channel unlistened.
+    DiscardAll,
+    /// `LISTEN channel`, `UNLISTEN channel`, `UNLISTEN *`: carried by the pool's listening
+    /// connection (see [`crate::notify`]); channels as PostgreSQL names them.
+    Listen(Box<[u8]>),
+    Unlisten(Box<[u8]>),
+    UnlistenAll,
     /// `SAVEPOINT name`, `RELEASE [SAVEPOINT] name`, `ROLLBACK [WORK | TRANSACTION] TO
     /// [SAVEPOINT] name`: a rollback to a savepoint undoes the SETs made since, as in
     /// PostgreSQL.
@@ -32,6 +44,14 @@ pub enum SetOp {
 }
 
 impl SetOp {
+    /// Whether it changes what the client listens to (`DISCARD ALL` does too).
+    pub fn is_listen(&self) -> bool {
+        matches!(
+            self,
+            SetOp::Listen(_) | SetOp::Unlisten(_) | SetOp::UnlistenAll | SetOp::DiscardAll
+        )
+    }
+
     /// Whether it is about savepoints (completes with its own tags, not `SET`).
     pub fn is_savepoint(&self) -> bool {
         matches!(
@@ -85,15 +105,21 @@ fn savepoint_op(first: &str, mut words: std::str::SplitWhitespace<'_>) -> Option
 pub fn parse(sql: &str) -> Option<SetOp> {
     let start = shoal_wire::sql::leading_comments_len(sql.as_bytes());
     let text = sql[start..].trim().trim_end_matches(';').trim_end();
-    if text.is_empty() || text.contains(';') {
-        return None;
-    }
     let mut words = text.split_whitespace();
     let first = words.next()?.to_ascii_lowercase();
+    // A quoted channel may hold a semicolon; the lexer finds where LISTEN ends.
+    if text.contains(';') && first != "listen" && first != "unlisten" {
+        return None;
+    }
     match first.as_str() {
         "savepoint" | "release" | "rollback" | "abort" => savepoint_op(&first, words),
         "discard" => (words.next()?.eq_ignore_ascii_case("all") && words.next().is_none())
-            .then_some(SetOp::ResetAll),
+            .then_some(SetOp::DiscardAll),
+        "listen" | "unlisten" => Some(match shoal_wire::sql::listen_command(text.as_bytes())? {
+            ListenCommand::Listen(c) => SetOp::Listen(c.into()),
+            ListenCommand::Unlisten(c) => SetOp::Unlisten(c.into()),
+            ListenCommand::UnlistenAll => SetOp::UnlistenAll,
+        }),
         "reset" => {
             let name = words.next()?.to_ascii_lowercase();
             if words.next().is_some() {
@@ -160,6 +186,15 @@ pub struct SessionSets {
     /// Unique to each state of `held` (process-wide), 0 when nothing is held: a server that
     /// had this state applied needs nothing more for this client.
     pub fingerprint: u64,
+    /// The channels the client listens to, in force (in the order first listened).
+    pub listening: Vec<Box<[u8]>>,
+    /// `listening` changed since the pool's listening connection was last told.
+    pub listening_changed: bool,
+    /// The current transaction sent SQL that may notify while someone in the pool listens:
+    /// its server is claimed (see [`crate::notify::Hub::claim`]), and what it sent reaches
+    /// the pool's listeners (the client itself included) before its ReadyForQuery, as in
+    /// PostgreSQL.
+    pub notified: bool,
 }
 
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -214,17 +249,32 @@ impl SessionSets {
         if status != b'I' {
             return;
         }
+        self.notified = false;
         let ops = std::mem::take(&mut self.in_transaction);
         if !failed {
             self.apply(ops);
         }
     }
 
+    /// Whether the pool's listening connection must hear from this client before a
+    /// ReadyForQuery with status `I` reaches it: a change to what it listens to takes effect
+    /// (or its own NOTIFY is delivered to it) by then.
+    pub fn listener_due_before_ready(&self) -> bool {
+        self.listening_changed
+            || (!self.failed && self.in_transaction.iter().any(SetOp::is_listen))
+            || self.notified
+    }
+
     fn apply(&mut self, ops: Vec<SetOp>) {
         if !ops.iter().any(|o| !o.is_savepoint()) {
             return;
         }
+        let mut held_changed = false;
         for op in ops {
+            held_changed |= matches!(
+                op,
+                SetOp::Set { .. } | SetOp::Reset { .. } | SetOp::ResetAll | SetOp::DiscardAll
+            );
             match op {
                 SetOp::Set { name, sql } => {
                     self.held.retain(|(n, _)| *n != name);
@@ -232,14 +282,41 @@ impl SessionSets {
                 }
                 SetOp::Reset { name } => self.held.retain(|(n, _)| *n != name),
                 SetOp::ResetAll => self.held.clear(),
+                SetOp::DiscardAll => {
+                    self.held.clear();
+                    self.unlisten_all();
+                }
+                SetOp::Listen(c) => {
+                    if !self.listening.contains(&c) {
+                        self.listening.push(c);
+                        self.listening_changed = true;
+                    }
+                }
+                SetOp::Unlisten(c) => {
+                    if let Some(i) = self.listening.iter().position(|l| *l == c) {
+                        self.listening.remove(i);
+                        self.listening_changed = true;
+                    }
+                }
+                SetOp::UnlistenAll => self.unlisten_all(),
                 SetOp::Savepoint(_) | SetOp::Release(_) | SetOp::RollbackTo(_) => {}
             }
+        }
+        if !held_changed {
+            return;
         }
         self.fingerprint = if self.held.is_empty() {
             0
         } else {
             GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         };
+    }
+
+    fn unlisten_all(&mut self) {
+        if !self.listening.is_empty() {
+            self.listening.clear();
+            self.listening_changed = true;
+        }
     }
 
     /// Settings held by a client that another process served until now.
@@ -299,7 +376,13 @@ mod tests {
             matches!(parse("/* c */ -- d\n SET a.b = 1"), Some(SetOp::Set { sql, .. }) if &*sql == "SET a.b = 1")
         );
         assert_eq!(parse("RESET ALL"), Some(SetOp::ResetAll));
-        assert_eq!(parse("discard all"), Some(SetOp::ResetAll));
+        assert_eq!(parse("discard all"), Some(SetOp::DiscardAll));
+        assert_eq!(
+            parse("LISTEN \"a;b\""),
+            Some(SetOp::Listen((*b"a;b").into()))
+        );
+        assert_eq!(parse("unlisten *;"), Some(SetOp::UnlistenAll));
+        assert_eq!(parse("LISTEN a; LISTEN b"), None);
         assert_eq!(
             parse("RESET work_mem"),
             Some(SetOp::Reset {
@@ -341,6 +424,41 @@ mod tests {
         s.executed(parse("RESET ALL").unwrap());
         s.ready(b'I');
         assert_eq!(s.fingerprint, 0);
+    }
+
+    /// LISTEN holds once its transaction commits, as a SET does; DISCARD ALL unlistens too.
+    #[test]
+    fn listening_follows_transactions() {
+        let run = |s: &mut SessionSets, sql: &str| s.executed(parse(sql).unwrap());
+        let mut s = SessionSets::default();
+        run(&mut s, "LISTEN a");
+        assert!(s.listener_due_before_ready());
+        s.ready(b'I');
+        assert_eq!(s.listening, vec![Box::from(&b"a"[..])]);
+        assert!(s.listening_changed);
+        s.listening_changed = false;
+        assert_eq!(s.fingerprint, 0, "listening is no SET to replay");
+        // Rolled back: nothing changes.
+        run(&mut s, "LISTEN b");
+        s.ready(b'T');
+        s.transaction_end(false);
+        s.ready(b'I');
+        assert!(!s.listening_changed);
+        // A failed implicit transaction.
+        run(&mut s, "UNLISTEN a");
+        s.error();
+        assert!(!s.listener_due_before_ready());
+        s.ready(b'I');
+        assert_eq!(s.listening.len(), 1);
+        // A NOTIFY by a listening client is due to reach it.
+        s.notified = true;
+        assert!(s.listener_due_before_ready());
+        s.ready(b'I');
+        assert!(!s.notified);
+        run(&mut s, "SET work_mem = '1MB'");
+        run(&mut s, "DISCARD ALL");
+        s.ready(b'I');
+        assert!(s.listening.is_empty() && s.listening_changed && s.held.is_empty());
     }
 
     /// A SET rolled back to a savepoint is gone; one released with its savepoint stays; a

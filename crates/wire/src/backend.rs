@@ -177,6 +177,55 @@ pub fn parse_error(body: &[u8]) -> Result<ErrorFields, FrameError> {
     }
 }
 
+/// A NotificationResponse's fields: the notifying backend's process id, the channel and the
+/// payload (bytes: both come in the client encoding).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Notification<'a> {
+    pub process_id: i32,
+    pub channel: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+pub fn parse_notification(body: &[u8]) -> Result<Notification<'_>, FrameError> {
+    let mut r = Reader::new(body);
+    let n = Notification {
+        process_id: r.i32()?,
+        channel: r.cstr_bytes()?,
+        payload: r.cstr_bytes()?,
+    };
+    if !r.rest().is_empty() {
+        return Err(FrameError::Malformed("trailing bytes after a notification"));
+    }
+    Ok(n)
+}
+
+pub fn notification_response(buf: &mut BytesMut, process_id: i32, channel: &[u8], payload: &[u8]) {
+    put_message(buf, tag::NOTIFICATION_RESPONSE, |b| {
+        b.put_i32(process_id);
+        b.put_slice(channel);
+        b.put_u8(0);
+        b.put_slice(payload);
+        b.put_u8(0);
+    });
+}
+
+/// A NoticeResponse at `WARNING` severity: something the client should know that does not
+/// fail what it is doing (it may arrive at any time, as PostgreSQL's notices do).
+pub fn warning_notice(buf: &mut BytesMut, code: &str, message: &str) {
+    put_message(buf, tag::NOTICE_RESPONSE, |b| {
+        for (field, value) in [
+            (b'S', "WARNING"),
+            (b'V', "WARNING"),
+            (b'C', code),
+            (b'M', message),
+        ] {
+            b.put_u8(field);
+            put_cstr(b, value);
+        }
+        b.put_u8(0);
+    });
+}
+
 pub fn parse_parameter_status(body: &[u8]) -> Result<(&str, &str), FrameError> {
     let mut r = Reader::new(body);
     Ok((r.cstr()?, r.cstr()?))

@@ -69,6 +69,11 @@ impl Frame {
         self.bytes[0]
     }
 
+    /// The whole message: tag, length and body.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// The message body, after tag and length.
     pub fn body(&self) -> &[u8] {
         &self.bytes[HEADER_LEN..]

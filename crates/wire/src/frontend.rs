@@ -44,6 +44,12 @@ pub fn cancel_request(buf: &mut BytesMut, process_id: i32, secret_key: i32) {
     buf.put_i32(secret_key);
 }
 
+/// A Sync outside any extended-protocol batch: PostgreSQL answers it with ReadyForQuery, after
+/// delivering the notifications it has pending.
+pub fn sync(buf: &mut BytesMut) {
+    put_message(buf, tag::SYNC, |_| {});
+}
+
 pub fn query(buf: &mut BytesMut, sql: &str) {
     put_message(buf, tag::QUERY, |b| put_cstr(b, sql));
 }

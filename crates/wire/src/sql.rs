@@ -710,6 +710,8 @@ fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
         | b"merge" | b"copy" | b"begin" | b"start" | b"commit" | b"end" | b"rollback"
         | b"abort" | b"savepoint" | b"release" | b"fetch" | b"move" | b"close" | b"show"
         | b"explain" | b"analyze" | b"analyse" | b"vacuum" | b"lock" | b"notify" | b"unlisten"
+        // A transaction-mode server is unlistened before it goes back to the pool.
+        | b"listen"
         | b"checkpoint" | b"grant" | b"revoke" | b"truncate" | b"reindex" | b"cluster"
         | b"refresh" | b"import" | b"security" => {}
         b"set" => {
@@ -738,7 +740,7 @@ fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
                 fx.dirty = true;
             }
         }
-        // PREPARE, EXECUTE of SQL-prepared statements, LISTEN, LOAD, RESET, anonymous code
+        // PREPARE, EXECUTE of SQL-prepared statements, LOAD, RESET, anonymous code
         // blocks and procedures (which may do anything), and whatever this list does not know.
         _ => fx.dirty = true,
     }
@@ -858,6 +860,80 @@ pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
     })
 }
 
+/// `LISTEN`, `UNLISTEN` and `UNLISTEN *` as the only statement of a text, with the channel
+/// named as PostgreSQL names it (what its NotificationResponse messages carry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenCommand {
+    Listen(Vec<u8>),
+    Unlisten(Vec<u8>),
+    UnlistenAll,
+}
+
+/// PostgreSQL's `NAMEDATALEN - 1`: longer identifiers are cut to this many bytes.
+const MAX_IDENTIFIER: usize = 63;
+
+/// Recognises a single `LISTEN channel`, `UNLISTEN channel` or `UNLISTEN *`.
+pub fn listen_command(sql: &[u8]) -> Option<ListenCommand> {
+    let mut lex = Lexer::new(sql);
+    let first = lex.next()?;
+    let listen = if first.is("listen") {
+        true
+    } else if first.is("unlisten") {
+        false
+    } else {
+        return None;
+    };
+    let channel = match lex.next()? {
+        Token::Other if !listen && sql[..lex.i].ends_with(b"*") => None,
+        t => Some(identifier(t)?),
+    };
+    match lex.next() {
+        None => {}
+        Some(Token::Semicolon) if lex.next().is_none() => {}
+        Some(_) => return None,
+    }
+    if lex.saw_backslash_string {
+        return None;
+    }
+    Some(match (listen, channel) {
+        (true, Some(c)) => ListenCommand::Listen(c),
+        (false, Some(c)) => ListenCommand::Unlisten(c),
+        (_, None) => ListenCommand::UnlistenAll,
+    })
+}
+
+/// An identifier token's name as PostgreSQL's scanner makes it: unquoted words lower-cased
+/// (ASCII only, as for UTF-8 databases), `""` in quoted ones undoubled, `U&` escapes decoded,
+/// and anything past 63 bytes cut off (at a character boundary).
+fn identifier(t: Token<'_>) -> Option<Vec<u8>> {
+    let mut name = match t {
+        Token::Word(w) => w.to_ascii_lowercase(),
+        Token::Quoted(q) => {
+            let mut out = Vec::with_capacity(q.len());
+            let mut i = 0;
+            while i < q.len() {
+                out.push(q[i]);
+                i += if q[i] == b'"' { 2 } else { 1 };
+            }
+            out
+        }
+        Token::UnicodeQuoted(raw, esc) => decode_unicode(raw, esc)?,
+        _ => return None,
+    };
+    if name.is_empty() {
+        return None;
+    }
+    if name.len() > MAX_IDENTIFIER {
+        let mut cut = MAX_IDENTIFIER;
+        // Back up over UTF-8 continuation bytes so no character is split.
+        while cut > 0 && (name[cut] & 0xC0) == 0x80 {
+            cut -= 1;
+        }
+        name.truncate(cut);
+    }
+    Some(name)
+}
+
 /// A name starting with `prefix` used as a prepared statement's name in SQL (`PREPARE`,
 /// `EXECUTE`, `DEALLOCATE`, also inside `EXPLAIN EXECUTE` or `CREATE TABLE ... AS EXECUTE`):
 /// the pooler's own statements must not be reachable from a client's SQL.
@@ -891,6 +967,56 @@ pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_commands_name_their_channel_as_postgresql_does() {
+        let l = |s: &str| listen_command(s.as_bytes());
+        assert_eq!(
+            l("LISTEN foo"),
+            Some(ListenCommand::Listen(b"foo".to_vec()))
+        );
+        assert_eq!(
+            l("listen FooBar;"),
+            Some(ListenCommand::Listen(b"foobar".to_vec()))
+        );
+        assert_eq!(
+            l("/* c */ LISTEN \"Mixed \"\"q\"\"\" ; "),
+            Some(ListenCommand::Listen(b"Mixed \"q\"".to_vec()))
+        );
+        assert_eq!(
+            l("LISTEN U&\"d\\0061t\\+000061\""),
+            Some(ListenCommand::Listen(b"data".to_vec()))
+        );
+        assert_eq!(
+            l("UNLISTEN foo"),
+            Some(ListenCommand::Unlisten(b"foo".to_vec()))
+        );
+        assert_eq!(l("unlisten *"), Some(ListenCommand::UnlistenAll));
+        assert_eq!(l("UNLISTEN * ;"), Some(ListenCommand::UnlistenAll));
+        let long = "x".repeat(70);
+        assert_eq!(
+            l(&format!("LISTEN {long}")),
+            Some(ListenCommand::Listen(vec![b'x'; 63]))
+        );
+        // 62 ASCII bytes then a two-byte character: cut before it.
+        let name = format!("{}é", "y".repeat(62));
+        assert_eq!(
+            l(&format!("LISTEN \"{name}\"")),
+            Some(ListenCommand::Listen(vec![b'y'; 62]))
+        );
+        for no in [
+            "LISTEN",
+            "LISTEN *",
+            "LISTEN a; LISTEN b",
+            "LISTEN a b",
+            "LISTEN \"\"",
+            "SELECT 1",
+            "NOTIFY a",
+            "LISTEN 'a'",
+        ] {
+            assert_eq!(l(no), None, "{no}");
+        }
+    }
 
     fn dirty(sql: &str) -> bool {
         classify(sql.as_bytes()).dirty
@@ -934,7 +1060,6 @@ mod tests {
             "PREPARE p AS SELECT 1",
             "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
             "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
-            "LISTEN chan",
             "SELECT pg_advisory_lock(1)",
             "DO $$BEGIN PERFORM 1; END$$",
             "CALL p()",
@@ -947,6 +1072,8 @@ mod tests {
         ] {
             assert!(dirty(sql), "{sql}");
         }
+        // Carried by the pool's listener; the server is unlistened before reuse.
+        assert!(!dirty("LISTEN chan"));
     }
 
     /// What PostgreSQL's scanner sees that a simpler lexer would not: a `--` comment ended by

@@ -71,8 +71,11 @@ impl Lease {
             pool_ended: self.pool.ended().is_some(),
             ..ServerState::default()
         };
+        // A server that ran a client's LISTEN stops listening before anyone else has it.
+        let listens = self.session.take_listens();
         let (rollback, reset) = match decide(&state) {
-            Disposition::CheckIn => return self.checkin(),
+            Disposition::CheckIn if !listens => return self.checkin(),
+            Disposition::CheckIn => (false, false),
             Disposition::Clean { rollback, reset } => (rollback, reset),
             Disposition::Close(reason) => return self.close(reason),
         };
@@ -80,6 +83,9 @@ impl Lease {
         let clean = async {
             if rollback {
                 self.simple_query("ROLLBACK").await?;
+            }
+            if listens {
+                self.simple_query("UNLISTEN *").await?;
             }
             if reset {
                 self.reset_session(&reset_query).await?;

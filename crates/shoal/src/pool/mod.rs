@@ -161,6 +161,8 @@ pub struct Pool {
     resumed: tokio::sync::Notify,
     /// Per-second averages over the last `stats_period` (`SHOW STATS`).
     pub averages: Mutex<Averages>,
+    /// LISTEN/NOTIFY for the pool's transaction-mode clients.
+    pub notify: crate::notify::Hub,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -230,6 +232,7 @@ impl Pool {
             paused: std::sync::atomic::AtomicBool::new(false),
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
+            notify: Default::default(),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -611,6 +614,11 @@ impl Pool {
     }
 
     fn self_weak(&self) -> Weak<Pool> {
+        self.me.clone()
+    }
+
+    /// A handle that does not keep the pool alive.
+    pub fn weak(&self) -> Weak<Pool> {
         self.me.clone()
     }
 

@@ -82,6 +82,8 @@ pub fn set_of_with(first: sql::FirstWord, text: &[u8]) -> Option<SetOp> {
         b"release",
         b"rollback",
         b"abort",
+        b"listen",
+        b"unlisten",
     ]) {
         return None;
     }
@@ -198,6 +200,14 @@ impl ClientStatements {
 
     pub fn contains(&self, name: &[u8]) -> bool {
         self.named.contains_key(name)
+    }
+
+    /// The SQL text of the client's statement `name` (`""`: its unnamed one).
+    pub fn text_of(&self, name: &[u8]) -> Option<&[u8]> {
+        if name.is_empty() {
+            return self.unnamed.as_ref().map(|u| parse_text(&u.body));
+        }
+        self.named.get(name).map(|d| parse_text(&d.body))
     }
 
     /// `DISCARD ALL` / `DEALLOCATE ALL`: PostgreSQL drops every statement of the session.

@@ -23,7 +23,12 @@ impl Session {
         let Some(sender) = self.app.lifecycle.handoff.get() else {
             return false;
         };
-        if self.extras.as_ref().is_some_and(|x| x.stays) {
+        // A listening client stays: its notifications come through this process's listener.
+        if self
+            .extras
+            .as_ref()
+            .is_some_and(|x| x.stays || x.listen.is_some())
+        {
             return false;
         }
         let (fd, unix) = match &self.stream {

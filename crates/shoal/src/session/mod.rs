@@ -14,6 +14,7 @@ mod handoff;
 mod handshake;
 mod hooks;
 mod hygiene;
+mod listening;
 mod login;
 mod moving;
 mod outbound;
@@ -174,6 +175,8 @@ pub struct Extras {
     pub idle_timer: Option<std::pin::Pin<Box<crate::timer::Sleep>>>,
     /// The new process refused this client (see [`crate::handoff`]): it stays here.
     pub stays: bool,
+    /// The client's notifications, while it listens (transaction mode).
+    pub listen: Option<crate::notify::Subscription>,
 }
 
 impl Extras {
@@ -262,20 +265,30 @@ impl Session {
         })
     }
 
-    /// Readiness of the idle client's socket; `None` when the pool's `client_idle_timeout`
-    /// passes first. The timer lives in the client's extras, so only clients of pools with
-    /// an idle limit pay for one (and the idle future stays small).
+    /// Readiness of the idle client's socket (with `read`, the read itself, for streams
+    /// that buffer); an error when the pool's `client_idle_timeout` passes first, or
+    /// writing the client's notifications fails. The timer lives in the client's extras, so
+    /// only clients of pools with an idle limit pay for one (and the idle future stays small).
     fn poll_idle(
         &mut self,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<std::io::Result<()>>> {
+        read: bool,
+    ) -> std::task::Poll<Result<std::io::Result<usize>, SessionError>> {
         use std::future::Future;
         use std::task::Poll;
-        if let Poll::Ready(r) = self.stream.poll_read_ready(cx) {
+        let ready = if read {
+            self.stream.poll_read_buf(cx, &mut self.cbuf)
+        } else {
+            self.stream.poll_read_ready(cx).map(|r| r.map(|()| 1))
+        };
+        if let Poll::Ready(r) = ready {
             if let Some(x) = self.extras.as_mut() {
                 x.idle_timer = None;
             }
-            return Poll::Ready(Some(r));
+            return Poll::Ready(Ok(r));
+        }
+        if let Poll::Ready(Err(e)) = self.poll_mail(cx) {
+            return Poll::Ready(Err(e));
         }
         let limit = self.pool.settings.client_idle_timeout;
         if limit.is_zero() {
@@ -285,7 +298,14 @@ impl Session {
             .idle_timer
             .get_or_insert_with(|| Box::pin(crate::timer::sleep(limit)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Ready(()) => Poll::Ready(Err(SessionError::fatal(
+                ErrorKind::ClientLimit,
+                sqlstate::IDLE_SESSION_TIMEOUT,
+                format!(
+                    "closing an idle client: client_idle_timeout ({} s) passed",
+                    limit.as_secs_f64()
+                ),
+            ))),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -343,28 +363,14 @@ impl Session {
                     }
                     let read = if self.stream.is_buffered() {
                         relay::reserve_for_next(&mut self.cbuf, false);
-                        Box::pin(self.stream.read_buf(&mut self.cbuf))
-                            .await
+                        std::future::poll_fn(|cx| self.poll_idle(cx, true))
+                            .await?
                             .map(Some)
                     } else {
                         // Readiness first, holding no buffer; then one read that does not
                         // wait.
-                        let ready = match std::future::poll_fn(|cx| self.poll_idle(cx)).await {
-                            Some(r) => r,
-                            None => {
-                                let limit = self.pool.settings.client_idle_timeout;
-                                return Err(SessionError::fatal(
-                                    ErrorKind::ClientLimit,
-                                    sqlstate::IDLE_SESSION_TIMEOUT,
-                                    format!(
-                                        "closing an idle client: client_idle_timeout ({} s) passed",
-                                        limit.as_secs_f64()
-                                    ),
-                                ));
-                            }
-                        };
-                        match ready {
-                            Ok(()) => {
+                        match std::future::poll_fn(|cx| self.poll_idle(cx, false)).await? {
+                            Ok(_) => {
                                 relay::reserve_for_next(&mut self.cbuf, false);
                                 self.stream.read_now(&mut self.cbuf)
                             }
@@ -432,11 +438,18 @@ impl Session {
         self.set_active(true);
         let mut flow = Flow::default();
         let end = self.relay(&mut lease, &mut flow, Policy::Transaction).await;
+        self.end_claim(lease.process_id);
         self.cancel.slot.clear().await;
         self.set_active(false);
         match end {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
+                if lease.session.take_listens() {
+                    match self.unlisten(lease).await {
+                        Some(back) => lease = back,
+                        None => return Ok(false),
+                    }
+                }
                 // Bytes nobody asked for, or replies still owed: this server is not at a
                 // true boundary, and no other client may have it.
                 let unread = !(lease.buf.is_empty() && lease.session.owes_nothing());
@@ -482,6 +495,21 @@ impl Session {
             Err(e) => {
                 lease.release(leaving(&flow, false)).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Stops a server that ran the client's LISTEN from listening before it goes back to
+    /// the pool (what it received meanwhile is dropped: the pool's listener delivers it).
+    /// `None` when the server failed and was closed.
+    async fn unlisten(&self, mut lease: Lease) -> Option<Lease> {
+        let limit = self.pool.settings.reset_timeout;
+        match crate::timer::timeout(limit, lease.simple_query("UNLISTEN *")).await {
+            Ok(Ok(())) => Some(lease),
+            _ => {
+                tracing::warn!(conn = self.id, pool = %self.pool.name, "could not unlisten a server; closing it");
+                lease.close(crate::disposition::CloseReason::Lost);
+                None
             }
         }
     }

@@ -41,6 +41,9 @@ pub(super) struct Outbound {
     /// When the last answered ReadyForQuery arrived: the transaction's end, when it is the
     /// last (saves reading the clock again).
     pub(super) last_ready: Option<u64>,
+    /// The server's replies stopped before a ReadyForQuery that must wait for the pool's
+    /// listener connection (see [`super::listening`]).
+    pub(super) listener_due: Option<super::listening::ListenerDue>,
 }
 
 impl Outbound {
@@ -59,6 +62,7 @@ impl Outbound {
             txn_start: crate::clock::mono_us(),
             query_start: None,
             last_ready: None,
+            listener_due: None,
         }
     }
 

@@ -143,6 +143,8 @@ impl Session {
                 fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
                 _ => {}
             }
+            let notifying = self.pool.notify.active()
+                && super::listening::may_notify(tag, &msg[HEADER_LEN..], side.statements);
             let mut sink = ClientSink::new(head, msg, &mut out.to_server);
             hooks
                 .client_message(&mut side.cx(&mut server.session, flow), msg, &mut sink)
@@ -150,12 +152,36 @@ impl Session {
             let (consumed, direct) = sink.settle();
             self.cbuf.advance(consumed);
             out.direct_to_server = direct;
+            if notifying {
+                // Before the message is written: its notifications cannot be read earlier.
+                claim(
+                    &self.pool,
+                    &mut self.extras,
+                    server.process_id,
+                    self.cancel.process_id(),
+                );
+            }
         }
         if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
             hooks.emit_due(&mut side.cx(&mut server.session, flow), &mut out.to_client);
         }
         Ok(true)
+    }
+}
+
+/// Claims the server for the client's notifications (once per transaction; see
+/// [`crate::notify::Hub::claim`]).
+fn claim(
+    pool: &crate::pool::Pool,
+    extras: &mut Option<Box<super::Extras>>,
+    server_pid: i32,
+    client_pid: i32,
+) {
+    let x = super::Extras::get(extras);
+    if !x.sets.notified {
+        x.sets.notified = true;
+        pool.notify.claim(server_pid, client_pid);
     }
 }
 
@@ -217,6 +243,32 @@ fn take_server<H: Hooks>(
             break;
         };
         let tag = server.buf[at];
+        if policy.per_transaction() {
+            match tag {
+                be::NOTIFICATION_RESPONSE => {
+                    // This server listens only until its client's transaction ends; the
+                    // pool's listener delivers the same notification (see `crate::notify`).
+                    out.spill_to_client(&mut server.buf);
+                    server.buf.advance(n);
+                    continue;
+                }
+                be::READY_FOR_QUERY
+                    if server.buf.get(at + HEADER_LEN) == Some(&b'I')
+                        && !server.session.ready_is_hidden() =>
+                {
+                    if let Some(x) = extras.as_mut() {
+                        if let Some(due) = super::listening::due_before_ready(x) {
+                            out.listener_due = Some(due);
+                            return Ok(None);
+                        }
+                        super::listening::deliver_before_ready(x, &mut server.buf, out)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Where the message lies now (bytes passed in place may have moved out before it).
+        let at = out.direct;
         let body = &server.buf[at + HEADER_LEN..at + n];
         match tag {
             be::ERROR_RESPONSE => {
@@ -251,7 +303,20 @@ fn take_server<H: Hooks>(
                 }
             }
             be::COMMAND_COMPLETE if policy.per_transaction() => {
-                if crate::params::changes_session_state(body) {
+                if body.starts_with(b"LISTEN\0") || body.starts_with(b"UNLISTEN\0") {
+                    if body.starts_with(b"LISTEN\0") {
+                        server.session.listened();
+                    }
+                    match server.session.next_owed() {
+                        Some(Expect::Query(Some(op)) | Expect::Execute(Some(op)))
+                            if op.is_listen() =>
+                        {
+                            super::Extras::get(extras).sets.executed(op.clone());
+                        }
+                        // Among other statements: not followed (see docs/transaction-mode.md).
+                        _ => {}
+                    }
+                } else if crate::params::changes_session_state(body) {
                     server.session.mark_dirty();
                     if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
                         server.session.next_owed()
@@ -560,6 +625,22 @@ impl Session {
                         out,
                         policy,
                     )?;
+                    // Stopped before a ReadyForQuery that waits for the pool's listener:
+                    // wait, then go on from it.
+                    while let Some(due) = out.listener_due.take() {
+                        self.sync_listener(due, server.process_id).await;
+                        let mut side =
+                            ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+                        fatal = take_server(
+                            hooks,
+                            &mut side,
+                            server,
+                            &mut self.extras,
+                            flow,
+                            out,
+                            policy,
+                        )?;
+                    }
                 }
                 Step::FromClient(Ok(0))
                     if flow.pending > 0
