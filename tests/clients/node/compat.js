@@ -1,6 +1,7 @@
 // Compatibility check of Shoal's transaction mode with node-postgres: many concurrent
 // clients (more than the pool has servers) using named queries (protocol-level prepared
-// statements), transactions, errors and pipelined queries, verifying every result.
+// statements), transactions, errors and pipelined queries, then LISTEN/NOTIFY, verifying
+// every result.
 // Usage: node compat.js DSN [WORKERS]
 'use strict';
 const { Client } = require('pg');
@@ -55,6 +56,44 @@ async function worker(dsn, w, rounds) {
   }
 }
 
+// LISTEN on one client while every worker notifies through the same pool.
+async function notify(dsn, senders) {
+  const l = new Client({ connectionString: dsn });
+  await l.connect();
+  const got = [];
+  let wake = null;
+  l.on('notification', (n) => {
+    got.push(n);
+    if (wake) wake();
+  });
+  await l.query('LISTEN compat_node');
+  // Its own notification is emitted before its query resolves, with its own process id.
+  await l.query("NOTIFY compat_node, 'self'");
+  check(got.length === 1 && got[0].payload === 'self' && got[0].processId === l.processID,
+    `own notification: ${JSON.stringify(got)}`);
+  got.length = 0;
+  const pids = await Promise.all(Array.from({ length: senders }, async (_, w) => {
+    const c = new Client({ connectionString: dsn });
+    await c.connect();
+    for (let i = 0; i < 10; i++) {
+      await c.query({ name: 'n', text: 'SELECT pg_notify($1, $2)', values: ['compat_node', `${w}:${i}`] });
+    }
+    const pid = c.processID;
+    await c.end();
+    return pid;
+  }));
+  const deadline = Date.now() + 20000;
+  while (got.length < senders * 10) {
+    check(Date.now() < deadline, `notifications: ${got.length} of ${senders * 10}`);
+    await new Promise((resolve) => { wake = resolve; setTimeout(resolve, 1000); });
+  }
+  const want = [];
+  for (let w = 0; w < senders; w++) for (let i = 0; i < 10; i++) want.push(`${w}:${i}`);
+  check(JSON.stringify(got.map((n) => n.payload).sort()) === JSON.stringify(want.sort()), 'every notification once');
+  check(got.every((n) => n.processId === pids[Number(n.payload.split(':')[0])]), 'sender process ids');
+  await l.end();
+}
+
 async function main() {
   const dsn = process.argv[2];
   const workers = Number(process.argv[3] || 20);
@@ -65,6 +104,8 @@ async function main() {
   await setup.end();
   await Promise.all(Array.from({ length: workers }, (_, w) => worker(dsn, w, rounds)));
   console.log(`node-postgres ${require('pg/package.json').version}: ${workers} workers x ${rounds} rounds OK`);
+  await notify(dsn, workers);
+  console.log(`node-postgres: LISTEN/NOTIFY with ${workers} senders OK`);
 }
 
 main().catch((e) => {

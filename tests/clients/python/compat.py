@@ -3,8 +3,8 @@
 
 Many concurrent workers (more than the pool has servers) use psycopg 3 with server-side
 prepared statements (prepare_threshold=0) and asyncpg with its statement cache, exercising
-prepared statements, pipelined queries, transactions, errors, SET LOCAL and COPY, verifying
-every result. Prints one line per driver and exits non-zero on the first wrong result.
+prepared statements, pipelined queries, transactions, errors, SET LOCAL and COPY, then
+LISTEN/NOTIFY (one listener, every worker notifying), verifying every result. Prints one line per driver and exits non-zero on the first wrong result.
 
 Usage: compat.py DSN [WORKERS]
 """
@@ -106,6 +106,57 @@ async def asyncpg_worker(dsn, w, rounds):
         await conn.close()
 
 
+async def psycopg_notify(dsn, senders):
+    """LISTEN on one connection while others notify through the same pool (transaction mode)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN compat_psycopg")
+        own = []
+        listener.add_notify_handler(own.append)
+        # Its own notification arrives before its statement completes, with its own pid.
+        await listener.execute("NOTIFY compat_psycopg, 'self'")
+        check([(n.payload, n.pid) for n in own] == [("self", listener.pgconn.backend_pid)],
+              f"psycopg own notification: {own}")
+        listener.remove_notify_handler(own.append)
+        pids = {}
+
+        async def send(w):
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+                pids[w] = c.pgconn.backend_pid
+                for i in range(10):
+                    await c.execute("SELECT pg_notify('compat_psycopg', %s)", (f"{w}:{i}",))
+
+        await asyncio.gather(*(send(w) for w in range(senders)))
+        got = [n async for n in listener.notifies(timeout=20, stop_after=senders * 10)]
+        check(sorted(n.payload for n in got) == sorted(f"{w}:{i}" for w in range(senders) for i in range(10)),
+              f"psycopg notifications: {len(got)} of {senders * 10}")
+        check(all(n.pid == pids[int(n.payload.split(':')[0])] for n in got), "psycopg sender pids")
+        await listener.execute("UNLISTEN compat_psycopg")
+
+
+async def asyncpg_notify(dsn, senders):
+    """asyncpg's add_listener while others notify through the same pool (transaction mode)."""
+    con = await asyncpg.connect(dsn)
+    q = asyncio.Queue()
+    await con.add_listener("compat_asyncpg", lambda c, pid, ch, payload: q.put_nowait((pid, payload)))
+    await con.execute("NOTIFY compat_asyncpg, 'self'")
+    check(await asyncio.wait_for(q.get(), 5) == (con.get_server_pid(), "self"), "asyncpg own notification")
+
+    async def send(w):
+        c = await asyncpg.connect(dsn)
+        for i in range(10):
+            await c.execute("SELECT pg_notify('compat_asyncpg', $1)", f"{w}:{i}")
+        pid = c.get_server_pid()
+        await c.close()
+        return pid
+
+    pids = await asyncio.gather(*(send(w) for w in range(senders)))
+    got = [await asyncio.wait_for(q.get(), 20) for _ in range(senders * 10)]
+    check(sorted(p for _, p in got) == sorted(f"{w}:{i}" for w in range(senders) for i in range(10)),
+          "asyncpg notifications")
+    check(all(pid == pids[int(p.split(':')[0])] for pid, p in got), "asyncpg sender pids")
+    await con.close()
+
+
 async def main():
     dsn = sys.argv[1]
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 20
@@ -117,6 +168,10 @@ async def main():
     print(f"psycopg {psycopg.__version__}: {workers} workers x {rounds} rounds OK")
     await asyncio.gather(*(asyncpg_worker(dsn, w, rounds) for w in range(workers)))
     print(f"asyncpg {asyncpg.__version__}: {workers} workers x {rounds} rounds OK")
+    await psycopg_notify(dsn, workers)
+    print(f"psycopg: LISTEN/NOTIFY with {workers} senders OK")
+    await asyncpg_notify(dsn, workers)
+    print(f"asyncpg: LISTEN/NOTIFY with {workers} senders OK")
 
 
 if __name__ == "__main__":
