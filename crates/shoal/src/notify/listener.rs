@@ -10,12 +10,21 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use shoal_wire::backend::{self, tag};
+use shoal_wire::frame::Frame;
 use shoal_wire::frontend;
 
 use super::{Barrier, Hub, Put};
 
 use crate::pool::Pool;
 use crate::server::{ServerConn, ServerError};
+
+/// Bound on one message from the listener connection (a notification's payload is under
+/// 8,000 bytes; the bound is PostgreSQL's for any message).
+const MAX_MESSAGE: usize = 1 << 30;
+
+/// How long a notifier's ReadyForQuery waits for idle listeners to have its notifications
+/// on their sockets.
+const SETTLE_LIMIT: Duration = Duration::from_millis(200);
 
 /// The longest pause between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -111,7 +120,7 @@ async fn serve(pool: &Arc<Pool>, mut conn: ServerConn, after_loss: bool) -> End 
         tokio::select! {
             frame = conn.read_frame() => match frame {
                 Ok(frame) => {
-                    if let Err(e) = c.received(hub, &frame) {
+                    if let Err(e) = c.received_all(hub, frame, &mut conn) {
                         return End::Lost(e);
                     }
                 }
@@ -207,25 +216,79 @@ impl Conn {
         });
     }
 
+    /// `first` and every other whole message read with it; the clients given notifications
+    /// are woken once all of them are in their mailboxes.
+    fn received_all(
+        &mut self,
+        hub: &Hub,
+        first: Frame,
+        conn: &mut ServerConn,
+    ) -> Result<(), ServerError> {
+        let mut woken: Vec<Arc<super::Mailbox>> = Vec::new();
+        let mut next = Some(first);
+        let result = loop {
+            let Some(frame) = next.take() else {
+                break Ok(());
+            };
+            if let Err(e) = self.received(hub, &frame, &mut woken) {
+                break Err(e);
+            }
+            match Frame::split(&mut conn.buf, MAX_MESSAGE) {
+                Ok(f) => next = f,
+                Err(e) => break Err(e.into()),
+            }
+        };
+        for m in woken {
+            m.wake();
+        }
+        result
+    }
+
     /// One message from the listener connection.
-    fn received(&mut self, hub: &Hub, frame: &shoal_wire::frame::Frame) -> Result<(), ServerError> {
+    fn received(
+        &mut self,
+        hub: &Hub,
+        frame: &Frame,
+        woken: &mut Vec<Arc<super::Mailbox>>,
+    ) -> Result<(), ServerError> {
         match frame.tag() {
             tag::NOTIFICATION_RESPONSE => {
                 let n = backend::parse_notification(frame.body())?;
-                hub.deliver(&n, frame.as_bytes());
+                hub.deliver(&n, frame.as_bytes(), woken);
             }
             tag::READY_FOR_QUERY => {
                 let Some(done) = self.in_flight.pop_front() else {
                     return Err(ServerError::Protocol("unexpected ReadyForQuery".into()));
                 };
                 if let Request::Barrier(barriers) = done.what {
+                    // Everything the barriers' transactions sent is in the mailboxes; their
+                    // clients go on once idle listeners have it on their sockets too.
                     let mut s = hub.lock();
                     s.claims
                         .retain(|c| !barriers.iter().any(|b| b.server_pid == c.0));
-                    drop(s);
-                    for b in barriers {
-                        let _ = b.done.send(());
+                    let mut pending: Vec<Arc<super::Mailbox>> = Vec::new();
+                    for m in s.subscribers.values().flatten() {
+                        if m.has_mail() && !pending.iter().any(|p| Arc::ptr_eq(p, m)) {
+                            pending.push(m.clone());
+                        }
                     }
+                    drop(s);
+                    // Woken before the wait: nothing of this batch is held back.
+                    for m in woken.drain(..) {
+                        m.wake();
+                    }
+                    tokio::spawn(async move {
+                        let settled = async {
+                            for m in &pending {
+                                m.until_settled().await;
+                            }
+                        };
+                        // A listener that reads nothing must not hold notifiers up for long.
+                        let _ = crate::timer::timeout(SETTLE_LIMIT, settled).await;
+                        for b in barriers {
+                            let _ = b.done.send(());
+                        }
+                    });
                 }
                 if let Some(wanted) = done.reaches {
                     hub.lock().reached(wanted);
@@ -308,7 +371,12 @@ impl Hub {
     /// Puts one notification (`n`, whose message is `msg`) in the mailbox of every client
     /// listening to its channel; one sent by a client's claimed server carries the client's
     /// process id.
-    fn deliver(&self, n: &backend::Notification<'_>, msg: &[u8]) {
+    fn deliver(
+        &self,
+        n: &backend::Notification<'_>,
+        msg: &[u8],
+        woken: &mut Vec<Arc<super::Mailbox>>,
+    ) {
         let s = self.lock();
         let Some(list) = s.subscribers.get(n.channel) else {
             return;
@@ -325,7 +393,10 @@ impl Hub {
         };
         let mut delivered = 0;
         for m in list {
-            match m.put(msg) {
+            if !woken.iter().any(|w| Arc::ptr_eq(w, m)) {
+                woken.push(m.clone());
+            }
+            match m.put_quietly(msg) {
                 Put::Queued => delivered += 1,
                 Put::Overflowed => {
                     self.counts.overflowed.fetch_add(1, Ordering::Relaxed);

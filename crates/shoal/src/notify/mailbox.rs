@@ -31,6 +31,11 @@ pub struct Mailbox {
     /// Something is queued (or the mailbox overflowed): read without the lock on every
     /// ReadyForQuery of the client's transactions.
     has_mail: AtomicBool,
+    /// The session waits idle, writing mail as it comes (not inside a transaction, where
+    /// mail waits for its ReadyForQuery).
+    idle: AtomicBool,
+    /// Told each time the mailbox is emptied onto the client's socket.
+    emptied: tokio::sync::Notify,
 }
 
 /// What became of a message put in a mailbox.
@@ -57,6 +62,15 @@ impl Mailbox {
 
     /// Queues one whole message, unless the client has [`MAX_PENDING`] bytes unread.
     pub fn put(&self, msg: &[u8]) -> Put {
+        let put = self.put_quietly(msg);
+        self.wake();
+        put
+    }
+
+    /// [`Mailbox::put`] without waking the session: messages read together from the server
+    /// reach the client together (a transaction's notifications are one batch, as on a
+    /// direct connection); [`Mailbox::wake`] follows.
+    pub fn put_quietly(&self, msg: &[u8]) -> Put {
         let mut q = self.lock();
         if q.overflowed {
             return Put::Closed;
@@ -70,10 +84,15 @@ impl Mailbox {
             Put::Queued
         };
         self.has_mail.store(true, Ordering::Release);
-        if let Some(w) = q.waker.take() {
+        put
+    }
+
+    /// Wakes the session if it waits for mail.
+    pub fn wake(&self) {
+        let waker = self.lock().waker.take();
+        if let Some(w) = waker {
             w.wake();
         }
-        put
     }
 
     pub fn has_mail(&self) -> bool {
@@ -89,7 +108,32 @@ impl Mailbox {
         out.extend_from_slice(&q.bytes);
         q.bytes.clear();
         self.has_mail.store(false, Ordering::Release);
+        drop(q);
+        self.emptied.notify_waiters();
         Mail::Empty
+    }
+
+    /// The session leaves its idle wait to serve the client.
+    pub fn busy(&self) {
+        self.idle.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether nothing will reach the client soon: the mailbox is empty (its mail is on the
+    /// socket), or the session is busy (mail waits for its ReadyForQuery), or it overflowed.
+    fn settled(&self) -> bool {
+        !self.has_mail() || !self.idle.load(Ordering::Relaxed) || self.lock().overflowed
+    }
+
+    /// Waits until [`Mailbox::settled`] (a notifier's ReadyForQuery waits for it, so that what
+    /// it sent is on idle listeners' sockets when it goes on, as with PostgreSQL).
+    pub async fn until_settled(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            if self.settled() {
+                return;
+            }
+            emptied.await;
+        }
     }
 
     /// Writes queued mail to the idle client through `write` (a non-blocking write that
@@ -101,13 +145,16 @@ impl Mailbox {
         cx: &mut Context<'_>,
         mut write: impl FnMut(&mut Context<'_>, &[u8]) -> Poll<std::io::Result<usize>>,
     ) -> Poll<std::io::Result<Mail>> {
+        self.idle.store(true, Ordering::Relaxed);
         let mut q = self.lock();
         loop {
             if q.overflowed {
                 return Poll::Ready(Ok(Mail::Overflowed));
             }
             if q.bytes.is_empty() {
-                self.has_mail.store(false, Ordering::Release);
+                if self.has_mail.swap(false, Ordering::Release) {
+                    self.emptied.notify_waiters();
+                }
                 // Woken by the next `put`.
                 q.waker = Some(cx.waker().clone());
                 if q.bytes.capacity() > 0 {

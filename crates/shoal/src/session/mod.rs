@@ -420,6 +420,10 @@ impl Session {
     /// boundary, checkin. Returns true when the client is gone.
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
         self.cancel.slot.mark_busy();
+        if let Some(sub) = self.extras.as_ref().and_then(|x| x.listen.as_ref()) {
+            // Its notifications now wait for the transaction's end.
+            sub.mailbox.busy();
+        }
         let Some(mut lease) = self.attach().await? else {
             self.cancel.slot.not_busy();
             return Ok(false);
