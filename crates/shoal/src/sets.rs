@@ -41,6 +41,10 @@ pub enum SetOp {
     Savepoint(Box<str>),
     Release(Box<str>),
     RollbackTo(Box<str>),
+    /// SQL `DEALLOCATE name` of a client's protocol-level statement (empty: `DEALLOCATE
+    /// ALL`), run through the extended protocol: once it completes, the client's statement
+    /// `name` is gone.
+    Deallocate(Box<[u8]>),
 }
 
 impl SetOp {
@@ -299,7 +303,10 @@ impl SessionSets {
                     }
                 }
                 SetOp::UnlistenAll => self.unlisten_all(),
-                SetOp::Savepoint(_) | SetOp::Release(_) | SetOp::RollbackTo(_) => {}
+                SetOp::Savepoint(_)
+                | SetOp::Release(_)
+                | SetOp::RollbackTo(_)
+                | SetOp::Deallocate(_) => {}
             }
         }
         if !held_changed {

@@ -327,3 +327,124 @@ async fn failed_or_skipped_parses_leave_no_name() {
         );
     }
 }
+
+/// Parse (unless `sql` is `None`), Bind, Execute and Sync of statement `name`: the first
+/// column of each row, or the error.
+async fn extended(r: &mut Raw, name: &str, sql: Option<&str>) -> Result<Vec<String>, raw::Msg> {
+    let mut out = bytes::BytesMut::new();
+    if let Some(sql) = sql {
+        raw::parse(&mut out, name, sql);
+    }
+    raw::bind(&mut out, "", name, &[]);
+    raw::execute(&mut out, "");
+    raw::sync(&mut out);
+    r.send(&out).await;
+    let msgs = r.until_ready().await;
+    if let Some(e) = msgs.iter().find(|m| m.tag == 'E') {
+        return Err(e.clone());
+    }
+    Ok(msgs
+        .iter()
+        .filter(|m| m.tag == 'D')
+        .map(raw::first_column)
+        .collect())
+}
+
+/// SQL `EXECUTE`, `EXPLAIN EXECUTE` and `DEALLOCATE` of a protocol-level statement, sent
+/// through the extended protocol (as asyncpg and tokio-postgres send every query): the
+/// client's name is mapped as in a simple query, the statement it names is prepared first on
+/// whichever server runs it (here after another client pushed it out of a server that keeps
+/// two), and a `DEALLOCATE` forgets the client's name only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_execute_and_deallocate_through_the_extended_protocol() {
+    let db = unique_db("prep");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nmax_prepared_statements = 2\n");
+    let mut a = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    // Same user, same pool of one server.
+    let mut b = Raw::login(shoal.addr, "raw", &db, &[]).await;
+    let mut out = bytes::BytesMut::new();
+    raw::parse(&mut out, "drv", "SELECT $1::int * 2");
+    raw::sync(&mut out);
+    a.send(&out).await;
+    a.until_ready().await;
+    // A named statement whose text is the EXECUTE, parsed once and bound again and again.
+    assert_eq!(
+        extended(&mut a, "ex", Some("EXECUTE drv(21)"))
+            .await
+            .unwrap(),
+        ["42"]
+    );
+    for round in 0..3 {
+        // Another client fills the one server's two statement slots.
+        for i in 0..3 {
+            let sql = format!("SELECT {i} + {round}");
+            let v = extended(&mut b, &format!("b{round}_{i}"), Some(&sql))
+                .await
+                .unwrap();
+            assert_eq!(v, [(i + round).to_string()]);
+        }
+        assert_eq!(
+            extended(&mut a, "ex", None).await.unwrap(),
+            ["42"],
+            "named, round {round}"
+        );
+        let unnamed = extended(&mut a, "", Some("execute DRV (21)"))
+            .await
+            .unwrap();
+        assert_eq!(unnamed, ["42"], "unnamed, round {round}");
+    }
+    let plan = extended(&mut a, "", Some("EXPLAIN (COSTS OFF) EXECUTE drv(1)"))
+        .await
+        .unwrap();
+    assert!(plan.iter().any(|l| l.contains("Result")), "{plan:?}");
+    // Another client's name is not this client's.
+    let e = extended(&mut b, "", Some("EXECUTE drv(21)"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "26000", "{}", e.text());
+    // DEALLOCATE through Parse: the client's name goes, nothing else.
+    assert_eq!(
+        extended(&mut b, "other", Some("SELECT 4 * 2"))
+            .await
+            .unwrap(),
+        ["8"]
+    );
+    assert_eq!(
+        extended(&mut a, "same", Some("SELECT 4 * 2"))
+            .await
+            .unwrap(),
+        ["8"]
+    );
+    extended(&mut a, "", Some("DEALLOCATE same")).await.unwrap();
+    assert_eq!(
+        extended(&mut b, "other", None).await.unwrap(),
+        ["8"],
+        "the shared copy stays"
+    );
+    let e = extended(&mut a, "same", None).await.unwrap_err();
+    assert_eq!(e.code(), "26000", "{}", e.text());
+    assert_eq!(
+        extended(&mut a, "", Some("DEALLOCATE drv")).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let e = extended(&mut a, "", Some("EXECUTE drv(21)"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "26000", "{}", e.text());
+    let e = extended(&mut a, "drv", None).await.unwrap_err();
+    assert_eq!(e.code(), "26000", "{}", e.text());
+    assert_eq!(
+        extended(&mut b, "other", None).await.unwrap(),
+        ["8"],
+        "the server's copy stays"
+    );
+    // DEALLOCATE ALL through Parse.
+    assert_eq!(
+        extended(&mut a, "seven", Some("SELECT 7")).await.unwrap(),
+        ["7"]
+    );
+    extended(&mut a, "", Some("DEALLOCATE ALL")).await.unwrap();
+    let e = extended(&mut a, "seven", None).await.unwrap_err();
+    assert_eq!(e.code(), "26000", "{}", e.text());
+    assert_eq!(extended(&mut b, "other", None).await.unwrap(), ["8"]);
+}

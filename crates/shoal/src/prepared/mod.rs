@@ -59,6 +59,10 @@ pub struct StatementDef {
     pub set_op: Option<SetOp>,
     /// What running it leaves in the session.
     pub effects: Effects,
+    /// The client statement an SQL `EXECUTE` of it names (see [`crate::prepared`]'s
+    /// translation of `EXECUTE` through Parse): prepared on a server before this one, and
+    /// again before each use of this one.
+    pub depends: Option<Arc<StatementDef>>,
 }
 
 impl StatementDef {
@@ -134,6 +138,25 @@ impl StatementRegistry {
     }
 
     pub fn intern(&self, params: u64, body: &[u8]) -> Arc<StatementDef> {
+        self.intern_with(params, body, |text| Derived {
+            set_op: set_of(text),
+            effects: sql::classify(text),
+            depends: None,
+        })
+    }
+
+    /// A statement whose text Shoal rewrote (an SQL command naming a client's statement):
+    /// what it does is given, not read from the text.
+    pub fn intern_rewritten(&self, params: u64, body: &[u8], d: Derived) -> Arc<StatementDef> {
+        self.intern_with(params, body, move |_| d)
+    }
+
+    fn intern_with(
+        &self,
+        params: u64,
+        body: &[u8],
+        derive: impl FnOnce(&[u8]) -> Derived,
+    ) -> Arc<StatementDef> {
         let epoch = self.schema.load(Ordering::Relaxed);
         let mut map = self.by_body.lock().unwrap_or_else(|e| e.into_inner());
         let key = (params, Bytes::copy_from_slice(body));
@@ -146,7 +169,7 @@ impl StatementRegistry {
             map.clear();
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let text = parse_text(&key.1);
+        let d = derive(parse_text(&key.1));
         let def = Arc::new(StatementDef {
             id,
             name: format!("shoal_{id}").into(),
@@ -154,8 +177,9 @@ impl StatementRegistry {
             validated: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             epoch,
-            set_op: set_of(text),
-            effects: sql::classify(text),
+            set_op: d.set_op,
+            effects: d.effects,
+            depends: d.depends,
         });
         map.insert(key, def.clone());
         def
@@ -167,6 +191,14 @@ impl StatementRegistry {
     }
 }
 
+/// What a statement does, when Shoal knows it better than its text says.
+#[derive(Debug, Clone, Default)]
+pub struct Derived {
+    pub set_op: Option<SetOp>,
+    pub effects: Effects,
+    pub depends: Option<Arc<StatementDef>>,
+}
+
 /// The client's last unnamed statement, kept so it can be parsed again on another server.
 #[derive(Debug, Default)]
 pub struct Unnamed {
@@ -176,6 +208,8 @@ pub struct Unnamed {
     body: Vec<u8>,
     set_op: Option<SetOp>,
     dirty: bool,
+    /// The client statement its SQL `EXECUTE` names (see [`StatementDef::depends`]).
+    depends: Option<Arc<StatementDef>>,
 }
 
 /// Statements as (name, Parse body after the name) pairs.
@@ -200,6 +234,17 @@ impl ClientStatements {
 
     pub fn contains(&self, name: &[u8]) -> bool {
         self.named.contains_key(name)
+    }
+
+    /// The client's `DEALLOCATE name` (`""`: `DEALLOCATE ALL`) completed: the name is free
+    /// (the server's copy stays).
+    pub fn deallocated(&mut self, name: &[u8]) {
+        if name.is_empty() {
+            // The unnamed statement is not a prepared statement to `DEALLOCATE ALL`.
+            self.named.clear();
+        } else {
+            self.named.remove(name);
+        }
     }
 
     /// The SQL text of the client's statement `name` (`""`: its unnamed one).
@@ -248,12 +293,31 @@ impl ClientStatements {
                 seq: 1,
                 set_op: set_of(text),
                 dirty: sql::classify(text).dirty,
+                depends: None,
                 body,
             });
         }
         c
     }
+
+    /// Whether a statement's text was rewritten to name a server statement (an SQL
+    /// `EXECUTE`/`DEALLOCATE` of another statement): such texts mean nothing to another
+    /// process, whose server statements have other names.
+    pub fn has_rewritten(&self) -> bool {
+        self.named
+            .values()
+            .any(|d| d.depends.is_some() || matches!(d.set_op, Some(SetOp::Deallocate(_))))
+            || self.unnamed.as_ref().is_some_and(|u| {
+                u.depends.is_some() || matches!(u.set_op, Some(SetOp::Deallocate(_)))
+            })
+    }
 }
+
+/// The statement a client's `DEALLOCATE` of one of its protocol-level statements is made to
+/// deallocate when it runs through the extended protocol: Shoal prepares it (`SELECT`) just
+/// before, so the command completes as PostgreSQL's would while the server's copy of the
+/// client's statement stays for other clients.
+pub const DEALLOCATE_TARGET: &str = "shoal_deallocated";
 
 /// Which statements a server connection has prepared, with least-recently-used eviction, and
 /// whose unnamed statement it holds.
@@ -340,6 +404,9 @@ pub enum Expect {
     HideParseUnnamed(u64),
     /// A Close Shoal sent to evict a statement: its CloseComplete is hidden.
     HideClose(u64),
+    /// The Close or Parse of [`DEALLOCATE_TARGET`], put in front of a client's `DEALLOCATE`
+    /// run through the extended protocol: its reply is hidden.
+    HideTarget,
     /// A Sync Shoal sent after a hidden Parse in front of a simple query: its ReadyForQuery
     /// is hidden.
     HideSync,

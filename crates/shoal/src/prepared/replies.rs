@@ -160,6 +160,7 @@ pub fn pass_reply(queue: &mut VecDeque<Expect>, tag: u8) -> bool {
         (Expect::ParseUnnamed(_), be::PARSE_COMPLETE) => (true, true),
         (Expect::HideParseUnnamed(_), be::PARSE_COMPLETE) => (true, false),
         (Expect::HideClose(_), be::CLOSE_COMPLETE) => (true, false),
+        (Expect::HideTarget, be::PARSE_COMPLETE | be::CLOSE_COMPLETE) => (true, false),
         (Expect::HideSync, be::READY_FOR_QUERY) => (true, false),
         (Expect::Bind(_), be::BIND_COMPLETE) => (true, true),
         (Expect::DescribeStatement(_), b't') => (false, true),

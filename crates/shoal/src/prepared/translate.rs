@@ -12,9 +12,10 @@ use shoal_wire::frontend::tag as fe;
 use shoal_wire::sql;
 
 use super::{
-    parse_text, set_of_with, ClientStatements, Expect, ServerStatements, StatementDef,
-    StatementRegistry, Unnamed,
+    parse_text, set_of_with, ClientStatements, Derived, Expect, ServerStatements, StatementDef,
+    StatementRegistry, Unnamed, DEALLOCATE_TARGET,
 };
+use crate::sets::SetOp;
 
 /// Where the translation of client messages goes. A message passed on unchanged is handed
 /// over whole ([`ToServer::pass`]), so the relay can send it from where it lies; anything else
@@ -80,9 +81,12 @@ impl Translator<'_> {
         parse_message(out, def.name.as_bytes(), &def.body);
     }
 
-    /// Makes sure the server has `def` prepared before a Bind or Describe of it; the reply to
-    /// a Parse put in for that is hidden.
+    /// Makes sure the server has `def` prepared before a Bind or Describe of it (and the
+    /// statement its `EXECUTE` names, first); the reply to a Parse put in for that is hidden.
     fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut impl ToServer) {
+        if let Some(dep) = &def.depends {
+            self.ensure_prepared(dep, out);
+        }
         if !self.server.touch(def.id) {
             self.prepare(def, out.buf());
             self.queue.push_back(Expect::HideParse(Arc::clone(def)));
@@ -109,6 +113,22 @@ impl Translator<'_> {
             return false;
         };
         let owner = (self.client_id, u.seq);
+        let (depends, target) = (
+            u.depends.clone(),
+            matches!(u.set_op, Some(SetOp::Deallocate(_))),
+        );
+        if let Some(dep) = depends {
+            // Before the unnamed statement is parsed or bound: its EXECUTE names this one.
+            self.ensure_prepared(&dep, out);
+        }
+        if target {
+            self.prepare_target(out.buf());
+        }
+        let u = self
+            .client
+            .as_ref()
+            .and_then(|c| c.unnamed.as_ref())
+            .expect("checked above");
         if self.server.unnamed_owner != Some(owner) {
             parse_message(out.buf(), b"", &u.body);
             self.queue.push_back(Expect::HideParseUnnamed(u.seq));
@@ -118,6 +138,64 @@ impl Translator<'_> {
             *self.dirty = true;
         }
         true
+    }
+
+    /// Puts [`DEALLOCATE_TARGET`] on the server for a client's `DEALLOCATE` about to run
+    /// through the extended protocol (closed first: an earlier one may not have run).
+    fn prepare_target(&mut self, out: &mut BytesMut) {
+        put_message(out, fe::CLOSE, |b| {
+            b.put_u8(b'S');
+            put_cstr(b, DEALLOCATE_TARGET);
+        });
+        self.queue.push_back(Expect::HideTarget);
+        parse_message(out, DEALLOCATE_TARGET.as_bytes(), b"SELECT\0\0\0");
+        self.queue.push_back(Expect::HideTarget);
+    }
+
+    /// SQL `EXECUTE name`, `EXPLAIN EXECUTE name` or `DEALLOCATE name` in a Parse, naming one
+    /// of the client's protocol-level statements: the Parse body to send instead (the name
+    /// replaced by the server's, or by [`DEALLOCATE_TARGET`] so the client's statement stays
+    /// on the server for others) and what the rewritten statement does.
+    fn rewrite_parse(&mut self, text: &[u8], rest: &[u8]) -> Option<(Vec<u8>, Derived)> {
+        let Some(cmd) = sql::named_statement_command(text) else {
+            // `DEALLOCATE ALL`: the client's statements go, the server's copies stay.
+            let fx = sql::classify(text);
+            if !(sql::FirstWord::of(text).is(b"deallocate") && fx.drops_statements && !fx.multi) {
+                return None;
+            }
+            let mut body = format!("DEALLOCATE {DEALLOCATE_TARGET}").into_bytes();
+            body.extend_from_slice(&rest[text.len()..]);
+            let d = Derived {
+                set_op: Some(SetOp::Deallocate(Box::default())),
+                ..Derived::default()
+            };
+            return Some((body, d));
+        };
+        if self.client.as_ref().is_none_or(|c| !c.contains(&cmd.name)) {
+            return None;
+        }
+        let def = self.lookup(&cmd.name)?;
+        let (name, derived) = if cmd.execute {
+            let d = Derived {
+                set_op: def.set_op.clone(),
+                effects: def.effects,
+                depends: Some(def.clone()),
+            };
+            (def.name.as_bytes(), d)
+        } else {
+            let d = Derived {
+                set_op: Some(SetOp::Deallocate(cmd.name.clone().into())),
+                ..Derived::default()
+            };
+            (DEALLOCATE_TARGET.as_bytes(), d)
+        };
+        let mut body = Vec::with_capacity(rest.len() + name.len());
+        body.extend_from_slice(&text[..cmd.name_at.start]);
+        body.extend_from_slice(name);
+        body.extend_from_slice(&text[cmd.name_at.end..]);
+        // The NUL ending the text, and the parameter types after it.
+        body.extend_from_slice(&rest[text.len()..]);
+        Some((body, derived))
     }
 
     /// The client's statement of that name; a stale one is replaced by a fresh statement of
@@ -185,6 +263,9 @@ impl Translator<'_> {
                     *self.dirty = true;
                 }
                 self.ensure_prepared(&def, out);
+                if matches!(def.set_op, Some(SetOp::Deallocate(_))) {
+                    self.prepare_target(out.buf());
+                }
                 put_message(out.buf(), fe::BIND, |b| {
                     b.put_slice(portal);
                     b.put_u8(0);
@@ -297,6 +378,15 @@ impl Translator<'_> {
             );
             return Ok(());
         }
+        let rewritten = match read {
+            Some((first, false)) if first.is_any(&[b"execute", b"deallocate", b"explain"]) => {
+                self.rewrite_parse(text, rest)
+            }
+            _ => None,
+        };
+        if let Some((body, derived)) = rewritten {
+            return self.parse_rewritten(name, body, derived, out);
+        }
         if name.is_empty() {
             let c = self.client.get_or_insert_with(Default::default);
             c.unnamed_seq += 1;
@@ -339,6 +429,70 @@ impl Translator<'_> {
             .get_or_insert_with(Default::default)
             .named
             .insert(name.into(), def.clone());
+        if self.server.touch(def.id) {
+            self.queue.push_back(Expect::SyntheticParse(name.into()));
+        } else {
+            self.prepare(&def, out.buf());
+            self.queue.push_back(Expect::Parse(def, name.into()));
+        }
+        Ok(())
+    }
+
+    /// A Parse whose text [`Translator::rewrite_parse`] rewrote: as any Parse, with the new
+    /// body, after the statement it names.
+    fn parse_rewritten(
+        &mut self,
+        name: &[u8],
+        body: Vec<u8>,
+        derived: Derived,
+        out: &mut impl ToServer,
+    ) -> Result<(), FrameError> {
+        if name.is_empty() {
+            if let Some(dep) = &derived.depends {
+                self.ensure_prepared(dep, out);
+            }
+            let c = self.client.get_or_insert_with(Default::default);
+            c.unnamed_seq += 1;
+            let u = c.unnamed.get_or_insert_with(Unnamed::default);
+            u.seq = c.unnamed_seq;
+            u.dirty = derived.effects.dirty;
+            u.set_op = derived.set_op;
+            u.depends = derived.depends;
+            u.body.clear();
+            u.body.extend_from_slice(&body);
+            self.server.unnamed_owner = Some((self.client_id, u.seq));
+            let seq = u.seq;
+            parse_message(out.buf(), b"", &body);
+            self.queue.push_back(Expect::ParseUnnamed(seq));
+            return Ok(());
+        }
+        if self.aborted {
+            self.fail(
+                shoal_wire::sqlstate::IN_FAILED_SQL_TRANSACTION,
+                "current transaction is aborted, commands ignored until end of transaction block"
+                    .into(),
+                out.buf(),
+            );
+            return Ok(());
+        }
+        if self.client.as_ref().is_some_and(|c| c.contains(name)) {
+            self.fail(
+                shoal_wire::sqlstate::DUPLICATE_PREPARED_STATEMENT,
+                format!("prepared statement \"{}\" already exists", shown(name)),
+                out.buf(),
+            );
+            return Ok(());
+        }
+        let def = self
+            .registry
+            .intern_rewritten(super::params_key(self.params), &body, derived);
+        self.client
+            .get_or_insert_with(Default::default)
+            .named
+            .insert(name.into(), def.clone());
+        if let Some(dep) = &def.depends {
+            self.ensure_prepared(dep, out);
+        }
         if self.server.touch(def.id) {
             self.queue.push_back(Expect::SyntheticParse(name.into()));
         } else {

@@ -23,11 +23,13 @@ impl Session {
         let Some(sender) = self.app.lifecycle.handoff.get() else {
             return false;
         };
-        // A listening client stays: its notifications come through this process's listener.
+        // A listening client stays: its notifications come through this process's listener;
+        // so does one with statements naming this process's server statements.
         if self
             .extras
             .as_ref()
             .is_some_and(|x| x.stays || x.listen.is_some())
+            || self.statements.as_ref().is_some_and(|s| s.has_rewritten())
         {
             return false;
         }

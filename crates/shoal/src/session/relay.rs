@@ -316,6 +316,14 @@ fn take_server<H: Hooks>(
                         // Among other statements: not followed (see docs/transaction-mode.md).
                         _ => {}
                     }
+                } else if body.starts_with(b"DEALLOCATE\0") {
+                    if let Some(Expect::Execute(Some(crate::sets::SetOp::Deallocate(name)))) =
+                        server.session.next_owed()
+                    {
+                        if let Some(c) = side.statements.as_mut() {
+                            c.deallocated(name);
+                        }
+                    }
                 } else if crate::params::changes_session_state(body) {
                     server.session.mark_dirty();
                     if let Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) =
