@@ -65,8 +65,12 @@ async def asyncpg_worker(dsn, w, rounds):
     try:
         # A session SET holds across transactions (which run on different servers).
         await conn.execute(f"SET application_name = 'asyncpg-{w}'")
+        named = await conn.prepare("SELECT $1::int + 1", name=f"compat_{w}")
+        check(named.get_name() == f"compat_{w}", "asyncpg explicitly named statement")
         for i in range(rounds):
             k = w * 10_000 + i
+            # SQL EXECUTE of the named statement, sent by asyncpg as a prepared statement.
+            check(await conn.fetchval(f"EXECUTE compat_{w}({k})") == k + 1, "asyncpg SQL EXECUTE")
             check(await conn.fetchval("SELECT $1::int * 3", k) == k * 3, "asyncpg cached statement")
             stmt = await conn.prepare("SELECT v FROM compat WHERE k = $1 AND driver = $2")
             async with conn.transaction():
