@@ -173,6 +173,20 @@ async fn unlisten_rollback_and_discard_all_stop_delivery_as_in_postgresql() {
     b.batch_execute("NOTIFY mark, 'z'").await.unwrap();
     assert_eq!(a.next().await, ("mark".into(), "z".into()));
     assert_eq!(a.nothing_else(), None);
+    // LISTEN among other statements is not carried, and the client is told so.
+    a.client
+        .batch_execute("SELECT 1; LISTEN multi")
+        .await
+        .unwrap();
+    match a.next_message().await {
+        AsyncMessage::Notice(n) => assert!(n.message().contains("of its own"), "{}", n.message()),
+        _ => panic!("expected a warning"),
+    }
+    b.batch_execute("NOTIFY multi, 'lost'; NOTIFY mark, 'after multi'")
+        .await
+        .unwrap();
+    assert_eq!(a.next().await, ("mark".into(), "after multi".into()));
+    assert_eq!(a.nothing_else(), None);
     // The client listens to nothing: the listener connection closes.
     a.client.batch_execute("UNLISTEN mark").await.unwrap();
     eventually(

@@ -269,6 +269,7 @@ fn take_server<H: Hooks>(
         }
         // Where the message lies now (bytes passed in place may have moved out before it).
         let at = out.direct;
+        let mut uncarried_listen = false;
         let body = &server.buf[at + HEADER_LEN..at + n];
         match tag {
             be::ERROR_RESPONSE => {
@@ -313,8 +314,9 @@ fn take_server<H: Hooks>(
                         {
                             super::Extras::get(extras).sets.executed(op.clone());
                         }
-                        // Among other statements: not followed (see docs/transaction-mode.md).
-                        _ => {}
+                        // Among other statements: not followed (see docs/transaction-mode.md);
+                        // the client is told, after the command's own reply.
+                        _ => uncarried_listen = body.starts_with(b"LISTEN\0"),
                     }
                 } else if body.starts_with(b"DEALLOCATE\0") {
                     if let Some(Expect::Execute(Some(crate::sets::SetOp::Deallocate(name)))) =
@@ -377,6 +379,15 @@ fn take_server<H: Hooks>(
             server.buf.advance(n);
             forward
         };
+        if uncarried_listen && forwarded {
+            out.spill_to_client(&mut server.buf);
+            backend::warning_notice(
+                &mut out.to_client,
+                "01000",
+                "this LISTEN is not in force: in transaction mode Shoal carries LISTEN only \
+                 when it is sent as a statement of its own",
+            );
+        }
         if tag == be::READY_FOR_QUERY {
             // Only ReadyForQuery messages the client sees answer what it sent.
             flow.ready_for_query(body_first.unwrap_or(b'I'), forwarded);
