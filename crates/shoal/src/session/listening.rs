@@ -24,9 +24,30 @@ pub(super) struct ListenerDue {
     barrier: bool,
 }
 
+/// At a ReadyForQuery from the server (at the head of what is left of its buffer): true when
+/// the relay must stop before it and wait for the pool's listener ([`Outbound::listener_due`]
+/// says why); otherwise the client's waiting notifications are put in front of it.
+#[inline(never)]
+pub(super) fn before_ready(
+    x: &mut Extras,
+    server: &mut crate::server::ServerConn,
+    out: &mut Outbound,
+) -> Result<bool, SessionError> {
+    let status = server.buf.get(out.direct + shoal_wire::frame::HEADER_LEN);
+    if status != Some(&b'I') || server.session.ready_is_hidden() {
+        return Ok(false);
+    }
+    if let Some(due) = due_before_ready(x) {
+        out.listener_due = Some(due);
+        return Ok(true);
+    }
+    deliver_before_ready(x, &mut server.buf, out)?;
+    Ok(false)
+}
+
 /// Called at a ReadyForQuery with status `I` the client is to see: if the listener must act
 /// first, settles the client's transaction (as that ReadyForQuery will) and says what is due.
-pub(super) fn due_before_ready(x: &mut Extras) -> Option<ListenerDue> {
+fn due_before_ready(x: &mut Extras) -> Option<ListenerDue> {
     if !x.sets.listener_due_before_ready() {
         return None;
     }
@@ -41,7 +62,7 @@ pub(super) fn due_before_ready(x: &mut Extras) -> Option<ListenerDue> {
 
 /// Puts the client's waiting notifications in front of a ReadyForQuery with status `I`, where
 /// PostgreSQL delivers those that arrived during a transaction.
-pub(super) fn deliver_before_ready(
+fn deliver_before_ready(
     x: &mut Extras,
     server_buf: &mut BytesMut,
     out: &mut Outbound,
@@ -60,7 +81,9 @@ pub(super) fn deliver_before_ready(
 }
 
 /// Whether a client message may make its server send a notification: SQL that mentions
-/// `notify` (`NOTIFY`, `pg_notify`, a function so named), sent or bound.
+/// `notify` (`NOTIFY`, `pg_notify`, a function so named), sent or bound. Asked only while
+/// someone in the pool listens.
+#[cold]
 pub(super) fn may_notify(
     tag: u8,
     body: &[u8],

@@ -449,7 +449,7 @@ impl Session {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
                 if lease.session.take_listens() {
-                    match self.unlisten(lease).await {
+                    match Box::pin(self.unlisten(lease)).await {
                         Some(back) => lease = back,
                         None => return Ok(false),
                     }

@@ -143,7 +143,8 @@ impl Session {
                 fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
                 _ => {}
             }
-            let notifying = self.pool.notify.active()
+            let notifying = matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
+                && self.pool.notify.active()
                 && super::listening::may_notify(tag, &msg[HEADER_LEN..], side.statements);
             let mut sink = ClientSink::new(head, msg, &mut out.to_server);
             hooks
@@ -172,6 +173,7 @@ impl Session {
 
 /// Claims the server for the client's notifications (once per transaction; see
 /// [`crate::notify::Hub::claim`]).
+#[cold]
 fn claim(
     pool: &crate::pool::Pool,
     extras: &mut Option<Box<super::Extras>>,
@@ -244,27 +246,19 @@ fn take_server<H: Hooks>(
         };
         let tag = server.buf[at];
         if policy.per_transaction() {
-            match tag {
-                be::NOTIFICATION_RESPONSE => {
-                    // This server listens only until its client's transaction ends; the
-                    // pool's listener delivers the same notification (see `crate::notify`).
-                    out.spill_to_client(&mut server.buf);
-                    server.buf.advance(n);
-                    continue;
-                }
-                be::READY_FOR_QUERY
-                    if server.buf.get(at + HEADER_LEN) == Some(&b'I')
-                        && !server.session.ready_is_hidden() =>
-                {
-                    if let Some(x) = extras.as_mut() {
-                        if let Some(due) = super::listening::due_before_ready(x) {
-                            out.listener_due = Some(due);
-                            return Ok(None);
-                        }
-                        super::listening::deliver_before_ready(x, &mut server.buf, out)?;
+            if tag == be::NOTIFICATION_RESPONSE {
+                // This server listens only until its client's transaction ends; the pool's
+                // listener delivers the same notification (see `crate::notify`).
+                out.spill_to_client(&mut server.buf);
+                server.buf.advance(n);
+                continue;
+            }
+            if tag == be::READY_FOR_QUERY {
+                if let Some(x) = extras.as_mut() {
+                    if super::listening::before_ready(x, server, out)? {
+                        return Ok(None);
                     }
                 }
-                _ => {}
             }
         }
         // Where the message lies now (bytes passed in place may have moved out before it).
@@ -633,21 +627,7 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
-                    let mut side =
-                        ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
-                    fatal = take_server(
-                        hooks,
-                        &mut side,
-                        server,
-                        &mut self.extras,
-                        flow,
-                        out,
-                        policy,
-                    )?;
-                    // Stopped before a ReadyForQuery that waits for the pool's listener:
-                    // wait, then go on from it.
-                    while let Some(due) = out.listener_due.take() {
-                        self.sync_listener(due, server.process_id).await;
+                    loop {
                         let mut side =
                             ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
                         fatal = take_server(
@@ -659,6 +639,13 @@ impl Session {
                             out,
                             policy,
                         )?;
+                        // Stopped before a ReadyForQuery that waits for the pool's listener:
+                        // wait, then go on from it.
+                        let Some(due) = out.listener_due.take() else {
+                            break;
+                        };
+                        // Boxed: the relay's future stays the size it is without it.
+                        Box::pin(self.sync_listener(due, server.process_id)).await;
                     }
                 }
                 Step::FromClient(Ok(0))
