@@ -96,6 +96,7 @@ pub(super) async fn run(pool: Weak<Pool>) {
 /// earlier connection was lost, so listeners are warned once this one listens.
 async fn serve(pool: &Arc<Pool>, mut conn: ServerConn, after_loss: bool) -> End {
     let hub = &pool.notify;
+    hub.lock().connected = true;
     let mut c = Conn {
         listened: HashSet::new(),
         in_flight: VecDeque::new(),
@@ -150,6 +151,7 @@ impl Conn {
             let mut s = hub.lock();
             if s.subscribers.is_empty() && s.barriers.is_empty() && self.in_flight.is_empty() {
                 s.running = false;
+                s.connected = false;
                 s.in_force = s.wanted;
                 for (_, w) in s.waiters.drain(..) {
                     let _ = w.send(());
@@ -359,6 +361,7 @@ impl Hub {
     /// The connection is gone: barriers have nothing to wait for.
     fn connection_lost(&self) {
         let mut s = self.lock();
+        s.connected = false;
         let barriers = std::mem::take(&mut s.barriers);
         s.claims
             .retain(|c| !barriers.iter().any(|b| b.server_pid == c.0));

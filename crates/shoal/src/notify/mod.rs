@@ -53,6 +53,8 @@ struct State {
     claims: Vec<(i32, i32)>,
     /// A listener task runs.
     running: bool,
+    /// The listener connection is open (barriers wait for nothing while it is not).
+    connected: bool,
 }
 
 /// A client's request that everything committed on the server with `server_pid` so far
@@ -154,7 +156,9 @@ impl Hub {
     ) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         let mut s = self.lock();
-        if s.subscribers.is_empty() {
+        if s.subscribers.is_empty() || (s.running && !s.connected) {
+            // Nobody to deliver to, or no connection to deliver from: its notifications are
+            // not coming.
             s.claims.retain(|c| c.0 != server_pid);
             let _ = tx.send(());
             return rx;
