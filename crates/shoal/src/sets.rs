@@ -468,6 +468,119 @@ mod tests {
         assert!(s.listening.is_empty() && s.listening_changed && s.held.is_empty());
     }
 
+    /// What a client listens to, against a model of PostgreSQL: random LISTEN/UNLISTEN/
+    /// `UNLISTEN *`/`DISCARD ALL` in autocommit and in transaction blocks that commit, roll
+    /// back, or fail first; `listening_changed` is set whenever the set changed.
+    mod listening_model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeSet;
+
+        #[derive(Debug, Clone)]
+        enum Stmt {
+            Listen(u8),
+            Unlisten(u8),
+            UnlistenAll,
+        }
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            Auto(Stmt),
+            Discard,
+            /// A block of statements, then COMMIT (0), ROLLBACK (1), or an error and ROLLBACK (2).
+            Block(Vec<Stmt>, u8),
+        }
+
+        fn stmt() -> impl Strategy<Value = Stmt> {
+            prop_oneof![
+                (0u8..4).prop_map(Stmt::Listen),
+                (0u8..4).prop_map(Stmt::Unlisten),
+                Just(Stmt::UnlistenAll),
+            ]
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                3 => stmt().prop_map(Step::Auto),
+                1 => Just(Step::Discard),
+                2 => (prop::collection::vec(stmt(), 0..4), 0u8..3).prop_map(|(v, e)| Step::Block(v, e)),
+            ]
+        }
+
+        fn op(s: &Stmt) -> SetOp {
+            let sql = match s {
+                Stmt::Listen(c) => format!("LISTEN c{c}"),
+                Stmt::Unlisten(c) => format!("UNLISTEN c{c}"),
+                Stmt::UnlistenAll => "UNLISTEN *".into(),
+            };
+            parse(&sql).unwrap()
+        }
+
+        fn apply(model: &mut BTreeSet<u8>, s: &Stmt) {
+            match s {
+                Stmt::Listen(c) => {
+                    model.insert(*c);
+                }
+                Stmt::Unlisten(c) => {
+                    model.remove(c);
+                }
+                Stmt::UnlistenAll => model.clear(),
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn listening_matches_postgresql(steps in prop::collection::vec(step(), 0..30)) {
+                let mut s = SessionSets::default();
+                let mut model = BTreeSet::new();
+                for step in &steps {
+                    let before = model.clone();
+                    match step {
+                        Step::Auto(st) => {
+                            s.executed(op(st));
+                            s.ready(b'I');
+                            apply(&mut model, st);
+                        }
+                        Step::Discard => {
+                            s.executed(parse("DISCARD ALL").unwrap());
+                            s.ready(b'I');
+                            model.clear();
+                        }
+                        Step::Block(stmts, end) => {
+                            s.ready(b'T');
+                            let mut pending = model.clone();
+                            for st in stmts {
+                                s.executed(op(st));
+                                s.ready(b'T');
+                                apply(&mut pending, st);
+                            }
+                            if *end == 2 {
+                                s.error();
+                                s.ready(b'E');
+                            }
+                            s.transaction_end(*end == 0);
+                            s.ready(b'I');
+                            if *end == 0 {
+                                model = pending;
+                            }
+                        }
+                    }
+                    let got: BTreeSet<u8> = s
+                        .listening
+                        .iter()
+                        .map(|c| c[1] - b'0')
+                        .collect();
+                    prop_assert_eq!(&got, &model, "after {:?}", step);
+                    prop_assert_eq!(s.listening.len(), model.len(), "no channel twice");
+                    if before != model {
+                        prop_assert!(s.listening_changed, "a change is flagged for the listener");
+                    }
+                    s.listening_changed = false;
+                }
+            }
+        }
+    }
+
     /// A SET rolled back to a savepoint is gone; one released with its savepoint stays; a
     /// ROLLBACK AND CHAIN drops what came before it even though the chained transaction
     /// commits; an error in an implicit transaction rolls its SETs back.
