@@ -154,9 +154,9 @@ impl StartupRequest {
 pub const CLEAN_SESSION_SQL: &str = "DISCARD ALL";
 
 /// Whether a CommandComplete tag says the client changed session state that would outlive
-/// its transaction on a pooled server.
+/// its transaction on a pooled server (a `LISTEN` is carried instead: see [`crate::notify`]).
 pub fn changes_session_state(tag: &[u8]) -> bool {
-    [&b"SET\0"[..], b"RESET\0", b"DISCARD", b"LISTEN\0"]
+    [&b"SET\0"[..], b"RESET\0", b"DISCARD"]
         .iter()
         .any(|p| tag.starts_with(p))
 }

@@ -96,12 +96,14 @@ pub fn server_reply(
 ) -> bool {
     let tag = msg[0];
     // Replies that can come at any time and belong to no request.
-    if matches!(
-        tag,
-        be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE
-    ) {
+    if matches!(tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS) {
         out.extend_from_slice(msg);
         return true;
+    }
+    if tag == be::NOTIFICATION_RESPONSE {
+        // The server listens only until its client's transaction ends (a carried LISTEN);
+        // the pool's listener delivers the same notification (see `crate::notify`).
+        return false;
     }
     emit_due(queue, client, out, pending, status);
     let Some(head) = queue.front() else {
@@ -139,11 +141,12 @@ pub fn server_reply(
 /// nothing, so the caller can send the reply from where it lies.
 #[inline]
 pub fn pass_reply(queue: &mut VecDeque<Expect>, tag: u8) -> bool {
-    if matches!(
-        tag,
-        be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE
-    ) {
+    if matches!(tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS) {
         return true;
+    }
+    if tag == be::NOTIFICATION_RESPONSE {
+        // Dropped, as in `server_reply`.
+        return false;
     }
     let Some(head) = queue.front() else {
         return true;

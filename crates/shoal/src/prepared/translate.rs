@@ -84,12 +84,30 @@ impl Translator<'_> {
     /// Makes sure the server has `def` prepared before a Bind or Describe of it (and the
     /// statement its `EXECUTE` names, first); the reply to a Parse put in for that is hidden.
     fn ensure_prepared(&mut self, def: &Arc<StatementDef>, out: &mut impl ToServer) {
-        if let Some(dep) = &def.depends {
-            self.ensure_prepared(dep, out);
+        if def.depends.is_some() {
+            self.ensure_dependencies(def, out);
         }
         if !self.server.touch(def.id) {
             self.prepare(def, out.buf());
             self.queue.push_back(Expect::HideParse(Arc::clone(def)));
+        }
+    }
+
+    /// The statements `def`'s `EXECUTE` names (and theirs), innermost first.
+    #[cold]
+    #[inline(never)]
+    fn ensure_dependencies(&mut self, def: &StatementDef, out: &mut impl ToServer) {
+        let mut chain = Vec::new();
+        let mut next = def.depends.clone();
+        while let Some(d) = next {
+            next = d.depends.clone();
+            chain.push(d);
+        }
+        for dep in chain.iter().rev() {
+            if !self.server.touch(dep.id) {
+                self.prepare(dep, out.buf());
+                self.queue.push_back(Expect::HideParse(Arc::clone(dep)));
+            }
         }
     }
 
@@ -112,36 +130,49 @@ impl Translator<'_> {
             );
             return false;
         };
-        let owner = (self.client_id, u.seq);
-        let (depends, target) = (
-            u.depends.clone(),
-            matches!(u.set_op, Some(SetOp::Deallocate(_))),
-        );
-        if let Some(dep) = depends {
-            // Before the unnamed statement is parsed or bound: its EXECUTE names this one.
-            self.ensure_prepared(&dep, out);
+        let (seq, dirty) = (u.seq, u.dirty);
+        if u.depends.is_some() || matches!(u.set_op, Some(SetOp::Deallocate(_))) {
+            self.unnamed_prerequisites(out);
         }
-        if target {
-            self.prepare_target(out.buf());
-        }
-        let u = self
-            .client
-            .as_ref()
-            .and_then(|c| c.unnamed.as_ref())
-            .expect("checked above");
+        let owner = (self.client_id, seq);
         if self.server.unnamed_owner != Some(owner) {
-            parse_message(out.buf(), b"", &u.body);
-            self.queue.push_back(Expect::HideParseUnnamed(u.seq));
+            if let Some(u) = self.client.as_ref().and_then(|c| c.unnamed.as_ref()) {
+                parse_message(out.buf(), b"", &u.body);
+            }
+            self.queue.push_back(Expect::HideParseUnnamed(seq));
             self.server.unnamed_owner = Some(owner);
         }
-        if u.dirty {
+        if dirty {
             *self.dirty = true;
         }
         true
     }
 
+    /// What the client's unnamed statement needs on the server before it is parsed or
+    /// bound, when its text was rewritten: the statement its `EXECUTE` names, or the
+    /// placeholder its `DEALLOCATE` removes.
+    #[cold]
+    #[inline(never)]
+    fn unnamed_prerequisites(&mut self, out: &mut impl ToServer) {
+        let Some(u) = self.client.as_ref().and_then(|c| c.unnamed.as_ref()) else {
+            return;
+        };
+        let (depends, target) = (
+            u.depends.clone(),
+            matches!(u.set_op, Some(SetOp::Deallocate(_))),
+        );
+        if let Some(dep) = depends {
+            self.ensure_prepared(&dep, out);
+        }
+        if target {
+            self.prepare_target(out.buf());
+        }
+    }
+
     /// Puts [`DEALLOCATE_TARGET`] on the server for a client's `DEALLOCATE` about to run
     /// through the extended protocol (closed first: an earlier one may not have run).
+    #[cold]
+    #[inline(never)]
     fn prepare_target(&mut self, out: &mut BytesMut) {
         put_message(out, fe::CLOSE, |b| {
             b.put_u8(b'S');
@@ -156,6 +187,8 @@ impl Translator<'_> {
     /// of the client's protocol-level statements: the Parse body to send instead (the name
     /// replaced by the server's, or by [`DEALLOCATE_TARGET`] so the client's statement stays
     /// on the server for others) and what the rewritten statement does.
+    #[cold]
+    #[inline(never)]
     fn rewrite_parse(&mut self, text: &[u8], rest: &[u8]) -> Option<(Vec<u8>, Derived)> {
         let Some(cmd) = sql::named_statement_command(text) else {
             // `DEALLOCATE ALL`: the client's statements go, the server's copies stay.
@@ -440,6 +473,8 @@ impl Translator<'_> {
 
     /// A Parse whose text [`Translator::rewrite_parse`] rewrote: as any Parse, with the new
     /// body, after the statement it names.
+    #[cold]
+    #[inline(never)]
     fn parse_rewritten(
         &mut self,
         name: &[u8],

@@ -80,6 +80,19 @@ fn deliver_before_ready(
     }
 }
 
+/// A `LISTEN` among other statements ran (it is not carried): the client gets a warning in
+/// front of its CommandComplete.
+#[cold]
+pub(super) fn warn_uncarried(server_buf: &mut BytesMut, out: &mut Outbound) {
+    out.spill_to_client(server_buf);
+    backend::warning_notice(
+        &mut out.to_client,
+        "01000",
+        "this LISTEN is not in force: in transaction mode Shoal carries LISTEN only when it is \
+         sent as a statement of its own",
+    );
+}
+
 /// Whether a client message may make its server send a notification: SQL that mentions
 /// `notify` (`NOTIFY`, `pg_notify`, a function so named), sent or bound. Asked only while
 /// someone in the pool listens.

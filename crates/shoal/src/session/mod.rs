@@ -277,7 +277,12 @@ impl Session {
         use std::future::Future;
         use std::task::Poll;
         let ready = if read {
-            self.stream.poll_read_buf(cx, &mut self.cbuf)
+            // `read_buf`'s future keeps no state between polls: made afresh at each one.
+            std::pin::pin!(tokio::io::AsyncReadExt::read_buf(
+                &mut self.stream,
+                &mut self.cbuf
+            ))
+            .poll(cx)
         } else {
             self.stream.poll_read_ready(cx).map(|r| r.map(|()| 1))
         };

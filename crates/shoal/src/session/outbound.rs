@@ -44,6 +44,8 @@ pub(super) struct Outbound {
     /// The server's replies stopped before a ReadyForQuery that must wait for the pool's
     /// listener connection (see [`super::listening`]).
     pub(super) listener_due: Option<super::listening::ListenerDue>,
+    /// Someone in the pool listens: SQL that may notify claims the server.
+    pub(super) notify_active: bool,
 }
 
 impl Outbound {
@@ -63,6 +65,7 @@ impl Outbound {
             query_start: None,
             last_ready: None,
             listener_due: None,
+            notify_active: false,
         }
     }
 

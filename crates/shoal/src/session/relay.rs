@@ -143,17 +143,10 @@ impl Session {
                 fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
                 _ => {}
             }
-            let notifying = matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
-                && self.pool.notify.active()
-                && super::listening::may_notify(tag, &msg[HEADER_LEN..], side.statements);
-            let mut sink = ClientSink::new(head, msg, &mut out.to_server);
-            hooks
-                .client_message(&mut side.cx(&mut server.session, flow), msg, &mut sink)
-                .map_err(SessionError::from_frame)?;
-            let (consumed, direct) = sink.settle();
-            self.cbuf.advance(consumed);
-            out.direct_to_server = direct;
-            if notifying {
+            if out.notify_active
+                && matches!(tag, fe::QUERY | fe::PARSE | fe::BIND)
+                && super::listening::may_notify(tag, &msg[HEADER_LEN..], side.statements)
+            {
                 // Before the message is written: its notifications cannot be read earlier.
                 claim(
                     &self.pool,
@@ -162,12 +155,79 @@ impl Session {
                     self.cancel.process_id(),
                 );
             }
+            let mut sink = ClientSink::new(head, msg, &mut out.to_server);
+            hooks
+                .client_message(&mut side.cx(&mut server.session, flow), msg, &mut sink)
+                .map_err(SessionError::from_frame)?;
+            let (consumed, direct) = sink.settle();
+            self.cbuf.advance(consumed);
+            out.direct_to_server = direct;
         }
         if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
             hooks.emit_due(&mut side.cx(&mut server.session, flow), &mut out.to_client);
         }
         Ok(true)
+    }
+}
+
+/// CommandComplete tags of commands rarely run that the relay follows in transaction mode.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RareTag {
+    Listen,
+    Unlisten,
+    Deallocate,
+}
+
+#[inline]
+fn rare_tag(tag: &[u8]) -> Option<RareTag> {
+    // One byte rules out the tags of ordinary statements (SELECT, INSERT, COMMIT, ...).
+    match tag.first()? {
+        b'L' if tag.starts_with(b"LISTEN\0") => Some(RareTag::Listen),
+        b'U' if tag.starts_with(b"UNLISTEN\0") => Some(RareTag::Unlisten),
+        b'D' if tag.starts_with(b"DEALLOCATE\0") => Some(RareTag::Deallocate),
+        _ => None,
+    }
+}
+
+/// `LISTEN`/`UNLISTEN` (carried, see [`crate::notify`]) and `DEALLOCATE` through the
+/// extended protocol (the client's name goes). True when something was put in front of the
+/// reply (it moved).
+#[cold]
+#[inline(never)]
+fn command_tag_rare(
+    tag: RareTag,
+    server: &mut ServerConn,
+    side: &mut ClientSide<'_>,
+    extras: &mut Option<Box<super::Extras>>,
+    out: &mut Outbound,
+) -> bool {
+    if tag == RareTag::Deallocate {
+        if let Some(Expect::Execute(Some(crate::sets::SetOp::Deallocate(name)))) =
+            server.session.next_owed()
+        {
+            if let Some(c) = side.statements.as_mut() {
+                c.deallocated(name);
+            }
+        }
+        return false;
+    }
+    let listen = tag == RareTag::Listen;
+    if listen {
+        server.session.listened();
+    }
+    match server.session.next_owed() {
+        Some(Expect::Query(Some(op)) | Expect::Execute(Some(op))) if op.is_listen() => {
+            super::Extras::get(extras).sets.executed(op.clone());
+            false
+        }
+        // Among other statements: not followed (see docs/transaction-mode.md); the client is
+        // told.
+        _ if listen => {
+            super::listening::warn_uncarried(&mut server.buf, out);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -229,7 +289,7 @@ fn take_server<H: Hooks>(
             }
             continue;
         }
-        let at = out.direct;
+        let mut at = out.direct;
         if stream_start(&server.buf[at..], &[be::DATA_ROW, be::COPY_DATA]).is_some() {
             out.spill_to_client(&mut server.buf);
             if hooks.replies_due(&mut server.session) {
@@ -245,25 +305,15 @@ fn take_server<H: Hooks>(
             break;
         };
         let tag = server.buf[at];
-        if policy.per_transaction() {
-            if tag == be::NOTIFICATION_RESPONSE {
-                // This server listens only until its client's transaction ends; the pool's
-                // listener delivers the same notification (see `crate::notify`).
-                out.spill_to_client(&mut server.buf);
-                server.buf.advance(n);
-                continue;
-            }
-            if tag == be::READY_FOR_QUERY {
-                if let Some(x) = extras.as_mut() {
-                    if super::listening::before_ready(x, server, out)? {
-                        return Ok(None);
-                    }
+        if let Some(x) = extras.as_mut() {
+            if tag == be::READY_FOR_QUERY && policy.per_transaction() {
+                if super::listening::before_ready(x, server, out)? {
+                    return Ok(None);
                 }
+                // Notifications may have been put in front of it.
+                at = out.direct;
             }
         }
-        // Where the message lies now (bytes passed in place may have moved out before it).
-        let at = out.direct;
-        let mut uncarried_listen = false;
         let body = &server.buf[at + HEADER_LEN..at + n];
         match tag {
             be::ERROR_RESPONSE => {
@@ -298,27 +348,9 @@ fn take_server<H: Hooks>(
                 }
             }
             be::COMMAND_COMPLETE if policy.per_transaction() => {
-                if body.starts_with(b"LISTEN\0") || body.starts_with(b"UNLISTEN\0") {
-                    if body.starts_with(b"LISTEN\0") {
-                        server.session.listened();
-                    }
-                    match server.session.next_owed() {
-                        Some(Expect::Query(Some(op)) | Expect::Execute(Some(op)))
-                            if op.is_listen() =>
-                        {
-                            super::Extras::get(extras).sets.executed(op.clone());
-                        }
-                        // Among other statements: not followed (see docs/transaction-mode.md);
-                        // the client is told, after the command's own reply.
-                        _ => uncarried_listen = body.starts_with(b"LISTEN\0"),
-                    }
-                } else if body.starts_with(b"DEALLOCATE\0") {
-                    if let Some(Expect::Execute(Some(crate::sets::SetOp::Deallocate(name)))) =
-                        server.session.next_owed()
-                    {
-                        if let Some(c) = side.statements.as_mut() {
-                            c.deallocated(name);
-                        }
+                if let Some(rare) = rare_tag(body) {
+                    if command_tag_rare(rare, server, side, extras, out) {
+                        at = out.direct;
                     }
                 } else if crate::params::changes_session_state(body) {
                     server.session.mark_dirty();
@@ -373,15 +405,6 @@ fn take_server<H: Hooks>(
             server.buf.advance(n);
             forward
         };
-        if uncarried_listen && forwarded {
-            out.spill_to_client(&mut server.buf);
-            backend::warning_notice(
-                &mut out.to_client,
-                "01000",
-                "this LISTEN is not in force: in transaction mode Shoal carries LISTEN only \
-                 when it is sent as a statement of its own",
-            );
-        }
         if tag == be::READY_FOR_QUERY {
             // Only ReadyForQuery messages the client sees answer what it sent.
             flow.ready_for_query(body_first.unwrap_or(b'I'), forwarded);
@@ -472,6 +495,9 @@ impl Session {
         policy: Policy,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound::new();
+        // Read once per transaction: a pool's first listener arriving meanwhile misses only
+        // this transaction's claim (see `crate::notify::Hub::claim`).
+        out.notify_active = policy.per_transaction() && self.pool.notify.active();
         let server: &mut ServerConn = lease;
         // Boxed apart from each other would cost an allocation per transaction: the two
         // loops are two instances of one generic function instead.
@@ -627,25 +653,21 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
-                    loop {
-                        let mut side =
-                            ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
-                        fatal = take_server(
-                            hooks,
-                            &mut side,
-                            server,
-                            &mut self.extras,
-                            flow,
-                            out,
-                            policy,
-                        )?;
-                        // Stopped before a ReadyForQuery that waits for the pool's listener:
-                        // wait, then go on from it.
-                        let Some(due) = out.listener_due.take() else {
-                            break;
-                        };
+                    let mut side =
+                        ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+                    fatal = take_server(
+                        hooks,
+                        &mut side,
+                        server,
+                        &mut self.extras,
+                        flow,
+                        out,
+                        policy,
+                    )?;
+                    if out.listener_due.is_some() {
                         // Boxed: the relay's future stays the size it is without it.
-                        Box::pin(self.sync_listener(due, server.process_id)).await;
+                        fatal = Box::pin(self.resume_at_ready(hooks, server, flow, out, policy))
+                            .await?;
                     }
                 }
                 Step::FromClient(Ok(0))
@@ -676,6 +698,35 @@ impl Session {
                 }
             }
         }
+    }
+}
+
+impl Session {
+    /// The server's replies stopped before a ReadyForQuery that waits for the pool's
+    /// listener (see [`super::listening`]): waits, then goes on from it.
+    async fn resume_at_ready<H: Hooks>(
+        &mut self,
+        hooks: &mut H,
+        server: &mut ServerConn,
+        flow: &mut Flow,
+        out: &mut Outbound,
+        policy: Policy,
+    ) -> Result<Option<ErrorFields>, SessionError> {
+        let mut fatal = None;
+        while let Some(due) = out.listener_due.take() {
+            self.sync_listener(due, server.process_id).await;
+            let mut side = ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+            fatal = take_server(
+                hooks,
+                &mut side,
+                server,
+                &mut self.extras,
+                flow,
+                out,
+                policy,
+            )?;
+        }
+        Ok(fatal)
     }
 }
 
