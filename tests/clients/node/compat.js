@@ -16,6 +16,15 @@ async function worker(dsn, w, rounds) {
   try {
     // A session SET holds across transactions (which run on different servers).
     await c.query(`SET application_name = 'node-${w}'`);
+    // A named statement whose Parse failed leaves no name behind: the same name prepares.
+    try {
+      await c.query({ name: 'retry', text: 'SELEC $1::int AS v', values: [1] });
+      check(false, 'a syntax error must fail');
+    } catch (e) {
+      check(e.code === '42601', `syntax_error, got ${e.code}`);
+    }
+    const again = await c.query({ name: 'retry', text: 'SELECT $1::int AS v', values: [w] });
+    check(again.rows[0].v === w, 're-prepared after a failed Parse');
     for (let i = 0; i < rounds; i++) {
       const k = w * 10000 + i;
       // Named query: prepared once per connection, reused in later transactions.
