@@ -25,6 +25,19 @@ ensure_packages() {
   fi
 }
 
+# What the whole test suite needs beyond running Shoal: etcd for the cluster's tests, and
+# protoc to build the etcd client's gRPC code.
+ensure_test_packages() {
+  local missing=()
+  command -v etcd >/dev/null || missing+=(etcd-server)
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
 # Shoal needs Rust 1.87 or newer (Cargo.toml's rust-version).
 ensure_rust() {
   if ! command -v cargo >/dev/null; then

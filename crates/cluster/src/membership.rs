@@ -1,0 +1,249 @@
+//! A node's membership: registered in etcd under a lease it keeps alive, and a live view of
+//! every registered node, kept by watching the registrations.
+//!
+//! Each node puts `NODES_PREFIX<node_id>` (its relay address and load, as JSON) under a
+//! lease of `lease_ttl`, renewed three times per TTL. A node that dies stops renewing; etcd
+//! deletes its key when the lease expires, and every other node's watch sees it go: within
+//! `lease_ttl` of its last renewal. A node that leaves revokes its lease, and is gone at
+//! once. If this node cannot renew in time, [`Membership::lease_alive`] turns false before
+//! the lease can expire on etcd's side, so what depends on it (pool ownership) stops first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Where nodes register: `NODES_PREFIX` + node id.
+pub const NODES_PREFIX: &str = "/shoal/nodes/";
+
+/// What a node tells the others about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: String,
+    /// The node-to-node address other nodes relay clients to.
+    pub relay: String,
+    /// Clients connected (a hint for operators and balancing).
+    pub load: u64,
+}
+
+/// What joining needs.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    pub etcd: Vec<String>,
+    pub node: NodeInfo,
+    pub lease_ttl: Duration,
+}
+
+/// The live nodes, by id.
+pub type View = Arc<BTreeMap<String, NodeInfo>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("lease_ttl must be at least 2 s (is {0:?})")]
+    LeaseTooShort(Duration),
+    #[error("node {0} is already registered (another node with that node_id runs)")]
+    DuplicateNode(String),
+}
+
+/// This node's registration and view; dropping it stops renewing (as a crash would),
+/// [`Membership::leave`] deregisters at once.
+pub struct Membership {
+    client: Client,
+    lease: i64,
+    view: watch::Receiver<View>,
+    alive: watch::Receiver<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Membership {
+    /// Registers this node and starts following the others. Fails if etcd cannot be reached
+    /// or a live node already has this id.
+    pub async fn join(cfg: MembershipConfig) -> Result<Membership, ClusterError> {
+        if cfg.lease_ttl < Duration::from_secs(2) {
+            return Err(ClusterError::LeaseTooShort(cfg.lease_ttl));
+        }
+        let mut client = Client::connect(&cfg.etcd, None).await?;
+        let lease = client
+            .lease_grant(cfg.lease_ttl.as_secs() as i64, None)
+            .await?
+            .id();
+        let key = format!("{NODES_PREFIX}{}", cfg.node.id);
+        let value = serde_json::to_vec(&cfg.node).expect("plain data serialises");
+        // Created only if absent: two processes with one node_id must not both register.
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                key.clone(),
+                etcd_client::CompareOp::Equal,
+                0,
+            )])
+            .and_then([etcd_client::TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if !client.txn(txn).await?.succeeded() {
+            let _ = client.lease_revoke(lease).await;
+            return Err(ClusterError::DuplicateNode(cfg.node.id));
+        }
+        let (alive_tx, alive) = watch::channel(true);
+        let (view_tx, view) = watch::channel(View::default());
+        let tasks = vec![
+            tokio::spawn(keep_alive(client.clone(), lease, cfg.lease_ttl, alive_tx)),
+            tokio::spawn(follow(client.clone(), view_tx)),
+        ];
+        let mut m = Membership {
+            client,
+            lease,
+            view,
+            alive,
+            tasks,
+        };
+        // Return once the view holds this node: callers can rely on seeing themselves.
+        let me = cfg.node.id;
+        let _ = m.view.wait_for(|v| v.contains_key(&me)).await;
+        Ok(m)
+    }
+
+    /// The live nodes now.
+    pub fn nodes(&self) -> View {
+        self.view.borrow().clone()
+    }
+
+    /// A receiver of every change of the live nodes.
+    pub fn watch(&self) -> watch::Receiver<View> {
+        self.view.clone()
+    }
+
+    /// False once this node may no longer be registered (its lease could not be renewed in
+    /// time): it must stop acting as an owner.
+    pub fn lease_alive(&self) -> watch::Receiver<bool> {
+        self.alive.clone()
+    }
+
+    /// Deregisters now (revokes the lease): the others see this node go at once.
+    pub async fn leave(mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        let _ = self.client.lease_revoke(self.lease).await;
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Renews the lease three times per TTL. Gives up (and says so) when a renewal has not been
+/// confirmed for two thirds of the TTL: the lease may expire before the next could land.
+async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, alive: watch::Sender<bool>) {
+    let period = ttl / 3;
+    let deadline = ttl * 2 / 3;
+    let mut last_ok = tokio::time::Instant::now();
+    let mut stream = None;
+    loop {
+        if stream.is_none() {
+            stream = client.lease_keep_alive(lease).await.ok();
+        }
+        let renewed = match stream.as_mut() {
+            Some((keeper, responses)) => {
+                let round = async {
+                    keeper.keep_alive().await?;
+                    responses.message().await
+                };
+                match tokio::time::timeout(period, round).await {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => true,
+                    Ok(Ok(Some(_))) => {
+                        // etcd says the lease is gone: this registration is over.
+                        tracing::error!(
+                            lease,
+                            "cluster: lease expired; this node is no longer registered"
+                        );
+                        let _ = alive.send(false);
+                        return;
+                    }
+                    _ => {
+                        stream = None;
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
+        if renewed {
+            last_ok = tokio::time::Instant::now();
+        } else if last_ok.elapsed() >= deadline {
+            tracing::error!(
+                lease,
+                "cluster: cannot renew the lease in time; stopping as an owner"
+            );
+            let _ = alive.send(false);
+        }
+        tokio::time::sleep(period.saturating_sub(Duration::from_millis(10))).await;
+    }
+}
+
+/// Keeps `view` equal to the registered nodes: a full read, then a watch from the revision
+/// after it; read again after any watch failure.
+async fn follow(mut client: Client, view: watch::Sender<View>) {
+    loop {
+        if let Err(e) = follow_once(&mut client, &view).await {
+            tracing::warn!(error = %e, "cluster: lost the watch of the nodes; reading them again");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+async fn follow_once(client: &mut Client, view: &watch::Sender<View>) -> Result<(), ClusterError> {
+    let got = client
+        .get(NODES_PREFIX, Some(GetOptions::new().with_prefix()))
+        .await?;
+    let revision = got.header().map_or(0, |h| h.revision());
+    let mut nodes = BTreeMap::new();
+    for kv in got.kvs() {
+        if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
+            nodes.insert(n.id.clone(), n);
+        }
+    }
+    view.send_replace(Arc::new(nodes.clone()));
+    let mut stream = client
+        .watch(
+            NODES_PREFIX,
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision + 1),
+            ),
+        )
+        .await?;
+    while let Some(resp) = stream.message().await? {
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let id = String::from_utf8_lossy(&kv.key()[NODES_PREFIX.len().min(kv.key().len())..])
+                .into_owned();
+            match ev.event_type() {
+                EventType::Put => {
+                    if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
+                        nodes.insert(n.id.clone(), n);
+                    }
+                }
+                EventType::Delete => {
+                    nodes.remove(&id);
+                }
+            }
+        }
+        view.send_replace(Arc::new(nodes.clone()));
+    }
+    Err(ClusterError::Etcd(etcd_client::Error::WatchError(
+        "the watch ended".into(),
+    )))
+}
