@@ -11,8 +11,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
+mod cluster;
 mod sections;
 mod service;
+pub use cluster::{Cluster, ClusterSection};
 pub use sections::*;
 pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
 
@@ -65,6 +67,7 @@ struct RawConfig {
     metrics: MetricsSection,
     #[serde(default)]
     admin: AdminSection,
+    cluster: Option<ClusterSection>,
 }
 
 /// How Shoal checks a client's password. Secrets are kept only in the form the method needs.
@@ -171,6 +174,8 @@ pub struct Config {
     pub tenants: TenantsSection,
     pub metrics: MetricsSection,
     pub admin: AdminSection,
+    /// This node's cluster (`None`: a single node).
+    pub cluster: Option<Cluster>,
     /// The file this was read from (reloads read it again); `None` for the embedded default.
     pub source: Option<PathBuf>,
 }
@@ -415,6 +420,14 @@ impl Config {
                 format!("database name \"{bad}\" contains ':', which Shoal keeps for tenants"),
             ));
         }
+        let listen_port = raw.server.listen.first().map(|a| a.port());
+        let cluster = match raw.cluster {
+            Some(c) => Some(
+                c.resolve(listen_port, env)
+                    .map_err(|m| invalid("cluster", m))?,
+            ),
+            None => None,
+        };
         // The API needs a store; a store alone serves the tenants it holds.
         let store = raw
             .store
@@ -430,6 +443,7 @@ impl Config {
             tenants: raw.tenants,
             metrics: raw.metrics,
             admin: raw.admin,
+            cluster,
             source: None,
         })
     }
