@@ -56,6 +56,7 @@ pub enum ClusterError {
 pub struct Membership {
     client: Client,
     lease: i64,
+    node_id: String,
     view: watch::Receiver<View>,
     alive: watch::Receiver<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -100,6 +101,7 @@ impl Membership {
         let mut m = Membership {
             client,
             lease,
+            node_id: cfg.node.id.clone(),
             view,
             alive,
             tasks,
@@ -108,6 +110,22 @@ impl Membership {
         let me = cfg.node.id;
         let _ = m.view.wait_for(|v| v.contains_key(&me)).await;
         Ok(m)
+    }
+
+    /// Claims `pool` for this node (see [`crate::ownership`]).
+    pub async fn claim(&self, pool: &str) -> Result<crate::ownership::Claim, ClusterError> {
+        crate::ownership::claim(&mut self.client.clone(), self.lease, &self.node_id, pool).await
+    }
+
+    /// Gives `pool` up if this node holds it.
+    pub async fn release(&self, pool: &str) -> Result<bool, ClusterError> {
+        crate::ownership::release(&mut self.client.clone(), &self.node_id, pool).await
+    }
+
+    /// The node that owns `pool` by rendezvous hashing over the live nodes.
+    pub fn hashed_owner(&self, pool: &str) -> Option<String> {
+        let view = self.nodes();
+        crate::hrw::owner(pool, view.keys().map(String::as_str)).map(str::to_owned)
     }
 
     /// The live nodes now.

@@ -158,3 +158,39 @@ async fn an_unreachable_etcd_is_an_error_not_a_hang() {
         r.map(|x| x.map(|_| ()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_owner_per_pool_until_its_lease_goes() {
+    use shoal_cluster::ownership::{owners, Claim};
+    let etcd = etcd().await;
+    let a = Membership::join(config(&etcd, "a", 2)).await.unwrap();
+    let b = Membership::join(config(&etcd, "b", 30)).await.unwrap();
+    until(&b, Duration::from_secs(5), |v| v == ["a", "b"]).await;
+    // Both compute the same owner from the same view.
+    for p in ["p1", "p2", "tenant:x/app/transaction"] {
+        assert_eq!(a.hashed_owner(p), b.hashed_owner(p));
+    }
+    assert_eq!(a.claim("p").await.unwrap(), Claim::Owned);
+    assert_eq!(b.claim("p").await.unwrap(), Claim::OwnedBy("a".into()));
+    assert_eq!(
+        a.claim("p").await.unwrap(),
+        Claim::Owned,
+        "claiming again is idempotent"
+    );
+    assert_eq!(b.claim("q").await.unwrap(), Claim::Owned);
+    let mut client = etcd_client::Client::connect([&etcd.url], None)
+        .await
+        .unwrap();
+    let mut all = owners(&mut client).await.unwrap();
+    all.sort();
+    assert_eq!(all, [("p".into(), "a".into()), ("q".into(), "b".into())]);
+    // Only the holder releases.
+    assert!(!a.release("q").await.unwrap());
+    assert!(b.release("q").await.unwrap());
+    assert_eq!(a.claim("q").await.unwrap(), Claim::Owned);
+    // a dies: its pools are free once its lease expires, and not before b can see it gone.
+    drop(a);
+    until(&b, Duration::from_secs(6), |v| v == ["b"]).await;
+    assert_eq!(b.claim("p").await.unwrap(), Claim::Owned);
+    assert_eq!(b.claim("q").await.unwrap(), Claim::Owned);
+}
