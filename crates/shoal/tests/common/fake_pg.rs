@@ -34,6 +34,8 @@ pub struct Shared {
     pub cancels: AtomicU64,
     backends: Mutex<HashMap<i32, Arc<AtomicBool>>>,
     next_pid: AtomicI32,
+    /// Every simple query received, in the order the fake received them.
+    pub queries: Mutex<Vec<String>>,
 }
 
 pub struct FakePg {
@@ -214,6 +216,11 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
             b'X' => return Ok(()),
             b'Q' => {
                 let text = String::from_utf8_lossy(&body[..body.len() - 1]).to_string();
+                shared
+                    .queries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(text.clone());
                 if script(s, shared, &text, status, cancelled).await? {
                     continue;
                 }
