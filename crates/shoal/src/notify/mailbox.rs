@@ -173,8 +173,8 @@ impl Mailbox {
         }
     }
 
-    /// Bytes waiting (for tests and the admin console).
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    fn pending(&self) -> usize {
         self.lock().bytes.len()
     }
 }

@@ -212,12 +212,6 @@ impl Subscription {
         self.channels = now.to_vec();
         Some(rx)
     }
-
-    /// See [`Hub::barrier`].
-    pub fn barrier(&self, server_pid: i32) -> Option<oneshot::Receiver<()>> {
-        let pool = self.pool.upgrade()?;
-        Some(pool.notify.barrier(&self.pool, server_pid))
-    }
 }
 
 impl Drop for Subscription {

@@ -438,7 +438,25 @@ impl Translator<'_> {
             self.queue.push_back(Expect::ParseUnnamed(u.seq));
             return Ok(());
         }
-        if self.aborted && !ends_transaction(text) {
+        let ends = ends_transaction(text);
+        self.parse_named(name, ends, out, |registry, params| {
+            registry.intern(params, rest)
+        });
+        Ok(())
+    }
+
+    /// A named Parse: refused as PostgreSQL refuses it (inside a failed transaction block
+    /// unless it `ends_transaction`, or under a name the client already uses), else the
+    /// statement `intern` makes is the client's, sent unless the server has it (after any
+    /// statement it depends on).
+    fn parse_named(
+        &mut self,
+        name: &[u8],
+        ends_transaction: bool,
+        out: &mut impl ToServer,
+        intern: impl FnOnce(&StatementRegistry, u64) -> Arc<StatementDef>,
+    ) {
+        if self.aborted && !ends_transaction {
             // As PostgreSQL: refused before the name is looked at, and no statement is made
             // (a server that already has this text must not answer for it).
             self.fail(
@@ -447,7 +465,7 @@ impl Translator<'_> {
                     .into(),
                 out.buf(),
             );
-            return Ok(());
+            return;
         }
         if self.client.as_ref().is_some_and(|c| c.contains(name)) {
             self.fail(
@@ -455,20 +473,22 @@ impl Translator<'_> {
                 format!("prepared statement \"{}\" already exists", shown(name)),
                 out.buf(),
             );
-            return Ok(());
+            return;
         }
-        let def = self.registry.intern(super::params_key(self.params), rest);
+        let def = intern(self.registry, super::params_key(self.params));
         self.client
             .get_or_insert_with(Default::default)
             .named
             .insert(name.into(), def.clone());
+        if def.depends.is_some() {
+            self.ensure_dependencies(&def, out);
+        }
         if self.server.touch(def.id) {
             self.queue.push_back(Expect::SyntheticParse(name.into()));
         } else {
             self.prepare(&def, out.buf());
             self.queue.push_back(Expect::Parse(def, name.into()));
         }
-        Ok(())
     }
 
     /// A Parse whose text [`Translator::rewrite_parse`] rewrote: as any Parse, with the new
@@ -501,39 +521,9 @@ impl Translator<'_> {
             self.queue.push_back(Expect::ParseUnnamed(seq));
             return Ok(());
         }
-        if self.aborted {
-            self.fail(
-                shoal_wire::sqlstate::IN_FAILED_SQL_TRANSACTION,
-                "current transaction is aborted, commands ignored until end of transaction block"
-                    .into(),
-                out.buf(),
-            );
-            return Ok(());
-        }
-        if self.client.as_ref().is_some_and(|c| c.contains(name)) {
-            self.fail(
-                shoal_wire::sqlstate::DUPLICATE_PREPARED_STATEMENT,
-                format!("prepared statement \"{}\" already exists", shown(name)),
-                out.buf(),
-            );
-            return Ok(());
-        }
-        let def = self
-            .registry
-            .intern_rewritten(super::params_key(self.params), &body, derived);
-        self.client
-            .get_or_insert_with(Default::default)
-            .named
-            .insert(name.into(), def.clone());
-        if let Some(dep) = &def.depends {
-            self.ensure_prepared(dep, out);
-        }
-        if self.server.touch(def.id) {
-            self.queue.push_back(Expect::SyntheticParse(name.into()));
-        } else {
-            self.prepare(&def, out.buf());
-            self.queue.push_back(Expect::Parse(def, name.into()));
-        }
+        self.parse_named(name, false, out, move |registry, params| {
+            registry.intern_rewritten(params, &body, derived)
+        });
         Ok(())
     }
 
