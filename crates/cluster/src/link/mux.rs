@@ -1,0 +1,602 @@
+//! Many clients' byte streams over one node-to-node connection.
+//!
+//! A [`Link`] is shared by the task that drives its socket ([`drive`]) and the
+//! [`LinkStream`]s of the clients using it, all on one thread in the pooler (a link belongs
+//! to a data-plane shard), so its one lock is uncontended. Writing a stream appends a frame
+//! to the link's outgoing buffer and wakes the driver; the driver writes whatever all streams
+//! queued in as few system calls as the socket takes, and reads the peer's frames into each
+//! stream's inbox.
+//!
+//! Flow control is per stream and per direction: a sender may have at most [`WINDOW`] bytes
+//! that the receiving stream's reader has not consumed; the receiver returns credit as its
+//! reader consumes. So a client that stops reading stalls only its own stream, never the
+//! link, and a link's buffers are bounded by its streams' windows. An idle stream holds no
+//! buffer.
+//!
+//! No timers here (the data plane's runtimes have none): liveness is probed from outside with
+//! [`Link::ping`] and [`Link::since_pong`], and a dead link is ended with [`Link::kill`].
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+
+use super::frame::{self, Kind, HEADER, MAX_PAYLOAD};
+
+/// Unconsumed bytes a stream may have in flight in each direction.
+pub const WINDOW: usize = 256 * 1024;
+/// Credit is returned once a reader has consumed this much (fewer, larger Credit frames).
+const CREDIT_BATCH: usize = WINDOW / 4;
+/// An inbox emptied with more capacity than this gives it back (an idle stream holds none).
+const KEEP_INBOX: usize = 16 * 1024;
+
+/// Which end of the connection this is: the two ends number the streams they open apart
+/// (odd and even), so both may open streams without agreeing first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Connector,
+    Acceptor,
+}
+
+/// What the peer asks of this node.
+pub enum Incoming {
+    /// A stream the peer opened, with what it said it is for.
+    Stream(LinkStream, Bytes),
+    /// A client's cancel request (process id, secret) for this node's registry.
+    Cancel(i32, i32),
+}
+
+#[derive(Default)]
+struct Slot {
+    inbox: BytesMut,
+    reader: Option<Waker>,
+    writer: Option<Waker>,
+    /// Bytes this side may still send.
+    send_credit: usize,
+    /// Bytes read by this side's reader not yet credited back.
+    consumed: usize,
+    /// The peer sent Close (its reason, if any).
+    peer_closed: Option<Box<str>>,
+    /// This side sent Close (a shutdown); the slot stays until the stream is dropped.
+    local_closed: bool,
+}
+
+struct State {
+    /// Frames waiting for the driver.
+    out: BytesMut,
+    writer: Option<Waker>,
+    streams: HashMap<u32, Slot>,
+    next_id: u32,
+    /// Why the link ended, once it has.
+    dead: Option<Arc<str>>,
+    incoming: Option<mpsc::UnboundedSender<Incoming>>,
+    ping_sent: Option<Instant>,
+    last_pong: Instant,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    peer: String,
+    side: Side,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    /// Last measured round trip, in microseconds.
+    rtt_us: AtomicU64,
+}
+
+/// A handle on one node link (cheap to clone).
+#[derive(Clone)]
+pub struct Link {
+    shared: Arc<Shared>,
+}
+
+fn wake(w: &mut Option<Waker>) {
+    if let Some(w) = w.take() {
+        w.wake();
+    }
+}
+
+fn park(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
+    }
+}
+
+fn lost(reason: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        format!("node link lost: {reason}"),
+    )
+}
+
+impl State {
+    fn queue(&mut self, kind: Kind, stream: u32, payload: &[u8]) {
+        frame::put_frame(&mut self.out, kind, stream, payload);
+        wake(&mut self.writer);
+    }
+
+    fn end(&mut self, reason: &str) {
+        if self.dead.is_some() {
+            return;
+        }
+        self.dead = Some(reason.into());
+        self.out = BytesMut::new();
+        self.incoming = None;
+        for s in self.streams.values_mut() {
+            wake(&mut s.reader);
+            wake(&mut s.writer);
+        }
+        wake(&mut self.writer);
+    }
+}
+
+impl Link {
+    /// A link over a connection whose handshake is done; `drive` must then run it. Streams
+    /// the peer opens, and its cancel requests, arrive on the receiver.
+    pub fn new(peer: String, side: Side) -> (Link, mpsc::UnboundedReceiver<Incoming>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let link = Link {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    out: BytesMut::new(),
+                    writer: None,
+                    streams: HashMap::new(),
+                    next_id: match side {
+                        Side::Connector => 1,
+                        Side::Acceptor => 2,
+                    },
+                    dead: None,
+                    incoming: Some(tx),
+                    ping_sent: None,
+                    last_pong: Instant::now(),
+                }),
+                peer,
+                side,
+                bytes_in: AtomicU64::new(0),
+                bytes_out: AtomicU64::new(0),
+                rtt_us: AtomicU64::new(0),
+            }),
+        };
+        (link, rx)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node at the other end.
+    pub fn peer(&self) -> &str {
+        &self.shared.peer
+    }
+
+    /// Opens a stream; `what` tells the peer what it is for.
+    pub fn open(&self, what: &[u8]) -> io::Result<LinkStream> {
+        if what.len() > MAX_PAYLOAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "stream opening too long",
+            ));
+        }
+        let mut s = self.lock();
+        if let Some(r) = &s.dead {
+            return Err(lost(r));
+        }
+        let mut id = s.next_id;
+        while s.streams.contains_key(&id) {
+            id = id.wrapping_add(2);
+        }
+        s.next_id = id.wrapping_add(2);
+        s.streams.insert(
+            id,
+            Slot {
+                send_credit: WINDOW,
+                ..Slot::default()
+            },
+        );
+        s.queue(Kind::Open, id, what);
+        Ok(LinkStream {
+            link: self.clone(),
+            id,
+        })
+    }
+
+    /// Passes a client's cancel request to the peer.
+    pub fn cancel(&self, process_id: i32, secret: i32) -> io::Result<()> {
+        let mut s = self.lock();
+        if let Some(r) = &s.dead {
+            return Err(lost(r));
+        }
+        let mut p = [0u8; 8];
+        p[..4].copy_from_slice(&process_id.to_be_bytes());
+        p[4..].copy_from_slice(&secret.to_be_bytes());
+        s.queue(Kind::Cancel, 0, &p);
+        Ok(())
+    }
+
+    /// Sends a probe unless one is out; its answer updates [`Link::rtt`].
+    pub fn ping(&self) {
+        let mut s = self.lock();
+        if s.dead.is_some() || s.ping_sent.is_some() {
+            return;
+        }
+        s.ping_sent = Some(Instant::now());
+        s.queue(Kind::Ping, 0, &[0; 8]);
+    }
+
+    /// How long since the peer last answered a probe (or since the link started).
+    pub fn since_pong(&self) -> std::time::Duration {
+        let s = self.lock();
+        match s.ping_sent {
+            Some(_) => s.last_pong.elapsed(),
+            None => std::time::Duration::ZERO,
+        }
+    }
+
+    /// The last measured round trip.
+    pub fn rtt(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.shared.rtt_us.load(Ordering::Relaxed))
+    }
+
+    /// Bytes received and sent (frames included).
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.shared.bytes_in.load(Ordering::Relaxed),
+            self.shared.bytes_out.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Streams open now.
+    pub fn streams(&self) -> usize {
+        self.lock().streams.len()
+    }
+
+    /// Why the link ended, if it has.
+    pub fn dead(&self) -> Option<Arc<str>> {
+        self.lock().dead.clone()
+    }
+
+    /// Ends the link: every stream fails, the driver returns and the connection closes.
+    pub fn kill(&self, reason: &str) {
+        self.lock().end(reason);
+    }
+
+    /// Handles a batch of frames read from the peer; an error ends the link.
+    fn receive(&self, buf: &mut BytesMut) -> Result<(), String> {
+        let mut s = self.lock();
+        while let Some(h) = frame::parse_header(buf).map_err(|e| e.to_string())? {
+            if buf.len() < HEADER + h.len {
+                buf.reserve(HEADER + h.len - buf.len());
+                break;
+            }
+            buf.advance(HEADER);
+            let payload = &buf[..h.len];
+            self.dispatch(&mut s, h.kind, h.stream, payload)?;
+            buf.advance(h.len);
+        }
+        Ok(())
+    }
+
+    fn dispatch(&self, s: &mut State, kind: Kind, id: u32, payload: &[u8]) -> Result<(), String> {
+        match kind {
+            Kind::Open => {
+                let theirs = match self.shared.side {
+                    Side::Connector => id.is_multiple_of(2),
+                    Side::Acceptor => !id.is_multiple_of(2),
+                };
+                if !theirs || s.streams.contains_key(&id) {
+                    return Err(format!("the peer opened stream {id}, which it may not"));
+                }
+                s.streams.insert(
+                    id,
+                    Slot {
+                        send_credit: WINDOW,
+                        ..Slot::default()
+                    },
+                );
+                let stream = LinkStream {
+                    link: self.clone(),
+                    id,
+                };
+                let what = Bytes::copy_from_slice(payload);
+                if let Some(tx) = &s.incoming {
+                    // Refused only while the link shuts down; the stream then just ends.
+                    let _ = tx.send(Incoming::Stream(stream, what));
+                }
+            }
+            Kind::Data => {
+                // Data after this side dropped the stream is not wanted any more.
+                if let Some(slot) = s.streams.get_mut(&id) {
+                    if slot.inbox.len() + payload.len() > WINDOW {
+                        return Err(format!("the peer overran stream {id}'s window"));
+                    }
+                    slot.inbox.extend_from_slice(payload);
+                    wake(&mut slot.reader);
+                }
+            }
+            Kind::Credit => {
+                if let Some(slot) = s.streams.get_mut(&id) {
+                    let n = u32::from_be_bytes(payload.try_into().expect("checked length"));
+                    slot.send_credit = (slot.send_credit + n as usize).min(WINDOW);
+                    wake(&mut slot.writer);
+                }
+            }
+            Kind::Close => {
+                if let Some(slot) = s.streams.get_mut(&id) {
+                    let why = String::from_utf8_lossy(payload);
+                    slot.peer_closed = Some(why.into());
+                    wake(&mut slot.reader);
+                    wake(&mut slot.writer);
+                }
+            }
+            Kind::Cancel => {
+                let pid = i32::from_be_bytes(payload[..4].try_into().expect("checked length"));
+                let key = i32::from_be_bytes(payload[4..].try_into().expect("checked length"));
+                if let Some(tx) = &s.incoming {
+                    let _ = tx.send(Incoming::Cancel(pid, key));
+                }
+            }
+            Kind::Ping => s.queue(Kind::Pong, 0, payload),
+            Kind::Pong => {
+                if let Some(sent) = s.ping_sent.take() {
+                    let rtt = sent.elapsed().as_micros().min(u64::MAX as u128) as u64;
+                    self.shared.rtt_us.store(rtt, Ordering::Relaxed);
+                }
+                s.last_pong = Instant::now();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the link over `io` until either side ends it; returns why it ended. Every stream
+/// of the link fails then.
+pub async fn drive<S: AsyncRead + AsyncWrite + Unpin>(mut io: S, link: Link) -> Arc<str> {
+    let mut rbuf = BytesMut::with_capacity(MAX_PAYLOAD + HEADER);
+    let mut wbuf = BytesMut::new();
+    let reason: String =
+        std::future::poll_fn(
+            |cx| match poll_turn(&mut io, &link, &mut rbuf, &mut wbuf, cx) {
+                Poll::Ready(r) => Poll::Ready(r),
+                Poll::Pending => Poll::Pending,
+            },
+        )
+        .await;
+    let mut s = link.lock();
+    s.end(&reason);
+    s.dead.clone().expect("just ended")
+}
+
+/// One turn of the driver: reads what the peer sent, writes what the streams queued.
+fn poll_turn<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+    link: &Link,
+    rbuf: &mut BytesMut,
+    wbuf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<String> {
+    loop {
+        if let Some(r) = &link.lock().dead {
+            return Poll::Ready(r.to_string());
+        }
+        let mut progress = false;
+        if rbuf.capacity() - rbuf.len() < HEADER {
+            rbuf.reserve(MAX_PAYLOAD + HEADER);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, rbuf) {
+            Poll::Ready(Ok(0)) => return Poll::Ready("the peer closed the connection".into()),
+            Poll::Ready(Ok(n)) => {
+                link.shared.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                if let Err(e) = link.receive(rbuf) {
+                    return Poll::Ready(e);
+                }
+                progress = true;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(e.to_string()),
+            Poll::Pending => {}
+        }
+        if wbuf.is_empty() {
+            let mut s = link.lock();
+            if s.out.is_empty() {
+                park(&mut s.writer, cx);
+            } else {
+                std::mem::swap(&mut s.out, wbuf);
+            }
+        }
+        while !wbuf.is_empty() {
+            match Pin::new(&mut *io).poll_write(cx, wbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready("the connection took no bytes".into()),
+                Poll::Ready(Ok(n)) => {
+                    link.shared.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+                    wbuf.advance(n);
+                    progress = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(e.to_string()),
+                Poll::Pending => break,
+            }
+        }
+        if wbuf.is_empty() && wbuf.capacity() > 4 * (MAX_PAYLOAD + HEADER) {
+            *wbuf = BytesMut::new();
+        }
+        if let Poll::Ready(Err(e)) = Pin::new(&mut *io).poll_flush(cx) {
+            return Poll::Ready(e.to_string());
+        }
+        if !progress {
+            return Poll::Pending;
+        }
+    }
+}
+
+/// One client's stream over a link.
+pub struct LinkStream {
+    link: Link,
+    id: u32,
+}
+
+impl LinkStream {
+    /// The node at the other end.
+    pub fn peer(&self) -> &str {
+        self.link.peer()
+    }
+
+    /// Ready when a read would not wait: bytes are there, or the stream or link ended.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut s = self.link.lock();
+        let dead = s.dead.is_some();
+        match s.streams.get_mut(&self.id) {
+            Some(slot) if slot.inbox.is_empty() && slot.peer_closed.is_none() && !dead => {
+                park(&mut slot.reader, cx);
+                Poll::Pending
+            }
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Moves what arrived into `buf` (at most its spare capacity, if it has any).
+    /// `Ready(Ok(0))`: the peer closed the stream.
+    pub fn poll_read_buf(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        let room = buf.capacity() - buf.len();
+        let max = if room == 0 { usize::MAX } else { room };
+        self.poll_take(cx, max, &mut |d| buf.extend_from_slice(d))
+    }
+
+    /// Hands at most `max` bytes that arrived to `sink`, returning credit to the peer.
+    fn poll_take(
+        &self,
+        cx: &mut Context<'_>,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Poll<io::Result<usize>> {
+        let mut guard = self.link.lock();
+        let s = &mut *guard;
+        let Some(slot) = s.streams.get_mut(&self.id) else {
+            return Poll::Ready(Ok(0));
+        };
+        if !slot.inbox.is_empty() {
+            let n = slot.inbox.len().min(max);
+            sink(&slot.inbox[..n]);
+            slot.inbox.advance(n);
+            if slot.inbox.is_empty() && slot.inbox.capacity() > KEEP_INBOX {
+                slot.inbox = BytesMut::new();
+            }
+            slot.consumed += n;
+            if slot.consumed >= CREDIT_BATCH && slot.peer_closed.is_none() && s.dead.is_none() {
+                let c = (std::mem::take(&mut slot.consumed) as u32).to_be_bytes();
+                s.queue(Kind::Credit, self.id, &c);
+            }
+            return Poll::Ready(Ok(n));
+        }
+        if slot.peer_closed.is_some() {
+            return Poll::Ready(Ok(0));
+        }
+        if let Some(r) = &s.dead {
+            return Poll::Ready(Err(lost(r)));
+        }
+        park(&mut slot.reader, cx);
+        Poll::Pending
+    }
+
+    /// Queues as much of `data` as the peer's window allows (at least one byte, or waits).
+    pub fn poll_write_data(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let mut guard = self.link.lock();
+        let s = &mut *guard;
+        if let Some(r) = &s.dead {
+            return Poll::Ready(Err(lost(r)));
+        }
+        let Some(slot) = s.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        };
+        if slot.peer_closed.is_some() || slot.local_closed {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the stream was closed",
+            )));
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if slot.send_credit == 0 {
+            park(&mut slot.writer, cx);
+            return Poll::Pending;
+        }
+        let n = data.len().min(slot.send_credit).min(MAX_PAYLOAD);
+        slot.send_credit -= n;
+        s.queue(Kind::Data, self.id, &data[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    /// Ends this side of the stream, telling the peer why (shown to no client: for logs).
+    pub fn close(&self, why: &str) {
+        let mut guard = self.link.lock();
+        let s = &mut *guard;
+        let Some(slot) = s.streams.get_mut(&self.id) else {
+            return;
+        };
+        if slot.local_closed {
+            return;
+        }
+        slot.local_closed = true;
+        if s.dead.is_none() {
+            let why = &why.as_bytes()[..why.len().min(1024)];
+            s.queue(Kind::Close, self.id, why);
+        }
+    }
+
+    /// Why the peer closed the stream, if it did and said.
+    pub fn peer_closed(&self) -> Option<String> {
+        let s = self.link.lock();
+        s.streams
+            .get(&self.id)
+            .and_then(|slot| slot.peer_closed.as_deref().map(str::to_owned))
+    }
+}
+
+impl Drop for LinkStream {
+    fn drop(&mut self) {
+        self.close("");
+        self.link.lock().streams.remove(&self.id);
+    }
+}
+
+impl AsyncRead for LinkStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let max = buf.remaining();
+        self.poll_take(cx, max, &mut |d| buf.put_slice(d))
+            .map_ok(|_| ())
+    }
+}
+
+impl AsyncWrite for LinkStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_data(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued frames are the driver's to write.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.close("");
+        Poll::Ready(Ok(()))
+    }
+}
