@@ -28,7 +28,16 @@ pub struct NodeInfo {
     pub relay: String,
     /// Clients connected (a hint for operators and balancing).
     pub load: u64,
+    /// A small number no other live node has (set by [`Membership::join`]): the cancel keys
+    /// this node issues carry it, so a cancel reaching any node finds the node to pass it to.
+    #[serde(default)]
+    pub slot: u16,
 }
+
+/// Where slots are held: `SLOTS_PREFIX` + slot number, under the holder's lease.
+pub const SLOTS_PREFIX: &str = "/shoal/slots/";
+/// Slots there are (cancel keys have room for 7 bits).
+pub const MAX_SLOTS: u16 = 128;
 
 /// What joining needs.
 #[derive(Debug, Clone)]
@@ -41,6 +50,9 @@ pub struct MembershipConfig {
 /// The live nodes, by id.
 pub type View = Arc<BTreeMap<String, NodeInfo>>;
 
+/// Every pool's owner node as etcd records it, by pool key.
+pub type Owners = Arc<BTreeMap<String, String>>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("etcd: {0}")]
@@ -49,6 +61,8 @@ pub enum ClusterError {
     LeaseTooShort(Duration),
     #[error("node {0} is already registered (another node with that node_id runs)")]
     DuplicateNode(String),
+    #[error("all {MAX_SLOTS} node slots are taken: too many nodes")]
+    NoSlot,
 }
 
 /// This node's registration and view; dropping it stops renewing (as a crash would),
@@ -58,14 +72,16 @@ pub struct Membership {
     lease: i64,
     node_id: String,
     view: watch::Receiver<View>,
+    owners: watch::Receiver<Owners>,
     alive: watch::Receiver<bool>,
+    slot: u16,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Membership {
     /// Registers this node and starts following the others. Fails if etcd cannot be reached
     /// or a live node already has this id.
-    pub async fn join(cfg: MembershipConfig) -> Result<Membership, ClusterError> {
+    pub async fn join(mut cfg: MembershipConfig) -> Result<Membership, ClusterError> {
         if cfg.lease_ttl < Duration::from_secs(2) {
             return Err(ClusterError::LeaseTooShort(cfg.lease_ttl));
         }
@@ -74,6 +90,13 @@ impl Membership {
             .lease_grant(cfg.lease_ttl.as_secs() as i64, None)
             .await?
             .id();
+        cfg.node.slot = match take_slot(&mut client, lease, &cfg.node.id).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = client.lease_revoke(lease).await;
+                return Err(e);
+            }
+        };
         let key = format!("{NODES_PREFIX}{}", cfg.node.id);
         let value = serde_json::to_vec(&cfg.node).expect("plain data serialises");
         // Created only if absent: two processes with one node_id must not both register.
@@ -94,16 +117,25 @@ impl Membership {
         }
         let (alive_tx, alive) = watch::channel(true);
         let (view_tx, view) = watch::channel(View::default());
+        let (owners_tx, owners) = watch::channel(Owners::default());
         let tasks = vec![
             tokio::spawn(keep_alive(client.clone(), lease, cfg.lease_ttl, alive_tx)),
-            tokio::spawn(follow(client.clone(), view_tx)),
+            tokio::spawn(follow(client.clone(), NODES_PREFIX, parse_node, view_tx)),
+            tokio::spawn(follow(
+                client.clone(),
+                crate::ownership::OWNERS_PREFIX,
+                parse_owner,
+                owners_tx,
+            )),
         ];
         let mut m = Membership {
             client,
             lease,
             node_id: cfg.node.id.clone(),
             view,
+            owners,
             alive,
+            slot: cfg.node.slot,
             tasks,
         };
         // Return once the view holds this node: callers can rely on seeing themselves.
@@ -126,6 +158,21 @@ impl Membership {
     pub fn hashed_owner(&self, pool: &str) -> Option<String> {
         let view = self.nodes();
         crate::hrw::owner(pool, view.keys().map(String::as_str)).map(str::to_owned)
+    }
+
+    /// This node's slot (see [`NodeInfo::slot`]).
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    /// Every pool's recorded owner now.
+    pub fn owners(&self) -> Owners {
+        self.owners.borrow().clone()
+    }
+
+    /// A receiver of every change of the pools' owners.
+    pub fn watch_owners(&self) -> watch::Receiver<Owners> {
+        self.owners.clone()
     }
 
     /// The live nodes now.
@@ -210,32 +257,92 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, alive: watch:
     }
 }
 
-/// Keeps `view` equal to the registered nodes: a full read, then a watch from the revision
-/// after it; read again after any watch failure.
-async fn follow(mut client: Client, view: watch::Sender<View>) {
+/// The lowest free slot, taken under `lease` (created only if free: two joining nodes never
+/// share one).
+async fn take_slot(client: &mut Client, lease: i64, node: &str) -> Result<u16, ClusterError> {
+    let taken = client
+        .get(
+            SLOTS_PREFIX,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await?;
+    let used: std::collections::HashSet<u16> = taken
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            std::str::from_utf8(&kv.key()[SLOTS_PREFIX.len()..])
+                .ok()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    for slot in (0..MAX_SLOTS).filter(|s| !used.contains(s)) {
+        let key = format!("{SLOTS_PREFIX}{slot}");
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                key.clone(),
+                etcd_client::CompareOp::Equal,
+                0,
+            )])
+            .and_then([etcd_client::TxnOp::put(
+                key,
+                node,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if client.txn(txn).await?.succeeded() {
+            return Ok(slot);
+        }
+    }
+    Err(ClusterError::NoSlot)
+}
+
+fn parse_node(_key: &str, value: &[u8]) -> Option<NodeInfo> {
+    serde_json::from_slice(value).ok()
+}
+
+fn parse_owner(_key: &str, value: &[u8]) -> Option<String> {
+    String::from_utf8(value.to_vec()).ok()
+}
+
+/// Keeps `view` equal to the keys under `prefix` (by the rest of their key): a full read,
+/// then a watch from the revision after it; read again after any watch failure.
+async fn follow<V: Clone + Send + Sync + 'static>(
+    mut client: Client,
+    prefix: &'static str,
+    parse: fn(&str, &[u8]) -> Option<V>,
+    view: watch::Sender<Arc<BTreeMap<String, V>>>,
+) {
     loop {
-        if let Err(e) = follow_once(&mut client, &view).await {
-            tracing::warn!(error = %e, "cluster: lost the watch of the nodes; reading them again");
+        if let Err(e) = follow_once(&mut client, prefix, parse, &view).await {
+            tracing::warn!(error = %e, prefix, "cluster: lost a watch; reading again");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
 
-async fn follow_once(client: &mut Client, view: &watch::Sender<View>) -> Result<(), ClusterError> {
+async fn follow_once<V: Clone>(
+    client: &mut Client,
+    prefix: &str,
+    parse: fn(&str, &[u8]) -> Option<V>,
+    view: &watch::Sender<Arc<BTreeMap<String, V>>>,
+) -> Result<(), ClusterError> {
+    let name =
+        |key: &[u8]| String::from_utf8_lossy(&key[prefix.len().min(key.len())..]).into_owned();
     let got = client
-        .get(NODES_PREFIX, Some(GetOptions::new().with_prefix()))
+        .get(prefix, Some(GetOptions::new().with_prefix()))
         .await?;
     let revision = got.header().map_or(0, |h| h.revision());
-    let mut nodes = BTreeMap::new();
+    let mut items = BTreeMap::new();
     for kv in got.kvs() {
-        if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
-            nodes.insert(n.id.clone(), n);
+        let k = name(kv.key());
+        if let Some(v) = parse(&k, kv.value()) {
+            items.insert(k, v);
         }
     }
-    view.send_replace(Arc::new(nodes.clone()));
+    view.send_replace(Arc::new(items.clone()));
     let mut stream = client
         .watch(
-            NODES_PREFIX,
+            prefix,
             Some(
                 WatchOptions::new()
                     .with_prefix()
@@ -246,20 +353,19 @@ async fn follow_once(client: &mut Client, view: &watch::Sender<View>) -> Result<
     while let Some(resp) = stream.message().await? {
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
-            let id = String::from_utf8_lossy(&kv.key()[NODES_PREFIX.len().min(kv.key().len())..])
-                .into_owned();
+            let k = name(kv.key());
             match ev.event_type() {
                 EventType::Put => {
-                    if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
-                        nodes.insert(n.id.clone(), n);
+                    if let Some(v) = parse(&k, kv.value()) {
+                        items.insert(k, v);
                     }
                 }
                 EventType::Delete => {
-                    nodes.remove(&id);
+                    items.remove(&k);
                 }
             }
         }
-        view.send_replace(Arc::new(nodes.clone()));
+        view.send_replace(Arc::new(items.clone()));
     }
     Err(ClusterError::Etcd(etcd_client::Error::WatchError(
         "the watch ended".into(),

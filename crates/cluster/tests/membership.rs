@@ -79,6 +79,7 @@ fn config(etcd: &Etcd, id: &str, ttl: u64) -> MembershipConfig {
             id: id.into(),
             relay: format!("127.0.0.1:{}", free_port()),
             load: 0,
+            slot: 0,
         },
         lease_ttl: Duration::from_secs(ttl),
     }
@@ -109,6 +110,9 @@ async fn nodes_see_each_other_and_a_dead_one_goes_within_its_lease() {
     until(&a, Duration::from_secs(5), |v| v == ["a", "b"]).await;
     assert_eq!(b.nodes().keys().collect::<Vec<_>>(), ["a", "b"]);
     assert_eq!(a.nodes()["b"].relay, b.nodes()["b"].relay);
+    // Each holds a slot of its own, and the others see it.
+    assert_eq!((a.slot(), b.slot()), (0, 1));
+    assert_eq!(a.nodes()["b"].slot, 1);
     // Renewals keep a live node registered well past its TTL.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(a.nodes().len(), 2);
@@ -119,6 +123,7 @@ async fn nodes_see_each_other_and_a_dead_one_goes_within_its_lease() {
     assert!(took <= Duration::from_secs(5), "took {took:?}");
     // A node that leaves is gone at once.
     let c = Membership::join(config(&etcd, "c", 30)).await.unwrap();
+    assert_eq!(c.slot(), 1, "a dead node's slot is free again");
     until(&a, Duration::from_secs(5), |v| v == ["a", "c"]).await;
     c.leave().await;
     let took = until(&a, Duration::from_secs(5), |v| v == ["a"]).await;
@@ -148,6 +153,7 @@ async fn an_unreachable_etcd_is_an_error_not_a_hang() {
             id: "lonely".into(),
             relay: "127.0.0.1:1".into(),
             load: 0,
+            slot: 0,
         },
         lease_ttl: Duration::from_secs(5),
     };
@@ -184,6 +190,13 @@ async fn one_owner_per_pool_until_its_lease_goes() {
     let mut all = owners(&mut client).await.unwrap();
     all.sort();
     assert_eq!(all, [("p".into(), "a".into()), ("q".into(), "b".into())]);
+    // Every node follows the owners.
+    let mut w = a.watch_owners();
+    tokio::time::timeout(Duration::from_secs(5), w.wait_for(|o| o.len() == 2))
+        .await
+        .expect("a sees both claims")
+        .unwrap();
+    assert_eq!(a.owners()["q"], "b");
     // Only the holder releases.
     assert!(!a.release("q").await.unwrap());
     assert!(b.release("q").await.unwrap());
