@@ -191,12 +191,13 @@ impl Membership {
         self.alive.clone()
     }
 
-    /// Deregisters now (revokes the lease): the others see this node go at once.
-    pub async fn leave(mut self) {
-        for t in self.tasks.drain(..) {
+    /// Deregisters now (revokes the lease): the others see this node go at once, and the
+    /// pools it held are free.
+    pub async fn leave(&self) {
+        for t in &self.tasks {
             t.abort();
         }
-        let _ = self.client.lease_revoke(self.lease).await;
+        let _ = self.client.clone().lease_revoke(self.lease).await;
     }
 }
 

@@ -176,6 +176,21 @@ impl Drop for InFlight<'_> {
 #[derive(Default)]
 pub struct CancelRegistry {
     by_pid: Mutex<HashMap<i32, Arc<CancelSlot>>>,
+    /// In a cluster, this node's slot plus one (0: none), carried by the process ids it
+    /// makes (see [`node_slot`]).
+    slot: std::sync::atomic::AtomicU32,
+}
+
+/// Process ids Shoal makes are at least this (real PostgreSQL ones are far below).
+const MADE: i32 = 1 << 30;
+/// In a cluster, bits 23..30 of a made process id name the node that issued it.
+const SLOT_SHIFT: u32 = 23;
+pub const MAX_SLOT: u16 = 127;
+
+/// The node slot a process id carries: `None` for a real server's (session mode), which
+/// names no node.
+pub fn node_slot(process_id: i32) -> Option<u16> {
+    (process_id >= MADE).then_some(((process_id >> SLOT_SHIFT) & MAX_SLOT as i32) as u16)
 }
 
 /// Removes the client's key when the session ends.
@@ -216,9 +231,9 @@ impl CancelRegistry {
     /// server, Shoal picks one above the range of real pids.
     pub fn register(self: &Arc<Self>, process_id: Option<i32>, info: ClientInfo) -> Registration {
         let mut map = self.lock();
-        let mut pid = process_id.unwrap_or_else(|| rand::random_range(1 << 30..i32::MAX));
+        let mut pid = process_id.unwrap_or_else(|| self.make_pid());
         while map.contains_key(&pid) {
-            pid = rand::random_range(1 << 30..i32::MAX);
+            pid = self.make_pid();
         }
         let slot = Arc::new(CancelSlot {
             secret: rand::random(),
@@ -230,6 +245,20 @@ impl CancelRegistry {
         Registration {
             registry: self.clone(),
             slot,
+        }
+    }
+
+    /// Process ids made from now on carry `slot` (this node's, in a cluster).
+    pub fn set_node_slot(&self, slot: u16) {
+        assert!(slot <= MAX_SLOT, "node slots have 7 bits");
+        self.slot
+            .store(u32::from(slot) + 1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn make_pid(&self) -> i32 {
+        match self.slot.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => rand::random_range(MADE..i32::MAX),
+            s => MADE | ((s as i32 - 1) << SLOT_SHIFT) | rand::random_range(0..1 << SLOT_SHIFT),
         }
     }
 
@@ -273,11 +302,12 @@ impl CancelRegistry {
     }
 
     /// Handles a CancelRequest: forwards it if the key is known and its client has a query
-    /// running; otherwise does nothing, as PostgreSQL does for unknown keys.
-    pub async fn cancel(&self, process_id: i32, secret_key: i32) {
+    /// running; otherwise does nothing, as PostgreSQL does for unknown keys. Returns whether
+    /// the key is one of this node's clients'.
+    pub async fn cancel(&self, process_id: i32, secret_key: i32) -> bool {
         let Some(slot) = self.find(process_id, secret_key) else {
             tracing::debug!("cancel request with unknown key ignored");
-            return;
+            return false;
         };
         let Some((target, in_flight)) = slot.begin() else {
             let mut s = slot.lock();
@@ -289,10 +319,11 @@ impl CancelRegistry {
             } else {
                 tracing::debug!("cancel request for an idle client ignored");
             }
-            return;
+            return true;
         };
         forward(target).await;
         drop(in_flight);
+        true
     }
 }
 
@@ -313,6 +344,24 @@ impl crate::pool::WaitCancel for CancelSlot {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn made_process_ids_carry_the_node_slot() {
+        let registry = Arc::new(CancelRegistry::default());
+        let plain = registry.register(None, ClientInfo::default());
+        assert!(plain.process_id() >= MADE);
+        for slot in [0, 1, 77, MAX_SLOT] {
+            registry.set_node_slot(slot);
+            for _ in 0..100 {
+                let r = registry.register(None, ClientInfo::default());
+                assert!(r.process_id() > 0);
+                assert_eq!(node_slot(r.process_id()), Some(slot));
+            }
+        }
+        // A real server's process id (session mode) names no node.
+        let real = registry.register(Some(4242), ClientInfo::default());
+        assert_eq!(node_slot(real.process_id()), None);
+    }
 
     /// Every connected client holds one slot: with its reference counts it must fit the
     /// allocator's 128-byte size class (the next is 160).

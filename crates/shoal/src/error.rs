@@ -44,11 +44,15 @@ pub enum ErrorKind {
     ServerRefused,
     /// The server did not answer while Shoal cleaned or prepared it.
     ServerTimeout,
+    /// In a cluster: the node that owns the client's pool, or the link to it, was lost.
+    NodeLost,
+    /// In a cluster: this node no longer owns the pool (its lease lapsed, or the pool moved).
+    Fenced,
 }
 
 impl ErrorKind {
     /// Every kind, for metrics that count each.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 18] = [
         ErrorKind::ClientGone,
         ErrorKind::ClientProtocol,
         ErrorKind::ClientLimit,
@@ -65,6 +69,8 @@ impl ErrorKind {
         ErrorKind::ServerUnavailable,
         ErrorKind::ServerRefused,
         ErrorKind::ServerTimeout,
+        ErrorKind::NodeLost,
+        ErrorKind::Fenced,
     ];
 
     /// A stable name for logs and metrics.
@@ -86,6 +92,8 @@ impl ErrorKind {
             ErrorKind::ServerUnavailable => "server_unavailable",
             ErrorKind::ServerRefused => "server_refused",
             ErrorKind::ServerTimeout => "server_timeout",
+            ErrorKind::NodeLost => "node_lost",
+            ErrorKind::Fenced => "fenced",
         }
     }
 }
@@ -181,6 +189,13 @@ impl ClientError {
                 retry_safe: false,
             },
             CheckoutError::Server { pool, source } => Self::server(pool, source, "connecting"),
+            CheckoutError::Fenced(_) => ClientError {
+                kind: ErrorKind::Fenced,
+                code: sqlstate::CONNECTION_FAILURE,
+                message: e.to_string(),
+                detail: e.to_string(),
+                retry_safe: true,
+            },
         }
     }
 

@@ -18,6 +18,8 @@
 //! - [`notify`]: LISTEN/NOTIFY in transaction mode: a listener connection per pool, and
 //!   each listening client's mailbox.
 //! - [`tenant`]: tenants ready for routing, and the service applying store changes to it.
+//! - [`cluster`]: this process as a node of a cluster (`[cluster]`): who owns a pool,
+//!   node links, relaying a client to its pool's owner.
 //! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
 //!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
@@ -51,6 +53,7 @@ pub mod auth_query;
 pub mod bufpool;
 pub mod cancel;
 pub mod clock;
+pub mod cluster;
 pub mod disposition;
 pub mod error;
 pub mod fdpass;

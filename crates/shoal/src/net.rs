@@ -1,6 +1,6 @@
 //! The transport seam, one for both sides: a client's stream (TCP, Unix, TLS accepted by
 //! Shoal) and a server's (TCP, TLS to PostgreSQL), or any other byte stream (an in-process
-//! `tokio::io::duplex` in tests, later a link to another node), behind the few operations the
+//! `tokio::io::duplex` in tests, a client relayed by another node over a node link), behind the few operations the
 //! session and the relay need. One type means one copy of the TLS write and flush rules.
 //!
 //! Reads go through `poll_read`, which lets tokio forget a socket's readiness when a read
@@ -36,6 +36,8 @@ pub enum Stream {
     Tls(Box<crate::tls::ClientTlsStream>),
     /// TLS Shoal started with a server (buffered too).
     TlsUpstream(Box<UpstreamTlsStream>),
+    /// A client another node relays over a node link (its readiness is the link's inbox).
+    Link(shoal_cluster::link::LinkStream),
     /// Only while the transport is being replaced (the TLS handshake).
     Upgrading,
 }
@@ -84,6 +86,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.poll_read_ready(cx),
             Stream::Unix(s) => s.poll_read_ready(cx),
+            Stream::Link(s) => s.poll_read_ready(cx),
             _ => Poll::Ready(Ok(())),
         }
     }
@@ -120,6 +123,7 @@ impl Stream {
             Stream::Buffered(s) => poll_read_buf(s, cx, buf),
             Stream::Tls(s) => poll_read_buf(s, cx, buf),
             Stream::TlsUpstream(s) => poll_read_buf(s, cx, buf),
+            Stream::Link(s) => s.poll_read_buf(cx, buf),
             Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
@@ -131,6 +135,7 @@ impl Stream {
             Stream::Buffered(s) => Pin::new(s).poll_write(cx, data),
             Stream::Tls(s) => poll_write_tls(&mut **s, cx, data),
             Stream::TlsUpstream(s) => poll_write_tls(&mut **s, cx, data),
+            Stream::Link(s) => s.poll_write_data(cx, data),
             Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
@@ -147,7 +152,7 @@ impl Stream {
     /// Pushes out what [`Stream::wants_flush`] reports (and what a buffered stream holds).
     pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            Stream::Tcp(_) | Stream::Unix(_) => Poll::Ready(Ok(())),
+            Stream::Tcp(_) | Stream::Unix(_) | Stream::Link(_) => Poll::Ready(Ok(())),
             Stream::Buffered(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_flush(cx),
@@ -162,6 +167,10 @@ impl Stream {
             Stream::Buffered(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            Stream::Link(s) => {
+                s.close("");
+                Poll::Ready(Ok(()))
+            }
             Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }
@@ -199,6 +208,10 @@ impl Stream {
                 let mut buf = tokio::io::ReadBuf::new(&mut probe);
                 return Pin::new(&mut **s).poll_read(&mut cx, &mut buf).is_ready();
             }
+            Stream::Link(s) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                return s.poll_read_ready(&mut cx).is_ready();
+            }
             Stream::Upgrading => return true,
         };
         // Readiness alone decides whether to look (no read while the socket is not known
@@ -214,7 +227,7 @@ impl Stream {
             Stream::Unix(s) => Some(s.as_raw_fd()),
             Stream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
             Stream::TlsUpstream(s) => Some(s.get_ref().0.as_raw_fd()),
-            Stream::Buffered(_) | Stream::Upgrading => None,
+            Stream::Buffered(_) | Stream::Link(_) | Stream::Upgrading => None,
         }
     }
 
@@ -242,6 +255,8 @@ impl Stream {
             (Stream::Tls(_) | Stream::TlsUpstream(_), None) => "? (TLS)".into(),
             (Stream::Unix(_), _) => "unix".into(),
             (Stream::Buffered(_), _) => "in-process".into(),
+            (Stream::Link(s), Some(a)) => format!("{a} (relayed by {})", s.peer()),
+            (Stream::Link(s), None) => format!("? (relayed by {})", s.peer()),
             (Stream::Upgrading, _) => "upgrading".into(),
         }
     }
@@ -259,6 +274,7 @@ impl AsyncRead for Stream {
             Stream::Buffered(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            Stream::Link(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Upgrading => Poll::Ready(Err(upgrading())),
         }
     }

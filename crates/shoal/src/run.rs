@@ -154,7 +154,16 @@ async fn serve_with(
     crate::clock::start();
     crate::memory::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
+    if config.cluster.is_some() {
+        crate::pool::Fence::clustered();
+    }
     let app = App::new(config, rx).map_err(std::io::Error::other)?;
+    if let Some(c) = app.config.cluster.clone() {
+        let node = crate::cluster::start(&app, c)
+            .await
+            .map_err(std::io::Error::other)?;
+        let _ = app.cluster.set(node);
+    }
     tokio::spawn(reload_on_sighup(app.clone()));
     let mut unix_paths = Vec::new();
     let mut ready = String::new();
@@ -320,6 +329,11 @@ async fn serve_with(
     // their read side; each tells its client why (57P01) and closes.
     app.lifecycle.closing_clients.store(true, Ordering::SeqCst);
     let notified = app.lifecycle.client_fds.shut_reads();
+    if let Some(node) = app.cluster.get() {
+        // Clients relayed here have no socket to shut: their links end, and the nodes
+        // relaying them tell them.
+        node.leave().await;
+    }
     // Statements in flight finish and their replies reach their clients first.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while app.admission.clients.load(Ordering::Relaxed) > 0

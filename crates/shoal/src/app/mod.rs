@@ -31,6 +31,8 @@ pub struct App {
     pub metrics: crate::metrics::ProcessMetrics,
     /// Secrets found by auth_query.
     pub secrets: crate::auth_query::SecretCache,
+    /// This node's cluster, once joined (never, without `[cluster]`).
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
 }
 
 impl App {
@@ -49,6 +51,7 @@ impl App {
             routes: Arc::new(crate::route::Registry::new(config.clone())),
             config,
             cancels: Arc::new(CancelRegistry::default()),
+            cluster: Default::default(),
         }))
     }
 

@@ -11,9 +11,11 @@
 //! transaction.
 #![allow(clippy::vec_box)]
 
+mod fence;
 mod idle;
 mod lease;
 
+pub use fence::Fence;
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
 
@@ -51,6 +53,8 @@ pub enum CheckoutError {
     },
     #[error("pool \"{0}\" is shutting down")]
     Closed(String),
+    #[error("pool \"{0}\" is no longer owned by this node (cluster); reconnect")]
+    Fenced(String),
 }
 
 /// How a client's cancel reaches a checkout waiting for a server: [`WaitCancel::begin`]
@@ -163,6 +167,8 @@ pub struct Pool {
     pub averages: Mutex<Averages>,
     /// LISTEN/NOTIFY for the pool's transaction-mode clients.
     pub notify: crate::notify::Hub,
+    /// Whether this node may open servers for the pool (always, unless in a cluster).
+    pub fence: Fence,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -233,6 +239,7 @@ impl Pool {
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
             notify: Default::default(),
+            fence: Fence::new(),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -497,6 +504,9 @@ impl Pool {
 
     /// Opens a server in the room `opening` took.
     async fn connect(&self, opening: Opening<'_>) -> Result<Box<ServerConn>, CheckoutError> {
+        if !self.fence.may_open() {
+            return Err(CheckoutError::Fenced(self.name.clone()));
+        }
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
         let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;

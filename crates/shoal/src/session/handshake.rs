@@ -105,7 +105,11 @@ pub async fn negotiate(
                 process_id,
                 secret_key,
             } => {
-                app.cancels.cancel(process_id, secret_key).await;
+                if !app.cancels.cancel(process_id, secret_key).await {
+                    if let Some(node) = app.cluster.get() {
+                        node.forward_cancel(process_id, secret_key).await;
+                    }
+                }
                 return Ok(None);
             }
             FirstPacket::DirectTls => {

@@ -11,7 +11,7 @@ use shoal_wire::backend;
 use shoal_wire::sqlstate;
 
 use super::{auth, finish, handshake, Session, SessionError};
-use crate::app::App;
+use crate::app::{App, ClientGuard};
 use crate::cancel::Registration;
 use crate::config::PoolMode;
 use crate::config::User;
@@ -64,20 +64,14 @@ pub(super) async fn login_phase(
             drop(guard);
             None
         }
+        Ok(Some(Outcome::Relay(relayed))) => {
+            let guard = counted(&app, id, &mut stream).await?;
+            Box::pin(super::relayed::relay_out(&app, id, &mut stream, *relayed)).await;
+            drop(guard);
+            None
+        }
         Ok(Some(Outcome::Pool(done))) => {
-            let (guard, clients) = app.admission.client_guard();
-            let max = app.config.server.max_client_conn;
-            if clients > max {
-                // Others logged in meanwhile.
-                drop(guard);
-                let e = SessionError::fatal(
-                    ErrorKind::ClientLimit,
-                    sqlstate::TOO_MANY_CONNECTIONS,
-                    format!("too many client connections: server.max_client_conn ({max}) reached"),
-                );
-                Box::pin(finish(id, &mut stream, Err(e))).await;
-                return None;
-            }
+            let guard = counted(&app, id, &mut stream).await?;
             if app.config.server.log_connections {
                 tracing::info!(conn = id, pool = %done.pool.name, peer = %stream.describe_peer(done.peer), "client logged in");
             } else {
@@ -94,12 +88,41 @@ pub(super) async fn login_phase(
     }
 }
 
-/// Where a login ends up. A front door other than the pool (a relay to the node that owns
-/// the pool, in a cluster) is one more variant, made by [`outcome`].
+/// Counts a logged-in client, unless others logged in meanwhile took the last place
+/// (then the client is told and `None` returned).
+async fn counted(app: &Arc<App>, id: u64, stream: &mut Stream) -> Option<ClientGuard> {
+    let (guard, clients) = app.admission.client_guard();
+    let max = app.config.server.max_client_conn;
+    if clients > max {
+        drop(guard);
+        let e = SessionError::fatal(
+            ErrorKind::ClientLimit,
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!("too many client connections: server.max_client_conn ({max}) reached"),
+        );
+        Box::pin(finish(id, stream, Err(e))).await;
+        return None;
+    }
+    Some(guard)
+}
+
+/// Where a login ends up.
 pub(super) enum Outcome {
     Pool(Box<LoggedIn>),
     /// The admin console (a user allowed in by `[admin]`).
     Admin(String, crate::admin::Access),
+    /// Another node owns the pool (cluster): the client is relayed there.
+    Relay(Box<Relayed>),
+}
+
+/// A client authenticated here whose pool another node owns.
+pub(super) struct Relayed {
+    /// Counts the client in this node's view of the pool (`SHOW POOLS`).
+    pub(super) pool: PoolClient,
+    pub(super) to: String,
+    pub(super) open: crate::cluster::open::RelayOpen,
+    /// The end of authentication, to send before the owner's reply.
+    pub(super) greeting: BytesMut,
 }
 
 /// A logged-in client, ready for its pool mode's loop.
@@ -115,13 +138,13 @@ pub(super) struct LoggedIn {
 }
 
 /// What a client asks for, and what is known of it before it proves who it is.
-struct Request {
-    startup: StartupRequest,
+pub(super) struct Request {
+    pub(super) startup: StartupRequest,
     /// The TLS server name (SNI) it connected with.
-    server_name: Option<String>,
-    peer: Option<std::net::SocketAddr>,
+    pub(super) server_name: Option<String>,
+    pub(super) peer: Option<std::net::SocketAddr>,
     /// The reply being composed: AuthenticationOk and what follows go out in one write.
-    out: BytesMut,
+    pub(super) out: BytesMut,
 }
 
 impl Request {
@@ -163,6 +186,10 @@ async fn login(
     require_tls(app, stream, &routed, &found)?;
     let user = Box::pin(authenticate(app, stream, &mut req, &routed, found)).await?;
     let to = destination(app, &req, &routed, &user)?;
+    let to = match (to, app.cluster.get()) {
+        (Destination::Pool(pool), Some(node)) => Box::pin(placed(node, &req, pool, &user)).await?,
+        (to, _) => to,
+    };
     // Not needed past here: dropped now, they take no room in this future across the
     // awaits below.
     drop(user);
@@ -246,12 +273,12 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
     Ok(())
 }
 
-fn refused(e: RouteError) -> SessionError {
+pub(super) fn refused(e: RouteError) -> SessionError {
     SessionError::fatal(e.kind(), e.code(), e.to_string())
 }
 
 /// Which tenant or database, and which user entry, the request names.
-async fn resolve(app: &App, req: &Request) -> Result<Routed, SessionError> {
+pub(super) async fn resolve(app: &App, req: &Request) -> Result<Routed, SessionError> {
     match app.routes.resolve(&req.route()) {
         Ok(r) => Ok(r),
         Err(e) => {
@@ -268,7 +295,7 @@ async fn resolve(app: &App, req: &Request) -> Result<Routed, SessionError> {
 
 /// Who the user is: configured (config file or tenant), or found by the database's
 /// auth_query. An unknown user is not an error yet: it is refused like a wrong password.
-async fn credentials<'a>(
+pub(super) async fn credentials<'a>(
     app: &App,
     routed: &'a Routed,
 ) -> Result<Result<Cow<'a, User>, RouteError>, SessionError> {
@@ -381,7 +408,10 @@ async fn authenticate<'a>(
 
 /// A user from auth_query logs in upstream with the secret its client just proved
 /// (passthrough): the SCRAM client key, or the MD5 secret.
-fn with_passthrough<'a>(mut user: Cow<'a, User>, client_key: Option<[u8; 32]>) -> Cow<'a, User> {
+pub(super) fn with_passthrough<'a>(
+    mut user: Cow<'a, User>,
+    client_key: Option<[u8; 32]>,
+) -> Cow<'a, User> {
     if user.server_password.is_some() || user.passthrough.is_some() {
         return user;
     }
@@ -403,11 +433,47 @@ fn with_passthrough<'a>(mut user: Cow<'a, User>, client_key: Option<[u8; 32]>) -
     user
 }
 
-/// Where an authenticated client goes. A front door other than the pool (a relay to the
-/// node that owns the pool, in a cluster) is one more variant.
+/// Where an authenticated client goes.
 enum Destination {
     Admin(String, crate::admin::Access),
     Pool(Arc<Pool>),
+    /// The pool's owner is another node (boxed: rare, and large).
+    Relay(Box<(Arc<Pool>, String, crate::cluster::open::RelayOpen)>),
+}
+
+/// In a cluster: the pool here, if this node owns it, or a relay to the node that does.
+async fn placed(
+    node: &Arc<crate::cluster::Node>,
+    req: &Request,
+    pool: Arc<Pool>,
+    user: &User,
+) -> Result<Destination, SessionError> {
+    let place = node.place(&pool, false).await.map_err(|e| {
+        SessionError::fatal(
+            ErrorKind::NodeLost,
+            sqlstate::CONNECTION_FAILURE,
+            e.to_string(),
+        )
+    })?;
+    let to = match place {
+        crate::cluster::Place::Here => return Ok(Destination::Pool(pool)),
+        crate::cluster::Place::There(to) => to,
+    };
+    let client_key = match user.passthrough.as_deref() {
+        Some(crate::config::Passthrough::Scram { client_key, .. }) => Some(*client_key),
+        _ => None,
+    };
+    let open = crate::cluster::open::RelayOpen {
+        pool: pool.name.clone(),
+        user: req.startup.user.clone(),
+        database: req.startup.database.clone(),
+        params: req.startup.params.clone(),
+        reference: req.startup.reference.clone(),
+        server_name: req.server_name.clone(),
+        peer: req.peer,
+        client_key,
+    };
+    Ok(Destination::Relay(Box::new((pool, to, open))))
 }
 
 fn destination(
@@ -455,13 +521,23 @@ async fn enter(
             Ok(Outcome::Admin(user, access))
         }
         Destination::Pool(pool) => enter_pool(app, stream, req, pool).await.map(Outcome::Pool),
+        Destination::Relay(relay) => {
+            let (pool, to, open) = *relay;
+            pool.stats.clients.fetch_add(1, Ordering::Relaxed);
+            Ok(Outcome::Relay(Box::new(Relayed {
+                pool: PoolClient(pool),
+                to,
+                open,
+                greeting: std::mem::take(&mut req.out),
+            })))
+        }
     }
 }
 
 /// Joins the pool: its client limit, the ParameterStatus values to report (known for these
 /// startup parameters, or learned from a server prepared for them), the cancel key, and the
 /// reply that ends the login.
-async fn enter_pool(
+pub(super) async fn enter_pool(
     app: &Arc<App>,
     stream: &mut Stream,
     req: &mut Request,

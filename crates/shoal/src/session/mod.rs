@@ -19,6 +19,7 @@ mod login;
 mod moving;
 mod outbound;
 mod relay;
+mod relayed;
 #[cfg(test)]
 mod size_tests;
 
@@ -50,6 +51,7 @@ use ending::{end_session, finish, send_error};
 pub use error::SessionError;
 pub use handoff::adopt;
 use moving::move_to;
+pub use relayed::serve_relayed;
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.

@@ -27,7 +27,7 @@ async fn session_future_fits_a_small_task() {
     // are boxed apart.
     assert!(std::mem::size_of_val(&login) <= 1408, "login future grew");
     drop(login);
-    let fut = serve(app, stream, None);
+    let fut = serve(app.clone(), stream, None);
     println!("serve future: {} bytes", std::mem::size_of_val(&fut));
     println!("Session: {} bytes", std::mem::size_of::<Session>());
     // An idle client is this future in a tokio task (~100 bytes of header): keep the
@@ -37,6 +37,18 @@ async fn session_future_fits_a_small_task() {
         "idle client future grew"
     );
     assert!(std::mem::size_of::<Session>() <= 160, "Session grew");
+    // A client relayed here by another node (cluster) costs what a local one does.
+    let (link, _incoming) =
+        shoal_cluster::link::Link::new("peer".into(), shoal_cluster::link::Side::Acceptor);
+    let relayed = relayed::serve_relayed(app.clone(), link.open(b"").unwrap(), Default::default());
+    println!(
+        "relayed serve future: {} bytes",
+        std::mem::size_of_val(&relayed)
+    );
+    assert!(
+        std::mem::size_of_val(&relayed) <= 256,
+        "relayed client future grew"
+    );
     println!(
         "SessionError: {} bytes",
         std::mem::size_of::<SessionError>()

@@ -1,0 +1,238 @@
+//! Node links as this node has them: one outgoing link per peer and data-plane shard (a
+//! relayed client's bytes stay on its session's thread), opened on first use; the links
+//! other nodes opened here, each driven on a shard of its own; probes that end a link whose
+//! peer stopped answering or left the cluster.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use shoal_cluster::link::{self, handshake, Incoming, Link, Side};
+
+use super::{Node, NodeError};
+use crate::app::App;
+
+/// How long a link's connect and handshake may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often links are probed; a link whose peer has not answered for [`DEAD_AFTER`] ends.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+const DEAD_AFTER: Duration = Duration::from_secs(5);
+
+type Cell = Arc<tokio::sync::OnceCell<Link>>;
+
+pub struct Links {
+    secret: Arc<[u8]>,
+    /// Outgoing, by (peer, shard).
+    out: Mutex<HashMap<(String, usize), Cell>>,
+    /// Accepted from other nodes.
+    accepted: Mutex<Vec<Link>>,
+}
+
+impl Links {
+    pub fn new(secret: &[u8]) -> Links {
+        Links {
+            secret: secret.into(),
+            out: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// This shard's link to `peer`, opened if there is none (or the last one died).
+    pub async fn get(&self, node: &Arc<Node>, peer: &str) -> Result<Link, NodeError> {
+        let key = (peer.to_owned(), crate::shard::current());
+        let cell = {
+            let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+            let cell = out.entry(key).or_default();
+            if cell.get().is_some_and(|l| l.dead().is_some()) {
+                *cell = Cell::default();
+            }
+            cell.clone()
+        };
+        cell.get_or_try_init(|| self.connect(node, peer))
+            .await
+            .cloned()
+    }
+
+    async fn connect(&self, node: &Arc<Node>, peer: &str) -> Result<Link, NodeError> {
+        let unreachable = |reason: String| NodeError::Unreachable {
+            node: peer.to_owned(),
+            reason,
+        };
+        let addr = node
+            .relay_addr(peer)
+            .ok_or_else(|| NodeError::UnknownNode(peer.to_owned()))?;
+        let secret = self.secret.clone();
+        let me = node.id.clone();
+        let dial = async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            let theirs = handshake::connect(&mut tcp, &secret, &me)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((tcp, theirs))
+        };
+        let (tcp, theirs) = crate::timer::timeout(CONNECT_TIMEOUT, dial)
+            .await
+            .map_err(|_| unreachable(format!("no link within {CONNECT_TIMEOUT:?}")))?
+            .map_err(unreachable)?;
+        if theirs != peer {
+            return Err(unreachable(format!("the node there is \"{theirs}\"")));
+        }
+        let (l, incoming) = Link::new(theirs, Side::Connector);
+        tracing::info!(peer, shard = crate::shard::current(), "node link opened");
+        tokio::spawn(run(tcp, l.clone(), incoming, None));
+        Ok(l)
+    }
+
+    /// Every link now, outgoing then accepted.
+    pub fn all(&self) -> Vec<Link> {
+        let mut v: Vec<Link> = self
+            .out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .collect();
+        v.extend(
+            self.accepted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned(),
+        );
+        v
+    }
+}
+
+/// Drives a link until it ends. On an accepted link (`app` given) it serves what the peer
+/// asks of this node: its relayed clients and its cancels. The peer of an outgoing link asks
+/// nothing.
+async fn run(
+    tcp: tokio::net::TcpStream,
+    l: Link,
+    mut incoming: tokio::sync::mpsc::UnboundedReceiver<Incoming>,
+    app: Option<Arc<App>>,
+) {
+    let serve = async {
+        while let Some(inc) = incoming.recv().await {
+            let Some(app) = &app else { continue };
+            match inc {
+                Incoming::Stream(s, what) => {
+                    tokio::spawn(crate::session::serve_relayed(app.clone(), s, what));
+                }
+                Incoming::Cancel(pid, key) => {
+                    let app = app.clone();
+                    tokio::spawn(async move {
+                        app.cancels.cancel(pid, key).await;
+                    });
+                }
+            }
+        }
+    };
+    let peer = l.peer().to_owned();
+    let why = tokio::select! {
+        why = link::drive(tcp, l.clone()) => why,
+        _ = serve => l.dead().unwrap_or_else(|| "stopped".into()),
+    };
+    tracing::warn!(peer = %peer, reason = %why, "node link ended");
+}
+
+/// Accepts node links on the relay listener: each proves the cluster secret, then runs on a
+/// data-plane shard of its own (round robin), where the clients it relays are served.
+// Runs on the control runtime, which has tokio's time driver.
+#[allow(clippy::disallowed_methods)]
+pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<Node>) {
+    let mut next_shard = 0usize;
+    loop {
+        let (mut tcp, addr) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "node link accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (app, node) = (app.clone(), node.clone());
+        let shard = next_shard % crate::shard::count();
+        next_shard += 1;
+        tokio::spawn(async move {
+            let secret = node.links.secret.clone();
+            let proved = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                handshake::accept(&mut tcp, &secret, &node.id),
+            )
+            .await;
+            let peer = match proved {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    tracing::warn!(%addr, error = %e, "node link refused");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%addr, "node link refused: no handshake in time");
+                    return;
+                }
+            };
+            let (l, incoming) = Link::new(peer.clone(), Side::Acceptor);
+            node.links
+                .accepted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(l.clone());
+            tracing::info!(%peer, shard, "node link accepted");
+            let start = move |tcp: tokio::net::TcpStream| async move {
+                run(tcp, l, incoming, Some(app)).await;
+            };
+            match (crate::shard::handle(shard), tcp.into_std()) {
+                (Some(h), Ok(std)) => {
+                    h.spawn(async move {
+                        match tokio::net::TcpStream::from_std(std) {
+                            Ok(tcp) => start(tcp).await,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "node link lost moving to a shard")
+                            }
+                        }
+                    });
+                }
+                (None, Ok(std)) => {
+                    if let Ok(tcp) = tokio::net::TcpStream::from_std(std) {
+                        tokio::spawn(start(tcp));
+                    }
+                }
+                (_, Err(e)) => tracing::warn!(error = %e, "node link lost"),
+            }
+        });
+    }
+}
+
+/// Probes every link each second; ends links whose peer stopped answering or left the
+/// cluster, and forgets ended ones.
+// Runs on the control runtime, which has tokio's time driver.
+#[allow(clippy::disallowed_methods)]
+pub async fn upkeep(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    loop {
+        tick.tick().await;
+        let live = node.nodes();
+        for l in node.links.all() {
+            if l.dead().is_some() {
+                continue;
+            }
+            if !live.contains_key(l.peer()) {
+                l.kill("the peer left the cluster");
+            } else if l.since_pong() > DEAD_AFTER {
+                l.kill("the peer stopped answering");
+            } else {
+                l.ping();
+            }
+        }
+        node.links
+            .accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|l| l.dead().is_none());
+    }
+}

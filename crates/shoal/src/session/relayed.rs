@@ -1,0 +1,171 @@
+//! Clients relayed between nodes of a cluster, from either end.
+//!
+//! On the node the client connected to ([`relay_out`]): authenticated there, it is relayed to
+//! the pool's owner (see [`crate::cluster::pipe`]). On the owner ([`serve_relayed`]): the
+//! relaying node's stream is a client like any other, logged in without a password exchange
+//! (the relaying node did it; the link is authenticated), then served by the loop of its
+//! pool mode.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use shoal_cluster::link::LinkStream;
+use shoal_wire::sqlstate;
+
+use super::login::{self, Relayed, Request};
+use super::{finish, Session, SessionError};
+use crate::app::App;
+use crate::cluster::open::{RelayOpen, REDIRECT};
+use crate::cluster::pipe::RelayError;
+use crate::error::ErrorKind;
+use crate::net::Stream;
+use crate::params::StartupRequest;
+
+/// Relays a client authenticated here to the node that owns its pool, until either ends.
+pub(super) async fn relay_out(app: &Arc<App>, id: u64, stream: &mut Stream, r: Relayed) {
+    let Some(node) = app.cluster.get() else {
+        return;
+    };
+    tracing::debug!(conn = id, pool = %r.pool.name, owner = %r.to, "client relayed");
+    let result = crate::cluster::pipe::relay(node, stream, r.to, &r.open, &r.greeting).await;
+    drop(r.pool);
+    let result = result.map_err(|e| match e {
+        RelayError::Client(_) => SessionError::ClientGone,
+        e => SessionError::fatal(
+            ErrorKind::NodeLost,
+            sqlstate::CONNECTION_FAILURE,
+            e.to_string(),
+        ),
+    });
+    if let Err(e) = &result {
+        app.metrics.rejected(e.kind());
+    }
+    finish(id, stream, result).await;
+}
+
+/// What a relayed login comes to on the node asked to serve it.
+enum Served {
+    In(Box<login::LoggedIn>),
+    /// Another node owns the pool: the relaying node is sent there.
+    Elsewhere(String),
+}
+
+/// Serves a client another node relays here, from its stream's opening to its end. Built as
+/// [`super::serve`] is: the login in a box of its own, freed once done, so an idle relayed
+/// client costs what an idle local one does.
+pub fn serve_relayed(
+    app: Arc<App>,
+    link: LinkStream,
+    what: Bytes,
+) -> impl std::future::Future<Output = ()> + Send {
+    let login = Box::pin(login_phase(app, link, what));
+    async move {
+        let Some((session, lease)) = login.await else {
+            return;
+        };
+        match lease {
+            Some(lease) => Box::pin(super::serve_session_mode(session, *lease)).await,
+            None => super::serve_transaction_mode(session).await,
+        }
+    }
+}
+
+async fn login_phase(
+    app: Arc<App>,
+    link: LinkStream,
+    what: Bytes,
+) -> Option<(Session, Option<Box<crate::pool::Lease>>)> {
+    let open = match RelayOpen::decode(&what) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(peer = %link.peer(), error = %e, "relayed client refused: bad opening");
+            link.close("bad opening");
+            return None;
+        }
+    };
+    let id = app.lifecycle.next_conn_id();
+    let Some(node) = app.cluster.get().cloned() else {
+        link.close("not in a cluster");
+        return None;
+    };
+    let mut stream = Stream::Link(link);
+    let timeout = crate::config::secs(app.config.server.client_login_timeout);
+    let r = match crate::timer::timeout(timeout, log_in(&app, &node, &mut stream, open)).await {
+        Ok(r) => r,
+        Err(_) => Err(SessionError::fatal(
+            ErrorKind::LoginTimeout,
+            sqlstate::CONNECTION_FAILURE,
+            "the pool's owner could not log the client in within client_login_timeout",
+        )),
+    };
+    match r {
+        Ok(Served::In(done)) => {
+            let (guard, _) = app.admission.client_guard();
+            Some(Session::new(&app, id, guard, stream, *done))
+        }
+        Ok(Served::Elsewhere(owner)) => {
+            if let Stream::Link(l) = &stream {
+                l.close(&format!("{REDIRECT}{owner}"));
+            }
+            None
+        }
+        Err(e) => {
+            app.metrics.rejected(e.kind());
+            finish(id, &mut stream, Err(e)).await;
+            None
+        }
+    }
+}
+
+/// Routes the relayed client as if it had connected here, minus the password exchange.
+async fn log_in(
+    app: &Arc<App>,
+    node: &Arc<crate::cluster::Node>,
+    stream: &mut Stream,
+    open: RelayOpen,
+) -> Result<Served, SessionError> {
+    let mut req = Request {
+        startup: StartupRequest {
+            user: open.user,
+            database: open.database,
+            params: open.params,
+            unrecognized: Vec::new(),
+            reference: open.reference,
+        },
+        server_name: open.server_name,
+        peer: open.peer,
+        out: BytesMut::with_capacity(1024),
+    };
+    let routed = login::resolve(app, &req).await?;
+    let user = login::credentials(app, &routed)
+        .await?
+        .map_err(login::refused)?;
+    let user = login::with_passthrough(user, open.client_key);
+    let pool = app.routes.pool(&routed, &user).map_err(login::refused)?;
+    if pool.name != open.pool {
+        return Err(SessionError::fatal(
+            ErrorKind::Routing,
+            sqlstate::CONNECTION_FAILURE,
+            format!(
+                "the nodes route this client differently (\"{}\" here, \"{}\" where it connected): check that their configurations match",
+                pool.name, open.pool
+            ),
+        ));
+    }
+    drop(user);
+    drop(routed);
+    match node.place(&pool, true).await {
+        Ok(crate::cluster::Place::Here) => {}
+        Ok(crate::cluster::Place::There(owner)) => return Ok(Served::Elsewhere(owner)),
+        Err(e) => {
+            return Err(SessionError::fatal(
+                ErrorKind::NodeLost,
+                sqlstate::CONNECTION_FAILURE,
+                e.to_string(),
+            ))
+        }
+    }
+    login::enter_pool(app, stream, &mut req, pool)
+        .await
+        .map(Served::In)
+}

@@ -1,0 +1,155 @@
+//! Shoal as a cluster: real etcd, real Shoal processes on loopback, real PostgreSQL. A client
+//! may connect to any node; the pool's one owner runs its transactions.
+// Tests run on tokio runtimes with a time driver: tokio's timers are fine here.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::etcd::Etcd;
+use common::*;
+
+const SECRET: (&str, &str) = ("SHOAL_CLUSTER_SECRET", "a-cluster-secret-for-tests");
+
+/// A node of a cluster on `etcd` serving `db` (with `extra` config).
+fn node(etcd: &Etcd, id: &str, db: &str, extra: &str) -> Shoal {
+    let cluster = format!(
+        "[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n{extra}",
+        etcd.url, SECRET.0
+    );
+    Shoal::start_with_env(&base_config(pg(), &[db], &cluster), &[SECRET])
+}
+
+/// Of two nodes, the one that logged that it owns the pool (exactly one must have) and the
+/// other.
+fn owner_and_relay<'a>(a: &'a Shoal, b: &'a Shoal) -> (&'a Shoal, &'a Shoal) {
+    let owns = |n: &Shoal| n.log_contains("pool owned by this node");
+    assert!(owns(a) != owns(b), "exactly one node owns the pool");
+    if owns(a) {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_serves_a_pool_only_its_owner_opens_servers_for() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    for n in [&a, &b] {
+        let c = n.connect(&db).await;
+        assert_eq!(simple_rows(&c, "SELECT 41 + 1").await, ["42"]);
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    // The relaying node's clients came over one link (per shard), not a connection each.
+    assert!(owner.log_count("node link accepted") <= 2);
+    assert!(owner.log_contains("node link accepted"));
+    // Many clients on both nodes at once: the cluster holds at most pool_size servers.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let n = if i % 2 == 0 { &a } else { &b };
+        let c = n.connect(&db).await;
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let r: i64 = c
+                    .query_one("SELECT $1::int8 * 2", &[&(i as i64)])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(r, i as i64 * 2);
+            }
+        }));
+    }
+    let mut peak = 0;
+    while !tasks.iter().all(|t| t.is_finished()) {
+        peak = peak.max(pg().backends(&db));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(peak <= 2, "pool_size 2 is a cluster-wide cap: saw {peak}");
+    assert!(pg().backends(&db) <= 2);
+    // The relaying node opened no server: its log says so, and only one node claimed.
+    assert!(!relay.log_contains("server connected"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_client_gets_every_protocol_feature_unchanged() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "");
+    let b = node(&etcd, "b", &db, "");
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (_, relay) = owner_and_relay(&a, &b);
+    let mut c = relay.connect(&db).await;
+    // Prepared statements (named, extended protocol) and parameters.
+    let st = c.prepare("SELECT $1::text || '!'").await.unwrap();
+    for w in ["one", "two"] {
+        let r: String = c.query_one(&st, &[&w]).await.unwrap().get(0);
+        assert_eq!(r, format!("{w}!"));
+    }
+    // Session SETs follow the client across transactions.
+    c.batch_execute("SET application_name = 'relayed'")
+        .await
+        .unwrap();
+    assert_eq!(simple_rows(&c, "SHOW application_name").await, ["relayed"]);
+    // Errors keep their SQLSTATE, and the connection goes on.
+    let e = c.simple_query("SELECT 1/0").await.unwrap_err();
+    assert_eq!(code(&e), "22012");
+    // A large result streams through.
+    let rows = c
+        .query(
+            "SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 100_000);
+    let last: i32 = rows[99_999].get(0);
+    assert_eq!(last, 100_000);
+    // COPY both ways.
+    c.batch_execute("CREATE TABLE t (a int)").await.unwrap();
+    {
+        use futures_util::SinkExt;
+        let tx = c.transaction().await.unwrap();
+        let sink = tx.copy_in("COPY t FROM STDIN").await.unwrap();
+        futures_util::pin_mut!(sink);
+        let data: String = (1..=1000).map(|i| format!("{i}\n")).collect();
+        sink.send(bytes::Bytes::from(data)).await.unwrap();
+        assert_eq!(sink.finish().await.unwrap(), 1000);
+        tx.commit().await.unwrap();
+    }
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-At", "-c", "COPY (SELECT sum(a) FROM t) TO STDOUT"])
+        .arg(relay.conninfo("app", APP_PASSWORD, &db))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "500500");
+    // A cancel sent to the relaying node reaches the query on the owner's server.
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move {
+        let r = c.simple_query("SELECT pg_sleep(30)").await;
+        (r.map(|_| ()), c)
+    });
+    wait_until_running(&db, "SELECT pg_sleep(30)").await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&r.unwrap_err()), "57014");
+    c.simple_query("SELECT 1").await.unwrap();
+}
