@@ -295,6 +295,9 @@ impl Collector for ShoalCollector {
                 &[(vec![], crate::shard::handed_over())],
             )?;
         }
+        if let Some(node) = app.cluster.get() {
+            crate::cluster::status::encode(node, &mut e)?;
+        }
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

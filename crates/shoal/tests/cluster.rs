@@ -153,3 +153,93 @@ async fn a_relayed_client_gets_every_protocol_feature_unchanged() {
     assert_eq!(code(&r.unwrap_err()), "57014");
     c.simple_query("SELECT 1").await.unwrap();
 }
+
+/// Fetches `url` with curl: (status, body).
+fn http_get(url: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// A console query's rows as (column names, rows).
+async fn console(n: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let c = n.connect_as("admin", "admin-secret", "pgbouncer").await;
+    let mut cols = Vec::new();
+    let mut rows = Vec::new();
+    for m in c.simple_query(q).await.unwrap() {
+        match m {
+            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_owned()).collect()
+            }
+            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("").to_owned())
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    (cols, rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_metrics_and_api_describe_the_cluster() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let extra = "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n\
+                 [metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let a = node(&etcd, "a", &db, extra);
+    let b = node(&etcd, "b", &db, extra);
+    let mut held = Vec::new();
+    for n in [&a, &b] {
+        let c = n.connect(&db).await;
+        c.simple_query("SELECT 1").await.unwrap();
+        held.push(c);
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let owner_id = if std::ptr::eq(owner, &a) { "a" } else { "b" };
+    // SHOW NODES: both nodes, this one marked, the owner holding the one pool.
+    let (cols, rows) = console(relay, "SHOW NODES").await;
+    let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let ids: Vec<&str> = rows.iter().map(|r| r[col("node")].as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(rows.iter().filter(|r| r[col("self")] == "yes").count(), 1);
+    let owner_row = rows.iter().find(|r| r[col("node")] == owner_id).unwrap();
+    assert_eq!(owner_row[col("owned_pools")], "1");
+    assert_eq!(owner_row[col("relayed_clients")], "1", "{rows:?}");
+    // SHOW POOLS on the relaying node names the owner.
+    let (cols, rows) = console(relay, "SHOW POOLS").await;
+    let owner_col = cols
+        .iter()
+        .position(|c| c == "owner")
+        .expect("an owner column");
+    let pool = rows.iter().find(|r| r[0] == db).expect("the relayed pool");
+    assert_eq!(pool[owner_col], owner_id);
+    // /api/cluster and /metrics.
+    let base = format!("http://{}", relay.metrics.unwrap());
+    let (code, body) = http_get(&format!("{base}/api/cluster"));
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(status["relayed_out"], 1);
+    assert_eq!(status["lease_alive"], true);
+    let (_, text) = http_get(&format!("{base}/metrics"));
+    assert!(text.contains("shoal_cluster_nodes{} 2"), "{text}");
+    assert!(
+        text.contains("shoal_cluster_relayed_clients{direction=\"out\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("shoal_cluster_link_bytes_total{peer=\""));
+    let (_, text) = http_get(&format!("http://{}/metrics", owner.metrics.unwrap()));
+    assert!(text.contains("shoal_cluster_owned_pools{} 1"), "{text}");
+    assert!(
+        text.contains("shoal_cluster_relayed_clients{direction=\"in\"} 1"),
+        "{text}"
+    );
+}

@@ -87,10 +87,16 @@ pub fn pools(app: &App) -> ResultSet {
         ("maxwait_us", Int),
         ("pool_mode", Text),
     ]);
+    // In a cluster: which node owns each pool (a pool whose owner is another node has this
+    // node's relayed clients and no servers).
+    let owners = app.cluster.get().map(|n| (n.id.clone(), n.owners()));
+    if owners.is_some() {
+        r.columns.push(("owner", Text));
+    }
     for p in sorted_pools(app) {
         let clients = p.stats.clients.load(Ordering::Relaxed);
         let waiting = p.stats.waiting.load(Ordering::Relaxed);
-        r.row(vec![
+        let mut row = vec![
             t(p.database()),
             t(p.upstream.user.clone()),
             n(clients.saturating_sub(waiting)),
@@ -107,9 +113,55 @@ pub fn pools(app: &App) -> ResultSet {
             n(0),
             n(0),
             t(mode(&p)),
-        ]);
+        ];
+        if let Some((me, owners)) = &owners {
+            row.push(match owners.get(&p.name) {
+                Some(o) => t(o.clone()),
+                None if p.fence.owned() => t(me.clone()),
+                None => None,
+            });
+        }
+        r.row(row);
     }
     r
+}
+
+/// `SHOW NODES`: the cluster's live nodes as this node sees them.
+pub fn nodes(app: &App) -> Result<ResultSet, String> {
+    let Some(cluster) = app.cluster.get() else {
+        return Err("SHOW NODES: this Shoal is not in a cluster (no [cluster] section)".into());
+    };
+    let status = cluster.status();
+    let mut r = ResultSet::new(&[
+        ("node", Text),
+        ("relay", Text),
+        ("slot", Int),
+        ("self", Text),
+        ("clients", Int),
+        ("owned_pools", Int),
+        ("links", Int),
+        ("relayed_clients", Int),
+        ("bytes_in", Int),
+        ("bytes_out", Int),
+        ("rtt_us", Int),
+    ]);
+    for node in status.nodes {
+        let me = node.id == status.node;
+        r.row(vec![
+            t(node.id),
+            t(node.relay),
+            n(node.slot),
+            t(if me { "yes" } else { "no" }),
+            n(node.load),
+            n(node.pools.len()),
+            n(node.links),
+            n(node.streams),
+            n(node.bytes_in),
+            n(node.bytes_out),
+            n(node.rtt_us),
+        ]);
+    }
+    Ok(r)
 }
 
 pub fn stats(app: &App) -> ResultSet {
@@ -530,7 +582,7 @@ pub fn version() -> ResultSet {
 pub fn help() -> ResultSet {
     let mut r = ResultSet::new(&[("command", Text)]);
     for c in [
-        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|HELP",
+        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|HELP",
         "PAUSE [db]",
         "RESUME [db]",
         "SUSPEND",
@@ -557,6 +609,7 @@ pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
         "LISTS" => lists(app),
         "VERSION" => version(),
         "HELP" => help(),
+        "NODES" => nodes(app)?,
         other => {
             return Err(format!(
                 "SHOW {other} is not known: SHOW HELP lists what can be shown"

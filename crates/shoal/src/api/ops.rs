@@ -28,23 +28,48 @@ pub fn router(app: Arc<App>, token: Option<String>) -> Router {
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/api/cluster", get(cluster))
         .with_state(Arc::new(Ops { app, token }))
 }
 
+/// The cluster as this node sees it (404 without `[cluster]`); guarded as `/metrics` is.
+async fn cluster(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
+    if let Some(denied) = unauthorized(&ops, &headers) {
+        return denied;
+    }
+    match ops.app.cluster.get() {
+        Some(node) => Json(node.status()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "this Shoal is not in a cluster (no [cluster] section)"})),
+        )
+            .into_response(),
+    }
+}
+
+/// The refusal of a request without the metrics token, when one is set.
+fn unauthorized(ops: &Ops, headers: &HeaderMap) -> Option<Response> {
+    let t = ops.token.as_ref()?;
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(t.as_bytes().ct_eq(given.as_bytes())) {
+        return None;
+    }
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "missing or invalid bearer token"})),
+        )
+            .into_response(),
+    )
+}
+
 async fn metrics(State(ops): State<Arc<Ops>>, headers: HeaderMap) -> Response {
-    if let Some(t) = &ops.token {
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(t.as_bytes().ct_eq(given.as_bytes())) {
-            return (
-                StatusCode::UNAUTHORIZED,
-                Json(json!({"error": "missing or invalid bearer token"})),
-            )
-                .into_response();
-        }
+    if let Some(denied) = unauthorized(&ops, &headers) {
+        return denied;
     }
     (
         [(

@@ -26,6 +26,8 @@ pub struct Links {
     out: Mutex<HashMap<(String, usize), Cell>>,
     /// Accepted from other nodes.
     accepted: Mutex<Vec<Link>>,
+    /// Bytes in and out over links with each peer that have ended (so the totals only grow).
+    retired: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 impl Links {
@@ -34,6 +36,60 @@ impl Links {
             secret: secret.into(),
             out: Mutex::new(HashMap::new()),
             accepted: Mutex::new(Vec::new()),
+            retired: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn retire(&self, l: &Link) {
+        let (i, o) = l.bytes();
+        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let t = r.entry(l.peer().to_owned()).or_default();
+        t.0 += i;
+        t.1 += o;
+    }
+
+    /// Bytes in and out over every link with `peer` since this node started.
+    pub fn total_bytes(&self, peer: &str) -> (u64, u64) {
+        let mut t = self
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(peer)
+            .copied()
+            .unwrap_or_default();
+        for l in self.all().iter().filter(|l| l.peer() == peer) {
+            let (i, o) = l.bytes();
+            t.0 += i;
+            t.1 += o;
+        }
+        t
+    }
+
+    /// Moves ended links' byte counts into the totals and forgets the links.
+    fn forget_dead(&self) {
+        let mut dead = Vec::new();
+        self.out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, c| match c.get() {
+                Some(l) if l.dead().is_some() => {
+                    dead.push(l.clone());
+                    false
+                }
+                _ => true,
+            });
+        self.accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|l| {
+                if l.dead().is_some() {
+                    dead.push(l.clone());
+                    return false;
+                }
+                true
+            });
+        for l in dead {
+            self.retire(&l);
         }
     }
 
@@ -43,7 +99,8 @@ impl Links {
         let cell = {
             let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
             let cell = out.entry(key).or_default();
-            if cell.get().is_some_and(|l| l.dead().is_some()) {
+            if let Some(dead) = cell.get().filter(|l| l.dead().is_some()) {
+                self.retire(dead);
                 *cell = Cell::default();
             }
             cell.clone()
@@ -84,6 +141,17 @@ impl Links {
         tracing::info!(peer, shard = crate::shard::current(), "node link opened");
         tokio::spawn(run(tcp, l.clone(), incoming, None));
         Ok(l)
+    }
+
+    /// The links other nodes opened here, alive now.
+    pub fn accepted(&self) -> Vec<Link> {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|l| l.dead().is_none())
+            .cloned()
+            .collect()
     }
 
     /// Every link now, outgoing then accepted.
@@ -229,10 +297,6 @@ pub async fn upkeep(node: Arc<Node>) {
                 l.ping();
             }
         }
-        node.links
-            .accepted
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|l| l.dead().is_none());
+        node.links.forget_dead();
     }
 }

@@ -7,6 +7,7 @@
 //! - [`links`]: the node links, outgoing and accepted, and their upkeep.
 //! - [`open`]: what a relaying node tells an owner about a client.
 //! - [`pipe`]: the relaying node's byte loop between a client and the owner.
+//! - [`status`]: the cluster as this node sees it (console, metrics, API).
 //!
 //! etcd is only ever called on the control runtime; a login asks for a claim through
 //! [`crate::control::spawn`] and awaits the answer.
@@ -14,6 +15,7 @@
 pub mod links;
 pub mod open;
 pub mod pipe;
+pub mod status;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -122,6 +124,11 @@ impl Node {
     /// The live nodes now.
     pub fn nodes(&self) -> shoal_cluster::membership::View {
         self.membership.nodes()
+    }
+
+    /// Whether this node's lease is known to be alive.
+    pub fn lease_alive(&self) -> bool {
+        *self.membership.lease_alive().borrow()
     }
 
     /// Every pool's recorded owner now.
