@@ -74,6 +74,8 @@ pub struct Membership {
     view: watch::Receiver<View>,
     owners: watch::Receiver<Owners>,
     alive: watch::Receiver<bool>,
+    renewed: watch::Receiver<std::time::Instant>,
+    lease_ttl: Duration,
     slot: u16,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -86,6 +88,7 @@ impl Membership {
             return Err(ClusterError::LeaseTooShort(cfg.lease_ttl));
         }
         let mut client = Client::connect(&cfg.etcd, None).await?;
+        let granted = std::time::Instant::now();
         let lease = client
             .lease_grant(cfg.lease_ttl.as_secs() as i64, None)
             .await?
@@ -116,10 +119,17 @@ impl Membership {
             return Err(ClusterError::DuplicateNode(cfg.node.id));
         }
         let (alive_tx, alive) = watch::channel(true);
+        let (renewed_tx, renewed) = watch::channel(granted);
         let (view_tx, view) = watch::channel(View::default());
         let (owners_tx, owners) = watch::channel(Owners::default());
         let tasks = vec![
-            tokio::spawn(keep_alive(client.clone(), lease, cfg.lease_ttl, alive_tx)),
+            tokio::spawn(keep_alive(
+                client.clone(),
+                lease,
+                cfg.lease_ttl,
+                alive_tx,
+                renewed_tx,
+            )),
             tokio::spawn(follow(client.clone(), NODES_PREFIX, parse_node, view_tx)),
             tokio::spawn(follow(
                 client.clone(),
@@ -135,6 +145,8 @@ impl Membership {
             view,
             owners,
             alive,
+            renewed,
+            lease_ttl: cfg.lease_ttl,
             slot: cfg.node.slot,
             tasks,
         };
@@ -191,6 +203,18 @@ impl Membership {
         self.alive.clone()
     }
 
+    /// Until when this node's lease is surely alive: its last confirmed renewal (from when it
+    /// was sent) plus two thirds of the TTL, a margin for clocks running at different rates.
+    /// Moves on with each renewal; [`Membership::renewals`] says when.
+    pub fn valid_until(&self) -> std::time::Instant {
+        *self.renewed.borrow() + self.lease_ttl * 2 / 3
+    }
+
+    /// A receiver that changes at each confirmed renewal.
+    pub fn renewals(&self) -> watch::Receiver<std::time::Instant> {
+        self.renewed.clone()
+    }
+
     /// Deregisters now (revokes the lease): the others see this node go at once, and the
     /// pools it held are free.
     pub async fn leave(&self) {
@@ -211,15 +235,23 @@ impl Drop for Membership {
 
 /// Renews the lease three times per TTL. Gives up (and says so) when a renewal has not been
 /// confirmed for two thirds of the TTL: the lease may expire before the next could land.
-async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, alive: watch::Sender<bool>) {
+async fn keep_alive(
+    mut client: Client,
+    lease: i64,
+    ttl: Duration,
+    alive: watch::Sender<bool>,
+    renewed_at: watch::Sender<std::time::Instant>,
+) {
     let period = ttl / 3;
     let deadline = ttl * 2 / 3;
-    let mut last_ok = tokio::time::Instant::now();
+    let mut last_ok = tokio::time::Instant::from_std(*renewed_at.borrow());
     let mut stream = None;
     loop {
         if stream.is_none() {
             stream = client.lease_keep_alive(lease).await.ok();
         }
+        // etcd extends the lease from when it handles the renewal, which is after this.
+        let sent = tokio::time::Instant::now();
         let renewed = match stream.as_mut() {
             Some((keeper, responses)) => {
                 let round = async {
@@ -246,7 +278,9 @@ async fn keep_alive(mut client: Client, lease: i64, ttl: Duration, alive: watch:
             None => false,
         };
         if renewed {
-            last_ok = tokio::time::Instant::now();
+            last_ok = sent;
+            renewed_at.send_replace(sent.into_std());
+            alive.send_if_modified(|a| !std::mem::replace(a, true));
         } else if last_ok.elapsed() >= deadline {
             tracing::error!(
                 lease,

@@ -210,6 +210,14 @@ pub struct ServerConn {
     pub shard: usize,
 }
 
+impl Drop for ServerConn {
+    fn drop(&mut self) {
+        // The tracker goes before the socket closes: whoever it tells may hold the socket's
+        // descriptor number, which must not outlive the socket.
+        self.tracker.take();
+    }
+}
+
 /// Connects to the first reachable address of the upstream's host in its address family.
 async fn connect_tcp(up: &Upstream, addr_text: &str) -> std::io::Result<TcpStream> {
     use crate::config::IpFamily;
@@ -635,7 +643,7 @@ impl ServerConn {
         if self.shard == here || here == crate::shard::NO_SHARD {
             return Ok(self);
         }
-        match self.stream {
+        match std::mem::replace(&mut self.stream, Stream::Upgrading) {
             Stream::Tcp(tcp) => {
                 // Leaves the other shard's reactor and joins this one's: two epoll_ctl calls,
                 // the descriptor unchanged.

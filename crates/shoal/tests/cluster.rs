@@ -243,3 +243,145 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
         "{text}"
     );
 }
+
+/// Connects through `n` and runs a query, retrying until it works; returns how long it took.
+async fn until_served(n: &Shoal, db: &str, limit: Duration) -> Duration {
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Ok(c) = n.try_connect(&n.conninfo("app", APP_PASSWORD, db)).await {
+            if c.simple_query("SELECT 1").await.is_ok() {
+                return start.elapsed();
+            }
+        }
+        assert!(start.elapsed() < limit, "not served within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owner_is_replaced_within_its_lease() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let relayed = relay.connect(&db).await;
+    relayed.simple_query("SELECT 1").await.unwrap();
+    owner.signal(libc::SIGKILL);
+    // The relayed client learns that its pool's node is gone (its session lived there).
+    let e = relayed.simple_query("SELECT 1").await.unwrap_err();
+    assert!(
+        relayed.is_closed() || e.code().is_some_and(|c| c.code() == "08006"),
+        "{e:?}"
+    );
+    // Within the 2 s lease and a little more, the surviving node owns the pool.
+    let took = until_served(relay, &db, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(relay.log_contains("pool owned by this node"));
+    eventually("servers within pool_size", Duration::from_secs(10), || {
+        pg().backends(&db) <= 2
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_is_fenced_when_it_resumes_and_joins_again() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    // A client of the owner itself, which will be paused under it.
+    let local = owner.connect(&db).await;
+    local.simple_query("SELECT 1").await.unwrap();
+    owner.signal(libc::SIGSTOP);
+    // The other node takes the pool over once the paused node's lease expires.
+    until_served(relay, &db, Duration::from_secs(15)).await;
+    assert!(relay.log_contains("pool owned by this node"));
+    owner.signal(libc::SIGCONT);
+    // Resumed, the old owner must not use its servers: its client's next statement fails
+    // rather than run beside the new owner.
+    let e = local.simple_query("SELECT 1").await.unwrap_err();
+    let db_error = e.as_db_error().expect("an error from Shoal");
+    assert_eq!(db_error.code().code(), "08006");
+    assert!(
+        db_error.message().contains("no longer owned by this node"),
+        "{db_error:?}"
+    );
+    // It joins again and relays its clients to the new owner.
+    eventually("joined again", Duration::from_secs(15), || {
+        owner.log_contains("joined the cluster again")
+    })
+    .await;
+    until_served(owner, &db, Duration::from_secs(15)).await;
+    eventually("servers within pool_size", Duration::from_secs(10), || {
+        pg().backends(&db) <= 2
+    })
+    .await;
+}
+
+/// Whether a line of `n`'s log has every one of `parts`.
+fn logged(n: &Shoal, parts: &[&str]) -> bool {
+    n.log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| parts.iter().all(|p| l.contains(p)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_moves_to_a_joining_node_and_a_busy_one_stays() {
+    let etcd = Etcd::start();
+    let (idle_db, busy_db) = (unique_db("cluster"), unique_db("cluster"));
+    pg().create_database(&idle_db);
+    pg().create_database(&busy_db);
+    let (idle_key, busy_key) = (format!("{idle_db}/app"), format!("{busy_db}/app"));
+    // A joining node that rendezvous hashing gives both pools to.
+    let joiner = (0..)
+        .map(|i| format!("n{i}"))
+        .find(|id| {
+            [&idle_key, &busy_key]
+                .iter()
+                .all(|k| shoal_cluster::hrw::owner(k, ["a", id.as_str()]) == Some(id.as_str()))
+        })
+        .unwrap();
+    let two = |id: &str| {
+        let cluster = format!(
+            "[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n",
+            etcd.url, SECRET.0
+        );
+        Shoal::start_with_env(
+            &base_config(pg(), &[&idle_db, &busy_db], &cluster),
+            &[SECRET],
+        )
+    };
+    let a = two("a");
+    a.connect(&idle_db)
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    let busy = a.connect(&busy_db).await;
+    busy.simple_query("SELECT 1").await.unwrap();
+    let n = two(&joiner);
+    // The idle pool goes to the new node; the one with a client stays.
+    eventually("the idle pool given up", Duration::from_secs(10), || {
+        logged(&a, &["pool given up by this node", &idle_key])
+    })
+    .await;
+    until_served(&a, &idle_db, Duration::from_secs(10)).await;
+    assert!(logged(&n, &["pool owned by this node", &idle_key]));
+    busy.simple_query("SELECT 1").await.unwrap();
+    let via_new = n.connect(&busy_db).await;
+    via_new.simple_query("SELECT 1").await.unwrap();
+    assert!(!logged(&a, &["pool given up by this node", &busy_key]));
+    assert!(!logged(&n, &["pool owned by this node", &busy_key]));
+}

@@ -7,6 +7,7 @@
 //! - [`links`]: the node links, outgoing and accepted, and their upkeep.
 //! - [`open`]: what a relaying node tells an owner about a client.
 //! - [`pipe`]: the relaying node's byte loop between a client and the owner.
+//! - `rebalance`: idle pools given up when hashing names another node.
 //! - [`status`]: the cluster as this node sees it (console, metrics, API).
 //!
 //! etcd is only ever called on the control runtime; a login asks for a claim through
@@ -15,10 +16,12 @@
 pub mod links;
 pub mod open;
 pub mod pipe;
+mod rebalance;
 pub mod status;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use shoal_cluster::ownership::Claim;
 use shoal_cluster::{ClusterError, Membership, MembershipConfig, NodeInfo};
@@ -66,9 +69,13 @@ pub struct ClusterMetrics {
 
 pub struct Node {
     pub id: String,
-    pub slot: u16,
     pub config: Cluster,
-    membership: Membership,
+    /// This node's registration; replaced when the node joins again after its lease expired.
+    membership: std::sync::RwLock<Arc<Membership>>,
+    /// How it registers (to join again).
+    joining: MembershipConfig,
+    /// Set when the node leaves at shutdown (no joining again then).
+    left: std::sync::atomic::AtomicBool,
     pub links: links::Links,
     pub metrics: ClusterMetrics,
 }
@@ -88,7 +95,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         addr: config.relay_listen,
         source,
     })?;
-    let membership = Membership::join(MembershipConfig {
+    let joining = MembershipConfig {
         etcd: config.etcd.clone(),
         node: NodeInfo {
             id: config.node_id.clone(),
@@ -97,43 +104,68 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
             slot: 0,
         },
         lease_ttl: config.lease_ttl,
-    })
-    .await
-    .map_err(NodeError::Join)?;
-    let slot = membership.slot();
-    if slot > crate::cancel::MAX_SLOT {
-        return Err(NodeError::Join(ClusterError::NoSlot));
-    }
-    app.cancels.set_node_slot(slot);
+    };
+    let membership = join(app, &joining).await.map_err(NodeError::Join)?;
     let node = Arc::new(Node {
         id: config.node_id.clone(),
-        slot,
         links: links::Links::new(config.secret.as_bytes()),
         config,
-        membership,
+        membership: std::sync::RwLock::new(Arc::new(membership)),
+        joining,
+        left: Default::default(),
         metrics: ClusterMetrics::default(),
     });
-    tracing::info!(node = %node.id, slot, relay = %relay, "joined the cluster");
+    tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
     tokio::spawn(links::upkeep(node.clone()));
-    tokio::spawn(fence_on_lapse(app.clone(), node.clone()));
+    tokio::spawn(keep_membership(app.clone(), node.clone()));
+    tokio::spawn(rebalance::run(app.clone(), node.clone()));
     Ok(node)
 }
 
+/// Registers this node; the cancel keys made from then on carry its slot.
+async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership, ClusterError> {
+    let m = Membership::join(cfg.clone()).await?;
+    if m.slot() > crate::cancel::MAX_SLOT {
+        return Err(ClusterError::NoSlot);
+    }
+    app.cancels.set_node_slot(m.slot());
+    crate::pool::set_deadline(m.valid_until());
+    Ok(m)
+}
+
 impl Node {
+    /// This node's registration now.
+    fn membership(&self) -> Arc<Membership> {
+        self.membership
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// This node's slot (carried by its cancel keys).
+    pub fn slot(&self) -> u16 {
+        self.membership().slot()
+    }
+
     /// The live nodes now.
     pub fn nodes(&self) -> shoal_cluster::membership::View {
-        self.membership.nodes()
+        self.membership().nodes()
     }
 
     /// Whether this node's lease is known to be alive.
     pub fn lease_alive(&self) -> bool {
-        *self.membership.lease_alive().borrow()
+        *self.membership().lease_alive().borrow()
     }
 
     /// Every pool's recorded owner now.
     pub fn owners(&self) -> shoal_cluster::membership::Owners {
-        self.membership.owners()
+        self.membership().owners()
+    }
+
+    /// The node rendezvous hashing names for `pool` among the live nodes.
+    pub fn hashed_owner(&self, pool: &str) -> Option<String> {
+        self.membership().hashed_owner(pool)
     }
 
     /// Where `pool`'s clients are served. A pool this node holds is here; one another node
@@ -149,20 +181,18 @@ impl Node {
             return Ok(Place::Here);
         }
         let key = &pool.name;
-        let claim_here = match self.membership.owners().get(key) {
+        let membership = self.membership();
+        let claim_here = match membership.owners().get(key) {
             Some(n) if *n == self.id => true,
             Some(n) => return Ok(Place::There(n.clone())),
-            None => {
-                relayed || self.membership.hashed_owner(key).as_deref() == Some(self.id.as_str())
-            }
+            None => relayed || membership.hashed_owner(key).as_deref() == Some(self.id.as_str()),
         };
         if !claim_here {
-            let hashed = self.membership.hashed_owner(key);
+            let hashed = membership.hashed_owner(key);
             return Ok(Place::There(hashed.unwrap_or_else(|| self.id.clone())));
         }
-        let me = self.clone();
         let k = key.clone();
-        let claimed = crate::control::spawn(async move { me.membership.claim(&k).await })
+        let claimed = crate::control::spawn(async move { membership.claim(&k).await })
             .await
             .map_err(|e| NodeError::Claim(key.clone(), e.to_string()))?
             .map_err(|e| NodeError::Claim(key.clone(), e.to_string()))?;
@@ -180,7 +210,8 @@ impl Node {
     /// Leaves the cluster at shutdown: the others see this node go at once (its pools are
     /// free to be claimed), and the links end, with them the clients relayed here.
     pub async fn leave(&self) {
-        self.membership.leave().await;
+        self.left.store(true, Ordering::SeqCst);
+        self.membership().leave().await;
         for l in self.links.all() {
             l.kill("the node is shutting down");
         }
@@ -188,15 +219,15 @@ impl Node {
 
     /// The relay address of a live node.
     pub fn relay_addr(&self, node: &str) -> Option<String> {
-        self.membership.nodes().get(node).map(|n| n.relay.clone())
+        self.nodes().get(node).map(|n| n.relay.clone())
     }
 
     /// Passes a cancel request that names no client of this node to the node that issued
     /// its key (or, for a real server's process id, which names none, to every node).
     pub async fn forward_cancel(self: &Arc<Self>, process_id: i32, secret: i32) {
-        let nodes = self.membership.nodes();
+        let nodes = self.nodes();
         let targets: Vec<String> = match crate::cancel::node_slot(process_id) {
-            Some(slot) if slot == self.slot => return,
+            Some(slot) if slot == self.slot() => return,
             Some(slot) => nodes
                 .values()
                 .filter(|n| n.slot == slot)
@@ -215,22 +246,68 @@ impl Node {
     }
 }
 
-/// When this node's lease may have lapsed, every pool it owns is fenced at once: no server
-/// is opened for it, idle ones are closed and its clients' servers are ended, so this node
-/// never acts beside the owner the others will choose once the lease expires.
-async fn fence_on_lapse(app: Arc<App>, node: Arc<Node>) {
-    let mut alive = node.membership.lease_alive();
-    while alive.wait_for(|a| !*a).await.is_ok() {
-        let mut fenced = 0;
-        for pool in app.routes.pools() {
-            if pool.fence.close() {
-                fenced += 1;
-                pool.close_idle().await;
+/// Follows this node's registration: moves the owned pools' deadline on at each confirmed
+/// renewal (see [`crate::pool::Fence`]); fences every owned pool as soon as the lease may
+/// have lapsed; and once etcd says it expired (the node was paused or cut off for longer
+/// than its TTL), joins the cluster again as a new member.
+// Runs on the control runtime, which has tokio's time driver.
+#[allow(clippy::disallowed_methods)]
+async fn keep_membership(app: Arc<App>, node: Arc<Node>) {
+    loop {
+        let m = node.membership();
+        let mut renewals = m.renewals();
+        let mut alive = m.lease_alive();
+        loop {
+            tokio::select! {
+                r = renewals.changed() => match r {
+                    Ok(()) => crate::pool::set_deadline(m.valid_until()),
+                    Err(_) => break,
+                },
+                r = alive.changed() => match r {
+                    Ok(()) if !*alive.borrow_and_update() => fence_all(&app, &node).await,
+                    Ok(()) => tracing::info!(node = %node.id, "cluster lease renewed again"),
+                    // The registration ended: etcd expired the lease, or the node left.
+                    Err(_) => break,
+                },
             }
         }
-        tracing::error!(node = %node.id, fenced, "cluster lease lapsed: this node owns no pools now");
-        if alive.wait_for(|a| *a).await.is_err() {
+        if node.left.load(Ordering::SeqCst) {
             return;
         }
+        fence_all(&app, &node).await;
+        tracing::warn!(node = %node.id, "cluster lease expired: joining the cluster again");
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match join(&app, &node.joining).await {
+                Ok(fresh) => {
+                    tracing::info!(node = %node.id, slot = fresh.slot(), "joined the cluster again");
+                    *node.membership.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node.id, error = %e, "cannot join the cluster again yet");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// Fences every pool this node owns: no server is used for it (its deadline has passed
+/// too), idle ones are closed, and the transactions running on the others end (their
+/// sockets are shut), so this node never acts beside the owner the others will choose once
+/// its lease expires.
+async fn fence_all(app: &App, node: &Node) {
+    let mut fenced = 0;
+    for pool in app.routes.pools() {
+        if pool.fence.close() {
+            fenced += 1;
+            pool.server_fds.shut_reads();
+            pool.close_idle().await;
+        }
+    }
+    if fenced > 0 {
+        tracing::error!(node = %node.id, fenced, "cluster lease lapsed: this node owns no pools now");
     }
 }

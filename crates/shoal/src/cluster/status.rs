@@ -85,7 +85,7 @@ impl Node {
         }
         ClusterStatus {
             node: self.id.clone(),
-            slot: self.slot,
+            slot: self.slot(),
             lease_alive: self.lease_alive(),
             nodes,
             relayed_out: self.metrics.relayed_out.load(Ordering::Relaxed),

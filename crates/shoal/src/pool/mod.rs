@@ -15,7 +15,7 @@ mod fence;
 mod idle;
 mod lease;
 
-pub use fence::Fence;
+pub use fence::{set_deadline, Fence};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
 
@@ -153,6 +153,9 @@ pub struct Pool {
     ended: std::sync::OnceLock<String>,
     /// This pool's logged-in clients' sockets, so ending the pool can end them.
     pub client_fds: crate::net::ClientFds,
+    /// This pool's server sockets, so fencing the pool (cluster) can end the transactions
+    /// running on them.
+    pub server_fds: crate::net::ClientFds,
     /// When the last client left (milliseconds on [`clock`]), for closing unused pools.
     pub unused_since: AtomicU64,
     /// The tenant this pool serves, if any (for metrics and the admin console).
@@ -188,11 +191,15 @@ pub struct ServerInfo {
 pub struct ServerTracker {
     pool: Weak<Pool>,
     id: u64,
+    fd: Option<std::os::fd::RawFd>,
 }
 
 impl Drop for ServerTracker {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.upgrade() {
+            if let Some(fd) = self.fd {
+                pool.server_fds.remove(fd);
+            }
             pool.servers_info
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -231,6 +238,7 @@ impl Pool {
             size: AtomicUsize::new(settings.size),
             ended: std::sync::OnceLock::new(),
             client_fds: Default::default(),
+            server_fds: Default::default(),
             unused_since: AtomicU64::new(clock::now_ms()),
             tenant,
             metrics: Default::default(),
@@ -317,6 +325,9 @@ impl Pool {
         // every transaction's, which is allocated and moved once per burst of activity.
         if self.paused.load(Ordering::Relaxed) {
             Box::pin(self.wait_resumed()).await?;
+        }
+        if !self.fence.may_open() {
+            return Err(CheckoutError::Fenced(self.name.clone()));
         }
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(p) => {
@@ -486,7 +497,7 @@ impl Pool {
     /// A server without waiting or connecting, when one is free and idle: the common case,
     /// which needs no cancellation handling.
     pub fn try_checkout(self: &Arc<Self>, client: u64) -> Option<Lease> {
-        if self.paused.load(Ordering::Relaxed) {
+        if self.paused.load(Ordering::Relaxed) || !self.fence.may_open() {
             return None;
         }
         let permit = self.permits.clone().try_acquire_owned().ok()?;
@@ -525,9 +536,14 @@ impl Pool {
                             tls: conn.stream.is_tls(),
                         },
                     );
+                let fd = conn.stream.raw_fd();
+                if let Some(fd) = fd {
+                    self.server_fds.insert(fd);
+                }
                 conn.tracker = Some(Box::new(ServerTracker {
                     pool: self.self_weak(),
                     id: conn.id,
+                    fd,
                 }));
                 opening.opened();
                 if self.login_params(&[]).is_none() {

@@ -490,15 +490,21 @@ impl Session {
                 if flow.status != b'I' {
                     // Inside a transaction block: the client's session is gone with the
                     // server's, as on a direct connection. Pass the server's own FATAL on.
-                    let (code, message) = match fatal {
-                        Some(f) => (known_code(&f.code), f.message),
+                    let (kind, code, message) = match fatal {
+                        Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
+                        None if self.pool.fence.fenced() => (
+                            ErrorKind::Fenced,
+                            sqlstate::CONNECTION_FAILURE,
+                            "this Shoal node stopped serving the pool (its cluster lease lapsed); the transaction was ended: reconnect".to_string(),
+                        ),
                         None => (
+                            ErrorKind::ServerLost,
                             sqlstate::CONNECTION_FAILURE,
                             "server closed the connection unexpectedly".to_string(),
                         ),
                     };
                     tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
-                    return Err(SessionError::fatal(ErrorKind::ServerLost, code, message));
+                    return Err(SessionError::fatal(kind, code, message));
                 }
                 self.report_server_loss(&flow, fatal).await?;
                 Ok(false)
