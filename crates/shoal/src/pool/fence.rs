@@ -89,6 +89,12 @@ impl Fence {
     }
 }
 
+impl Default for Fence {
+    fn default() -> Self {
+        Fence::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,11 +114,5 @@ mod tests {
         let single = Fence(AtomicU8::new(OPEN));
         assert!(single.may_open(), "a single node has no deadline");
         assert!(!single.close());
-    }
-}
-
-impl Default for Fence {
-    fn default() -> Self {
-        Fence::new()
     }
 }
