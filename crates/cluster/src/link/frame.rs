@@ -27,7 +27,14 @@ pub enum Kind {
     /// Round-trip probe (8 opaque bytes, echoed by [`Kind::Pong`]). Stream id 0.
     Ping = 6,
     Pong = 7,
+    /// A piece of the stream's latest state snapshot (the pooler's business, opaque here):
+    /// a flags byte ([`STATE_LAST`] on the snapshot's last piece), then the piece. Outside
+    /// the stream's window: snapshots are rare and bounded.
+    State = 8,
 }
+
+/// Flag of a snapshot's last [`Kind::State`] piece.
+pub const STATE_LAST: u8 = 1;
 
 impl Kind {
     fn from_u8(b: u8) -> Option<Kind> {
@@ -39,6 +46,7 @@ impl Kind {
             5 => Kind::Cancel,
             6 => Kind::Ping,
             7 => Kind::Pong,
+            8 => Kind::State,
             _ => return None,
         })
     }
@@ -94,7 +102,7 @@ pub fn parse_header(buf: &[u8]) -> Result<Option<Header>, FrameError> {
         Kind::Ping | Kind::Pong => Some(8),
         _ => None,
     };
-    if fixed.is_some_and(|f| f != len) {
+    if fixed.is_some_and(|f| f != len) || (kind == Kind::State && len == 0) {
         return Err(FrameError::BadLength(kind, len));
     }
     Ok(Some(Header { kind, stream, len }))

@@ -36,6 +36,8 @@ pub const WINDOW: usize = 256 * 1024;
 const CREDIT_BATCH: usize = WINDOW / 4;
 /// An inbox emptied with more capacity than this gives it back (an idle stream holds none).
 const KEEP_INBOX: usize = 16 * 1024;
+/// Largest state snapshot a stream carries.
+pub const MAX_STATE: usize = 16 << 20;
 
 /// Which end of the connection this is: the two ends number the streams they open apart
 /// (odd and even), so both may open streams without agreeing first.
@@ -66,6 +68,9 @@ struct Slot {
     peer_closed: Option<Box<str>>,
     /// This side sent Close (a shutdown); the slot stays until the stream is dropped.
     local_closed: bool,
+    /// The peer's state snapshot being received, and the last one complete.
+    state_partial: Option<BytesMut>,
+    state: Option<Bytes>,
 }
 
 struct State {
@@ -343,6 +348,20 @@ impl Link {
                     let _ = tx.send(Incoming::Cancel(pid, key));
                 }
             }
+            Kind::State => {
+                if let Some(slot) = s.streams.get_mut(&id) {
+                    let part = slot.state_partial.get_or_insert_with(BytesMut::new);
+                    if part.len() + payload.len() > MAX_STATE {
+                        return Err(format!("the peer sent stream {id} too large a state"));
+                    }
+                    part.extend_from_slice(&payload[1..]);
+                    if payload[0] & frame::STATE_LAST != 0 {
+                        slot.state = slot.state_partial.take().map(BytesMut::freeze);
+                        // Whoever waits for the stream may be waiting for this.
+                        wake(&mut slot.reader);
+                    }
+                }
+            }
             Kind::Ping => s.queue(Kind::Pong, 0, payload),
             Kind::Pong => {
                 if let Some(sent) = s.ping_sent.take() {
@@ -551,6 +570,43 @@ impl LinkStream {
             let why = &why.as_bytes()[..why.len().min(1024)];
             s.queue(Kind::Close, self.id, why);
         }
+    }
+
+    /// Sends the peer a state snapshot of this stream (replacing the one it had).
+    pub fn send_state(&self, snapshot: &[u8]) -> io::Result<()> {
+        if snapshot.len() > MAX_STATE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "state too large",
+            ));
+        }
+        let mut guard = self.link.lock();
+        let s = &mut *guard;
+        if let Some(r) = &s.dead {
+            return Err(lost(r));
+        }
+        let mut pieces = snapshot.chunks(MAX_PAYLOAD - 1).peekable();
+        if pieces.peek().is_none() {
+            frame::put_frame(&mut s.out, Kind::State, self.id, &[frame::STATE_LAST]);
+        }
+        while let Some(piece) = pieces.next() {
+            let flags = if pieces.peek().is_none() {
+                frame::STATE_LAST
+            } else {
+                0
+            };
+            frame::put_header(&mut s.out, Kind::State, self.id, piece.len() + 1);
+            s.out.extend_from_slice(&[flags]);
+            s.out.extend_from_slice(piece);
+        }
+        wake(&mut s.writer);
+        Ok(())
+    }
+
+    /// The last complete state snapshot the peer sent for this stream.
+    pub fn state(&self) -> Option<Bytes> {
+        let s = self.link.lock();
+        s.streams.get(&self.id).and_then(|slot| slot.state.clone())
     }
 
     /// Why the peer closed the stream, if it did and said.

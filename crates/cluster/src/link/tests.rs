@@ -148,3 +148,29 @@ async fn a_peer_may_not_open_streams_numbered_as_ours() {
     let why = driver.await.unwrap();
     assert!(why.contains("may not"), "{why}");
 }
+
+#[tokio::test]
+async fn state_snapshots_arrive_whole_and_replace_each_other() {
+    let (conn, _acc, mut incoming) = pair();
+    let s = conn.open(b"x").unwrap();
+    let (r, _) = next_stream(&mut incoming).await;
+    // Larger than one frame: sent in pieces.
+    let big: Vec<u8> = (0..200_000).map(|i| (i % 253) as u8).collect();
+    r.send_state(&big).unwrap();
+    r.send_state(b"newer").unwrap();
+    // A data byte after them proves they arrived (frames keep their order).
+    let mut r = r;
+    r.write_all(b"!").await.unwrap();
+    let mut s = s;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await.unwrap();
+    assert_eq!(s.state().as_deref(), Some(&b"newer"[..]));
+    r.send_state(&big).unwrap();
+    r.write_all(b"!").await.unwrap();
+    s.read_exact(&mut b).await.unwrap();
+    assert_eq!(s.state().as_deref(), Some(&big[..]));
+    r.send_state(b"").unwrap();
+    r.write_all(b"!").await.unwrap();
+    s.read_exact(&mut b).await.unwrap();
+    assert_eq!(s.state().as_deref(), Some(&b""[..]));
+}

@@ -7,6 +7,7 @@
 //! - [`links`]: the node links, outgoing and accepted, and their upkeep.
 //! - [`open`]: what a relaying node tells an owner about a client.
 //! - [`pipe`]: the relaying node's byte loop between a client and the owner.
+//! - [`position`]: where a relayed client stands in the protocol (may it move owners?).
 //! - `rebalance`: idle pools given up when hashing names another node.
 //! - [`status`]: the cluster as this node sees it (console, metrics, API).
 //!
@@ -16,6 +17,7 @@
 pub mod links;
 pub mod open;
 pub mod pipe;
+pub mod position;
 mod rebalance;
 pub mod status;
 
@@ -78,6 +80,9 @@ pub struct Node {
     left: std::sync::atomic::AtomicBool,
     pub links: links::Links,
     pub metrics: ClusterMetrics,
+    /// The node serving each client relayed from here, by its cancel key's process id: a
+    /// client's cancel comes to the node it connected to, which passes it on.
+    relayed: std::sync::Mutex<std::collections::HashMap<i32, String>>,
 }
 
 /// Joins the cluster: takes a slot, registers under a lease, starts following the others,
@@ -114,6 +119,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         joining,
         left: Default::default(),
         metrics: ClusterMetrics::default(),
+        relayed: Default::default(),
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
@@ -217,6 +223,26 @@ impl Node {
         }
     }
 
+    /// Whether the node is leaving (shutdown).
+    pub fn leaving(&self) -> bool {
+        self.left.load(Ordering::Relaxed)
+    }
+
+    /// A client relayed from here (by its cancel key's process id) is served by `owner`.
+    pub fn relayed_to(&self, process_id: i32, owner: &str) {
+        self.relayed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(process_id, owner.to_owned());
+    }
+
+    pub fn forget_relayed(&self, process_id: i32) {
+        self.relayed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&process_id);
+    }
+
     /// The relay address of a live node.
     pub fn relay_addr(&self, node: &str) -> Option<String> {
         self.nodes().get(node).map(|n| n.relay.clone())
@@ -226,7 +252,15 @@ impl Node {
     /// its key (or, for a real server's process id, which names none, to every node).
     pub async fn forward_cancel(self: &Arc<Self>, process_id: i32, secret: i32) {
         let nodes = self.nodes();
+        let relayed = self
+            .relayed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&process_id)
+            .cloned();
         let targets: Vec<String> = match crate::cancel::node_slot(process_id) {
+            // A client of this node, relayed: its owner now (it may have moved).
+            _ if relayed.is_some() => relayed.into_iter().collect(),
             Some(slot) if slot == self.slot() => return,
             Some(slot) => nodes
                 .values()

@@ -21,6 +21,50 @@ pub struct RelayOpen {
     /// The SCRAM client key the client proved (passthrough users only).
     #[serde(default)]
     pub client_key: Option<[u8; 32]>,
+    /// Set when the client's last owner was lost while it was idle: it is logged in already,
+    /// and goes on here from where it was.
+    #[serde(default)]
+    pub resume: Option<Resume>,
+}
+
+/// A relayed client moving to a new owner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resume {
+    /// The cancel key the client holds.
+    pub cancel_key: (i32, i32),
+    /// Its session's last state snapshot, if the old owner sent one (see [`Snapshot`]).
+    pub snapshot: Option<Vec<u8>>,
+}
+
+/// What an owner tells the relaying node of a relayed client's session, as a stream state
+/// snapshot, each time it changes while the client is idle (and once after a resume).
+pub enum Snapshot<'a> {
+    /// Nothing beyond what the login had: a new owner can take the client as it is.
+    Plain,
+    /// The session's state (JSON of a [`crate::handoff::SessionImage`]).
+    Image(&'a [u8]),
+    /// State a new owner cannot take up (LISTEN, session mode, statements naming this node's
+    /// server statements): if this owner is lost, the client is told and closed.
+    Stays,
+}
+
+impl<'a> Snapshot<'a> {
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Snapshot::Plain => b"A".to_vec(),
+            Snapshot::Stays => b"N".to_vec(),
+            Snapshot::Image(j) => [&b"I"[..], j].concat(),
+        }
+    }
+
+    pub fn decode(b: &'a [u8]) -> Option<Snapshot<'a>> {
+        match b.split_first()? {
+            (b'A', _) => Some(Snapshot::Plain),
+            (b'N', _) => Some(Snapshot::Stays),
+            (b'I', j) => Some(Snapshot::Image(j)),
+            _ => None,
+        }
+    }
 }
 
 impl RelayOpen {

@@ -7,15 +7,19 @@
 //! into a recycled buffer), as an idle local client holds none.
 
 use std::future::poll_fn;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use shoal_cluster::link::LinkStream;
 
-use super::open::{RelayOpen, REDIRECT};
-use super::{Node, NodeError};
+use super::open::{RelayOpen, Resume, Snapshot, REDIRECT};
+use super::position::Position;
+use super::{Node, NodeError, Place};
 use crate::net::Stream;
+use crate::pool::Pool;
 
 /// Redirects followed before giving up (ownership moving while the client logs in).
 const MAX_HOPS: usize = 3;
@@ -35,52 +39,142 @@ pub enum RelayError {
 /// Relays the client to the node `to` (or to whichever node that one says owns the pool),
 /// after writing `greeting` (the end of authentication composed here) before the owner's
 /// first bytes. Returns when either side ends.
+///
+/// If the owner is lost while the client is idle (see [`Position`]), the client goes on at
+/// the pool's next owner, with the session state the old one last reported, and sees
+/// nothing of it. Lost at any other moment, the client is told (its statement may or may
+/// not have run) and closed, as when a server dies under a client inside a transaction.
 pub async fn relay(
     node: &Arc<Node>,
     client: &mut Stream,
-    mut to: String,
-    open: &RelayOpen,
+    pool: &Arc<Pool>,
+    to: String,
+    open: &mut RelayOpen,
     greeting: &[u8],
 ) -> Result<(), RelayError> {
+    let (mut stream, mut to) = open_at(node, to, open).await?;
+    client
+        .write_all(greeting)
+        .await
+        .map_err(RelayError::Client)?;
+    let _counted = RelayedOut::new(node);
+    let mut position = Position::default();
+    let mut key = None;
+    let result = loop {
+        let r = shuttle(client, &stream, &to, &mut position, &mut key, node).await;
+        match (r, key) {
+            (Err(RelayError::Lost { node: gone, reason }), Some(cancel_key))
+                if position.idle() && movable(&stream) && !node.leaving() =>
+            {
+                tracing::info!(owner = %gone, reason = %reason, pool = %pool.name, "the pool's owner was lost while a relayed client was idle: moving it");
+                open.resume = Some(Resume {
+                    cancel_key,
+                    snapshot: stream.state().map(|b| b.to_vec()),
+                });
+                drop(stream);
+                match move_client(node, pool, open).await {
+                    Ok((s, t)) => {
+                        node.relayed_to(cancel_key.0, &t);
+                        (stream, to) = (s, t);
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            (r, _) => break r,
+        }
+    };
+    if let Some((pid, _)) = key {
+        node.forget_relayed(pid);
+    }
+    result
+}
+
+/// Counts a client relayed from this node for as long as it is.
+struct RelayedOut<'a>(&'a Node);
+
+impl<'a> RelayedOut<'a> {
+    fn new(node: &'a Node) -> Self {
+        node.metrics.relayed_out.fetch_add(1, Ordering::Relaxed);
+        RelayedOut(node)
+    }
+}
+
+impl Drop for RelayedOut<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.relayed_out.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether the owner said the client's session could move (it says nothing of a plain one).
+fn movable(stream: &LinkStream) -> bool {
+    match stream.state() {
+        None => true,
+        Some(b) => !matches!(Snapshot::decode(&b), Some(Snapshot::Stays) | None),
+    }
+}
+
+/// Opens the client's stream at `to`, following redirects; returns it and its node once the
+/// owner answered (a login reply or an error; for a moving client, its acknowledgment).
+async fn open_at(
+    node: &Arc<Node>,
+    mut to: String,
+    open: &RelayOpen,
+) -> Result<(LinkStream, String), RelayError> {
     let what = open.encode();
+    let resuming = open.resume.is_some();
     let mut hops = 0;
-    let stream = loop {
+    loop {
         let link = node.links.get(node, &to).await?;
-        let s = link.open(&what).map_err(|e| RelayError::Lost {
-            node: to.clone(),
-            reason: e.to_string(),
-        })?;
-        // The owner's first word: its login reply, an error, or "ask that node".
-        poll_fn(|cx| s.poll_read_ready(cx))
-            .await
-            .map_err(|e| lost(&to, e))?;
+        let s = link.open(&what).map_err(|e| lost(&to, e))?;
+        poll_fn(|cx| {
+            if resuming && s.state().is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            s.poll_read_ready(cx)
+        })
+        .await
+        .map_err(|e| lost(&to, e))?;
         match s.peer_closed() {
             Some(why) if why.starts_with(REDIRECT) => {
-                node.metrics
-                    .redirects
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
                 hops += 1;
                 if hops > MAX_HOPS {
                     return Err(RelayError::Redirects);
                 }
                 to = why[REDIRECT.len()..].to_owned();
-                continue;
             }
-            _ => break s,
+            _ => return Ok((s, to)),
         }
-    };
-    client
-        .write_all(greeting)
-        .await
-        .map_err(RelayError::Client)?;
-    node.metrics
-        .relayed_out
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let r = shuttle(client, &stream, &to).await;
-    node.metrics
-        .relayed_out
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    r
+    }
+}
+
+/// Finds the pool's next owner for a client whose owner was lost: once the lost node's
+/// claim has expired (its lease), the node hashing names claims the pool; this node, if it
+/// is that node (the client then comes back to it over a link of its own).
+async fn move_client(
+    node: &Arc<Node>,
+    pool: &Arc<Pool>,
+    open: &RelayOpen,
+) -> Result<(LinkStream, String), RelayError> {
+    let limit = node.config.lease_ttl + Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    loop {
+        let tried = match node.place(pool, false).await {
+            Ok(Place::Here) => open_at(node, node.id.clone(), open).await,
+            Ok(Place::There(to)) => open_at(node, to, open).await,
+            Err(e) => Err(e.into()),
+        };
+        match tried {
+            Ok(done) => return Ok(done),
+            Err(e @ (RelayError::Node(_) | RelayError::Lost { .. })) => {
+                if started.elapsed() > limit {
+                    return Err(e);
+                }
+                crate::timer::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn lost(node: &str, e: std::io::Error) -> RelayError {
@@ -99,7 +193,14 @@ enum Ready {
     Owner,
 }
 
-async fn shuttle(client: &mut Stream, owner: &LinkStream, node: &str) -> Result<(), RelayError> {
+async fn shuttle(
+    client: &mut Stream,
+    owner: &LinkStream,
+    node: &str,
+    position: &mut Position,
+    key: &mut Option<(i32, i32)>,
+    cluster: &Node,
+) -> Result<(), RelayError> {
     // Only a buffered client stream holds a buffer while idle (only a read can tell it
     // has bytes).
     let mut held = BytesMut::new();
@@ -128,6 +229,7 @@ async fn shuttle(client: &mut Stream, owner: &LinkStream, node: &str) -> Result<
                 if n == 0 {
                     return Ok(());
                 }
+                position.client_sent(&held);
                 to_owner(owner, &held, node).await?;
                 held.clear();
             }
@@ -136,7 +238,10 @@ async fn shuttle(client: &mut Stream, owner: &LinkStream, node: &str) -> Result<
                 let r = client.read_now(&mut buf);
                 let r = match r {
                     Ok(Some(0)) => Ok(true),
-                    Ok(Some(_)) => to_owner(owner, &buf, node).await.map(|_| false),
+                    Ok(Some(_)) => {
+                        position.client_sent(&buf);
+                        to_owner(owner, &buf, node).await.map(|_| false)
+                    }
                     // Stale readiness.
                     Ok(None) => Ok(false),
                     Err(e) => Err(RelayError::Client(e)),
@@ -155,11 +260,17 @@ async fn shuttle(client: &mut Stream, owner: &LinkStream, node: &str) -> Result<
                 let r = match read {
                     // The owner ended the session (its last words, if any, were relayed).
                     Poll::Ready(Ok(0)) => Ok(true),
-                    Poll::Ready(Ok(_)) => client
-                        .write_all(&buf)
-                        .await
-                        .map(|_| false)
-                        .map_err(RelayError::Client),
+                    Poll::Ready(Ok(_)) => {
+                        if let Some(k) = position.owner_sent(&buf) {
+                            *key = Some(k);
+                            cluster.relayed_to(k.0, node);
+                        }
+                        client
+                            .write_all(&buf)
+                            .await
+                            .map(|_| false)
+                            .map_err(RelayError::Client)
+                    }
                     Poll::Ready(Err(e)) => Err(lost(node, e)),
                     Poll::Pending => Ok(false),
                 };

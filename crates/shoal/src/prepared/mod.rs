@@ -294,6 +294,14 @@ impl ClientStatements {
         c
     }
 
+    /// A number that changes whenever a named statement is added, removed or replaced (each
+    /// definition has an id of its own): whether a relayed client's state must be sent again.
+    pub fn signature(&self) -> u64 {
+        self.named.values().fold(self.named.len() as u64, |acc, d| {
+            acc.wrapping_add(d.id.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        })
+    }
+
     /// Whether a statement's text was rewritten to name a server statement (an SQL
     /// `EXECUTE`/`DEALLOCATE` of another statement): such texts mean nothing to another
     /// process, whose server statements have other names.

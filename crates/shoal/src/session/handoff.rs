@@ -57,7 +57,7 @@ impl Session {
         }
     }
 
-    fn image(&self, unix: bool) -> SessionImage {
+    pub(super) fn image(&self, unix: bool) -> SessionImage {
         let (statements, unnamed) = self
             .statements
             .as_ref()
@@ -156,36 +156,44 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (guard, _) = app.admission.client_guard();
         let id = app.lifecycle.next_conn_id();
-        let statements = crate::prepared::ClientStatements::import(
-            &pool.statements,
-            crate::prepared::params_key(&image.params),
-            image.statements,
-            image.unnamed,
-        );
         let logged_in = LoggedIn {
             pool: PoolClient(pool),
-            params: image.params,
+            params: image.params.clone(),
             cancel,
             lease: None,
             peer: image.peer,
         };
         let (mut session, _) = Session::new(&app, id, guard, stream, logged_in);
-        session.statements = Some(Box::new(statements));
+        session.restore(image);
+        tracing::debug!(conn = id, pool = %session.pool.name, "client adopted from the previous process");
+        let _ = done.send(true);
+        serve_transaction_mode(session).await;
+    });
+    started.await.unwrap_or(false)
+}
+
+impl Session {
+    /// Takes up the state an image of this client's session carries: its prepared
+    /// statements, SETs, unread bytes.
+    pub(super) fn restore(&mut self, image: SessionImage) {
+        let statements = crate::prepared::ClientStatements::import(
+            &self.pool.statements,
+            crate::prepared::params_key(&image.params),
+            image.statements,
+            image.unnamed,
+        );
+        self.statements = Some(Box::new(statements));
         if !image.held_sets.is_empty() {
             let held = image
                 .held_sets
                 .into_iter()
                 .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
                 .collect();
-            Extras::get(&mut session.extras).sets = crate::sets::SessionSets::restored(held);
+            Extras::get(&mut self.extras).sets = crate::sets::SessionSets::restored(held);
         }
-        session.cbuf = BytesMut::from(&image.pending[..]);
-        session.skip_until_sync = image.skip_until_sync;
-        tracing::debug!(conn = id, pool = %session.pool.name, "client adopted from the previous process");
-        let _ = done.send(true);
-        serve_transaction_mode(session).await;
-    });
-    started.await.unwrap_or(false)
+        self.cbuf = BytesMut::from(&image.pending[..]);
+        self.skip_until_sync = image.skip_until_sync;
+    }
 }
 
 /// The client's user as this process's configuration (or tenants) has it, with the

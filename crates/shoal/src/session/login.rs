@@ -472,6 +472,7 @@ async fn placed(
         server_name: req.server_name.clone(),
         peer: req.peer,
         client_key,
+        resume: None,
     };
     Ok(Destination::Relay(Box::new((pool, to, open))))
 }

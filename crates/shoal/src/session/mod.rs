@@ -179,6 +179,8 @@ pub struct Extras {
     pub stays: bool,
     /// The client's notifications, while it listens (transaction mode).
     pub listen: Option<crate::notify::Subscription>,
+    /// A relayed client: the signature of the state last sent to the relaying node.
+    pub shipped: u64,
 }
 
 impl Extras {
@@ -356,6 +358,9 @@ impl Session {
                         return Ok(Next::HandedOver);
                     }
                     if self.cbuf.is_empty() {
+                        if matches!(self.stream, Stream::Link(_)) {
+                            self.ship_state();
+                        }
                         // Idle: hold no buffer, no server, no timer, no budget.
                         budget::release(&mut self.large_kib);
                         crate::bufpool::give(std::mem::take(&mut self.cbuf));

@@ -13,9 +13,9 @@ use shoal_cluster::link::LinkStream;
 use shoal_wire::sqlstate;
 
 use super::login::{self, Relayed, Request};
-use super::{finish, Session, SessionError};
+use super::{finish, Extras, Session, SessionError};
 use crate::app::App;
-use crate::cluster::open::{RelayOpen, REDIRECT};
+use crate::cluster::open::{RelayOpen, Snapshot, REDIRECT};
 use crate::cluster::pipe::RelayError;
 use crate::error::ErrorKind;
 use crate::net::Stream;
@@ -27,7 +27,9 @@ pub(super) async fn relay_out(app: &Arc<App>, id: u64, stream: &mut Stream, r: R
         return;
     };
     tracing::debug!(conn = id, pool = %r.pool.name, owner = %r.to, "client relayed");
-    let result = crate::cluster::pipe::relay(node, stream, r.to, &r.open, &r.greeting).await;
+    let mut open = r.open;
+    let result =
+        crate::cluster::pipe::relay(node, stream, &r.pool, r.to, &mut open, &r.greeting).await;
     drop(r.pool);
     let result = result.map_err(|e| match e {
         RelayError::Client(_) => SessionError::ClientGone,
@@ -46,6 +48,11 @@ pub(super) async fn relay_out(app: &Arc<App>, id: u64, stream: &mut Stream, r: R
 /// What a relayed login comes to on the node asked to serve it.
 enum Served {
     In(Box<login::LoggedIn>),
+    /// A client whose last owner was lost, taken up here (with its session's state).
+    Resumed(
+        Box<login::LoggedIn>,
+        Option<Box<crate::handoff::SessionImage>>,
+    ),
     /// Another node owns the pool: the relaying node is sent there.
     Elsewhere(String),
 }
@@ -101,7 +108,30 @@ async fn login_phase(
     match r {
         Ok(Served::In(done)) => {
             let (guard, _) = app.admission.client_guard();
-            Some(Session::new(&app, id, guard, stream, *done))
+            let session_mode = done.lease.is_some();
+            let (session, lease) = Session::new(&app, id, guard, stream, *done);
+            if session_mode {
+                // Its server cannot move: if this node is lost, so is the session.
+                if let Stream::Link(l) = &session.stream {
+                    let _ = l.send_state(&Snapshot::Stays.encode());
+                }
+            }
+            Some((session, lease))
+        }
+        Ok(Served::Resumed(done, image)) => {
+            let (guard, _) = app.admission.client_guard();
+            let (mut session, lease) = Session::new(&app, id, guard, stream, *done);
+            if let Some(image) = image {
+                session.restore(*image);
+            }
+            // Says to the relaying node that the client is taken up (then what its state
+            // is, if it has any).
+            if let Stream::Link(l) = &session.stream {
+                let _ = l.send_state(&Snapshot::Plain.encode());
+            }
+            session.ship_state();
+            tracing::info!(conn = id, pool = %session.pool.name, "relayed client taken up after its owner was lost");
+            Some((session, lease))
         }
         Ok(Served::Elsewhere(owner)) => {
             if let Stream::Link(l) = &stream {
@@ -124,6 +154,7 @@ async fn log_in(
     stream: &mut Stream,
     open: RelayOpen,
 ) -> Result<Served, SessionError> {
+    let resume = open.resume;
     let mut req = Request {
         startup: StartupRequest {
             user: open.user,
@@ -165,7 +196,107 @@ async fn log_in(
             ))
         }
     }
-    login::enter_pool(app, stream, &mut req, pool)
-        .await
-        .map(Served::In)
+    match resume {
+        Some(r) => resumed(app, req, pool, r).map(|(done, image)| Served::Resumed(done, image)),
+        None => login::enter_pool(app, stream, &mut req, pool)
+            .await
+            .map(Served::In),
+    }
+}
+
+/// A client whose owner was lost, logged in here without a word to it (it is logged in):
+/// same cancel key, and the state its old owner last reported.
+#[allow(clippy::type_complexity)]
+fn resumed(
+    app: &Arc<App>,
+    req: Request,
+    pool: Arc<crate::pool::Pool>,
+    r: crate::cluster::open::Resume,
+) -> Result<
+    (
+        Box<login::LoggedIn>,
+        Option<Box<crate::handoff::SessionImage>>,
+    ),
+    SessionError,
+> {
+    let refuse = |why: &str| {
+        SessionError::fatal(
+            ErrorKind::NodeLost,
+            sqlstate::CONNECTION_FAILURE,
+            format!("the node that ran this session was lost and the session cannot move: {why}; reconnect"),
+        )
+    };
+    if pool.settings.mode != crate::config::PoolMode::Transaction {
+        return Err(refuse("its pool is in session mode"));
+    }
+    let image = match r.snapshot.as_deref().map(Snapshot::decode) {
+        None | Some(Some(Snapshot::Plain)) => None,
+        Some(Some(Snapshot::Image(j))) => Some(Box::new(
+            serde_json::from_slice::<crate::handoff::SessionImage>(j)
+                .map_err(|_| refuse("its state could not be read"))?,
+        )),
+        Some(Some(Snapshot::Stays)) | Some(None) => {
+            return Err(refuse("it listens, or holds state only its old node had"))
+        }
+    };
+    pool.stats
+        .clients
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let info = crate::cancel::ClientInfo {
+        pool: Arc::downgrade(&pool),
+        addr: req.peer.map(Into::into),
+        since_ms: crate::clock::now_ms(),
+    };
+    let (pid, secret) = r.cancel_key;
+    let cancel = app
+        .cancels
+        .register_exact(pid, secret, info.clone())
+        .unwrap_or_else(|| app.cancels.register(None, info));
+    Ok((
+        Box::new(login::LoggedIn {
+            pool: login::PoolClient(pool),
+            params: req.startup.params,
+            cancel,
+            lease: None,
+            peer: req.peer,
+        }),
+        image,
+    ))
+}
+
+impl Session {
+    /// A relayed client gone idle: if its session's state changed since the relaying node
+    /// last heard, tells it (so a new owner can take the client up if this one is lost).
+    pub(super) fn ship_state(&mut self) {
+        let Stream::Link(link) = &self.stream else {
+            return;
+        };
+        let sets = self.extras.as_ref().map(|x| &x.sets);
+        let listening = sets.is_some_and(|s| !s.listening.is_empty());
+        let rewritten = self.statements.as_ref().is_some_and(|s| s.has_rewritten());
+        let signature = sets.map_or(0, |s| s.fingerprint)
+            ^ self
+                .statements
+                .as_ref()
+                .map_or(0, |s| s.signature())
+                .rotate_left(17)
+            ^ u64::from(listening || rewritten).rotate_left(63);
+        if signature == self.extras.as_ref().map_or(0, |x| x.shipped) {
+            return;
+        }
+        let image;
+        let snapshot = if listening || rewritten {
+            Snapshot::Stays
+        } else {
+            let mut i = self.image(false);
+            // The unnamed statement is not carried: it changes with nearly every
+            // transaction of many drivers, and is rarely used across transactions.
+            i.unnamed = None;
+            image = serde_json::to_vec(&i).unwrap_or_default();
+            Snapshot::Image(&image)
+        };
+        if link.send_state(&snapshot.encode()).is_ok() {
+            Extras::get(&mut self.extras).shipped = signature;
+        }
+    }
 }
