@@ -2,7 +2,7 @@
 //! every registered node, kept by watching the registrations.
 //!
 //! Each node puts `NODES_PREFIX<node_id>` (its relay address and load, as JSON) under a
-//! lease of `lease_ttl`, renewed three times per TTL. A node that dies stops renewing; etcd
+//! lease of `lease_ttl`, renewed four times per TTL. A node that dies stops renewing; etcd
 //! deletes its key when the lease expires, and every other node's watch sees it go: within
 //! `lease_ttl` of its last renewal. A node that leaves revokes its lease, and is gone at
 //! once. If this node cannot renew in time, [`Membership::lease_alive`] turns false before
@@ -203,11 +203,12 @@ impl Membership {
         self.alive.clone()
     }
 
-    /// Until when this node's lease is surely alive: its last confirmed renewal (from when it
-    /// was sent) plus two thirds of the TTL, a margin for clocks running at different rates.
-    /// Moves on with each renewal; [`Membership::renewals`] says when.
+    /// Until when this node's lease is surely alive: etcd extends it by the TTL from when it
+    /// handles a renewal, which is after this node sent it; nine tenths of the TTL after the
+    /// last confirmed renewal was sent leaves a margin for the clocks' rates and for acting
+    /// on it. Moves on with each renewal; [`Membership::renewals`] says when.
     pub fn valid_until(&self) -> std::time::Instant {
-        *self.renewed.borrow() + self.lease_ttl * 2 / 3
+        *self.renewed.borrow() + self.lease_ttl * 9 / 10
     }
 
     /// A receiver that changes at each confirmed renewal.
@@ -233,7 +234,7 @@ impl Drop for Membership {
     }
 }
 
-/// Renews the lease three times per TTL. Gives up (and says so) when a renewal has not been
+/// Renews the lease four times per TTL. Gives up (and says so) when a renewal has not been
 /// confirmed for two thirds of the TTL: the lease may expire before the next could land.
 async fn keep_alive(
     mut client: Client,
@@ -242,13 +243,17 @@ async fn keep_alive(
     alive: watch::Sender<bool>,
     renewed_at: watch::Sender<std::time::Instant>,
 ) {
-    let period = ttl / 3;
+    let period = ttl / 4;
     let deadline = ttl * 2 / 3;
     let mut last_ok = tokio::time::Instant::from_std(*renewed_at.borrow());
     let mut stream = None;
     loop {
         if stream.is_none() {
-            stream = client.lease_keep_alive(lease).await.ok();
+            // Bounded: with etcd down, opening the stream may wait on a connection.
+            stream = tokio::time::timeout(period, client.lease_keep_alive(lease))
+                .await
+                .ok()
+                .and_then(Result::ok);
         }
         // etcd extends the lease from when it handles the renewal, which is after this.
         let sent = tokio::time::Instant::now();
@@ -347,10 +352,19 @@ async fn follow<V: Clone + Send + Sync + 'static>(
     parse: fn(&str, &[u8]) -> Option<V>,
     view: watch::Sender<Arc<BTreeMap<String, V>>>,
 ) {
+    let mut wait = Duration::from_millis(100);
     loop {
+        let started = tokio::time::Instant::now();
         if let Err(e) = follow_once(&mut client, prefix, parse, &view).await {
-            tracing::warn!(error = %e, prefix, "cluster: lost a watch; reading again");
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The view stays as last known meanwhile.
+            if started.elapsed() > Duration::from_secs(10) {
+                wait = Duration::from_millis(100);
+            }
+            if wait == Duration::from_millis(100) {
+                tracing::warn!(error = %e, prefix, "cluster: lost a watch; reading again");
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
         }
     }
 }

@@ -411,3 +411,55 @@ async fn an_idle_pool_moves_to_a_joining_node_and_a_busy_one_stays() {
     assert!(!logged(&a, &["pool given up by this node", &busy_key]));
     assert!(!logged(&n, &["pool owned by this node", &busy_key]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_of_30_seconds_changes_nothing_for_clients() {
+    let mut etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let local = owner.connect(&db).await;
+    let relayed = relay.connect(&db).await;
+    etcd.stop();
+    let outage = std::time::Instant::now();
+    let mut rounds = 0;
+    while outage.elapsed() < Duration::from_secs(30) {
+        for c in [&local, &relayed] {
+            c.simple_query("SELECT 1").await.unwrap_or_else(|e| {
+                panic!(
+                    "a client error {:?} into the outage: {e:?}",
+                    outage.elapsed()
+                )
+            });
+        }
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(rounds > 100);
+    assert!(owner.log_contains("etcd cannot be reached, by any node"));
+    etcd.restart();
+    eventually("the lease renewed again", Duration::from_secs(15), || {
+        owner.log_contains("cluster lease renewed again")
+    })
+    .await;
+    for c in [&local, &relayed] {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    // No ownership changed, nothing was fenced.
+    for n in [&a, &b] {
+        assert!(!n.log_contains("owns no pools now"));
+        assert!(!n.log_contains("pool given up"));
+    }
+    assert!(!relay.log_contains("pool owned by this node"));
+    relay
+        .connect(&db)
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}

@@ -84,6 +84,8 @@ struct State {
     incoming: Option<mpsc::UnboundedSender<Incoming>>,
     ping_sent: Option<Instant>,
     last_pong: Instant,
+    /// The peer's status word from its last Pong.
+    peer_status: Option<u64>,
 }
 
 struct Shared {
@@ -94,6 +96,8 @@ struct Shared {
     bytes_out: AtomicU64,
     /// Last measured round trip, in microseconds.
     rtt_us: AtomicU64,
+    /// This node's status word, sent in each Pong (its meaning is the caller's).
+    status: Arc<AtomicU64>,
 }
 
 /// A handle on one node link (cheap to clone).
@@ -145,8 +149,13 @@ impl State {
 
 impl Link {
     /// A link over a connection whose handshake is done; `drive` must then run it. Streams
-    /// the peer opens, and its cancel requests, arrive on the receiver.
-    pub fn new(peer: String, side: Side) -> (Link, mpsc::UnboundedReceiver<Incoming>) {
+    /// the peer opens, and its cancel requests, arrive on the receiver. `status` is this
+    /// node's status word, read whenever the peer probes the link.
+    pub fn new(
+        peer: String,
+        side: Side,
+        status: Arc<AtomicU64>,
+    ) -> (Link, mpsc::UnboundedReceiver<Incoming>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let link = Link {
             shared: Arc::new(Shared {
@@ -162,12 +171,14 @@ impl Link {
                     incoming: Some(tx),
                     ping_sent: None,
                     last_pong: Instant::now(),
+                    peer_status: None,
                 }),
                 peer,
                 side,
                 bytes_in: AtomicU64::new(0),
                 bytes_out: AtomicU64::new(0),
                 rtt_us: AtomicU64::new(0),
+                status,
             }),
         };
         (link, rx)
@@ -243,6 +254,12 @@ impl Link {
             Some(_) => s.last_pong.elapsed(),
             None => std::time::Duration::ZERO,
         }
+    }
+
+    /// The peer's status word as of its last answer to a probe, and when that came.
+    pub fn peer_status(&self) -> Option<(u64, Instant)> {
+        let s = self.lock();
+        s.peer_status.map(|v| (v, s.last_pong))
     }
 
     /// The last measured round trip.
@@ -362,13 +379,19 @@ impl Link {
                     }
                 }
             }
-            Kind::Ping => s.queue(Kind::Pong, 0, payload),
+            Kind::Ping => {
+                let status = self.shared.status.load(Ordering::Relaxed).to_be_bytes();
+                s.queue(Kind::Pong, 0, &status);
+            }
             Kind::Pong => {
                 if let Some(sent) = s.ping_sent.take() {
                     let rtt = sent.elapsed().as_micros().min(u64::MAX as u128) as u64;
                     self.shared.rtt_us.store(rtt, Ordering::Relaxed);
                 }
                 s.last_pong = Instant::now();
+                s.peer_status = Some(u64::from_be_bytes(
+                    payload.try_into().expect("checked length"),
+                ));
             }
         }
         Ok(())

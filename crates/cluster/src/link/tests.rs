@@ -10,11 +10,15 @@ use super::frame::{self, Kind};
 use super::mux::WINDOW;
 use super::*;
 
+fn status(v: u64) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    std::sync::Arc::new(std::sync::atomic::AtomicU64::new(v))
+}
+
 /// Two ends of a link, driven; the acceptor's incoming streams and cancels.
 fn pair() -> (Link, Link, UnboundedReceiver<Incoming>) {
     let (a, b) = tokio::io::duplex(64 * 1024);
-    let (conn, _) = Link::new("acceptor".into(), Side::Connector);
-    let (acc, incoming) = Link::new("connector".into(), Side::Acceptor);
+    let (conn, _) = Link::new("acceptor".into(), Side::Connector, Default::default());
+    let (acc, incoming) = Link::new("connector".into(), Side::Acceptor, status(77));
     tokio::spawn(drive(a, conn.clone()));
     tokio::spawn(drive(b, acc.clone()));
     (conn, acc, incoming)
@@ -117,13 +121,18 @@ async fn cancels_and_probes_reach_the_peer() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(!conn.rtt().is_zero(), "the probe was answered");
+    assert_eq!(
+        conn.peer_status().map(|(v, _)| v),
+        Some(77),
+        "with the peer's status"
+    );
     assert!(conn.since_pong() < Duration::from_secs(5));
 }
 
 #[tokio::test]
 async fn a_peer_overrunning_a_window_loses_the_link() {
     let (mut raw, b) = tokio::io::duplex(1024 * 1024);
-    let (acc, mut incoming) = Link::new("connector".into(), Side::Acceptor);
+    let (acc, mut incoming) = Link::new("connector".into(), Side::Acceptor, status(0));
     let driver = tokio::spawn(drive(b, acc));
     let mut out = BytesMut::new();
     frame::put_frame(&mut out, Kind::Open, 1, b"x");
@@ -140,7 +149,7 @@ async fn a_peer_overrunning_a_window_loses_the_link() {
 #[tokio::test]
 async fn a_peer_may_not_open_streams_numbered_as_ours() {
     let (mut raw, b) = tokio::io::duplex(1024);
-    let (acc, _incoming) = Link::new("connector".into(), Side::Acceptor);
+    let (acc, _incoming) = Link::new("connector".into(), Side::Acceptor, status(0));
     let driver = tokio::spawn(drive(b, acc));
     let mut out = BytesMut::new();
     frame::put_frame(&mut out, Kind::Open, 2, b"x");

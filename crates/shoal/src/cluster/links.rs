@@ -20,8 +20,15 @@ const DEAD_AFTER: Duration = Duration::from_secs(5);
 
 type Cell = Arc<tokio::sync::OnceCell<Link>>;
 
+/// The "shard" of the links the control runtime keeps to every peer (probes, and what the
+/// peers' answers say of etcd: see `lease`).
+const CONTROL: usize = usize::MAX;
+
 pub struct Links {
     secret: Arc<[u8]>,
+    /// This node's status word, sent to peers that probe its links: milliseconds since its
+    /// lease was last renewed.
+    pub status: Arc<std::sync::atomic::AtomicU64>,
     /// Outgoing, by (peer, shard).
     out: Mutex<HashMap<(String, usize), Cell>>,
     /// Accepted from other nodes.
@@ -34,6 +41,7 @@ impl Links {
     pub fn new(secret: &[u8]) -> Links {
         Links {
             secret: secret.into(),
+            status: Default::default(),
             out: Mutex::new(HashMap::new()),
             accepted: Mutex::new(Vec::new()),
             retired: Mutex::new(HashMap::new()),
@@ -95,7 +103,29 @@ impl Links {
 
     /// This shard's link to `peer`, opened if there is none (or the last one died).
     pub async fn get(&self, node: &Arc<Node>, peer: &str) -> Result<Link, NodeError> {
-        let key = (peer.to_owned(), crate::shard::current());
+        self.get_on(node, peer, crate::shard::current()).await
+    }
+
+    /// What `peer` said of itself in its last answer to a probe of the control link (and
+    /// when).
+    pub fn control_status(&self, peer: &str) -> Option<(u64, std::time::Instant)> {
+        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let l = out.get(&(peer.to_owned(), CONTROL))?.get()?;
+        l.dead().is_none().then(|| l.peer_status()).flatten()
+    }
+
+    /// Probes every control link now (a probe already out is not repeated).
+    pub fn probe_control(&self) {
+        let out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        for ((_, shard), c) in out.iter() {
+            if let (CONTROL, Some(l)) = (*shard, c.get()) {
+                l.ping();
+            }
+        }
+    }
+
+    async fn get_on(&self, node: &Arc<Node>, peer: &str, shard: usize) -> Result<Link, NodeError> {
+        let key = (peer.to_owned(), shard);
         let cell = {
             let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
             let cell = out.entry(key).or_default();
@@ -137,7 +167,7 @@ impl Links {
         if theirs != peer {
             return Err(unreachable(format!("the node there is \"{theirs}\"")));
         }
-        let (l, incoming) = Link::new(theirs, Side::Connector);
+        let (l, incoming) = Link::new(theirs, Side::Connector, self.status.clone());
         tracing::info!(peer, shard = crate::shard::current(), "node link opened");
         tokio::spawn(run(tcp, l.clone(), incoming, None));
         Ok(l)
@@ -244,7 +274,7 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
                     return;
                 }
             };
-            let (l, incoming) = Link::new(peer.clone(), Side::Acceptor);
+            let (l, incoming) = Link::new(peer.clone(), Side::Acceptor, node.links.status.clone());
             node.links
                 .accepted
                 .lock()
@@ -285,6 +315,14 @@ pub async fn upkeep(node: Arc<Node>) {
     loop {
         tick.tick().await;
         let live = node.nodes();
+        // A control link to every live peer (opened apart: a peer that does not answer
+        // must not hold the probes of the others up).
+        for peer in live.keys().filter(|p| **p != node.id) {
+            let (n, p) = (node.clone(), peer.clone());
+            tokio::spawn(async move {
+                let _ = n.links.get_on(&n, &p, CONTROL).await;
+            });
+        }
         for l in node.links.all() {
             if l.dead().is_some() {
                 continue;

@@ -4,6 +4,8 @@
 //! [`pipe`]). Everything else — etcd membership and ownership (the `shoal-cluster` crate),
 //! node links, the relay's byte loop — stays behind it.
 //!
+//! - `lease`: this node's registration followed: deadlines, fencing, etcd outages, joining
+//!   again.
 //! - [`links`]: the node links, outgoing and accepted, and their upkeep.
 //! - [`open`]: what a relaying node tells an owner about a client.
 //! - [`pipe`]: the relaying node's byte loop between a client and the owner.
@@ -14,6 +16,7 @@
 //! etcd is only ever called on the control runtime; a login asks for a claim through
 //! [`crate::control::spawn`] and awaits the answer.
 
+mod lease;
 pub mod links;
 pub mod open;
 pub mod pipe;
@@ -23,7 +26,6 @@ pub mod status;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use shoal_cluster::ownership::Claim;
 use shoal_cluster::{ClusterError, Membership, MembershipConfig, NodeInfo};
@@ -73,11 +75,11 @@ pub struct Node {
     pub id: String,
     pub config: Cluster,
     /// This node's registration; replaced when the node joins again after its lease expired.
-    membership: std::sync::RwLock<Arc<Membership>>,
+    pub(crate) membership: std::sync::RwLock<Arc<Membership>>,
     /// How it registers (to join again).
-    joining: MembershipConfig,
+    pub(crate) joining: MembershipConfig,
     /// Set when the node leaves at shutdown (no joining again then).
-    left: std::sync::atomic::AtomicBool,
+    pub(crate) left: std::sync::atomic::AtomicBool,
     pub links: links::Links,
     pub metrics: ClusterMetrics,
     /// The node serving each client relayed from here, by its cancel key's process id: a
@@ -124,13 +126,13 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
     tokio::spawn(links::upkeep(node.clone()));
-    tokio::spawn(keep_membership(app.clone(), node.clone()));
+    tokio::spawn(lease::keep(app.clone(), node.clone()));
     tokio::spawn(rebalance::run(app.clone(), node.clone()));
     Ok(node)
 }
 
 /// Registers this node; the cancel keys made from then on carry its slot.
-async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership, ClusterError> {
+pub(crate) async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership, ClusterError> {
     let m = Membership::join(cfg.clone()).await?;
     if m.slot() > crate::cancel::MAX_SLOT {
         return Err(ClusterError::NoSlot);
@@ -142,7 +144,7 @@ async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership, ClusterEr
 
 impl Node {
     /// This node's registration now.
-    fn membership(&self) -> Arc<Membership> {
+    pub(crate) fn membership(&self) -> Arc<Membership> {
         self.membership
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -277,71 +279,5 @@ impl Node {
                 Err(e) => tracing::warn!(node = %t, error = %e, "cancel request not passed on"),
             }
         }
-    }
-}
-
-/// Follows this node's registration: moves the owned pools' deadline on at each confirmed
-/// renewal (see [`crate::pool::Fence`]); fences every owned pool as soon as the lease may
-/// have lapsed; and once etcd says it expired (the node was paused or cut off for longer
-/// than its TTL), joins the cluster again as a new member.
-// Runs on the control runtime, which has tokio's time driver.
-#[allow(clippy::disallowed_methods)]
-async fn keep_membership(app: Arc<App>, node: Arc<Node>) {
-    loop {
-        let m = node.membership();
-        let mut renewals = m.renewals();
-        let mut alive = m.lease_alive();
-        loop {
-            tokio::select! {
-                r = renewals.changed() => match r {
-                    Ok(()) => crate::pool::set_deadline(m.valid_until()),
-                    Err(_) => break,
-                },
-                r = alive.changed() => match r {
-                    Ok(()) if !*alive.borrow_and_update() => fence_all(&app, &node).await,
-                    Ok(()) => tracing::info!(node = %node.id, "cluster lease renewed again"),
-                    // The registration ended: etcd expired the lease, or the node left.
-                    Err(_) => break,
-                },
-            }
-        }
-        if node.left.load(Ordering::SeqCst) {
-            return;
-        }
-        fence_all(&app, &node).await;
-        tracing::warn!(node = %node.id, "cluster lease expired: joining the cluster again");
-        let mut wait = Duration::from_millis(200);
-        loop {
-            match join(&app, &node.joining).await {
-                Ok(fresh) => {
-                    tracing::info!(node = %node.id, slot = fresh.slot(), "joined the cluster again");
-                    *node.membership.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(node = %node.id, error = %e, "cannot join the cluster again yet");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
-    }
-}
-
-/// Fences every pool this node owns: no server is used for it (its deadline has passed
-/// too), idle ones are closed, and the transactions running on the others end (their
-/// sockets are shut), so this node never acts beside the owner the others will choose once
-/// its lease expires.
-async fn fence_all(app: &App, node: &Node) {
-    let mut fenced = 0;
-    for pool in app.routes.pools() {
-        if pool.fence.close() {
-            fenced += 1;
-            pool.server_fds.shut_reads();
-            pool.close_idle().await;
-        }
-    }
-    if fenced > 0 {
-        tracing::error!(node = %node.id, fenced, "cluster lease lapsed: this node owns no pools now");
     }
 }

@@ -38,8 +38,11 @@ async fn session_future_fits_a_small_task() {
     );
     assert!(std::mem::size_of::<Session>() <= 160, "Session grew");
     // A client relayed here by another node (cluster) costs what a local one does.
-    let (link, _incoming) =
-        shoal_cluster::link::Link::new("peer".into(), shoal_cluster::link::Side::Acceptor);
+    let (link, _incoming) = shoal_cluster::link::Link::new(
+        "peer".into(),
+        shoal_cluster::link::Side::Acceptor,
+        Default::default(),
+    );
     let relayed = relayed::serve_relayed(app.clone(), link.open(b"").unwrap(), Default::default());
     println!(
         "relayed serve future: {} bytes",
