@@ -463,3 +463,69 @@ async fn an_etcd_outage_of_30_seconds_changes_nothing_for_clients() {
         .await
         .unwrap();
 }
+
+/// A CA, and a certificate and key it signs for 127.0.0.1 (PEM), written into `dir`; returns
+/// the `[cluster]` TLS keys naming the files.
+fn node_certs(dir: &std::path::Path, ca: &(rcgen::Certificate, rcgen::KeyPair)) -> String {
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.0, &ca.1).unwrap();
+    let path = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    std::fs::write(path("node.crt"), cert.pem()).unwrap();
+    std::fs::write(path("node.key"), key.serialize_pem()).unwrap();
+    std::fs::write(path("ca.crt"), ca.0.pem()).unwrap();
+    format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\n",
+        path("node.crt"),
+        path("node.key"),
+        path("ca.crt")
+    )
+}
+
+fn new_ca() -> (rcgen::Certificate, rcgen::KeyPair) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    (params.self_signed(&key).unwrap(), key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_run_in_tls_and_a_node_of_another_ca_is_refused() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let ca = new_ca();
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let tls_node = |id: &str, tls: String| {
+        let cluster = format!(
+            "[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n{tls}",
+            etcd.url, SECRET.0
+        );
+        Shoal::start_with_env(&base_config(pg(), &[&db], &cluster), &[SECRET])
+    };
+    let a = tls_node("a", node_certs(dirs[0].path(), &ca));
+    let b = tls_node("b", node_certs(dirs[1].path(), &ca));
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let c = relay.connect(&db).await;
+    assert_eq!(simple_rows(&c, "SELECT 'over TLS'").await, ["over TLS"]);
+    assert!(owner.log_contains("node link accepted"));
+    // A node whose certificate another CA signed cannot link: its clients are refused
+    // with a message saying why, and the owner logs the refusal.
+    let stranger = tls_node("z", node_certs(dirs[2].path(), &new_ca()));
+    let Err(e) = stranger
+        .try_connect(&stranger.conninfo("app", APP_PASSWORD, &db))
+        .await
+    else {
+        panic!("the stranger reached the pool's owner");
+    };
+    assert!(format!("{e:?}").contains("cannot reach node"), "{e:?}");
+    eventually(
+        "the owner refused the stranger",
+        Duration::from_secs(5),
+        || owner.log_contains("node link refused"),
+    )
+    .await;
+}

@@ -21,6 +21,10 @@ pub struct ClusterSection {
     pub lease_ttl: f64,
     /// Environment variable holding the secret node links authenticate with.
     pub secret_env: String,
+    /// TLS on node links: this node's certificate and key, and the CA of every node's.
+    pub tls_cert: Option<std::path::PathBuf>,
+    pub tls_key: Option<std::path::PathBuf>,
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 fn default_lease_ttl() -> f64 {
@@ -36,6 +40,15 @@ pub struct Cluster {
     pub lease_ttl: Duration,
     /// Never logged (see the `Debug` impl).
     pub secret: String,
+    pub tls: Option<ClusterTls>,
+}
+
+/// Certificates for TLS on node links (PEM files).
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -46,6 +59,7 @@ impl std::fmt::Debug for Cluster {
             .field("relay_listen", &self.relay_listen)
             .field("lease_ttl", &self.lease_ttl)
             .field("secret", &"<redacted>")
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -94,7 +108,21 @@ impl ClusterSection {
             Some(id) => id,
             None => format!("{}:{}", host_name(), listen_port.unwrap_or(0)),
         };
+        let tls = match (self.tls_cert, self.tls_key, self.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(ClusterTls { cert, key, ca }),
+            _ => {
+                return Err(
+                    "cluster.tls_cert, tls_key and tls_ca go together: give all three or none"
+                        .into(),
+                )
+            }
+        };
+        if node_id.len() > 255 {
+            return Err("cluster.node_id must be at most 255 bytes".into());
+        }
         Ok(Cluster {
+            tls,
             etcd: self.etcd,
             node_id,
             relay_listen: self.relay_listen,
@@ -139,6 +167,13 @@ mod tests {
             (c.node_id.as_str(), c.lease_ttl),
             ("n1", Duration::from_secs(3))
         );
+        assert!(c.tls.is_none());
+        let c = section(&format!(
+            "{BASE}tls_cert = \"n.crt\"\ntls_key = \"n.key\"\ntls_ca = \"ca.crt\"\n"
+        ))
+        .resolve(None, &env)
+        .unwrap();
+        assert_eq!(c.tls.unwrap().ca, std::path::PathBuf::from("ca.crt"));
     }
 
     #[test]
@@ -154,6 +189,7 @@ mod tests {
         assert!(err(BASE, &|_| None).contains("not set"));
         assert!(err(BASE, &|_| Some("short".into())).contains("at least 16"));
         assert!(err(&format!("{BASE}node_id = \"a/b\"\n"), &env).contains("node_id"));
+        assert!(err(&format!("{BASE}tls_cert = \"c.pem\"\n"), &env).contains("all three"));
         assert!(
             toml::from_str::<ClusterSection>("etcd = []\n").is_err(),
             "relay_listen and secret_env are required"

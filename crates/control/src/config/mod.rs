@@ -14,7 +14,7 @@ use shoal_wire::{md5, scram::Verifier};
 mod cluster;
 mod sections;
 mod service;
-pub use cluster::{Cluster, ClusterSection};
+pub use cluster::{Cluster, ClusterSection, ClusterTls};
 pub use sections::*;
 pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
 

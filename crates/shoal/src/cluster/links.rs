@@ -11,6 +11,7 @@ use shoal_cluster::link::{self, handshake, Incoming, Link, Side};
 
 use super::{Node, NodeError};
 use crate::app::App;
+use crate::net::Io;
 
 /// How long a link's connect and handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -26,6 +27,8 @@ const CONTROL: usize = usize::MAX;
 
 pub struct Links {
     secret: Arc<[u8]>,
+    /// TLS for links, when `[cluster]` gives certificates.
+    tls: Option<Arc<super::tls::NodeTls>>,
     /// This node's status word, sent to peers that probe its links: milliseconds since its
     /// lease was last renewed.
     pub status: Arc<std::sync::atomic::AtomicU64>,
@@ -38,9 +41,10 @@ pub struct Links {
 }
 
 impl Links {
-    pub fn new(secret: &[u8]) -> Links {
+    pub fn new(secret: &[u8], tls: Option<super::tls::NodeTls>) -> Links {
         Links {
             secret: secret.into(),
+            tls: tls.map(Arc::new),
             status: Default::default(),
             out: Mutex::new(HashMap::new()),
             accepted: Mutex::new(Vec::new()),
@@ -150,17 +154,31 @@ impl Links {
             .ok_or_else(|| NodeError::UnknownNode(peer.to_owned()))?;
         let secret = self.secret.clone();
         let me = node.id.clone();
+        let tls = self.tls.clone();
         let dial = async move {
-            let mut tcp = tokio::net::TcpStream::connect(&addr)
+            let tcp = tokio::net::TcpStream::connect(&addr)
                 .await
                 .map_err(|e| format!("{addr}: {e}"))?;
             let _ = tcp.set_nodelay(true);
-            let theirs = handshake::connect(&mut tcp, &secret, &me)
+            let mut io: Box<dyn Io> = match tls {
+                None => Box::new(tcp),
+                Some(tls) => {
+                    let name = super::tls::server_name(&addr)
+                        .ok_or_else(|| format!("{addr}: not a host name or address"))?;
+                    Box::new(
+                        tls.connector
+                            .connect(name, tcp)
+                            .await
+                            .map_err(|e| format!("TLS with {addr}: {e}"))?,
+                    )
+                }
+            };
+            let theirs = handshake::connect(&mut io, &secret, &me)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>((tcp, theirs))
+            Ok::<_, String>((io, theirs))
         };
-        let (tcp, theirs) = crate::timer::timeout(CONNECT_TIMEOUT, dial)
+        let (io, theirs) = crate::timer::timeout(CONNECT_TIMEOUT, dial)
             .await
             .map_err(|_| unreachable(format!("no link within {CONNECT_TIMEOUT:?}")))?
             .map_err(unreachable)?;
@@ -169,7 +187,7 @@ impl Links {
         }
         let (l, incoming) = Link::new(theirs, Side::Connector, self.status.clone());
         tracing::info!(peer, shard = crate::shard::current(), "node link opened");
-        tokio::spawn(run(tcp, l.clone(), incoming, None));
+        tokio::spawn(run(io, l.clone(), incoming, None));
         Ok(l)
     }
 
@@ -208,7 +226,7 @@ impl Links {
 /// asks of this node: its relayed clients and its cancels. The peer of an outgoing link asks
 /// nothing.
 async fn run(
-    tcp: tokio::net::TcpStream,
+    io: Box<dyn Io>,
     l: Link,
     mut incoming: tokio::sync::mpsc::UnboundedReceiver<Incoming>,
     app: Option<Arc<App>>,
@@ -231,7 +249,7 @@ async fn run(
     };
     let peer = l.peer().to_owned();
     let why = tokio::select! {
-        why = link::drive(tcp, l.clone()) => why,
+        why = link::drive(io, l.clone()) => why,
         _ = serve => l.dead().unwrap_or_else(|| "stopped".into()),
     };
     tracing::warn!(peer = %peer, reason = %why, "node link ended");
@@ -244,7 +262,7 @@ async fn run(
 pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<Node>) {
     let mut next_shard = 0usize;
     loop {
-        let (mut tcp, addr) = match listener.accept().await {
+        let (tcp, addr) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(error = %e, "node link accept failed");
@@ -253,18 +271,14 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
             }
         };
         let _ = tcp.set_nodelay(true);
-        let (app, node) = (app.clone(), node.clone());
         let shard = next_shard % crate::shard::count();
         next_shard += 1;
-        tokio::spawn(async move {
-            let secret = node.links.secret.clone();
-            let proved = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                handshake::accept(&mut tcp, &secret, &node.id),
-            )
-            .await;
-            let peer = match proved {
-                Ok(Ok(p)) => p,
+        let (app, node) = (app.clone(), node.clone());
+        // Proved, then driven, on the shard whose clients it will carry.
+        let start = move |tcp: tokio::net::TcpStream| async move {
+            let proved = crate::timer::timeout(CONNECT_TIMEOUT, prove(tcp, &node)).await;
+            let (io, peer) = match proved {
+                Ok(Ok(x)) => x,
                 Ok(Err(e)) => {
                     tracing::warn!(%addr, error = %e, "node link refused");
                     return;
@@ -281,29 +295,43 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
                 .unwrap_or_else(|e| e.into_inner())
                 .push(l.clone());
             tracing::info!(%peer, shard, "node link accepted");
-            let start = move |tcp: tokio::net::TcpStream| async move {
-                run(tcp, l, incoming, Some(app)).await;
-            };
-            match (crate::shard::handle(shard), tcp.into_std()) {
-                (Some(h), Ok(std)) => {
-                    h.spawn(async move {
-                        match tokio::net::TcpStream::from_std(std) {
-                            Ok(tcp) => start(tcp).await,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "node link lost moving to a shard")
-                            }
-                        }
-                    });
-                }
-                (None, Ok(std)) => {
-                    if let Ok(tcp) = tokio::net::TcpStream::from_std(std) {
-                        tokio::spawn(start(tcp));
+            run(io, l, incoming, Some(app)).await;
+        };
+        match (crate::shard::handle(shard), tcp.into_std()) {
+            (Some(h), Ok(std)) => {
+                h.spawn(async move {
+                    match tokio::net::TcpStream::from_std(std) {
+                        Ok(tcp) => start(tcp).await,
+                        Err(e) => tracing::warn!(error = %e, "node link lost moving to a shard"),
                     }
-                }
-                (_, Err(e)) => tracing::warn!(error = %e, "node link lost"),
+                });
             }
-        });
+            (None, Ok(std)) => {
+                if let Ok(tcp) = tokio::net::TcpStream::from_std(std) {
+                    tokio::spawn(start(tcp));
+                }
+            }
+            (_, Err(e)) => tracing::warn!(error = %e, "node link lost"),
+        }
     }
+}
+
+/// An accepted connection's TLS (when configured) and its proof of the cluster secret;
+/// returns the stream and the peer's node id.
+async fn prove(tcp: tokio::net::TcpStream, node: &Node) -> Result<(Box<dyn Io>, String), String> {
+    let mut io: Box<dyn Io> = match &node.links.tls {
+        None => Box::new(tcp),
+        Some(tls) => Box::new(
+            tls.acceptor
+                .accept(tcp)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?,
+        ),
+    };
+    let peer = handshake::accept(&mut io, &node.links.secret, &node.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((io, peer))
 }
 
 /// Probes every link each second; ends links whose peer stopped answering or left the

@@ -12,6 +12,7 @@
 //! - [`position`]: where a relayed client stands in the protocol (may it move owners?).
 //! - `rebalance`: idle pools given up when hashing names another node.
 //! - [`status`]: the cluster as this node sees it (console, metrics, API).
+//! - [`tls`]: TLS on node links.
 //!
 //! etcd is only ever called on the control runtime; a login asks for a claim through
 //! [`crate::control::spawn`] and awaits the answer.
@@ -23,6 +24,7 @@ pub mod pipe;
 pub mod position;
 mod rebalance;
 pub mod status;
+pub mod tls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +49,8 @@ pub enum Place {
 pub enum NodeError {
     #[error("cannot join the cluster: {0}")]
     Join(#[source] ClusterError),
+    #[error("node link TLS: {0}")]
+    Tls(#[from] tls::NodeTlsError),
     #[error("cannot listen for node links on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -92,6 +96,7 @@ pub struct Node {
 /// the control runtime, before clients are accepted.
 pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeError> {
     crate::pool::Fence::clustered();
+    let node_tls = config.tls.as_ref().map(tls::NodeTls::load).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.relay_listen)
         .await
         .map_err(|source| NodeError::Listen {
@@ -115,7 +120,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
     let membership = join(app, &joining).await.map_err(NodeError::Join)?;
     let node = Arc::new(Node {
         id: config.node_id.clone(),
-        links: links::Links::new(config.secret.as_bytes()),
+        links: links::Links::new(config.secret.as_bytes(), node_tls),
         config,
         membership: std::sync::RwLock::new(Arc::new(membership)),
         joining,
