@@ -191,3 +191,106 @@ fn client_libraries_over_tls() {
         assert!(text.contains("pgx v5"), "{mode}: {text}");
     }
 }
+
+/// The same suites through a node that relays every client to the pool's owner (a cluster
+/// of two on a real etcd): prepared statements, SETs, COPY, LISTEN/NOTIFY, cancels and
+/// errors, unchanged for the clients; the cluster holds at most the pool's size.
+#[test]
+fn client_libraries_through_a_relaying_node() {
+    let etcd = common::etcd::Etcd::start();
+    let db = unique_db("compat");
+    pg().create_database(&db);
+    let secret = ("SHOAL_CLUSTER_SECRET", "a-cluster-secret-for-tests");
+    let node = |id: &str| {
+        let extra = format!(
+            "[pool]\npool_size = 4\n[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n",
+            etcd.url, secret.0
+        );
+        Shoal::start_with_env(&base_config(pg(), &[&db], &extra), &[secret])
+    };
+    let (a, b) = (node("a"), node("b"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for n in [&a, &b] {
+        rt.block_on(async { n.connect(&db).await.simple_query("SELECT 1").await.unwrap() });
+    }
+    let relay = if a.log_contains("pool owned by this node") {
+        &b
+    } else {
+        &a
+    };
+    assert!(!relay.log_contains("pool owned by this node"));
+    let url = vec![format!(
+        "postgresql://app:{APP_PASSWORD}@127.0.0.1:{}/{db}",
+        relay.port()
+    )];
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients");
+    let suites: [(&str, Vec<String>, String, &str); 4] = [
+        (
+            "python3",
+            vec![format!("{root}/python/compat.py")],
+            ".".into(),
+            "asyncpg",
+        ),
+        (
+            "node",
+            vec![format!("{root}/node/compat.js")],
+            ".".into(),
+            "node-postgres",
+        ),
+        (
+            "go",
+            vec!["run".into(), ".".into()],
+            format!("{root}/go"),
+            "pgx v5",
+        ),
+        (
+            "java",
+            vec![
+                "-cp".into(),
+                "lib/postgresql-42.7.4.jar".into(),
+                "Compat.java".into(),
+            ],
+            format!("{root}/java"),
+            "pgJDBC",
+        ),
+    ];
+    for (program, args, dir, says) in suites {
+        let target = if program == "java" {
+            vec![
+                format!("jdbc:postgresql://127.0.0.1:{}/{db}", relay.port()),
+                "app".into(),
+                APP_PASSWORD.into(),
+            ]
+        } else {
+            url.clone()
+        };
+        let out = Command::new(program)
+            .current_dir(&dir)
+            .args(&args)
+            .args(&target)
+            .arg("20")
+            .output()
+            .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{program} suite through a relay failed:\n{text}"
+        );
+        assert!(text.contains(says), "{text}");
+        assert!(!relay.log_contains("pool owned by this node"));
+    }
+    // Four servers at most across the cluster (and the owner's listener connection, which
+    // closes once nobody listens).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pg().backends(&db) > 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool_size 4 not held cluster-wide"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
