@@ -529,3 +529,209 @@ async fn links_run_in_tls_and_a_node_of_another_ca_is_refused() {
     )
     .await;
 }
+
+/// Connects through `n`, retrying while the cluster is between owners.
+async fn connect_retrying(n: &Shoal, db: &str) -> tokio_postgres::Client {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(c) = n.try_connect(&n.conninfo("app", APP_PASSWORD, db)).await {
+            return c;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "cannot connect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_commit_survives_an_owner_kill_exactly_once() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 3\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 3\n");
+    let c = node(&etcd, "c", &db, "[pool]\npool_size = 3\n");
+    let nodes = [&a, &b, &c];
+    for n in nodes {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    a.connect(&db)
+        .await
+        .batch_execute("CREATE TABLE ledger (worker int, seq int)")
+        .await
+        .unwrap();
+    let owner_at = nodes
+        .iter()
+        .position(|n| n.log_contains("pool owned by this node"))
+        .expect("an owner");
+    let relays: Vec<&Shoal> = (0..3)
+        .filter(|i| *i != owner_at)
+        .map(|i| nodes[i])
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..6 {
+        let n = relays[w % 2];
+        let (addr, db, stop) = (
+            n.conninfo("app", APP_PASSWORD, &db),
+            db.clone(),
+            stop.clone(),
+        );
+        let mut c = connect_retrying(n, &db).await;
+        workers.push(tokio::spawn(async move {
+            let (mut acked, mut failed) = (Vec::new(), 0);
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                seq += 1;
+                let sql = format!("INSERT INTO ledger VALUES ({w}, {seq})");
+                match c.simple_query(&sql).await {
+                    Ok(_) => acked.push(seq),
+                    Err(_) => {
+                        failed += 1;
+                        if c.is_closed() {
+                            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                            c = loop {
+                                if let Ok((c, conn)) =
+                                    tokio_postgres::connect(&addr, tokio_postgres::NoTls).await
+                                {
+                                    tokio::spawn(conn);
+                                    break c;
+                                }
+                                assert!(tokio::time::Instant::now() < deadline);
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            };
+                        }
+                    }
+                }
+            }
+            (w, acked, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    nodes[owner_at].signal(libc::SIGKILL);
+    // The lease (2 s), a new owner, and a while of traffic there.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked_total = 0;
+    let mut failed_total = 0;
+    for t in workers {
+        let (w, acked, failed) = t.await.unwrap();
+        failed_total += failed;
+        acked_total += acked.len();
+        let check = connect_retrying(relays[0], &db).await;
+        let rows = simple_rows(
+            &check,
+            &format!("SELECT coalesce(string_agg(seq::text, ',' ORDER BY seq), '') FROM ledger WHERE worker = {w}"),
+        )
+        .await
+        .concat();
+        let present: Vec<i32> = rows
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let mut dedup = present.clone();
+        dedup.dedup();
+        assert_eq!(dedup, present, "worker {w}: a commit applied twice");
+        for s in &acked {
+            assert!(
+                present.binary_search(s).is_ok(),
+                "worker {w}: acknowledged commit {s} lost"
+            );
+        }
+    }
+    println!("ledger: {acked_total} commits acknowledged, {failed_total} statements failed across the kill");
+    // The workers went on after the kill (most moved without an error at all).
+    assert!(acked_total > 200, "acked {acked_total}");
+    assert!(
+        failed_total <= 6,
+        "{failed_total} failed statements (at most one per worker)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_relaying_node_affects_only_its_own_clients() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let local = owner.connect(&db).await;
+    local
+        .batch_execute("CREATE TABLE IF NOT EXISTS t (a int)")
+        .await
+        .unwrap();
+    // A relayed client leaves a transaction open, holding one of the two servers.
+    let relayed = relay.connect(&db).await;
+    relayed
+        .batch_execute("BEGIN; INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    relay.signal(libc::SIGKILL);
+    // The owner ends the relayed session: its transaction rolls back, its server is free.
+    eventually("the relayed transaction rolled back", Duration::from_secs(10), || {
+        pg().psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'idle in transaction'"
+        )) == "0"
+    })
+    .await;
+    assert_eq!(simple_rows(&local, "SELECT count(*) FROM t").await, ["0"]);
+    // The owner's own clients never noticed; both servers serve them.
+    for _ in 0..20 {
+        local.simple_query("SELECT 1").await.unwrap();
+    }
+    let other = owner.connect(&db).await;
+    other.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    local.simple_query("SELECT 2").await.unwrap();
+    other.batch_execute("COMMIT").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_and_leaving_under_load_fails_no_transaction() {
+    let etcd = Etcd::start();
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
+    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let c = [&a, &b][w % 2].connect(&db).await;
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.simple_query("SELECT 1")
+                    .await
+                    .expect("no failure under a join or a leave");
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut c = node(&etcd, "c", &db, "[pool]\npool_size = 2\n");
+    // The new node serves clients too (relayed to the owner: the pool is busy, it stays).
+    let via_c = c.connect(&db).await;
+    via_c.simple_query("SELECT 1").await.unwrap();
+    drop(via_c);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.signal(libc::SIGTERM);
+    assert_eq!(
+        c.wait(Duration::from_secs(20)),
+        Some(true),
+        "c left cleanly"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        assert!(w.await.unwrap() > 10);
+    }
+    assert!(
+        !c.log_contains("pool owned by this node"),
+        "a busy pool does not move"
+    );
+}
