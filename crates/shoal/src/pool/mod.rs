@@ -618,7 +618,10 @@ impl Pool {
             tracing::debug!(pool = %self.name, server = c.id, "closing idle server connection");
             c.close().await;
         }
-        while self.stats.servers.load(Ordering::Relaxed) < self.settings.min_size {
+        // A pool another node owns (cluster) keeps no servers here.
+        while self.fence.may_open()
+            && self.stats.servers.load(Ordering::Relaxed) < self.settings.min_size
+        {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
