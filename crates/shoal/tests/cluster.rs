@@ -642,10 +642,9 @@ async fn every_acknowledged_commit_survives_an_owner_kill_exactly_once() {
     println!("ledger: {acked_total} commits acknowledged, {failed_total} statements failed across the kill");
     // The workers went on after the kill (most moved without an error at all).
     assert!(acked_total > 200, "acked {acked_total}");
-    assert!(
-        failed_total <= 6,
-        "{failed_total} failed statements (at most one per worker)"
-    );
+    // Only a statement in flight at the kill fails (and, at most, one more sent on the
+    // closing connection before the worker sees it closed).
+    assert!(failed_total <= 12, "{failed_total} failed statements");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,13 +50,14 @@ pub async fn relay(
     pool: &Arc<Pool>,
     to: String,
     open: &mut RelayOpen,
-    greeting: &[u8],
+    greeting: bytes::BytesMut,
 ) -> Result<(), RelayError> {
-    let (mut stream, mut to) = open_at(node, to, open).await?;
-    client
-        .write_all(greeting)
+    // The rare steps are boxed: this future is what an idle relayed client costs.
+    let (mut stream, mut to) = Box::pin(open_at(node, to, open)).await?;
+    Box::pin(client.write_all(&greeting))
         .await
         .map_err(RelayError::Client)?;
+    drop(greeting);
     let _counted = RelayedOut::new(node);
     let mut position = Position::default();
     let mut key = None;
@@ -72,7 +73,7 @@ pub async fn relay(
                     snapshot: stream.state().map(|b| b.to_vec()),
                 });
                 drop(stream);
-                match move_client(node, pool, open).await {
+                match Box::pin(move_client(node, pool, open)).await {
                     Ok((s, t)) => {
                         node.relayed_to(cancel_key.0, &t);
                         (stream, to) = (s, t);
@@ -193,6 +194,8 @@ enum Ready {
     Owner,
 }
 
+/// Moves bytes both ways until either side ends. Only the wait for either side lives in this
+/// future (what an idle relayed client costs); the writes, which may wait, are boxed.
 async fn shuttle(
     client: &mut Stream,
     owner: &LinkStream,
@@ -230,7 +233,7 @@ async fn shuttle(
                     return Ok(());
                 }
                 position.client_sent(&held);
-                to_owner(owner, &held, node).await?;
+                Box::pin(to_owner(owner, &held, node)).await?;
                 held.clear();
             }
             Ready::Client => {
@@ -240,7 +243,7 @@ async fn shuttle(
                     Ok(Some(0)) => Ok(true),
                     Ok(Some(_)) => {
                         position.client_sent(&buf);
-                        to_owner(owner, &buf, node).await.map(|_| false)
+                        Box::pin(to_owner(owner, &buf, node)).await.map(|_| false)
                     }
                     // Stale readiness.
                     Ok(None) => Ok(false),
@@ -265,8 +268,7 @@ async fn shuttle(
                             *key = Some(k);
                             cluster.relayed_to(k.0, node);
                         }
-                        client
-                            .write_all(&buf)
+                        Box::pin(client.write_all(&buf))
                             .await
                             .map(|_| false)
                             .map_err(RelayError::Client)

@@ -66,8 +66,15 @@ pub(super) async fn login_phase(
         }
         Ok(Some(Outcome::Relay(relayed))) => {
             let guard = counted(&app, id, &mut stream).await?;
-            Box::pin(super::relayed::relay_out(&app, id, &mut stream, *relayed)).await;
-            drop(guard);
+            // Relayed by a task of its own, so that this login's state is freed: a relayed
+            // client may stay for long, mostly idle.
+            tokio::spawn(super::relayed::relay_out(super::relayed::Relaying {
+                app,
+                id,
+                stream,
+                relayed: *relayed,
+                _guard: guard,
+            }));
             None
         }
         Ok(Some(Outcome::Pool(done))) => {
@@ -120,7 +127,7 @@ pub(super) struct Relayed {
     /// Counts the client in this node's view of the pool (`SHOW POOLS`).
     pub(super) pool: PoolClient,
     pub(super) to: String,
-    pub(super) open: crate::cluster::open::RelayOpen,
+    pub(super) open: Box<crate::cluster::open::RelayOpen>,
     /// The end of authentication, to send before the owner's reply.
     pub(super) greeting: BytesMut,
 }
@@ -528,7 +535,7 @@ async fn enter(
             Ok(Outcome::Relay(Box::new(Relayed {
                 pool: PoolClient(pool),
                 to,
-                open,
+                open: Box::new(open),
                 greeting: std::mem::take(&mut req.out),
             })))
         }

@@ -21,28 +21,55 @@ use crate::error::ErrorKind;
 use crate::net::Stream;
 use crate::params::StartupRequest;
 
+/// A client authenticated here, to relay to the node that owns its pool.
+pub(super) struct Relaying {
+    pub(super) app: Arc<App>,
+    pub(super) id: u64,
+    pub(super) stream: Stream,
+    pub(super) relayed: Relayed,
+    /// Counts the client while it is relayed.
+    pub(super) _guard: crate::app::ClientGuard,
+}
+
 /// Relays a client authenticated here to the node that owns its pool, until either ends.
-pub(super) async fn relay_out(app: &Arc<App>, id: u64, stream: &mut Stream, r: Relayed) {
-    let Some(node) = app.cluster.get() else {
-        return;
-    };
-    tracing::debug!(conn = id, pool = %r.pool.name, owner = %r.to, "client relayed");
-    let mut open = r.open;
-    let result =
-        crate::cluster::pipe::relay(node, stream, &r.pool, r.to, &mut open, &r.greeting).await;
-    drop(r.pool);
-    let result = result.map_err(|e| match e {
-        RelayError::Client(_) => SessionError::ClientGone,
-        e => SessionError::fatal(
-            ErrorKind::NodeLost,
-            sqlstate::CONNECTION_FAILURE,
-            e.to_string(),
-        ),
-    });
-    if let Err(e) = &result {
-        app.metrics.rejected(e.kind());
+/// (A function returning its future: an `async fn` would keep its argument twice in it, and
+/// this future is what an idle relayed client costs.)
+#[allow(clippy::manual_async_fn)]
+pub(super) fn relay_out(r: Relaying) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        let Relaying {
+            app,
+            id,
+            mut stream,
+            relayed,
+            _guard,
+        } = r;
+        let Some(node) = app.cluster.get() else {
+            return;
+        };
+        let Relayed {
+            pool,
+            to,
+            mut open,
+            greeting,
+        } = relayed;
+        tracing::debug!(conn = id, pool = %pool.name, owner = %to, "client relayed");
+        let result =
+            crate::cluster::pipe::relay(node, &mut stream, &pool, to, &mut open, greeting).await;
+        drop(pool);
+        let result = result.map_err(|e| match e {
+            RelayError::Client(_) => SessionError::ClientGone,
+            e => SessionError::fatal(
+                ErrorKind::NodeLost,
+                sqlstate::CONNECTION_FAILURE,
+                e.to_string(),
+            ),
+        });
+        if let Err(e) = &result {
+            app.metrics.rejected(e.kind());
+        }
+        Box::pin(finish(id, &mut stream, result)).await;
     }
-    finish(id, stream, result).await;
 }
 
 /// What a relayed login comes to on the node asked to serve it.
