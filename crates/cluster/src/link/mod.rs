@@ -4,10 +4,12 @@
 //! - [`frame`]: the framing, pure.
 //! - [`handshake`]: the mutual proof of the cluster secret that starts every link.
 //! - [`mux`]: streams over one connection, and the task that drives it.
+//! - [`stream`]: one stream's reads, writes and state.
 
 pub mod frame;
 pub mod handshake;
 pub mod mux;
+pub mod stream;
 
 pub use handshake::HandshakeError;
 pub use mux::{drive, Incoming, Link, LinkStream, Side};

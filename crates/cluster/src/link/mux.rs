@@ -25,17 +25,18 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use super::frame::{self, Kind, HEADER, MAX_PAYLOAD};
+pub use super::stream::LinkStream;
 
 /// Unconsumed bytes a stream may have in flight in each direction.
 pub const WINDOW: usize = 256 * 1024;
 /// Credit is returned once a reader has consumed this much (fewer, larger Credit frames).
-const CREDIT_BATCH: usize = WINDOW / 4;
+pub(super) const CREDIT_BATCH: usize = WINDOW / 4;
 /// An inbox emptied with more capacity than this gives it back (an idle stream holds none).
-const KEEP_INBOX: usize = 16 * 1024;
+pub(super) const KEEP_INBOX: usize = 16 * 1024;
 /// Largest state snapshot a stream carries.
 pub const MAX_STATE: usize = 16 << 20;
 
@@ -56,31 +57,31 @@ pub enum Incoming {
 }
 
 #[derive(Default)]
-struct Slot {
-    inbox: BytesMut,
-    reader: Option<Waker>,
-    writer: Option<Waker>,
+pub(super) struct Slot {
+    pub(super) inbox: BytesMut,
+    pub(super) reader: Option<Waker>,
+    pub(super) writer: Option<Waker>,
     /// Bytes this side may still send.
-    send_credit: usize,
+    pub(super) send_credit: usize,
     /// Bytes read by this side's reader not yet credited back.
-    consumed: usize,
+    pub(super) consumed: usize,
     /// The peer sent Close (its reason, if any).
-    peer_closed: Option<Box<str>>,
+    pub(super) peer_closed: Option<Box<str>>,
     /// This side sent Close (a shutdown); the slot stays until the stream is dropped.
-    local_closed: bool,
+    pub(super) local_closed: bool,
     /// The peer's state snapshot being received, and the last one complete.
-    state_partial: Option<BytesMut>,
-    state: Option<Bytes>,
+    pub(super) state_partial: Option<BytesMut>,
+    pub(super) state: Option<Bytes>,
 }
 
-struct State {
+pub(super) struct State {
     /// Frames waiting for the driver.
-    out: BytesMut,
-    writer: Option<Waker>,
-    streams: HashMap<u32, Slot>,
+    pub(super) out: BytesMut,
+    pub(super) writer: Option<Waker>,
+    pub(super) streams: HashMap<u32, Slot>,
     next_id: u32,
     /// Why the link ended, once it has.
-    dead: Option<Arc<str>>,
+    pub(super) dead: Option<Arc<str>>,
     incoming: Option<mpsc::UnboundedSender<Incoming>>,
     ping_sent: Option<Instant>,
     last_pong: Instant,
@@ -106,20 +107,20 @@ pub struct Link {
     shared: Arc<Shared>,
 }
 
-fn wake(w: &mut Option<Waker>) {
+pub(super) fn wake(w: &mut Option<Waker>) {
     if let Some(w) = w.take() {
         w.wake();
     }
 }
 
-fn park(slot: &mut Option<Waker>, cx: &Context<'_>) {
+pub(super) fn park(slot: &mut Option<Waker>, cx: &Context<'_>) {
     match slot {
         Some(w) if w.will_wake(cx.waker()) => {}
         _ => *slot = Some(cx.waker().clone()),
     }
 }
 
-fn lost(reason: &str) -> io::Error {
+pub(super) fn lost(reason: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::ConnectionAborted,
         format!("node link lost: {reason}"),
@@ -127,7 +128,7 @@ fn lost(reason: &str) -> io::Error {
 }
 
 impl State {
-    fn queue(&mut self, kind: Kind, stream: u32, payload: &[u8]) {
+    pub(super) fn queue(&mut self, kind: Kind, stream: u32, payload: &[u8]) {
         frame::put_frame(&mut self.out, kind, stream, payload);
         wake(&mut self.writer);
     }
@@ -184,7 +185,7 @@ impl Link {
         (link, rx)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -218,10 +219,7 @@ impl Link {
             },
         );
         s.queue(Kind::Open, id, what);
-        Ok(LinkStream {
-            link: self.clone(),
-            id,
-        })
+        Ok(LinkStream::new(self.clone(), id))
     }
 
     /// Passes a client's cancel request to the peer.
@@ -323,10 +321,7 @@ impl Link {
                         ..Slot::default()
                     },
                 );
-                let stream = LinkStream {
-                    link: self.clone(),
-                    id,
-                };
+                let stream = LinkStream::new(self.clone(), id);
                 let what = Bytes::copy_from_slice(payload);
                 if let Some(tx) = &s.incoming {
                     // Refused only while the link shuts down; the stream then just ends.
@@ -473,209 +468,5 @@ fn poll_turn<S: AsyncRead + AsyncWrite + Unpin>(
         if !progress {
             return Poll::Pending;
         }
-    }
-}
-
-/// One client's stream over a link.
-pub struct LinkStream {
-    link: Link,
-    id: u32,
-}
-
-impl LinkStream {
-    /// The node at the other end.
-    pub fn peer(&self) -> &str {
-        self.link.peer()
-    }
-
-    /// Ready when a read would not wait: bytes are there, or the stream or link ended.
-    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut s = self.link.lock();
-        let dead = s.dead.is_some();
-        match s.streams.get_mut(&self.id) {
-            Some(slot) if slot.inbox.is_empty() && slot.peer_closed.is_none() && !dead => {
-                park(&mut slot.reader, cx);
-                Poll::Pending
-            }
-            _ => Poll::Ready(Ok(())),
-        }
-    }
-
-    /// Moves what arrived into `buf` (at most its spare capacity, if it has any).
-    /// `Ready(Ok(0))`: the peer closed the stream.
-    pub fn poll_read_buf(
-        &self,
-        cx: &mut Context<'_>,
-        buf: &mut BytesMut,
-    ) -> Poll<io::Result<usize>> {
-        let room = buf.capacity() - buf.len();
-        let max = if room == 0 { usize::MAX } else { room };
-        self.poll_take(cx, max, &mut |d| buf.extend_from_slice(d))
-    }
-
-    /// Hands at most `max` bytes that arrived to `sink`, returning credit to the peer.
-    fn poll_take(
-        &self,
-        cx: &mut Context<'_>,
-        max: usize,
-        sink: &mut dyn FnMut(&[u8]),
-    ) -> Poll<io::Result<usize>> {
-        let mut guard = self.link.lock();
-        let s = &mut *guard;
-        let Some(slot) = s.streams.get_mut(&self.id) else {
-            return Poll::Ready(Ok(0));
-        };
-        if !slot.inbox.is_empty() {
-            let n = slot.inbox.len().min(max);
-            sink(&slot.inbox[..n]);
-            slot.inbox.advance(n);
-            if slot.inbox.is_empty() && slot.inbox.capacity() > KEEP_INBOX {
-                slot.inbox = BytesMut::new();
-            }
-            slot.consumed += n;
-            if slot.consumed >= CREDIT_BATCH && slot.peer_closed.is_none() && s.dead.is_none() {
-                let c = (std::mem::take(&mut slot.consumed) as u32).to_be_bytes();
-                s.queue(Kind::Credit, self.id, &c);
-            }
-            return Poll::Ready(Ok(n));
-        }
-        if slot.peer_closed.is_some() {
-            return Poll::Ready(Ok(0));
-        }
-        if let Some(r) = &s.dead {
-            return Poll::Ready(Err(lost(r)));
-        }
-        park(&mut slot.reader, cx);
-        Poll::Pending
-    }
-
-    /// Queues as much of `data` as the peer's window allows (at least one byte, or waits).
-    pub fn poll_write_data(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let mut guard = self.link.lock();
-        let s = &mut *guard;
-        if let Some(r) = &s.dead {
-            return Poll::Ready(Err(lost(r)));
-        }
-        let Some(slot) = s.streams.get_mut(&self.id) else {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
-        };
-        if slot.peer_closed.is_some() || slot.local_closed {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the stream was closed",
-            )));
-        }
-        if data.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        if slot.send_credit == 0 {
-            park(&mut slot.writer, cx);
-            return Poll::Pending;
-        }
-        let n = data.len().min(slot.send_credit).min(MAX_PAYLOAD);
-        slot.send_credit -= n;
-        s.queue(Kind::Data, self.id, &data[..n]);
-        Poll::Ready(Ok(n))
-    }
-
-    /// Ends this side of the stream, telling the peer why (shown to no client: for logs).
-    pub fn close(&self, why: &str) {
-        let mut guard = self.link.lock();
-        let s = &mut *guard;
-        let Some(slot) = s.streams.get_mut(&self.id) else {
-            return;
-        };
-        if slot.local_closed {
-            return;
-        }
-        slot.local_closed = true;
-        if s.dead.is_none() {
-            let why = &why.as_bytes()[..why.len().min(1024)];
-            s.queue(Kind::Close, self.id, why);
-        }
-    }
-
-    /// Sends the peer a state snapshot of this stream (replacing the one it had).
-    pub fn send_state(&self, snapshot: &[u8]) -> io::Result<()> {
-        if snapshot.len() > MAX_STATE {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "state too large",
-            ));
-        }
-        let mut guard = self.link.lock();
-        let s = &mut *guard;
-        if let Some(r) = &s.dead {
-            return Err(lost(r));
-        }
-        let mut pieces = snapshot.chunks(MAX_PAYLOAD - 1).peekable();
-        if pieces.peek().is_none() {
-            frame::put_frame(&mut s.out, Kind::State, self.id, &[frame::STATE_LAST]);
-        }
-        while let Some(piece) = pieces.next() {
-            let flags = if pieces.peek().is_none() {
-                frame::STATE_LAST
-            } else {
-                0
-            };
-            frame::put_header(&mut s.out, Kind::State, self.id, piece.len() + 1);
-            s.out.extend_from_slice(&[flags]);
-            s.out.extend_from_slice(piece);
-        }
-        wake(&mut s.writer);
-        Ok(())
-    }
-
-    /// The last complete state snapshot the peer sent for this stream.
-    pub fn state(&self) -> Option<Bytes> {
-        let s = self.link.lock();
-        s.streams.get(&self.id).and_then(|slot| slot.state.clone())
-    }
-
-    /// Why the peer closed the stream, if it did and said.
-    pub fn peer_closed(&self) -> Option<String> {
-        let s = self.link.lock();
-        s.streams
-            .get(&self.id)
-            .and_then(|slot| slot.peer_closed.as_deref().map(str::to_owned))
-    }
-}
-
-impl Drop for LinkStream {
-    fn drop(&mut self) {
-        self.close("");
-        self.link.lock().streams.remove(&self.id);
-    }
-}
-
-impl AsyncRead for LinkStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let max = buf.remaining();
-        self.poll_take(cx, max, &mut |d| buf.put_slice(d))
-            .map_ok(|_| ())
-    }
-}
-
-impl AsyncWrite for LinkStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.poll_write_data(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // Queued frames are the driver's to write.
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.close("");
-        Poll::Ready(Ok(()))
     }
 }
