@@ -103,18 +103,7 @@ impl Membership {
         let key = format!("{NODES_PREFIX}{}", cfg.node.id);
         let value = serde_json::to_vec(&cfg.node).expect("plain data serialises");
         // Created only if absent: two processes with one node_id must not both register.
-        let txn = etcd_client::Txn::new()
-            .when([etcd_client::Compare::create_revision(
-                key.clone(),
-                etcd_client::CompareOp::Equal,
-                0,
-            )])
-            .and_then([etcd_client::TxnOp::put(
-                key,
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        if !client.txn(txn).await?.succeeded() {
+        if !create_under_lease(&mut client, key, value, lease).await? {
             let _ = client.lease_revoke(lease).await;
             return Err(ClusterError::DuplicateNode(cfg.node.id));
         }
@@ -297,6 +286,27 @@ async fn keep_alive(
     }
 }
 
+/// Puts `key` under `lease` only if no such key exists (in one transaction); whether it did.
+async fn create_under_lease(
+    client: &mut Client,
+    key: String,
+    value: Vec<u8>,
+    lease: i64,
+) -> Result<bool, ClusterError> {
+    let txn = etcd_client::Txn::new()
+        .when([etcd_client::Compare::create_revision(
+            key.clone(),
+            etcd_client::CompareOp::Equal,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    Ok(client.txn(txn).await?.succeeded())
+}
+
 /// The lowest free slot, taken under `lease` (created only if free: two joining nodes never
 /// share one).
 async fn take_slot(client: &mut Client, lease: i64, node: &str) -> Result<u16, ClusterError> {
@@ -318,18 +328,7 @@ async fn take_slot(client: &mut Client, lease: i64, node: &str) -> Result<u16, C
         .collect();
     for slot in (0..MAX_SLOTS).filter(|s| !used.contains(s)) {
         let key = format!("{SLOTS_PREFIX}{slot}");
-        let txn = etcd_client::Txn::new()
-            .when([etcd_client::Compare::create_revision(
-                key.clone(),
-                etcd_client::CompareOp::Equal,
-                0,
-            )])
-            .and_then([etcd_client::TxnOp::put(
-                key,
-                node,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        if client.txn(txn).await?.succeeded() {
+        if create_under_lease(client, key, node.as_bytes().to_vec(), lease).await? {
             return Ok(slot);
         }
     }

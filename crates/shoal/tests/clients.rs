@@ -39,10 +39,36 @@ fn run_with_config(
 ) -> String {
     let db = unique_db("compat");
     let shoal = shoal_for(&db, &format!("[pool]\npool_size = 4\n{extra}"));
+    let text = run_program(program, args, dir, &target(shoal.port(), &db));
+    within_pool_of_four(&db);
+    text
+}
+
+/// Waits until `db` has at most the pool's 4 servers (the pool's listener connection for
+/// LISTEN/NOTIFY closes once nobody listens).
+fn within_pool_of_four(db: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pg().backends(db) > 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool of 4 was not respected"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+/// Runs a suite (`program args... target... 20`) in `dir`; its output, which it must end
+/// successfully.
+fn run_program<S: AsRef<std::ffi::OsStr>>(
+    program: &str,
+    args: &[S],
+    dir: &str,
+    target: &[String],
+) -> String {
     let out = Command::new(program)
         .current_dir(dir)
         .args(args)
-        .args(target(shoal.port(), &db))
+        .args(target)
         .arg("20")
         .output()
         .unwrap_or_else(|e| panic!("{program} runs: {e}"));
@@ -52,15 +78,6 @@ fn run_with_config(
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{program} suite failed:\n{text}");
-    // The pool's listener connection (LISTEN/NOTIFY) closes once nobody listens.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pg().backends(&db) > 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the pool of 4 was not respected"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
     text
 }
 
@@ -283,14 +300,6 @@ fn client_libraries_through_a_relaying_node() {
         assert!(text.contains(says), "{text}");
         assert!(!relay.log_contains("pool owned by this node"));
     }
-    // Four servers at most across the cluster (and the owner's listener connection, which
-    // closes once nobody listens).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pg().backends(&db) > 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pool_size 4 not held cluster-wide"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    // Four servers at most across the cluster.
+    within_pool_of_four(&db);
 }

@@ -21,6 +21,24 @@ fn node(etcd: &Etcd, id: &str, db: &str, extra: &str) -> Shoal {
     Shoal::start_with_env(&base_config(pg(), &[db], &cluster), &[SECRET])
 }
 
+/// A fresh database for a test.
+fn cluster_db() -> String {
+    let db = unique_db("cluster");
+    pg().create_database(&db);
+    db
+}
+
+/// Nodes `a` and `b` of a cluster on `etcd` serving `db`, each having served a query (so the
+/// pool has its owner).
+async fn two_nodes(etcd: &Etcd, db: &str, extra: &str) -> (Shoal, Shoal) {
+    let a = node(etcd, "a", db, extra);
+    let b = node(etcd, "b", db, extra);
+    for n in [&a, &b] {
+        n.connect(db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    (a, b)
+}
+
 /// Of two nodes, the one that logged that it owns the pool (exactly one must have) and the
 /// other.
 fn owner_and_relay<'a>(a: &'a Shoal, b: &'a Shoal) -> (&'a Shoal, &'a Shoal) {
@@ -36,8 +54,7 @@ fn owner_and_relay<'a>(a: &'a Shoal, b: &'a Shoal) -> (&'a Shoal, &'a Shoal) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_serves_a_pool_only_its_owner_opens_servers_for() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
+    let db = cluster_db();
     let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
     let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
     for n in [&a, &b] {
@@ -81,13 +98,8 @@ async fn any_node_serves_a_pool_only_its_owner_opens_servers_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_client_gets_every_protocol_feature_unchanged() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
-    let a = node(&etcd, "a", &db, "");
-    let b = node(&etcd, "b", &db, "");
-    for n in [&a, &b] {
-        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
-    }
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "").await;
     let (_, relay) = owner_and_relay(&a, &b);
     let mut c = relay.connect(&db).await;
     // Prepared statements (named, extended protocol) and parameters.
@@ -189,8 +201,7 @@ async fn console(n: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_metrics_and_api_describe_the_cluster() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
+    let db = cluster_db();
     let extra = "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n\
                  [metrics]\nlisten = \"127.0.0.1:0\"\n";
     let a = node(&etcd, "a", &db, extra);
@@ -261,13 +272,8 @@ async fn until_served(n: &Shoal, db: &str, limit: Duration) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_owner_is_replaced_and_idle_relayed_clients_move_unnoticed() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
-    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
-    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
-    for n in [&a, &b] {
-        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
-    }
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
     let (owner, relay) = owner_and_relay(&a, &b);
     // An idle relayed client with session state: a prepared statement and a SET.
     let idle = relay.connect(&db).await;
@@ -317,13 +323,8 @@ async fn a_killed_owner_is_replaced_and_idle_relayed_clients_move_unnoticed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_is_fenced_when_it_resumes_and_joins_again() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
-    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
-    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
-    for n in [&a, &b] {
-        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
-    }
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
     let (owner, relay) = owner_and_relay(&a, &b);
     // A client of the owner itself, which will be paused under it.
     let local = owner.connect(&db).await;
@@ -415,13 +416,8 @@ async fn an_idle_pool_moves_to_a_joining_node_and_a_busy_one_stays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_outage_of_30_seconds_changes_nothing_for_clients() {
     let mut etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
-    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
-    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
-    for n in [&a, &b] {
-        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
-    }
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
     let (owner, relay) = owner_and_relay(&a, &b);
     let local = owner.connect(&db).await;
     let relayed = relay.connect(&db).await;
@@ -492,8 +488,7 @@ fn new_ca() -> (rcgen::Certificate, rcgen::KeyPair) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_run_in_tls_and_a_node_of_another_ca_is_refused() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
+    let db = cluster_db();
     let ca = new_ca();
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let tls_node = |id: &str, tls: String| {
@@ -545,8 +540,7 @@ async fn connect_retrying(n: &Shoal, db: &str) -> tokio_postgres::Client {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_commit_survives_an_owner_kill_exactly_once() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
+    let db = cluster_db();
     let a = node(&etcd, "a", &db, "[pool]\npool_size = 3\n");
     let b = node(&etcd, "b", &db, "[pool]\npool_size = 3\n");
     let c = node(&etcd, "c", &db, "[pool]\npool_size = 3\n");
@@ -650,13 +644,8 @@ async fn every_acknowledged_commit_survives_an_owner_kill_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relaying_node_affects_only_its_own_clients() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
-    let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
-    let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
-    for n in [&a, &b] {
-        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
-    }
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
     let (owner, relay) = owner_and_relay(&a, &b);
     let local = owner.connect(&db).await;
     local
@@ -691,8 +680,7 @@ async fn a_killed_relaying_node_affects_only_its_own_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joining_and_leaving_under_load_fails_no_transaction() {
     let etcd = Etcd::start();
-    let db = unique_db("cluster");
-    pg().create_database(&db);
+    let db = cluster_db();
     let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
     let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
