@@ -722,3 +722,42 @@ async fn a_node_joining_and_leaving_under_load_fails_no_transaction() {
         "a busy pool does not move"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_shutting_down_under_load_hands_its_relayed_clients_on() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let c = relay.connect(&db).await;
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                c.simple_query("SELECT 1")
+                    .await
+                    .expect("no failure while the owner leaves");
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    owner.signal(libc::SIGTERM);
+    eventually(
+        "the relaying node owns the pool",
+        Duration::from_secs(20),
+        || relay.log_contains("pool owned by this node"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        assert!(w.await.unwrap() > 10);
+    }
+    // Handed back by the leaving owner, not lost with it.
+    assert!(relay.log_contains("is shutting down"), "no hand-back seen");
+}

@@ -72,6 +72,8 @@ pub(super) struct Slot {
     /// The peer's state snapshot being received, and the last one complete.
     pub(super) state_partial: Option<BytesMut>,
     pub(super) state: Option<Bytes>,
+    /// A snapshot arrived that the stream's reader has not been woken for yet.
+    pub(super) state_fresh: bool,
 }
 
 pub(super) struct State {
@@ -370,6 +372,7 @@ impl Link {
                     if payload[0] & frame::STATE_LAST != 0 {
                         slot.state = slot.state_partial.take().map(BytesMut::freeze);
                         // Whoever waits for the stream may be waiting for this.
+                        slot.state_fresh = true;
                         wake(&mut slot.reader);
                     }
                 }

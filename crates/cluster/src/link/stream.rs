@@ -27,17 +27,23 @@ impl LinkStream {
         self.link.peer()
     }
 
-    /// Ready when a read would not wait: bytes are there, or the stream or link ended.
+    /// Ready when a read would not wait: bytes are there, or the stream or link ended; also,
+    /// once, when a new state snapshot arrived (a read may then find nothing).
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut s = self.link.lock();
         let dead = s.dead.is_some();
-        match s.streams.get_mut(&self.id) {
-            Some(slot) if slot.inbox.is_empty() && slot.peer_closed.is_none() && !dead => {
-                park(&mut slot.reader, cx);
-                Poll::Pending
-            }
-            _ => Poll::Ready(Ok(())),
+        let Some(slot) = s.streams.get_mut(&self.id) else {
+            return Poll::Ready(Ok(()));
+        };
+        if std::mem::take(&mut slot.state_fresh)
+            || !slot.inbox.is_empty()
+            || slot.peer_closed.is_some()
+            || dead
+        {
+            return Poll::Ready(Ok(()));
         }
+        park(&mut slot.reader, cx);
+        Poll::Pending
     }
 
     /// Moves what arrived into `buf` (at most its spare capacity, if it has any).
@@ -163,6 +169,14 @@ impl LinkStream {
         }
         wake(&mut s.writer);
         Ok(())
+    }
+
+    /// Whether bytes arrived that were not read yet.
+    pub fn has_data(&self) -> bool {
+        let s = self.link.lock();
+        s.streams
+            .get(&self.id)
+            .is_some_and(|slot| !slot.inbox.is_empty())
     }
 
     /// The last complete state snapshot the peer sent for this stream.

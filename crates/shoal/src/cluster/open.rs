@@ -46,7 +46,15 @@ pub enum Snapshot<'a> {
     /// State a new owner cannot take up (LISTEN, session mode, statements naming this node's
     /// server statements): if this owner is lost, the client is told and closed.
     Stays,
+    /// The owner is shutting down and asks for the client back (with its state): the
+    /// relaying node stops sending, says so ([`HELD`]), and the owner, having answered all it
+    /// got, closes the stream ([`MOVED`]).
+    HandBack(Box<Snapshot<'a>>),
 }
+
+/// What the relaying node answers a [`Snapshot::HandBack`] with (its side's state): it sends
+/// nothing more on the stream.
+pub const HELD: &[u8] = b"R";
 
 impl<'a> Snapshot<'a> {
     pub fn encode(&self) -> Vec<u8> {
@@ -54,6 +62,7 @@ impl<'a> Snapshot<'a> {
             Snapshot::Plain => b"A".to_vec(),
             Snapshot::Stays => b"N".to_vec(),
             Snapshot::Image(j) => [&b"I"[..], j].concat(),
+            Snapshot::HandBack(inner) => [&b"H"[..], &inner.encode()].concat(),
         }
     }
 
@@ -62,6 +71,7 @@ impl<'a> Snapshot<'a> {
             (b'A', _) => Some(Snapshot::Plain),
             (b'N', _) => Some(Snapshot::Stays),
             (b'I', j) => Some(Snapshot::Image(j)),
+            (b'H', inner) => Some(Snapshot::HandBack(Box::new(Snapshot::decode(inner)?))),
             _ => None,
         }
     }
@@ -79,3 +89,48 @@ impl RelayOpen {
 
 /// The Close reason an owner gives when another node owns the pool: `owner:<node id>`.
 pub const REDIRECT: &str = "owner:";
+/// The Close reason of an owner shutting down, for a client handed back (see
+/// [`Snapshot::HandBack`]): take it to the pool's next owner.
+pub const MOVED: &str = "moved";
+/// The Close reason of an owner shutting down, for a new stream: ask the next owner.
+pub const LEAVING: &str = "leaving";
+
+impl Snapshot<'_> {
+    /// The state a new owner takes up: a hand-back's inner snapshot, else this one.
+    pub fn state(self) -> Self {
+        match self {
+            Snapshot::HandBack(inner) => inner.state(),
+            s => s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Snapshot;
+
+    #[test]
+    fn snapshots_read_back_and_a_hand_back_carries_the_state() {
+        for s in [
+            Snapshot::Plain,
+            Snapshot::Stays,
+            Snapshot::Image(b"{}"),
+            Snapshot::HandBack(Box::new(Snapshot::Image(b"{\"a\":1}"))),
+        ] {
+            let bytes = s.encode();
+            let back = Snapshot::decode(&bytes).expect("decodes").encode();
+            assert_eq!(back, bytes);
+        }
+        let h = Snapshot::HandBack(Box::new(Snapshot::Stays)).encode();
+        assert!(matches!(
+            Snapshot::decode(&h).map(Snapshot::state),
+            Some(Snapshot::Stays)
+        ));
+        assert!(Snapshot::decode(b"").is_none());
+        assert!(Snapshot::decode(b"X").is_none());
+        assert!(
+            Snapshot::decode(b"H").is_none(),
+            "a hand-back without its state"
+        );
+    }
+}

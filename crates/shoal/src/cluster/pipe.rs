@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use shoal_cluster::link::LinkStream;
 
-use super::open::{RelayOpen, Resume, Snapshot, REDIRECT};
+use super::open::{RelayOpen, Resume, Snapshot, HELD, LEAVING, MOVED, REDIRECT};
 use super::position::Position;
 use super::{Node, NodeError, Place};
 use crate::net::Stream;
@@ -32,6 +32,8 @@ pub enum RelayError {
     Lost { node: String, reason: String },
     #[error("pool ownership kept moving: gave up after {MAX_HOPS} redirects")]
     Redirects,
+    #[error("node \"{0}\", which ran this pool, is shutting down")]
+    Leaving(String),
     #[error("client connection: {0}")]
     Client(#[source] std::io::Error),
 }
@@ -53,7 +55,11 @@ pub async fn relay(
     greeting: bytes::BytesMut,
 ) -> Result<(), RelayError> {
     // The rare steps are boxed: this future is what an idle relayed client costs.
-    let (mut stream, mut to) = Box::pin(open_at(node, to, open)).await?;
+    let (mut stream, mut to) = match Box::pin(open_at(node, to, open)).await {
+        // The owner is leaving: wait for the next one.
+        Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open)).await?,
+        r => r?,
+    };
     Box::pin(client.write_all(&greeting))
         .await
         .map_err(RelayError::Client)?;
@@ -62,12 +68,18 @@ pub async fn relay(
     let mut position = Position::default();
     let mut key = None;
     let result = loop {
-        let r = shuttle(client, &stream, &to, &mut position, &mut key, node).await;
+        let r = match shuttle(client, &stream, &to, &mut position, &mut key, node).await {
+            // The owner handed the client back (it is shutting down).
+            Ok(()) if stream.peer_closed().as_deref() == Some(MOVED) => {
+                Err(RelayError::Leaving(to.clone()))
+            }
+            r => r,
+        };
         match (r, key) {
-            (Err(RelayError::Lost { node: gone, reason }), Some(cancel_key))
+            (Err(e @ (RelayError::Lost { .. } | RelayError::Leaving(_))), Some(cancel_key))
                 if position.idle() && movable(&stream) && !node.leaving() =>
             {
-                tracing::info!(owner = %gone, reason = %reason, pool = %pool.name, "the pool's owner was lost while a relayed client was idle: moving it");
+                tracing::info!(why = %e, pool = %pool.name, "a relayed client idle as its pool's owner went: moving it");
                 open.resume = Some(Resume {
                     cancel_key,
                     snapshot: stream.state().map(|b| b.to_vec()),
@@ -110,7 +122,10 @@ impl Drop for RelayedOut<'_> {
 fn movable(stream: &LinkStream) -> bool {
     match stream.state() {
         None => true,
-        Some(b) => !matches!(Snapshot::decode(&b), Some(Snapshot::Stays) | None),
+        Some(b) => !matches!(
+            Snapshot::decode(&b).map(Snapshot::state),
+            Some(Snapshot::Stays) | None
+        ),
     }
 }
 
@@ -136,6 +151,7 @@ async fn open_at(
         .await
         .map_err(|e| lost(&to, e))?;
         match s.peer_closed() {
+            Some(why) if why == LEAVING => return Err(RelayError::Leaving(to)),
             Some(why) if why.starts_with(REDIRECT) => {
                 node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
                 hops += 1;
@@ -167,7 +183,7 @@ async fn move_client(
         };
         match tried {
             Ok(done) => return Ok(done),
-            Err(e @ (RelayError::Node(_) | RelayError::Lost { .. })) => {
+            Err(e @ (RelayError::Node(_) | RelayError::Lost { .. } | RelayError::Leaving(_))) => {
                 if started.elapsed() > limit {
                     return Err(e);
                 }
@@ -207,13 +223,22 @@ async fn shuttle(
     // Only a buffered client stream holds a buffer while idle (only a read can tell it
     // has bytes).
     let mut held = BytesMut::new();
+    // The owner asked for the client back (it is shutting down): nothing more is read from
+    // the client until the owner has closed the stream or answered what it had.
+    let mut handing_back = false;
     loop {
+        if !handing_back && owner.state().is_some_and(|b| b.first() == Some(&b'H')) {
+            handing_back = true;
+            owner.send_state(HELD).map_err(|e| lost(node, e))?;
+        }
         let buffered = client.is_buffered();
         if buffered && held.capacity() == 0 {
             held = crate::bufpool::take();
         }
         let ready = poll_fn(|cx| {
-            if buffered {
+            if handing_back {
+                // The owner's bytes only.
+            } else if buffered {
                 if let Poll::Ready(r) = client.poll_read_buf(cx, &mut held) {
                     return Poll::Ready(Ready::ClientRead(r));
                 }

@@ -181,6 +181,8 @@ pub struct Extras {
     pub listen: Option<crate::notify::Subscription>,
     /// A relayed client: the signature of the state last sent to the relaying node.
     pub shipped: u64,
+    /// A relayed client this node (shutting down) asked the relaying node to take back.
+    pub handing_back: bool,
 }
 
 impl Extras {
@@ -360,6 +362,11 @@ impl Session {
                     if self.cbuf.is_empty() {
                         if matches!(self.stream, Stream::Link(_)) {
                             self.ship_state();
+                            // This node is shutting down: the relaying node takes the client
+                            // on to the pool's next owner, between its transactions.
+                            if self.hand_back() {
+                                return Ok(Next::HandedOver);
+                            }
                         }
                         // Idle: hold no buffer, no server, no timer, no budget.
                         budget::release(&mut self.large_kib);

@@ -15,7 +15,10 @@ use shoal_wire::sqlstate;
 use super::login::{self, Relayed, Request};
 use super::{finish, Extras, Session, SessionError};
 use crate::app::App;
-use crate::cluster::open::{RelayOpen, Snapshot, REDIRECT};
+use crate::cluster::open::{RelayOpen, Snapshot, HELD, LEAVING, MOVED, REDIRECT};
+
+/// [`Extras::shipped`] of a session whose state cannot move (it stays with this node).
+const STAYS: u64 = u64::MAX;
 use crate::cluster::pipe::RelayError;
 use crate::error::ErrorKind;
 use crate::net::Stream;
@@ -122,6 +125,11 @@ async fn login_phase(
         link.close("not in a cluster");
         return None;
     };
+    if app.lifecycle.shutting_down() {
+        // The relaying node waits for the pool's next owner.
+        link.close(LEAVING);
+        return None;
+    }
     let mut stream = Stream::Link(link);
     let timeout = crate::config::secs(app.config.server.client_login_timeout);
     let r = match crate::timer::timeout(timeout, log_in(&app, &node, &mut stream, open)).await {
@@ -256,13 +264,17 @@ fn resumed(
     if pool.settings.mode != crate::config::PoolMode::Transaction {
         return Err(refuse("its pool is in session mode"));
     }
-    let image = match r.snapshot.as_deref().map(Snapshot::decode) {
+    let image = match r
+        .snapshot
+        .as_deref()
+        .map(|b| Snapshot::decode(b).map(Snapshot::state))
+    {
         None | Some(Some(Snapshot::Plain)) => None,
         Some(Some(Snapshot::Image(j))) => Some(Box::new(
             serde_json::from_slice::<crate::handoff::SessionImage>(j)
                 .map_err(|_| refuse("its state could not be read"))?,
         )),
-        Some(Some(Snapshot::Stays)) | Some(None) => {
+        Some(Some(Snapshot::Stays | Snapshot::HandBack(_))) | Some(None) => {
             return Err(refuse("it listens, or holds state only its old node had"))
         }
     };
@@ -292,38 +304,93 @@ fn resumed(
 }
 
 impl Session {
+    /// A relayed client gone idle while this node shuts down: asks the relaying node for the
+    /// client back (with its state); once it says it sends nothing more and all it sent was
+    /// answered, closes the stream with the word that the client moved, and the relaying node
+    /// takes it to the pool's next owner without a word to the client. True when it did.
+    pub(super) fn hand_back(&mut self) -> bool {
+        let Stream::Link(link) = &self.stream else {
+            return false;
+        };
+        let x = self.extras.as_ref();
+        if !self.app.lifecycle.shutting_down() || x.is_some_and(|x| x.shipped == STAYS) {
+            return false;
+        }
+        if x.is_some_and(|x| x.handing_back) {
+            // Its answer follows everything it sent: when it is here, so is all of that.
+            if link.state().as_deref() == Some(HELD) && !link.has_data() {
+                link.close(MOVED);
+                tracing::debug!(conn = self.id, pool = %self.pool.name, "relayed client handed back: this node is shutting down");
+                return true;
+            }
+            return false;
+        }
+        let (_, state) = self.snapshot();
+        let asked = Snapshot::HandBack(Box::new(
+            Snapshot::decode(&state).unwrap_or(Snapshot::Plain),
+        ));
+        if link.send_state(&asked.encode()).is_ok() {
+            Extras::get(&mut self.extras).handing_back = true;
+        }
+        false
+    }
+
+    /// The session's state for the relaying node, and its signature (which changes when the
+    /// state does; [`STAYS`] for state that cannot move).
+    fn snapshot(&self) -> (u64, Vec<u8>) {
+        let sets = self.extras.as_ref().map(|x| &x.sets);
+        let listening = sets.is_some_and(|s| !s.listening.is_empty());
+        let rewritten = self.statements.as_ref().is_some_and(|s| s.has_rewritten());
+        if listening || rewritten {
+            return (STAYS, Snapshot::Stays.encode());
+        }
+        let signature = sets.map_or(0, |s| s.fingerprint)
+            ^ self
+                .statements
+                .as_ref()
+                .map_or(0, |s| s.signature())
+                .rotate_left(17);
+        if signature == 0 {
+            return (0, Snapshot::Plain.encode());
+        }
+        let mut i = self.image(false);
+        // The unnamed statement is not carried: it changes with nearly every transaction of
+        // many drivers, and is rarely used across transactions.
+        i.unnamed = None;
+        let image = serde_json::to_vec(&i).unwrap_or_default();
+        (signature, Snapshot::Image(&image).encode())
+    }
+
     /// A relayed client gone idle: if its session's state changed since the relaying node
     /// last heard, tells it (so a new owner can take the client up if this one is lost).
     pub(super) fn ship_state(&mut self) {
         let Stream::Link(link) = &self.stream else {
             return;
         };
+        let shipped = self.extras.as_ref().map_or(0, |x| x.shipped);
+        if shipped == STAYS || self.cheap_signature() == shipped {
+            return;
+        }
+        let (signature, state) = self.snapshot();
+        if link.send_state(&state).is_ok() {
+            Extras::get(&mut self.extras).shipped = signature;
+        }
+    }
+
+    /// [`Session::snapshot`]'s signature without making the snapshot (every idle moment of a
+    /// relayed client asks).
+    fn cheap_signature(&self) -> u64 {
         let sets = self.extras.as_ref().map(|x| &x.sets);
-        let listening = sets.is_some_and(|s| !s.listening.is_empty());
-        let rewritten = self.statements.as_ref().is_some_and(|s| s.has_rewritten());
-        let signature = sets.map_or(0, |s| s.fingerprint)
+        if sets.is_some_and(|s| !s.listening.is_empty())
+            || self.statements.as_ref().is_some_and(|s| s.has_rewritten())
+        {
+            return STAYS;
+        }
+        sets.map_or(0, |s| s.fingerprint)
             ^ self
                 .statements
                 .as_ref()
                 .map_or(0, |s| s.signature())
                 .rotate_left(17)
-            ^ u64::from(listening || rewritten).rotate_left(63);
-        if signature == self.extras.as_ref().map_or(0, |x| x.shipped) {
-            return;
-        }
-        let image;
-        let snapshot = if listening || rewritten {
-            Snapshot::Stays
-        } else {
-            let mut i = self.image(false);
-            // The unnamed statement is not carried: it changes with nearly every
-            // transaction of many drivers, and is rarely used across transactions.
-            i.unnamed = None;
-            image = serde_json::to_vec(&i).unwrap_or_default();
-            Snapshot::Image(&image)
-        };
-        if link.send_state(&snapshot.encode()).is_ok() {
-            Extras::get(&mut self.extras).shipped = signature;
-        }
     }
 }
