@@ -271,7 +271,9 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
             }
         };
         let _ = tcp.set_nodelay(true);
-        let shard = next_shard % crate::shard::count();
+        // On a shard taking clients (packing may keep others closed): its relayed clients
+        // are served where the local ones are.
+        let shard = next_shard % crate::shard::open().clamp(1, crate::shard::count());
         next_shard += 1;
         let (app, node) = (app.clone(), node.clone());
         // Proved, then driven, on the shard whose clients it will carry.

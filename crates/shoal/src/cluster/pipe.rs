@@ -93,7 +93,12 @@ pub async fn relay(
                     Err(e) => break Err(e),
                 }
             }
-            (r, _) => break r,
+            (r, k) => {
+                if let Err(e @ (RelayError::Lost { .. } | RelayError::Leaving(_))) = &r {
+                    tracing::info!(why = %e, idle = position.idle(), movable = movable(&stream), key = k.is_some(), "the pool's owner went under a relayed client that cannot move");
+                }
+                break r;
+            }
         }
     };
     if let Some((pid, _)) = key {
