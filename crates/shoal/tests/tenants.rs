@@ -1046,3 +1046,74 @@ async fn the_shared_store_speaks_tls() {
     assert_ne!(encrypted.trim(), "0", "the store's connections use TLS");
     tls_pg.stop();
 }
+
+/// Two nodes of a cluster sharing a tenant store: a tenant's client reaches the tenant's
+/// pool whichever node it connects to (one owns the pool, the other relays to it), routed by
+/// `user.tenant`, and tenants stay apart through the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_served_through_either_node_of_a_cluster() {
+    let etcd = common::etcd::Etcd::start();
+    let meta = unique_db("meta");
+    pg().create_database(&meta);
+    let (db1, db2) = (unique_db("tclu"), unique_db("tclu"));
+    pg().create_database(&db1);
+    pg().create_database(&db2);
+    let url = format!(
+        "postgres://app:{APP_PASSWORD}@127.0.0.1:{}/{meta}",
+        pg().port
+    );
+    let key = "cd".repeat(32);
+    let secret = ("SHOAL_CLUSTER_SECRET", "a-cluster-secret-for-tests");
+    let start = |id: &str| {
+        let data = tempfile::tempdir().unwrap();
+        let config = base_config(
+            pg(),
+            &[],
+            &format!(
+                "[api]\nlisten = \"127.0.0.1:0\"\n[store]\nurl = \"{url}\"\ndata_dir = \"{}\"\n\
+                 [cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n",
+                data.path().display(),
+                etcd.url,
+                secret.0
+            ),
+        );
+        let s = Shoal::start_with_env(
+            &config,
+            &[("API_JWT_SECRET", JWT_SECRET), ("SHOAL_ENC_KEY", &key), secret],
+        );
+        (s, data)
+    };
+    let (one, _d1) = start("one");
+    let (two, _d2) = start("two");
+    let http = Http::new(&one);
+    for (t, db) in [("acme", &db1), ("umbrella", &db2)] {
+        let (code, body) = http.authed("PUT", &format!("/api/tenants/{t}"), Some(tenant_body(pg(), db, 2)));
+        assert_eq!(code, 201, "{body}");
+    }
+    for (t, db) in [("acme", &db1), ("umbrella", &db2)] {
+        let conninfo = format!("user=app.{t} password={APP_PASSWORD}");
+        for node in [&one, &two] {
+            // The store's change reaches the other node within a moment.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let c = loop {
+                match connect(node, &conninfo).await {
+                    Ok(c) => break c,
+                    Err(e) => assert!(std::time::Instant::now() < deadline, "{e:?}"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert_eq!(&current_db(&c).await, db);
+        }
+    }
+    // Each tenant's pool is owned by one node; the other relayed to it.
+    for t in ["acme", "umbrella"] {
+        let owns = |n: &Shoal| {
+            n.log
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("pool owned by this node") && l.contains(&format!("{t}/app")))
+        };
+        assert!(owns(&one) != owns(&two), "tenant {t}: exactly one owner");
+    }
+}
