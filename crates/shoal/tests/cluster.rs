@@ -761,3 +761,36 @@ async fn an_owner_shutting_down_under_load_hands_its_relayed_clients_on() {
     // Handed back by the leaving owner, not lost with it.
     assert!(relay.log_contains("is shutting down"), "no hand-back seen");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaying_node_shutting_down_tells_its_idle_clients_as_a_single_node_does() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "").await;
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let (client, conn) = tokio_postgres::connect(
+        &relay.conninfo("app", APP_PASSWORD, &db),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let ended = tokio::spawn(async move {
+        conn.await
+            .err()
+            .and_then(|e| e.as_db_error().map(|d| d.code().code().to_owned()))
+    });
+    client.simple_query("SELECT 1").await.unwrap();
+    relay.signal(libc::SIGTERM);
+    let code = tokio::time::timeout(Duration::from_secs(15), ended)
+        .await
+        .expect("the client is told within the shutdown")
+        .unwrap();
+    assert_eq!(code.as_deref(), Some("57P01"));
+    // The owner goes on serving.
+    owner
+        .connect(&db)
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}

@@ -1079,7 +1079,11 @@ async fn a_tenant_is_served_through_either_node_of_a_cluster() {
         );
         let s = Shoal::start_with_env(
             &config,
-            &[("API_JWT_SECRET", JWT_SECRET), ("SHOAL_ENC_KEY", &key), secret],
+            &[
+                ("API_JWT_SECRET", JWT_SECRET),
+                ("SHOAL_ENC_KEY", &key),
+                secret,
+            ],
         );
         (s, data)
     };
@@ -1087,7 +1091,11 @@ async fn a_tenant_is_served_through_either_node_of_a_cluster() {
     let (two, _d2) = start("two");
     let http = Http::new(&one);
     for (t, db) in [("acme", &db1), ("umbrella", &db2)] {
-        let (code, body) = http.authed("PUT", &format!("/api/tenants/{t}"), Some(tenant_body(pg(), db, 2)));
+        let (code, body) = http.authed(
+            "PUT",
+            &format!("/api/tenants/{t}"),
+            Some(tenant_body(pg(), db, 2)),
+        );
         assert_eq!(code, 201, "{body}");
     }
     for (t, db) in [("acme", &db1), ("umbrella", &db2)] {
@@ -1107,13 +1115,12 @@ async fn a_tenant_is_served_through_either_node_of_a_cluster() {
     }
     // Each tenant's pool is owned by one node; the other relayed to it.
     for t in ["acme", "umbrella"] {
-        let owns = |n: &Shoal| {
-            n.log
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|l| l.contains("pool owned by this node") && l.contains(&format!("{t}/app")))
-        };
+        let owns =
+            |n: &Shoal| {
+                n.log.lock().unwrap().iter().any(|l| {
+                    l.contains("pool owned by this node") && l.contains(&format!("{t}/app"))
+                })
+            };
         assert!(owns(&one) != owns(&two), "tenant {t}: exactly one owner");
     }
 }

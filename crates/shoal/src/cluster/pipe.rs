@@ -36,6 +36,8 @@ pub enum RelayError {
     Leaving(String),
     #[error("client connection: {0}")]
     Client(#[source] std::io::Error),
+    #[error("this node is shutting down")]
+    ShuttingDown,
 }
 
 /// Relays the client to the node `to` (or to whichever node that one says owns the pool),

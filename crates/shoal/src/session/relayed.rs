@@ -57,10 +57,34 @@ pub(super) fn relay_out(r: Relaying) -> impl std::future::Future<Output = ()> + 
             greeting,
         } = relayed;
         tracing::debug!(conn = id, pool = %pool.name, owner = %to, "client relayed");
+        // Reached by shutdown as a local client is (its read side shut: it ends, and is told).
+        let fd = stream.raw_fd();
+        if let Some(fd) = fd {
+            app.lifecycle.client_fds.insert(fd);
+        }
         let result =
             crate::cluster::pipe::relay(node, &mut stream, &pool, to, &mut open, greeting).await;
+        if let Some(fd) = fd {
+            app.lifecycle.client_fds.remove(fd);
+        }
         drop(pool);
+        let result = match result {
+            Ok(())
+                if app
+                    .lifecycle
+                    .closing_clients
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                Err(RelayError::ShuttingDown)
+            }
+            r => r,
+        };
         let result = result.map_err(|e| match e {
+            RelayError::ShuttingDown => SessionError::fatal(
+                ErrorKind::Shutdown,
+                sqlstate::ADMIN_SHUTDOWN,
+                "terminating connection because Shoal is shutting down",
+            ),
             RelayError::Client(_) => SessionError::ClientGone,
             e => SessionError::fatal(
                 ErrorKind::NodeLost,
