@@ -77,6 +77,8 @@ pub struct Membership {
     renewed: watch::Receiver<std::time::Instant>,
     lease_ttl: Duration,
     slot: u16,
+    /// What this node registered (its load is updated).
+    me: std::sync::Mutex<NodeInfo>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -137,6 +139,7 @@ impl Membership {
             renewed,
             lease_ttl: cfg.lease_ttl,
             slot: cfg.node.slot,
+            me: std::sync::Mutex::new(cfg.node.clone()),
             tasks,
         };
         // Return once the view holds this node: callers can rely on seeing themselves.
@@ -159,6 +162,27 @@ impl Membership {
     pub fn hashed_owner(&self, pool: &str) -> Option<String> {
         let view = self.nodes();
         crate::hrw::owner(pool, view.keys().map(String::as_str)).map(str::to_owned)
+    }
+
+    /// Updates the load this node's registration reports (under its lease, as registered).
+    /// Nothing is written when it did not change.
+    pub async fn set_load(&self, load: u64) -> Result<(), ClusterError> {
+        let (key, value) = {
+            let mut me = self.me.lock().unwrap_or_else(|e| e.into_inner());
+            if me.load == load {
+                return Ok(());
+            }
+            me.load = load;
+            (
+                format!("{NODES_PREFIX}{}", me.id),
+                serde_json::to_vec(&*me).expect("plain data serialises"),
+            )
+        };
+        self.client
+            .clone()
+            .put(key, value, Some(PutOptions::new().with_lease(self.lease)))
+            .await?;
+        Ok(())
     }
 
     /// This node's slot (see [`NodeInfo::slot`]).

@@ -113,6 +113,13 @@ async fn nodes_see_each_other_and_a_dead_one_goes_within_its_lease() {
     // Each holds a slot of its own, and the others see it.
     assert_eq!((a.slot(), b.slot()), (0, 1));
     assert_eq!(a.nodes()["b"].slot, 1);
+    // A node's load, updated, reaches the others.
+    b.set_load(7).await.unwrap();
+    let mut w = a.watch();
+    tokio::time::timeout(Duration::from_secs(5), w.wait_for(|v| v["b"].load == 7))
+        .await
+        .expect("a sees b's load")
+        .unwrap();
     // Renewals keep a live node registered well past its TTL.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(a.nodes().len(), 2);

@@ -224,6 +224,19 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
     let owner_row = rows.iter().find(|r| r[col("node")] == owner_id).unwrap();
     assert_eq!(owner_row[col("owned_pools")], "1");
     assert_eq!(owner_row[col("relayed_clients")], "1", "{rows:?}");
+    // Each node reports its clients (every few seconds): the relaying node holds one.
+    let relay_id = if owner_id == "a" { "b" } else { "a" };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (cols, rows) = console(owner, "SHOW NODES").await;
+        let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+        let row = rows.iter().find(|r| r[col("node")] == relay_id).unwrap();
+        if row[col("clients")].parse::<u64>().unwrap() >= 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{rows:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // SHOW POOLS on the relaying node names the owner.
     let (cols, rows) = console(relay, "SHOW POOLS").await;
     let owner_col = cols

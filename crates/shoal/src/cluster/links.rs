@@ -337,11 +337,13 @@ async fn prove(tcp: tokio::net::TcpStream, node: &Node) -> Result<(Box<dyn Io>, 
 }
 
 /// Probes every link each second; ends links whose peer stopped answering or left the
-/// cluster, and forgets ended ones.
+/// cluster, and forgets ended ones; every five seconds, reports this node's load (its
+/// clients) in its registration.
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-pub async fn upkeep(node: Arc<Node>) {
+pub async fn upkeep(app: Arc<App>, node: Arc<Node>) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
+    let mut tick_no = 0u64;
     loop {
         tick.tick().await;
         let live = node.nodes();
@@ -366,5 +368,17 @@ pub async fn upkeep(node: Arc<Node>) {
             }
         }
         node.links.forget_dead();
+        // The load others see (`SHOW NODES`), every few seconds when it changed.
+        if tick_no.is_multiple_of(5) {
+            let load = app
+                .admission
+                .clients
+                .load(std::sync::atomic::Ordering::Relaxed) as u64;
+            let m = node.membership();
+            if let Err(e) = m.set_load(load).await {
+                tracing::debug!(error = %e, "cluster: load not updated");
+            }
+        }
+        tick_no += 1;
     }
 }

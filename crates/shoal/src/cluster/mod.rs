@@ -130,7 +130,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
-    tokio::spawn(links::upkeep(node.clone()));
+    tokio::spawn(links::upkeep(app.clone(), node.clone()));
     tokio::spawn(lease::keep(app.clone(), node.clone()));
     tokio::spawn(rebalance::run(app.clone(), node.clone()));
     Ok(node)
