@@ -281,22 +281,7 @@ fn client_libraries_through_a_relaying_node() {
         } else {
             url.clone()
         };
-        let out = Command::new(program)
-            .current_dir(&dir)
-            .args(&args)
-            .args(&target)
-            .arg("20")
-            .output()
-            .unwrap_or_else(|e| panic!("{program} runs: {e}"));
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success(),
-            "{program} suite through a relay failed:\n{text}"
-        );
+        let text = run_program(program, &args, &dir, &target);
         assert!(text.contains(says), "{text}");
         assert!(!relay.log_contains("pool owned by this node"));
     }

@@ -538,6 +538,33 @@ async fn links_run_in_tls_and_a_node_of_another_ca_is_refused() {
     .await;
 }
 
+/// Each client runs `SELECT 1` in a loop, each failing its test with `what` on an error,
+/// until the flag is set; each task returns how many it ran.
+fn select_loops(
+    clients: Vec<tokio_postgres::Client>,
+    what: &'static str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<tokio::task::JoinHandle<u64>>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = clients
+        .into_iter()
+        .map(|c| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    c.simple_query("SELECT 1").await.expect(what);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    (stop, workers)
+}
+
 /// Connects through `n`, retrying while the cluster is between owners.
 async fn connect_retrying(n: &Shoal, db: &str) -> tokio_postgres::Client {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -696,22 +723,11 @@ async fn a_node_joining_and_leaving_under_load_fails_no_transaction() {
     let db = cluster_db();
     let a = node(&etcd, "a", &db, "[pool]\npool_size = 2\n");
     let b = node(&etcd, "b", &db, "[pool]\npool_size = 2\n");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut workers = Vec::new();
+    let mut clients = Vec::new();
     for w in 0..4 {
-        let c = [&a, &b][w % 2].connect(&db).await;
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                c.simple_query("SELECT 1")
-                    .await
-                    .expect("no failure under a join or a leave");
-                n += 1;
-            }
-            n
-        }));
+        clients.push([&a, &b][w % 2].connect(&db).await);
     }
+    let (stop, workers) = select_loops(clients, "no failure under a join or a leave");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut c = node(&etcd, "c", &db, "[pool]\npool_size = 2\n");
     // The new node serves clients too (relayed to the owner: the pool is busy, it stays).
@@ -742,22 +758,11 @@ async fn an_owner_shutting_down_under_load_hands_its_relayed_clients_on() {
     let db = cluster_db();
     let (a, b) = two_nodes(&etcd, &db, "[pool]\npool_size = 2\n").await;
     let (owner, relay) = owner_and_relay(&a, &b);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut workers = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..4 {
-        let c = relay.connect(&db).await;
-        let stop = stop.clone();
-        workers.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                c.simple_query("SELECT 1")
-                    .await
-                    .expect("no failure while the owner leaves");
-                n += 1;
-            }
-            n
-        }));
+        clients.push(relay.connect(&db).await);
     }
+    let (stop, workers) = select_loops(clients, "no failure while the owner leaves");
     tokio::time::sleep(Duration::from_millis(300)).await;
     owner.signal(libc::SIGTERM);
     eventually(

@@ -362,18 +362,10 @@ impl Session {
     /// The session's state for the relaying node, and its signature (which changes when the
     /// state does; [`STAYS`] for state that cannot move).
     fn snapshot(&self) -> (u64, Vec<u8>) {
-        let sets = self.extras.as_ref().map(|x| &x.sets);
-        let listening = sets.is_some_and(|s| !s.listening.is_empty());
-        let rewritten = self.statements.as_ref().is_some_and(|s| s.has_rewritten());
-        if listening || rewritten {
+        let signature = self.signature();
+        if signature == STAYS {
             return (STAYS, Snapshot::Stays.encode());
         }
-        let signature = sets.map_or(0, |s| s.fingerprint)
-            ^ self
-                .statements
-                .as_ref()
-                .map_or(0, |s| s.signature())
-                .rotate_left(17);
         if signature == 0 {
             return (0, Snapshot::Plain.encode());
         }
@@ -392,7 +384,7 @@ impl Session {
             return;
         };
         let shipped = self.extras.as_ref().map_or(0, |x| x.shipped);
-        if shipped == STAYS || self.cheap_signature() == shipped {
+        if shipped == STAYS || self.signature() == shipped {
             return;
         }
         let (signature, state) = self.snapshot();
@@ -401,9 +393,10 @@ impl Session {
         }
     }
 
-    /// [`Session::snapshot`]'s signature without making the snapshot (every idle moment of a
+    /// A number that changes with the state a snapshot carries ([`STAYS`] for state that
+    /// cannot move; 0 for none), found without making the snapshot (every idle moment of a
     /// relayed client asks).
-    fn cheap_signature(&self) -> u64 {
+    fn signature(&self) -> u64 {
         let sets = self.extras.as_ref().map(|x| &x.sets);
         if sets.is_some_and(|s| !s.listening.is_empty())
             || self.statements.as_ref().is_some_and(|s| s.has_rewritten())
