@@ -314,6 +314,10 @@ impl CancelRegistry {
             if let Some(waiting) = s.waiting.take() {
                 tracing::debug!("cancel request for a query waiting for a server");
                 let _ = waiting.send(());
+                // The wait may end with a server all the same (it came at the same moment,
+                // and the wait took it): the request is then answered as cancelled when its
+                // server is named, never sent.
+                s.pending = s.busy;
             } else if s.busy {
                 s.pending = true;
             } else {
@@ -396,6 +400,36 @@ mod tests {
         reg.slot.mark_busy();
         assert!(reg.slot.set(target));
         assert_eq!(reg.slot.state(), "active");
+        reg.slot.clear().await;
+    }
+
+    /// A cancel that ends a wait for a server which the wait nonetheless ends with (both
+    /// came at once) still cancels the request: it is not sent to that server.
+    #[tokio::test]
+    async fn a_cancel_that_crosses_a_server_arriving_still_cancels() {
+        let registry = Arc::new(CancelRegistry::default());
+        let reg = registry.register(None, ClientInfo::default());
+        reg.slot.mark_busy();
+        let cancelled = reg.slot.begin_wait();
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
+        // The wait ended with a server: the signal is never looked at.
+        drop(cancelled);
+        reg.slot.end_wait();
+        let target = CancelTarget {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            process_id: 7,
+            secret_key: 9,
+        };
+        assert!(!reg.slot.set(target), "the request is reported cancelled");
+        // A cancel that did end the wait leaves nothing behind for the next request.
+        reg.slot.mark_busy();
+        let cancelled = reg.slot.begin_wait();
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
+        assert!(cancelled.await.is_ok(), "the wait was told");
+        reg.slot.end_wait();
+        reg.slot.not_busy();
+        reg.slot.mark_busy();
+        assert!(reg.slot.set(target), "the next request runs");
         reg.slot.clear().await;
     }
 
