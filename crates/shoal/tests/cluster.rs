@@ -812,3 +812,78 @@ async fn a_relaying_node_shutting_down_tells_its_idle_clients_as_a_single_node_d
         .await
         .unwrap();
 }
+
+/// The cluster status one node gives at `GET /api/cluster`.
+fn api_cluster(n: &Shoal) -> serde_json::Value {
+    let (code, body) = http_get(&format!("http://{}/api/cluster", n.metrics.unwrap()));
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Waits until the relaying node has `parked` clients parked and the owner serves `streams`
+/// relayed ones.
+async fn until_parked(relay: &Shoal, owner: &Shoal, parked: u64, streams: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (r, o) = (api_cluster(relay), api_cluster(owner));
+        if r["parked"] == parked && o["relayed_in"] == streams {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{r} {o}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A relayed client idle past `park_idle_after` is parked: its session at the owner goes
+/// (no stream, no session there), and its next statement resumes it there, unnoticed, with
+/// its SETs, its prepared statements and its cancel key. One that leaves while parked costs
+/// the owner nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_relayed_client_is_parked_and_resumes_with_its_state() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let extra = "park_idle_after = 0.3\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let (a, b) = two_nodes(&etcd, &db, extra).await;
+    let (owner, relay) = owner_and_relay(&a, &b);
+    let c = relay.connect(&db).await;
+    c.batch_execute("SET application_name = 'parked-app'")
+        .await
+        .unwrap();
+    let stmt = c.prepare("SELECT $1::int + 1").await.unwrap();
+    until_parked(relay, owner, 1, 0).await;
+    // Back: the same session, as far as the client can tell.
+    let row = c.query_one(&stmt, &[&41i32]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 42);
+    assert_eq!(
+        simple_rows(&c, "SHOW application_name").await,
+        ["parked-app"]
+    );
+    let status = api_cluster(relay);
+    assert_eq!(status["parked"], 0, "{status}");
+    assert!(status["parks"].as_u64().unwrap() >= 1, "{status}");
+    // Parked again, then cancelled mid-query: the key the client holds still works.
+    until_parked(relay, owner, 1, 0).await;
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move {
+        let r = c.simple_query("SELECT pg_sleep(30)").await;
+        (r.map(|_| ()), c)
+    });
+    wait_until_running(&db, "SELECT pg_sleep(30)").await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&r.unwrap_err()), "57014");
+    assert_eq!(simple_rows(&c, "SELECT 1").await, ["1"]);
+    // Parked, then gone: nothing is opened at the owner for it.
+    until_parked(relay, owner, 1, 0).await;
+    drop(c);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api_cluster(relay)["relayed_out"] != 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(api_cluster(owner)["relayed_in"], 0);
+    assert!(!relay.log_contains("ERROR") && !owner.log_contains("ERROR"));
+}

@@ -33,6 +33,9 @@ struct Stats {
     attempted: AtomicU64,
     connected: AtomicU64,
     held: AtomicU64,
+    held_at_stop: AtomicU64,
+    /// Queries count from now on (see `--steady-only`).
+    counting: std::sync::atomic::AtomicBool,
     queries: AtomicU64,
     errors: Mutex<BTreeMap<String, u64>>,
     hist: Mutex<Option<Histogram<u64>>>,
@@ -63,6 +66,7 @@ impl Stats {
             attempted: self.attempted.load(Ordering::Relaxed),
             connected: self.connected.load(Ordering::Relaxed),
             held: self.held.load(Ordering::Relaxed),
+            held_at_stop: self.held_at_stop.load(Ordering::Relaxed),
             queries: self.queries.load(Ordering::Relaxed),
             errors: self
                 .errors
@@ -92,10 +96,15 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
     let stats = Arc::new(Stats::default());
     *stats.hist.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Histogram::new_with_bounds(1, 60_000_000, 3)?);
-    let target: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
-        .await?
-        .next()
-        .context("target address")?;
+    let mut targets: Vec<SocketAddr> = Vec::with_capacity(args.port.len());
+    for &port in &args.port {
+        let addr = tokio::net::lookup_host((args.host.as_str(), port))
+            .await?
+            .next()
+            .context("target address")?;
+        targets.push(addr);
+    }
+    anyhow::ensure!(!targets.is_empty(), "no --port given");
     let tls = match args.tls {
         true => Some(tls_connector(&args)?),
         false => None,
@@ -133,7 +142,8 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         tasks.push(tokio::spawn(connection(
             args.clone(),
             tls.clone(),
-            target,
+            // Interleaved over workers, so every target gets its share of each worker.
+            targets[(k * workers + index) % targets.len()],
             source,
             stats.clone(),
             stop_rx.clone(),
@@ -153,7 +163,11 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let connect_done = started.elapsed();
+    stats.counting.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
+    stats
+        .held_at_stop
+        .store(stats.held.load(Ordering::Relaxed), Ordering::Relaxed);
     let _ = stop_tx.send(true);
     for t in tasks {
         let _ = t.await;
@@ -288,7 +302,9 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
         }
         next += interval;
         let t0 = Instant::now();
+        let counted = !args.steady_only || stats.counting.load(Ordering::Relaxed);
         match run_query(&mut stream, &query, &mut buf).await {
+            Ok(None) if !counted => {}
             Ok(None) => {
                 let us = t0.elapsed().as_micros() as u64;
                 stats.queries.fetch_add(1, Ordering::Relaxed);

@@ -23,8 +23,10 @@ use std::io::BufRead;
 pub struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    #[arg(long, default_value_t = 6432)]
-    port: u16,
+    /// One port, or several separated by commas (the nodes of a cluster): connections are
+    /// spread over them evenly.
+    #[arg(long, value_delimiter = ',', default_value = "6432")]
+    port: Vec<u16>,
     #[arg(long, default_value = "postgres")]
     user: String,
     #[arg(long, env = "PGPASSWORD", default_value = "")]
@@ -61,6 +63,10 @@ pub struct Args {
     /// Name the server's certificate must carry (with `--tls`).
     #[arg(long, default_value = "localhost")]
     tls_server_name: String,
+    /// Count only queries sent once every connection of the worker has been attempted and
+    /// has logged in or failed (the steady state, not the connect storm).
+    #[arg(long)]
+    steady_only: bool,
     /// Write the final report as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -75,6 +81,8 @@ pub struct Report {
     pub attempted: u64,
     pub connected: u64,
     pub held: u64,
+    /// Connections held when the worker was told to stop.
+    pub held_at_stop: u64,
     pub queries: u64,
     pub errors: BTreeMap<String, u64>,
     pub connect_done_ms: Option<u64>,
@@ -215,7 +223,7 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     let summary = Summary {
         connections: args.connections,
         connected,
-        held_at_end: latest.iter().map(|r| r.held).sum(),
+        held_at_end: latest.iter().map(|r| r.held_at_stop).sum(),
         connect_seconds,
         connect_rate: connect_seconds
             .filter(|s| *s > 0.0)

@@ -35,8 +35,10 @@ pub use super::stream::LinkStream;
 pub const WINDOW: usize = 256 * 1024;
 /// Credit is returned once a reader has consumed this much (fewer, larger Credit frames).
 pub(super) const CREDIT_BATCH: usize = WINDOW / 4;
-/// An inbox emptied with more capacity than this gives it back (an idle stream holds none).
-pub(super) const KEEP_INBOX: usize = 16 * 1024;
+/// An inbox emptied with more capacity than this gives it back: a stream between small
+/// replies reuses its inbox, and a large result's buffer is not kept. (An idle relayed
+/// client is parked after a while, and then has no stream at all.)
+pub(super) const KEEP_INBOX: usize = 2 * 1024;
 /// Largest state snapshot a stream carries.
 pub const MAX_STATE: usize = 16 << 20;
 

@@ -19,6 +19,9 @@ pub struct ClusterSection {
     /// Seconds a node stays registered without renewing (default 5).
     #[serde(default = "default_lease_ttl")]
     pub lease_ttl: f64,
+    /// Seconds a relayed client stays idle before its owner lets its session go (0: never).
+    #[serde(default = "default_park_idle_after")]
+    pub park_idle_after: f64,
     /// Environment variable holding the secret node links authenticate with.
     pub secret_env: String,
     /// TLS on node links: this node's certificate and key, and the CA of every node's.
@@ -31,6 +34,10 @@ fn default_lease_ttl() -> f64 {
     5.0
 }
 
+fn default_park_idle_after() -> f64 {
+    10.0
+}
+
 /// `[cluster]` checked, with its secret read.
 #[derive(Clone)]
 pub struct Cluster {
@@ -38,6 +45,8 @@ pub struct Cluster {
     pub node_id: String,
     pub relay_listen: SocketAddr,
     pub lease_ttl: Duration,
+    /// How long a relayed client idles before it is parked (`None`: never).
+    pub park_idle_after: Option<Duration>,
     /// Never logged (see the `Debug` impl).
     pub secret: String,
     pub tls: Option<ClusterTls>,
@@ -58,6 +67,7 @@ impl std::fmt::Debug for Cluster {
             .field("node_id", &self.node_id)
             .field("relay_listen", &self.relay_listen)
             .field("lease_ttl", &self.lease_ttl)
+            .field("park_idle_after", &self.park_idle_after)
             .field("secret", &"<redacted>")
             .field("tls", &self.tls)
             .finish()
@@ -88,6 +98,13 @@ impl ClusterSection {
         }
         if !(self.lease_ttl.is_finite() && self.lease_ttl >= 2.0) {
             return Err("cluster.lease_ttl must be at least 2 seconds".into());
+        }
+        if !(self.park_idle_after.is_finite()
+            && (self.park_idle_after == 0.0 || self.park_idle_after >= 0.2))
+        {
+            return Err(
+                "cluster.park_idle_after must be 0 (never park) or at least 0.2 seconds".into(),
+            );
         }
         let secret = env(&self.secret_env).ok_or_else(|| {
             format!(
@@ -127,6 +144,8 @@ impl ClusterSection {
             node_id,
             relay_listen: self.relay_listen,
             lease_ttl: Duration::from_secs_f64(self.lease_ttl),
+            park_idle_after: (self.park_idle_after > 0.0)
+                .then(|| Duration::from_secs_f64(self.park_idle_after)),
             secret,
         })
     }
@@ -158,7 +177,15 @@ mod tests {
     fn defaults_and_secret() {
         let c = section(BASE).resolve(Some(6432), &env).unwrap();
         assert_eq!(c.lease_ttl, Duration::from_secs(5));
+        assert_eq!(c.park_idle_after, Some(Duration::from_secs(10)));
         assert!(c.node_id.ends_with(":6432"), "{}", c.node_id);
+        let never = section(&format!(
+            "{BASE}park_idle_after = 0
+"
+        ))
+        .resolve(None, &env)
+        .unwrap();
+        assert_eq!(never.park_idle_after, None);
         assert!(!format!("{c:?}").contains("a-long-enough-secret"));
         let c = section(&format!("{BASE}node_id = \"n1\"\nlease_ttl = 3\n"))
             .resolve(None, &env)
@@ -182,6 +209,7 @@ mod tests {
             section(text).resolve(Some(1), env).unwrap_err()
         };
         assert!(err(&format!("{BASE}lease_ttl = 1\n"), &env).contains("lease_ttl"));
+        assert!(err(&format!("{BASE}park_idle_after = 0.01\n"), &env).contains("park_idle_after"));
         assert!(err(&BASE.replace("http://", "tcp://"), &env).contains("http://"));
         assert!(
             err(&BASE.replace("[\"http://127.0.0.1:2379\"]", "[]"), &env).contains("at least one")

@@ -71,6 +71,9 @@ pub struct ClusterMetrics {
     /// Clients of this node relayed to another now. (Those relayed here are the streams of
     /// the accepted links.)
     pub relayed_out: AtomicU64,
+    /// Of those, parked now (idle, with no session at the owner), and parked ever.
+    pub parked: AtomicU64,
+    pub parks: AtomicU64,
     pub claims: AtomicU64,
     pub redirects: AtomicU64,
 }
@@ -89,6 +92,10 @@ pub struct Node {
     /// The node serving each client relayed from here, by its cancel key's process id: a
     /// client's cancel comes to the node it connected to, which passes it on.
     relayed: std::sync::Mutex<std::collections::HashMap<i32, String>>,
+    /// Ticks of the idle clock, one per shard (relayed clients wait on their shard's): a
+    /// client idle through two ticks is parked (see [`pipe`]), and no idle client holds a
+    /// timer of its own.
+    pub(crate) park_ticks: Vec<tokio::sync::Notify>,
 }
 
 /// Joins the cluster: takes a slot, registers under a lease, starts following the others,
@@ -127,13 +134,34 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         left: Default::default(),
         metrics: ClusterMetrics::default(),
         relayed: Default::default(),
+        park_ticks: (0..crate::shard::count())
+            .map(|_| tokio::sync::Notify::new())
+            .collect(),
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
     tokio::spawn(links::upkeep(app.clone(), node.clone()));
     tokio::spawn(lease::keep(app.clone(), node.clone()));
     tokio::spawn(rebalance::run(app.clone(), node.clone()));
+    if let Some(every) = node.config.park_idle_after {
+        tokio::spawn(tick_idle_clock(Arc::downgrade(&node), every / 2));
+    }
     Ok(node)
+}
+
+/// Ticks every shard's idle clock (see [`Node::park_ticks`]) until the node is gone.
+// Runs on the control runtime, which has tokio's time driver.
+#[allow(clippy::disallowed_methods)]
+async fn tick_idle_clock(node: std::sync::Weak<Node>, every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        for t in &node.park_ticks {
+            t.notify_waiters();
+        }
+    }
 }
 
 /// Registers this node; the cancel keys made from then on carry its slot.

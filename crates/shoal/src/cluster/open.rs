@@ -21,8 +21,8 @@ pub struct RelayOpen {
     /// The SCRAM client key the client proved (passthrough users only).
     #[serde(default)]
     pub client_key: Option<[u8; 32]>,
-    /// Set when the client's last owner was lost while it was idle: it is logged in already,
-    /// and goes on here from where it was.
+    /// Set when the client's last owner was lost while it was idle, or when it comes back
+    /// from being parked: it is logged in already, and goes on here from where it was.
     #[serde(default)]
     pub resume: Option<Resume>,
 }
@@ -34,6 +34,9 @@ pub struct Resume {
     pub cancel_key: (i32, i32),
     /// Its session's last state snapshot, if the old owner sent one (see [`Snapshot`]).
     pub snapshot: Option<Vec<u8>>,
+    /// The client was parked (idle, its session let go), not moved after a loss.
+    #[serde(default)]
+    pub parked: bool,
 }
 
 /// What an owner tells the relaying node of a relayed client's session, as a stream state

@@ -7,6 +7,7 @@
 //! into a recycled buffer), as an idle local client holds none.
 
 use std::future::poll_fn;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
@@ -54,30 +55,98 @@ pub async fn relay(
     pool: &Arc<Pool>,
     to: String,
     open: &mut RelayOpen,
-    greeting: bytes::BytesMut,
+    greeting: BytesMut,
 ) -> Result<(), RelayError> {
-    // The rare steps are boxed: this future is what an idle relayed client costs.
-    let (mut stream, mut to) = match Box::pin(open_at(node, to, open)).await {
-        // The owner is leaving: wait for the next one.
-        Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open)).await?,
-        r => r?,
-    };
-    Box::pin(client.write_all(&greeting))
-        .await
-        .map_err(RelayError::Client)?;
-    drop(greeting);
     let _counted = RelayedOut::new(node);
+    let mut start = Start::Open { to, greeting };
+    loop {
+        // The relay proper lives in a box of its own, freed while the client is parked:
+        // a parked client costs this loop and its socket.
+        match Box::pin(run(node, client, pool, open, start)).await? {
+            Ran::Ended => return Ok(()),
+            Ran::Parked => match parked(node, client).await? {
+                Some(first) => start = Start::Back(first),
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+/// How a [`run`] begins.
+enum Start {
+    /// The client just logged in: open its stream at `to`, then say `greeting` to it.
+    Open { to: String, greeting: BytesMut },
+    /// The client was parked and sent these bytes: open a stream for it at the pool's
+    /// owner, where its session resumes, and pass them on.
+    Back(BytesMut),
+}
+
+/// How a [`run`] ended without an error.
+enum Ran {
+    Ended,
+    /// The client idled; its stream is closed (its session at the owner gone) and `open`
+    /// says how to resume it.
+    Parked,
+}
+
+/// Relays the client over one owner's stream after another (it moves when its owner is
+/// lost while it is idle), until either side ends or the client is parked.
+async fn run(
+    node: &Arc<Node>,
+    client: &mut Stream,
+    pool: &Arc<Pool>,
+    open: &mut RelayOpen,
+    start: Start,
+) -> Result<Ran, RelayError> {
     let mut position = Position::default();
-    let mut key = None;
+    let (mut stream, mut to, mut key) = match start {
+        Start::Open { to, greeting } => {
+            let (stream, to) = match Box::pin(open_at(node, to, open)).await {
+                // The owner is leaving: wait for the next one.
+                Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open)).await?,
+                r => r?,
+            };
+            Box::pin(client.write_all(&greeting))
+                .await
+                .map_err(RelayError::Client)?;
+            (stream, to, None)
+        }
+        Start::Back(first) => {
+            let key = open.resume.as_ref().map(|r| r.cancel_key);
+            let sent = match Box::pin(move_client(node, pool, open)).await {
+                Ok((stream, to)) => {
+                    if let Some((pid, _)) = key {
+                        node.relayed_to(pid, &to);
+                    }
+                    position.client_sent(&first);
+                    Box::pin(to_owner(&stream, &first, &to))
+                        .await
+                        .map(|()| (stream, to, key))
+                }
+                Err(e) => Err(e),
+            };
+            crate::bufpool::give(first);
+            sent?
+        }
+    };
     let result = loop {
         let r = match shuttle(client, &stream, &to, &mut position, &mut key, node).await {
             // The owner handed the client back (it is shutting down).
-            Ok(()) if stream.peer_closed().as_deref() == Some(MOVED) => {
+            Ok(Shuttled::Ended) if stream.peer_closed().as_deref() == Some(MOVED) => {
                 Err(RelayError::Leaving(to.clone()))
             }
             r => r,
         };
         match (r, key) {
+            (Ok(Shuttled::Park), Some(cancel_key)) => {
+                open.resume = Some(Resume {
+                    cancel_key,
+                    snapshot: stream.state().map(|b| b.to_vec()),
+                    parked: true,
+                });
+                // Closing the stream ends the session at the owner.
+                return Ok(Ran::Parked);
+            }
             (Err(e @ (RelayError::Lost { .. } | RelayError::Leaving(_))), Some(cancel_key))
                 if position.idle() && movable(&stream) && !node.leaving() =>
             {
@@ -85,6 +154,7 @@ pub async fn relay(
                 open.resume = Some(Resume {
                     cancel_key,
                     snapshot: stream.state().map(|b| b.to_vec()),
+                    parked: false,
                 });
                 drop(stream);
                 match Box::pin(move_client(node, pool, open)).await {
@@ -99,7 +169,7 @@ pub async fn relay(
                 if let Err(e @ (RelayError::Lost { .. } | RelayError::Leaving(_))) = &r {
                     tracing::info!(why = %e, idle = position.idle(), movable = movable(&stream), key = k.is_some(), "the pool's owner went under a relayed client that cannot move");
                 }
-                break r;
+                break r.map(|_| Ran::Ended);
             }
         }
     };
@@ -107,6 +177,52 @@ pub async fn relay(
         node.forget_relayed(pid);
     }
     result
+}
+
+/// What a parked client waits with: its socket, and nothing else (its session at the owner
+/// was let go). Returns its next bytes, or `None` when it left (closed, or said only
+/// Terminate) and so needs no session again.
+async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, RelayError> {
+    node.metrics.parked.fetch_add(1, Ordering::Relaxed);
+    node.metrics.parks.fetch_add(1, Ordering::Relaxed);
+    let _unpark = scopeguard(|| {
+        node.metrics.parked.fetch_sub(1, Ordering::Relaxed);
+    });
+    loop {
+        poll_fn(|cx| client.poll_read_ready(cx))
+            .await
+            .map_err(RelayError::Client)?;
+        let mut buf = crate::bufpool::take();
+        match client.read_now(&mut buf) {
+            Ok(Some(n)) if n == 0 || buf[..] == TERMINATE => {
+                crate::bufpool::give(buf);
+                return Ok(None);
+            }
+            Ok(Some(_)) => return Ok(Some(buf)),
+            // Stale readiness.
+            Ok(None) => crate::bufpool::give(buf),
+            Err(e) => {
+                crate::bufpool::give(buf);
+                return Err(RelayError::Client(e));
+            }
+        }
+    }
+}
+
+/// A client's Terminate message, whole.
+const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
+
+/// Runs `f` when dropped.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }
 
 /// Counts a client relayed from this node for as long as it is.
@@ -208,7 +324,18 @@ fn lost(node: &str, e: std::io::Error) -> RelayError {
     }
 }
 
+/// How a [`shuttle`] ended.
+enum Shuttled {
+    /// Either side ended the stream.
+    Ended,
+    /// The client idled through two ticks of the idle clock, between transactions, with a
+    /// session that can move: its session at the owner may go.
+    Park,
+}
+
 enum Ready {
+    /// The idle clock ticked.
+    Tick,
     /// The client's socket is readable.
     Client,
     /// A buffered client stream (TLS) read this much into the held buffer.
@@ -226,13 +353,15 @@ async fn shuttle(
     position: &mut Position,
     key: &mut Option<(i32, i32)>,
     cluster: &Node,
-) -> Result<(), RelayError> {
+) -> Result<Shuttled, RelayError> {
     // Only a buffered client stream holds a buffer while idle (only a read can tell it
     // has bytes).
     let mut held = BytesMut::new();
     // The owner asked for the client back (it is shutting down): nothing more is read from
     // the client until the owner has closed the stream or answered what it had.
     let mut handing_back = false;
+    // Ticks of the idle clock seen since the client or the owner last sent anything.
+    let mut idle_ticks = 0u8;
     loop {
         if !handing_back && owner.state().is_some_and(|b| b.first() == Some(&b'H')) {
             handing_back = true;
@@ -242,6 +371,15 @@ async fn shuttle(
         if buffered && held.capacity() == 0 {
             held = crate::bufpool::take();
         }
+        // Only a client between transactions, whose bytes its socket's readiness tells (a
+        // parked client waits on that alone), may be parked.
+        let parkable = !handing_back && !buffered && key.is_some() && position.idle();
+        let tick = cluster
+            .park_ticks
+            .get(crate::shard::current())
+            .filter(|_| parkable)
+            .map(|t| t.notified());
+        let mut tick = std::pin::pin!(tick);
         let ready = poll_fn(|cx| {
             if handing_back {
                 // The owner's bytes only.
@@ -252,17 +390,29 @@ async fn shuttle(
             } else if client.poll_read_ready(cx).is_ready() {
                 return Poll::Ready(Ready::Client);
             }
-            match owner.poll_read_ready(cx) {
-                Poll::Ready(_) => Poll::Ready(Ready::Owner),
-                Poll::Pending => Poll::Pending,
+            if owner.poll_read_ready(cx).is_ready() {
+                return Poll::Ready(Ready::Owner);
+            }
+            match tick.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Ready::Tick),
+                _ => Poll::Pending,
             }
         })
         .await;
+        if !matches!(ready, Ready::Tick) {
+            idle_ticks = 0;
+        }
         match ready {
+            Ready::Tick => {
+                idle_ticks += 1;
+                if idle_ticks >= 2 && movable(owner) {
+                    return Ok(Shuttled::Park);
+                }
+            }
             Ready::ClientRead(r) => {
                 let n = r.map_err(RelayError::Client)?;
                 if n == 0 {
-                    return Ok(());
+                    return Ok(Shuttled::Ended);
                 }
                 position.client_sent(&held);
                 Box::pin(to_owner(owner, &held, node)).await?;
@@ -283,7 +433,7 @@ async fn shuttle(
                 };
                 crate::bufpool::give(buf);
                 if r? {
-                    return Ok(());
+                    return Ok(Shuttled::Ended);
                 }
             }
             Ready::Owner => {
@@ -310,7 +460,7 @@ async fn shuttle(
                 };
                 crate::bufpool::give(buf);
                 if r? {
-                    return Ok(());
+                    return Ok(Shuttled::Ended);
                 }
             }
         }

@@ -17,6 +17,10 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     /// Clients of this node relayed to others now.
     pub relayed_out: u64,
+    /// Of `relayed_out`, those parked now (idle, with no session at the owner), and the
+    /// times clients were parked since this node started.
+    pub parked: u64,
+    pub parks: u64,
     /// Clients other nodes relay here now.
     pub relayed_in: u64,
     pub claims: u64,
@@ -90,6 +94,8 @@ impl Node {
             nodes,
             relayed_out: self.metrics.relayed_out.load(Ordering::Relaxed),
             relayed_in,
+            parked: self.metrics.parked.load(Ordering::Relaxed),
+            parks: self.metrics.parks.load(Ordering::Relaxed),
             claims: self.metrics.claims.load(Ordering::Relaxed),
             redirects: self.metrics.redirects.load(Ordering::Relaxed),
         }
@@ -134,6 +140,18 @@ pub fn encode(
         "shoal_cluster_relayed_clients",
         "Clients relayed between nodes now: out (this node's, to their pool's owner) and in (other nodes', served here)",
         &[relayed("out", s.relayed_out), relayed("in", s.relayed_in)],
+    )?;
+    gauge(
+        e,
+        "shoal_cluster_parked_clients",
+        "Relayed clients of this node parked now: idle past park_idle_after, their session at the owner let go until they send again",
+        &one(s.parked as i64),
+    )?;
+    counter(
+        e,
+        "shoal_cluster_parks",
+        "Times a relayed client of this node was parked",
+        &[(vec![], s.parks)],
     )?;
     counter(
         e,

@@ -154,6 +154,7 @@ async fn login_phase(
         link.close(LEAVING);
         return None;
     }
+    let parked = open.resume.as_ref().is_some_and(|r| r.parked);
     let mut stream = Stream::Link(link);
     let timeout = crate::config::secs(app.config.server.client_login_timeout);
     let r = match crate::timer::timeout(timeout, log_in(&app, &node, &mut stream, open)).await {
@@ -189,7 +190,11 @@ async fn login_phase(
                 let _ = l.send_state(&Snapshot::Plain.encode());
             }
             session.ship_state();
-            tracing::info!(conn = id, pool = %session.pool.name, "relayed client taken up after its owner was lost");
+            if parked {
+                tracing::debug!(conn = id, pool = %session.pool.name, "parked relayed client back");
+            } else {
+                tracing::info!(conn = id, pool = %session.pool.name, "relayed client taken up after its owner was lost");
+            }
             Some((session, lease))
         }
         Ok(Served::Elsewhere(owner)) => {

@@ -54,10 +54,11 @@ async fn session_future_fits_a_small_task() {
     );
     drop(relayed);
     // A client of this node relayed to another: the login's box is freed first, and what
-    // stays is the relay's loop (with its tracking of the protocol and the stream).
+    // stays is the loop that parks and resumes it (the relay proper is boxed, and freed
+    // while the client is parked): what a parked client costs besides its socket.
     let relaying = returned_size(relayed::relay_out);
     println!("relaying future: {relaying} bytes");
-    assert!(relaying <= 1024, "relaying client future grew");
+    assert!(relaying <= 704, "relaying client future grew");
     println!(
         "SessionError: {} bytes",
         std::mem::size_of::<SessionError>()

@@ -1,0 +1,133 @@
+"""Very many clients held by a cluster (bench/cluster --hold N): enough Shoal nodes on one etcd
+that none holds more than PER_NODE clients (a process may hold 20,000 descriptors here),
+tools/loadgen spreading N clients over all of them from many source addresses, every client
+querying once per --interval seconds. One pool, owned by one node: every other node relays its
+clients there.
+
+Reports connections held, connect errors, time to connect them all, QPS, latency
+percentiles, Shoal RSS in total and per idle client (the growth over the nodes' RSS before
+any client, divided by the clients), and the kernel's slab growth (sockets, mostly)."""
+
+import math
+import os
+import statistics
+import subprocess
+import threading
+import time
+
+import benchlib as B
+
+PER_NODE = 18_500
+SEED_QUERY = "SELECT * FROM (VALUES (1,'one'),(2,'two'),(3,'three')) AS t (num, letter)"
+
+
+def slab_kb():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Slab:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Sampler:
+    """Samples the nodes' summed RSS and the kernel's slab every second, in a thread."""
+
+    def __init__(self, nodes):
+        self.nodes, self.samples, self.stop = nodes, [], threading.Event()
+        self.started = time.time()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            each = [n.rss_kb() for n in self.nodes]
+            self.samples.append((time.time() - self.started, sum(each), slab_kb(), max(each), each))
+            self.stop.wait(1.0)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        return self.samples
+
+
+def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
+    """Holds `n` clients over a fresh cluster; returns the measurements."""
+    etcd = etcd_cls(work, "etcd-hold")
+    count = max(2, math.ceil(n / PER_NODE))
+    nodes = []
+    try:
+        started = time.time()
+        for i in range(count):
+            nodes.append(start_node(work, release, pg, etcd, f"h{i:02}", args.pool_size))
+        print(f"hold: {count} nodes up in {time.time() - started:.1f} s", flush=True)
+        if not psql_one(nodes[0].port):
+            raise RuntimeError("the cluster serves no query")
+        owner = next((x for x in nodes if owns(x)), None)
+        time.sleep(2.0)
+        each0 = [x.rss_kb() for x in nodes]
+        rss0 = sum(each0)
+        slab0 = slab_kb()
+        cpu0 = sum(x.cpu_seconds() for x in nodes)
+        out_json = os.path.join(work.path, f"loadgen-hold-{n}.json")
+        cmd = [os.path.join(release, "loadgen"), "--port", ",".join(str(x.port) for x in nodes),
+               "--user", B.BENCH_USER, "--password", B.BENCH_PASSWORD, "--dbname", B.BENCH_DB,
+               "-n", str(n), "--interval", str(args.interval), "--duration", str(args.hold_seconds),
+               "--query", SEED_QUERY, "--source-octet", "40", "--steady-only", "--json", out_json]
+        if args.connect_rate:
+            cmd += ["--connect-rate", str(args.connect_rate)]
+        sampler = Sampler(nodes)
+        lg = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        samples = sampler.finish()
+        cpu = sum(x.cpu_seconds() for x in nodes) - cpu0
+        if lg.returncode != 0 or not os.path.exists(out_json):
+            raise RuntimeError(f"loadgen failed ({lg.returncode})")
+        import json
+        with open(out_json) as f:
+            summary = json.load(f)
+        # Steady state: the last quarter of the hold, before the clients leave.
+        connect_s = summary.get("connect_seconds") or 0
+        hold_end = connect_s + args.hold_seconds
+        steady = [s for s in samples if hold_end - args.hold_seconds / 4 <= s[0] <= hold_end - 1] or samples
+        rss = statistics.median(s[1] for s in steady)
+        slab = statistics.median(s[2] for s in steady)
+        held = summary["held_at_end"]
+        # Where the memory went: the owner serves its own clients and every relayed one; a
+        # relaying node holds only its own (relayed) clients.
+        last = steady[len(steady) // 2][4]
+        per_node = summary["connected"] / count
+        growth = [(b - a) * 1024 for a, b in zip(each0, last)]
+        at = nodes.index(owner) if owner else 0
+        relaying = [g for i, g in enumerate(growth) if i != at]
+        return {
+            "clients": n, "nodes": count, "owner": owner.popen.pid if owner else None,
+            "connected": summary["connected"], "held_at_end": held,
+            "connect_seconds": connect_s, "qps": summary["qps"],
+            "latency_ms": summary["latency_ms"], "errors": summary["errors"],
+            "rss0_kb": rss0, "rss_kb": rss, "peak_rss_kb": max(s[1] for s in samples),
+            "max_node_rss_kb": max(s[3] for s in samples),
+            "bytes_per_client": (rss - rss0) * 1024 / max(1, summary["connected"]),
+            "slab_growth_kb": slab - slab0,
+            "slab_bytes_per_connection": (slab - slab0) * 1024 / max(1, summary["connected"]),
+            "shoal_cpu_s": cpu,
+            "owner_growth_kb": growth[at] / 1024,
+            "bytes_per_relayed_client_on_its_node": statistics.mean(relaying) / per_node if relaying else None,
+        }
+    finally:
+        for x in nodes:
+            x.stop()
+            x.work.cleanup()
+        etcd.stop()
+
+
+def render(h):
+    lat = h["latency_ms"]
+    errs = sum(h["errors"].values())
+    return "\n".join([
+        "| clients | nodes | held | connect errors | connect s | QPS | p50 ms | p95 ms | p99 ms "
+        "| Shoal RSS MB (before → held) | bytes per idle client | kernel slab per connection |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {h['clients']} | {h['nodes']} | {h['held_at_end']} | {errs} | {h['connect_seconds']:.1f} "
+        f"| {h['qps']:.0f} | {lat.get('p50', 0):.2f} | {lat.get('p95', 0):.2f} | {lat.get('p99', 0):.2f} "
+        f"| {h['rss0_kb'] / 1024:.0f} → {h['rss_kb'] / 1024:.0f} | {h['bytes_per_client']:.0f} "
+        f"| {h['slab_bytes_per_connection']:.0f} |",
+    ])
