@@ -8,6 +8,7 @@ Reports connections held, connect errors, time to connect them all, QPS, latency
 percentiles, Shoal RSS in total and per idle client (the growth over the nodes' RSS before
 any client, divided by the clients), and the kernel's slab growth (sockets, mostly)."""
 
+import json
 import math
 import os
 import statistics
@@ -81,7 +82,6 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         cpu = sum(x.cpu_seconds() for x in nodes) - cpu0
         if lg.returncode != 0 or not os.path.exists(out_json):
             raise RuntimeError(f"loadgen failed ({lg.returncode})")
-        import json
         with open(out_json) as f:
             summary = json.load(f)
         # Steady state: the last quarter of the hold, before the clients leave.

@@ -163,6 +163,16 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let connect_done = started.elapsed();
+    if args.steady_only {
+        // Every worker's connections are in when the coordinator says so.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            let _ = tx.send(());
+        });
+        let _ = rx.await;
+    }
     stats.counting.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
     stats

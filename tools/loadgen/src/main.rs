@@ -63,8 +63,9 @@ pub struct Args {
     /// Name the server's certificate must carry (with `--tls`).
     #[arg(long, default_value = "localhost")]
     tls_server_name: String,
-    /// Count only queries sent once every connection of the worker has been attempted and
-    /// has logged in or failed (the steady state, not the connect storm).
+    /// Count only queries sent once every connection (of every worker) has been attempted
+    /// and has logged in or failed: the steady state, not the connect storm. The hold's
+    /// `--duration` then starts there too.
     #[arg(long)]
     steady_only: bool,
     /// Write the final report as JSON here.
@@ -148,7 +149,8 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
         cmd.args(std::env::args_os().skip(1))
             .arg("--worker")
             .arg(format!("{i}/{workers}"))
-            .stdout(std::process::Stdio::piped());
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::piped());
         let mut child = cmd.spawn().context("spawning a worker")?;
         let stdout = child.stdout.take().context("worker stdout")?;
         children.0.push(child);
@@ -167,10 +169,25 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     drop(tx);
     let started = std::time::Instant::now();
     let mut latest: Vec<Report> = vec![Report::default(); workers];
+    // Told once every connection has been attempted (see `--steady-only`).
+    let mut steady_told = false;
     let mut last_print = std::time::Instant::now();
     let mut last_queries = 0u64;
     while let Some((i, r)) = rx.recv().await {
         latest[i] = r;
+        let attempted: u64 = latest
+            .iter()
+            .map(|r| r.connected + r.errors.values().sum::<u64>())
+            .sum();
+        if !steady_told && attempted >= args.connections as u64 {
+            steady_told = true;
+            for c in &mut children.0 {
+                if let Some(stdin) = c.stdin.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(stdin, "steady");
+                }
+            }
+        }
         if last_print.elapsed() >= Duration::from_secs(1) || latest.iter().all(|r| r.done) {
             let sum = |f: fn(&Report) -> u64| latest.iter().map(f).sum::<u64>();
             let queries = sum(|r| r.queries);
