@@ -151,18 +151,7 @@ async fn a_relayed_client_gets_every_protocol_feature_unchanged() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "500500");
     // A cancel sent to the relaying node reaches the query on the owner's server.
-    let token = c.cancel_token();
-    let running = tokio::spawn(async move {
-        let r = c.simple_query("SELECT pg_sleep(30)").await;
-        (r.map(|_| ()), c)
-    });
-    wait_until_running(&db, "SELECT pg_sleep(30)").await;
-    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(code(&r.unwrap_err()), "57014");
+    let c = cancel_a_sleep(c, &db).await;
     c.simple_query("SELECT 1").await.unwrap();
 }
 
@@ -823,15 +812,12 @@ fn api_cluster(n: &Shoal) -> serde_json::Value {
 /// Waits until the relaying node has `parked` clients parked and the owner serves `streams`
 /// relayed ones.
 async fn until_parked(relay: &Shoal, owner: &Shoal, parked: u64, streams: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (r, o) = (api_cluster(relay), api_cluster(owner));
-        if r["parked"] == parked && o["relayed_in"] == streams {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{r} {o}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        &format!("{parked} parked, {streams} relayed streams at the owner"),
+        Duration::from_secs(10),
+        || api_cluster(relay)["parked"] == parked && api_cluster(owner)["relayed_in"] == streams,
+    )
+    .await;
 }
 
 /// A relayed client idle past `park_idle_after` is parked: its session at the owner goes
@@ -863,27 +849,15 @@ async fn an_idle_relayed_client_is_parked_and_resumes_with_its_state() {
     assert!(status["parks"].as_u64().unwrap() >= 1, "{status}");
     // Parked again, then cancelled mid-query: the key the client holds still works.
     until_parked(relay, owner, 1, 0).await;
-    let token = c.cancel_token();
-    let running = tokio::spawn(async move {
-        let r = c.simple_query("SELECT pg_sleep(30)").await;
-        (r.map(|_| ()), c)
-    });
-    wait_until_running(&db, "SELECT pg_sleep(30)").await;
-    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(code(&r.unwrap_err()), "57014");
+    let c = cancel_a_sleep(c, &db).await;
     assert_eq!(simple_rows(&c, "SELECT 1").await, ["1"]);
     // Parked, then gone: nothing is opened at the owner for it.
     until_parked(relay, owner, 1, 0).await;
     drop(c);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api_cluster(relay)["relayed_out"] != 0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the client gone", Duration::from_secs(10), || {
+        api_cluster(relay)["relayed_out"] == 0
+    })
+    .await;
     assert_eq!(api_cluster(owner)["relayed_in"], 0);
     assert!(!relay.log_contains("ERROR") && !owner.log_contains("ERROR"));
 }

@@ -17,19 +17,7 @@ async fn cancel_stops_a_running_query() {
     let db = unique_db("fault");
     let shoal = shoal_for(&db, "");
     let c = shoal.connect(&db).await;
-    let token = c.cancel_token();
-    let running = tokio::spawn(async move {
-        let r = c.simple_query("SELECT pg_sleep(30)").await;
-        (r.map(|_| ()), c)
-    });
-    // Wait until the query is running in PostgreSQL, then cancel it.
-    wait_until_running(&db, "SELECT pg_sleep(30)").await;
-    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    let (r, c) = tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(code(&r.unwrap_err()), "57014");
+    let c = cancel_a_sleep(c, &db).await;
     // The connection goes on.
     c.simple_query("SELECT 1").await.unwrap();
 }

@@ -591,6 +591,25 @@ pub async fn wait_until_running(db: &str, query: &str) {
     .await;
 }
 
+/// Runs `SELECT pg_sleep(30)` on `c`, cancels it with the client's cancel key once it runs
+/// in `db`, and checks it ends with `57014`; gives the client back.
+#[allow(dead_code)]
+pub async fn cancel_a_sleep(c: tokio_postgres::Client, db: &str) -> tokio_postgres::Client {
+    let token = c.cancel_token();
+    let running = tokio::spawn(async move {
+        let r = c.simple_query("SELECT pg_sleep(30)").await;
+        (r.map(|_| ()), c)
+    });
+    wait_until_running(db, "SELECT pg_sleep(30)").await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (r, c) = tokio::time::timeout(std::time::Duration::from_secs(10), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(code(&r.unwrap_err()), "57014");
+    c
+}
+
 /// A CA made now and a server certificate it signs for `localhost` (PEM: CA, certificate,
 /// key): no private key is checked in.
 #[allow(dead_code)]
