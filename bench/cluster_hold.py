@@ -115,8 +115,34 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
     finally:
         for x in nodes:
             x.stop()
-            x.work.cleanup()
+        warnings = node_warnings(nodes)
+        for what, count in warnings[:25]:
+            print(f"hold: {count} x {what}", flush=True)
+        for x in nodes:
+            if os.environ.get("KEEP_LOGS"):
+                print(f"hold: log kept at {x.log}", flush=True)
+            else:
+                x.work.cleanup()
         etcd.stop()
+
+
+def node_warnings(nodes):
+    """The nodes' warnings and errors, by message, most frequent first."""
+    counts = {}
+    for x in nodes:
+        try:
+            with open(x.log) as f:
+                for line in f:
+                    if " WARN " in line or " ERROR " in line or " INFO " in line:
+                        # The level and the message, without the timestamp and the fields.
+                        words = line.split()[1:]
+                        what = " ".join(w if "=" not in w or w.startswith("reason=") or w.startswith("why=") else ""
+                                        for w in words).split()
+                        what = " ".join(what)[:140]
+                        counts[what] = counts.get(what, 0) + 1
+        except OSError:
+            pass
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def render(h):
