@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import threading
 import time
+import urllib.request
 
 import benchlib as B
 
@@ -28,6 +29,61 @@ def slab_kb():
             if line.startswith("Slab:"):
                 return int(line.split()[1])
     return 0
+
+
+def net_counters():
+    """Kernel counters that explain stalls on loopback: packets the per-CPU backlog dropped,
+    TCP retransmission timeouts and retransmitted segments, accept queue overflows."""
+    out = {}
+    with open("/proc/net/softnet_stat") as f:
+        out["backlog_drops"] = sum(int(line.split()[1], 16) for line in f)
+    for path, prefix, names in (("/proc/net/snmp", "Tcp:", ("RetransSegs",)),
+                                ("/proc/net/netstat", "TcpExt:", ("TCPTimeouts", "ListenOverflows"))):
+        with open(path) as f:
+            rows = [line.split() for line in f if line.startswith(prefix)]
+        header, values = rows[0], rows[1]
+        for n in names:
+            out[n] = int(values[header.index(n)])
+    return out
+
+
+def histograms(nodes):
+    """Each node's `shoal_pool_{wait,query,transaction}_seconds` buckets, summed over its
+    pools: {(node index, family): {le: count}}."""
+    out = {}
+    for i, x in enumerate(nodes):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{x.metrics_port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            for fam in ("wait", "query", "transaction"):
+                name = f"shoal_pool_{fam}_seconds_bucket{{"
+                if line.startswith(name):
+                    le = line.split('le="')[1].split('"')[0]
+                    h = out.setdefault((i, fam), {})
+                    h[le] = h.get(le, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def slow_share(before, after, fam, nodes, at):
+    """Of what the owner (`at`) and the relaying nodes counted in family `fam` during the
+    hold: how many, and how many took over 100 ms and over 1 s (Shoal's own view of the
+    tail, beside loadgen's)."""
+    rows = {}
+    for who, idx in (("owner", [at]), ("relaying", [i for i in range(len(nodes)) if i != at])):
+        total = over_100ms = over_1s = 0.0
+        for i in idx:
+            a, b = before.get((i, fam), {}), after.get((i, fam), {})
+            d = {le: b.get(le, 0) - a.get(le, 0) for le in b}
+            inf = d.get("+Inf", 0)
+            total += inf
+            below = lambda limit: max((v for le, v in d.items() if le != "+Inf" and float(le) <= limit), default=0)  # noqa: E731
+            over_100ms += inf - below(0.1)
+            over_1s += inf - below(1.0)
+        rows[who] = {"count": int(total), "over_100ms": int(over_100ms), "over_1s": int(over_1s)}
+    return rows
 
 
 class Sampler:
@@ -76,9 +132,17 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
                "--query", SEED_QUERY, "--source-octet", "40", "--steady-only", "--json", out_json]
         if args.connect_rate:
             cmd += ["--connect-rate", str(args.connect_rate)]
+        net0 = net_counters()
+        hist0 = histograms(nodes)
         sampler = Sampler(nodes)
         lg = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         samples = sampler.finish()
+        net = {k: v - net0[k] for k, v in net_counters().items()}
+        hist1 = histograms(nodes)
+        at = nodes.index(owner) if owner else 0
+        shoal_view = {fam: slow_share(hist0, hist1, fam, nodes, at) for fam in ("wait", "query", "transaction")}
+        print(f"hold: Shoal's own view: {shoal_view}", flush=True)
+        print(f"hold: kernel during the hold: {net}", flush=True)
         cpu = sum(x.cpu_seconds() for x in nodes) - cpu0
         if lg.returncode != 0 or not os.path.exists(out_json):
             raise RuntimeError(f"loadgen failed ({lg.returncode})")
@@ -96,7 +160,6 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         last = steady[len(steady) // 2][4]
         per_node = summary["connected"] / count
         growth = [(b - a) * 1024 for a, b in zip(each0, last)]
-        at = nodes.index(owner) if owner else 0
         relaying = [g for i, g in enumerate(growth) if i != at]
         return {
             "clients": n, "nodes": count, "owner": owner.popen.pid if owner else None,
@@ -109,6 +172,8 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
             "slab_growth_kb": slab - slab0,
             "slab_bytes_per_connection": (slab - slab0) * 1024 / max(1, summary["connected"]),
             "shoal_cpu_s": cpu,
+            "kernel": net,
+            "shoal_view": shoal_view,
             "owner_growth_kb": growth[at] / 1024,
             "bytes_per_relayed_client_on_its_node": statistics.mean(relaying) / per_node if relaying else None,
         }

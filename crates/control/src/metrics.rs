@@ -54,14 +54,16 @@ impl AtomicHistogram {
         self.sum_us.load(Ordering::Relaxed)
     }
 
-    /// (sum in seconds, count, per-bucket counts with upper bounds in seconds).
+    /// (sum in seconds, count, per-bucket counts with upper bounds in seconds). The last
+    /// bucket's bound is `f64::MAX`, which the text encoder writes as Prometheus's `+Inf`
+    /// (it would write infinity as `inf`).
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let mut buckets = Vec::with_capacity(NBUCKETS);
         let mut count = 0;
         for (i, c) in self.counts.iter().enumerate() {
             let c = c.load(Ordering::Relaxed);
             count += c;
-            let upper = BUCKETS_US.get(i).map_or(f64::INFINITY, |&b| b as f64 / 1e6);
+            let upper = BUCKETS_US.get(i).map_or(f64::MAX, |&b| b as f64 / 1e6);
             buckets.push((upper, c));
         }
         let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
@@ -190,6 +192,21 @@ mod tests {
         assert_eq!(buckets[0], (50e-6, 1));
         assert_eq!(buckets[4], (1e-3, 2));
         assert_eq!(buckets.last().unwrap().1, 1, "+Inf");
-        assert!(buckets.last().unwrap().0.is_infinite());
+        // Exposed as Prometheus's `+Inf` bucket.
+        let mut text = String::new();
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(One(h)));
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("h_bucket{le=\"+Inf\"} 4"), "{text}");
+        assert!(!text.contains("inf\""), "{text}");
+    }
+
+    #[derive(Debug)]
+    struct One(AtomicHistogram);
+
+    impl prometheus_client::collector::Collector for One {
+        fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+            histogram(&mut e, "h", "a histogram", &[(vec![], &self.0)])
+        }
     }
 }
