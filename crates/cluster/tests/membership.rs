@@ -28,8 +28,19 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A single-member etcd, ready to serve.
+/// A single-member etcd, ready to serve. A port found free can be taken before etcd binds
+/// it (by another test's connection): etcd then exits, and it is started on others.
 async fn etcd() -> Etcd {
+    for _ in 0..3 {
+        if let Some(e) = try_etcd().await {
+            return e;
+        }
+    }
+    panic!("etcd did not start on three sets of free ports");
+}
+
+/// etcd on fresh free ports, once it answers a read; `None` if it exited first.
+async fn try_etcd() -> Option<Etcd> {
     let dir = tempfile::tempdir().unwrap();
     let (client, peer) = (free_port(), free_port());
     let url = format!("http://127.0.0.1:{client}");
@@ -54,18 +65,20 @@ async fn etcd() -> Etcd {
         .stderr(Stdio::null())
         .spawn()
         .expect("etcd runs (Debian package etcd-server)");
-    let e = Etcd {
+    let mut e = Etcd {
         child,
         url,
         _dir: dir,
     };
-    // Ready once it answers a read.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut c) = etcd_client::Client::connect([&e.url], None).await {
             if c.get("ready", None).await.is_ok() {
-                return e;
+                return Some(e);
             }
+        }
+        if let Ok(Some(_)) = e.child.try_wait() {
+            return None;
         }
         assert!(tokio::time::Instant::now() < deadline, "etcd did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;

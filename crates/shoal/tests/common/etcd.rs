@@ -14,20 +14,30 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// Starts etcd on free ports. A port found free can be taken before etcd binds it (by
+    /// another test's connection): etcd then exits, and it is started again on others.
     pub fn start() -> Etcd {
         let mut e = Etcd {
             child: None,
-            client_port: super::free_port(),
-            peer_port: super::free_port(),
+            client_port: 0,
+            peer_port: 0,
             url: String::new(),
             dir: tempfile::tempdir().unwrap(),
         };
-        e.url = format!("http://127.0.0.1:{}", e.client_port);
-        e.run();
-        e
+        for _ in 0..3 {
+            e.client_port = super::free_port();
+            e.peer_port = super::free_port();
+            e.url = format!("http://127.0.0.1:{}", e.client_port);
+            if e.run() {
+                return e;
+            }
+            e.stop();
+        }
+        panic!("etcd did not start on three sets of free ports");
     }
 
-    fn run(&mut self) {
+    /// Starts etcd and waits until it is healthy; false if it exited first.
+    fn run(&mut self) -> bool {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = Command::new("etcd")
             .args([
@@ -53,9 +63,13 @@ impl Etcd {
         self.child = Some(child);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !self.healthy() {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false;
+            }
             assert!(std::time::Instant::now() < deadline, "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
+        true
     }
 
     /// Whether etcd answers its health check (HTTP, no client library needed).
@@ -85,7 +99,7 @@ impl Etcd {
     /// Starts it again on the same ports and data.
     pub fn restart(&mut self) {
         self.stop();
-        self.run();
+        assert!(self.run(), "etcd did not start again on its ports");
     }
 }
 
