@@ -125,6 +125,13 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         lease_ttl: config.lease_ttl,
     };
     let membership = join(app, &joining).await.map_err(NodeError::Join)?;
+    // None when parking is off: no client then waits on a tick.
+    let park_ticks = match config.park_idle_after {
+        Some(_) => (0..crate::shard::count())
+            .map(|_| tokio::sync::Notify::new())
+            .collect(),
+        None => Vec::new(),
+    };
     let node = Arc::new(Node {
         id: config.node_id.clone(),
         links: links::Links::new(config.secret.as_bytes(), node_tls),
@@ -134,9 +141,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         left: Default::default(),
         metrics: ClusterMetrics::default(),
         relayed: Default::default(),
-        park_ticks: (0..crate::shard::count())
-            .map(|_| tokio::sync::Notify::new())
-            .collect(),
+        park_ticks,
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));

@@ -8,7 +8,7 @@
 
 use std::future::poll_fn;
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -57,7 +57,7 @@ pub async fn relay(
     open: &mut RelayOpen,
     greeting: BytesMut,
 ) -> Result<(), RelayError> {
-    let _counted = RelayedOut::new(node);
+    let _counted = Counted::new(&node.metrics.relayed_out);
     let mut start = Start::Open { to, greeting };
     loop {
         // The relay proper lives in a box of its own, freed while the client is parked:
@@ -183,11 +183,8 @@ async fn run(
 /// was let go). Returns its next bytes, or `None` when it left (closed, or said only
 /// Terminate) and so needs no session again.
 async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, RelayError> {
-    node.metrics.parked.fetch_add(1, Ordering::Relaxed);
+    let _parked = Counted::new(&node.metrics.parked);
     node.metrics.parks.fetch_add(1, Ordering::Relaxed);
-    let _unpark = scopeguard(|| {
-        node.metrics.parked.fetch_sub(1, Ordering::Relaxed);
-    });
     loop {
         poll_fn(|cx| client.poll_read_ready(cx))
             .await
@@ -213,31 +210,19 @@ async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, Re
 const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
 
 /// Runs `f` when dropped.
-fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f();
-            }
-        }
-    }
-    Guard(Some(f))
-}
+/// Counts in a gauge for as long as it lives (a client relayed from this node; one parked).
+struct Counted<'a>(&'a AtomicU64);
 
-/// Counts a client relayed from this node for as long as it is.
-struct RelayedOut<'a>(&'a Node);
-
-impl<'a> RelayedOut<'a> {
-    fn new(node: &'a Node) -> Self {
-        node.metrics.relayed_out.fetch_add(1, Ordering::Relaxed);
-        RelayedOut(node)
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
     }
 }
 
-impl Drop for RelayedOut<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.0.metrics.relayed_out.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
