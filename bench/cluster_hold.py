@@ -33,18 +33,28 @@ def slab_kb():
 
 def net_counters():
     """Kernel counters that explain stalls on loopback: packets the per-CPU backlog dropped,
-    TCP retransmission timeouts and retransmitted segments, accept queue overflows."""
+    and every TCP counter (retransmissions, timeouts, drops, memory pressure), by name."""
     out = {}
     with open("/proc/net/softnet_stat") as f:
         out["backlog_drops"] = sum(int(line.split()[1], 16) for line in f)
-    for path, prefix, names in (("/proc/net/snmp", "Tcp:", ("RetransSegs",)),
-                                ("/proc/net/netstat", "TcpExt:", ("TCPTimeouts", "ListenOverflows"))):
+    for path, prefix in (("/proc/net/snmp", "Tcp:"), ("/proc/net/netstat", "TcpExt:")):
         with open(path) as f:
             rows = [line.split() for line in f if line.startswith(prefix)]
         header, values = rows[0], rows[1]
-        for n in names:
-            out[n] = int(values[header.index(n)])
+        for name, value in zip(header[1:], values[1:]):
+            if name not in ("RtoAlgorithm", "RtoMin", "RtoMax", "MaxConn", "CurrEstab"):
+                out[name] = int(value)
     return out
+
+
+def tcp_mem_pages():
+    """Pages the kernel has given TCP socket buffers (compare with tcp_mem)."""
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("TCP:"):
+                w = line.split()
+                return int(w[w.index("mem") + 1])
+    return 0
 
 
 def histograms(nodes):
@@ -86,11 +96,27 @@ def slow_share(before, after, fam, nodes, at):
     return rows
 
 
+def pool_gauges(node):
+    """The owner's pool gauges now: clients waiting and active, servers in use and open."""
+    out = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        for g in ("clients_waiting", "clients_active", "servers_in_use", "servers"):
+            if line.startswith(f"shoal_pool_{g}{{"):
+                out[g] = out.get(g, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 class Sampler:
     """Samples the nodes' summed RSS and the kernel's slab every second, in a thread."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, owner=None):
         self.nodes, self.samples, self.stop = nodes, [], threading.Event()
+        self.owner, self.pool = owner, []
         self.started = time.time()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -98,7 +124,11 @@ class Sampler:
     def run(self):
         while not self.stop.is_set():
             each = [n.rss_kb() for n in self.nodes]
-            self.samples.append((time.time() - self.started, sum(each), slab_kb(), max(each), each))
+            self.samples.append((time.time() - self.started, sum(each), slab_kb(), max(each), each,
+                                 tcp_mem_pages()))
+            if self.owner is not None:
+                self.pool.append((time.time() - self.started, pool_gauges(self.owner),
+                                  [round(n.cpu_seconds(), 2) for n in self.nodes]))
             self.stop.wait(1.0)
 
     def finish(self):
@@ -129,25 +159,37 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         cmd = [os.path.join(release, "loadgen"), "--port", ",".join(str(x.port) for x in nodes),
                "--user", B.BENCH_USER, "--password", B.BENCH_PASSWORD, "--dbname", B.BENCH_DB,
                "-n", str(n), "--interval", str(args.interval), "--duration", str(args.hold_seconds),
-               "--query", SEED_QUERY, "--source-octet", "40", "--steady-only", "--json", out_json]
+               "--query", SEED_QUERY, "--source-octet", "40", "--steady-only", "--json", out_json,
+               "--slow-log", work.path, "--slow-ms", "20"]
         if args.connect_rate:
             cmd += ["--connect-rate", str(args.connect_rate)]
         net0 = net_counters()
         hist0 = histograms(nodes)
-        sampler = Sampler(nodes)
-        lg = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sampler = Sampler(nodes, owner)
+        with open(os.path.join(work.path, "loadgen.err"), "w") as err:
+            lg = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err)
         samples = sampler.finish()
-        net = {k: v - net0[k] for k, v in net_counters().items()}
+        last_cpu = None
+        for t, g, cpu in sampler.pool:
+            d = [round(b - a, 2) for a, b in zip(last_cpu, cpu)] if last_cpu else []
+            last_cpu = cpu
+            print(f"hold: t={t:5.1f} owner pool {g} node cpu/s {d}", flush=True)
+        net = {k: v - net0.get(k, 0) for k, v in net_counters().items() if v != net0.get(k, 0)}
         hist1 = histograms(nodes)
         at = nodes.index(owner) if owner else 0
         shoal_view = {fam: slow_share(hist0, hist1, fam, nodes, at) for fam in ("wait", "query", "transaction")}
         print(f"hold: Shoal's own view: {shoal_view}", flush=True)
         print(f"hold: kernel during the hold: {net}", flush=True)
+        print(f"hold: TCP buffer pages, peak {max(s[5] for s in samples)}; tcp_mem "
+              f"{open('/proc/sys/net/ipv4/tcp_mem').read().split()}", flush=True)
+        slow_report(work.path, nodes, at)
         cpu = sum(x.cpu_seconds() for x in nodes) - cpu0
         if lg.returncode != 0 or not os.path.exists(out_json):
             raise RuntimeError(f"loadgen failed ({lg.returncode})")
         with open(out_json) as f:
             summary = json.load(f)
+        if summary["errors"]:
+            print(f"hold: loadgen errors: {summary['errors']}", flush=True)
         # Steady state: the last quarter of the hold, before the clients leave.
         connect_s = summary.get("connect_seconds") or 0
         hold_end = connect_s + args.hold_seconds
@@ -189,6 +231,35 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
             else:
                 x.work.cleanup()
         etcd.stop()
+
+
+def slow_report(path, nodes, at):
+    """Where loadgen's slow queries (over its --slow-ms) were: by node and by second, to tell
+    one node's stall from a stall of all."""
+    rows = []
+    for name in os.listdir(path):
+        if name.startswith("slow-") and name.endswith(".txt"):
+            with open(os.path.join(path, name)) as f:
+                rows += [tuple(int(v) for v in line.split()) for line in f if line.strip()]
+            os.remove(os.path.join(path, name))
+    if not rows:
+        print("hold: no slow queries", flush=True)
+        return
+    ports = {x.port: i for i, x in enumerate(nodes)}
+    by_node, by_second, by_end = {}, {}, {}
+    t0 = min(r[0] for r in rows)
+    for start, ms, port in rows:
+        i = ports.get(port, -1)
+        by_node[i] = by_node.get(i, 0) + 1
+        s = (start - t0) // 1000
+        by_second.setdefault(s, []).append(ms)
+        e = (start + ms - t0) // 100
+        by_end[e] = by_end.get(e, 0) + 1
+    print(f"hold: {len(rows)} slow queries; by node (owner {at}): {dict(sorted(by_node.items()))}", flush=True)
+    for s, v in sorted(by_second.items()):
+        print(f"hold:   +{s:>3}s started {len(v):>5} slow, max {max(v)} ms", flush=True)
+    print("hold: slow queries ended (+tenths of a second: count): "
+          + ", ".join(f"{e / 10:.1f}: {c}" for e, c in sorted(by_end.items())), flush=True)
 
 
 def node_warnings(nodes):

@@ -34,12 +34,16 @@ struct Stats {
     connected: AtomicU64,
     held: AtomicU64,
     held_at_stop: AtomicU64,
+    /// Queries sent and not yet answered.
+    in_flight: AtomicU64,
     /// Queries count from now on (see `--steady-only`).
     counting: std::sync::atomic::AtomicBool,
     queries: AtomicU64,
     errors: Mutex<BTreeMap<String, u64>>,
     hist: Mutex<Option<Histogram<u64>>>,
     salted: Mutex<SaltedCache>,
+    /// Queries slower than `--slow-ms`: (start, Unix ms; latency, ms; port).
+    slow: Mutex<Vec<(u64, u64, u16)>>,
 }
 
 impl Stats {
@@ -110,7 +114,7 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
         false => None,
     };
     let args = Arc::new(args);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(Phase::Run);
     let started = Instant::now();
     let reporter = {
         let stats = stats.clone();
@@ -178,11 +182,27 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
     stats
         .held_at_stop
         .store(stats.held.load(Ordering::Relaxed), Ordering::Relaxed);
-    let _ = stop_tx.send(true);
+    // The measurement ends here: no query starts after this, and those under way finish
+    // before any connection closes, so none waits behind the teardown (closing very many
+    // sockets at once keeps the kernel busy for seconds).
+    let _ = stop_tx.send(Phase::Quiet);
+    let quiet = Instant::now();
+    while stats.in_flight.load(Ordering::Relaxed) > 0 && quiet.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop_tx.send(Phase::Close);
     for t in tasks {
         let _ = t.await;
     }
     reporter.abort();
+    if let Some(dir) = &args.slow_log {
+        let slow = std::mem::take(&mut *stats.slow.lock().unwrap_or_else(|e| e.into_inner()));
+        let text: String = slow
+            .iter()
+            .map(|(at, ms, port)| format!("{at} {ms} {port}\n"))
+            .collect();
+        std::fs::write(dir.join(format!("slow-{index}.txt")), text)?;
+    }
     println!(
         "{}",
         serde_json::to_string(&stats.report(Some(connect_done), true))?
@@ -262,7 +282,7 @@ async fn connection(
     target: SocketAddr,
     source: Ipv4Addr,
     stats: Arc<Stats>,
-    stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<Phase>,
 ) {
     let stream = match bound_socket(source) {
         Ok(s) => s.connect(target).await,
@@ -274,20 +294,31 @@ async fn connection(
     };
     let _ = stream.set_nodelay(true);
     match tls {
-        None => session(args, stream, stats, stop).await,
+        None => session(args, stream, target.port(), stats, stop).await,
         Some(connector) => match start_tls(&args, &connector, stream).await {
-            Ok(stream) => session(args, stream, stats, stop).await,
+            Ok(stream) => session(args, stream, target.port(), stats, stop).await,
             Err(e) => stats.error(format!("tls: {e}")),
         },
     }
+}
+
+/// Where a worker's run is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Run,
+    /// No new queries; the connections stay open.
+    Quiet,
+    /// Every connection closes.
+    Close,
 }
 
 /// Logs in, then queries every interval until told to stop.
 async fn session<S: AsyncRead + AsyncWrite + Unpin>(
     args: Arc<Args>,
     mut stream: S,
+    port: u16,
     stats: Arc<Stats>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut stop: tokio::sync::watch::Receiver<Phase>,
 ) {
     let mut buf = BytesMut::new();
     if let Err(e) = login(&args, &mut stream, &mut buf, &stats).await {
@@ -303,21 +334,39 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
     buf = BytesMut::new();
     loop {
         if args.interval <= 0.0 {
-            let _ = stop.changed().await;
             break;
         }
         tokio::select! {
             _ = tokio::time::sleep_until(next.into()) => {}
             _ = stop.changed() => break,
         }
+        if *stop.borrow() != Phase::Run {
+            break;
+        }
         next += interval;
         let t0 = Instant::now();
         let counted = !args.steady_only || stats.counting.load(Ordering::Relaxed);
-        match run_query(&mut stream, &query, &mut buf).await {
+        // Counted before the query goes: the worker's quiet phase waits for it.
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let answer = run_query(&mut stream, &query, &mut buf).await;
+        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match answer {
             Ok(None) if !counted => {}
             Ok(None) => {
                 let us = t0.elapsed().as_micros() as u64;
                 stats.queries.fetch_add(1, Ordering::Relaxed);
+                if us / 1000 >= args.slow_ms && args.slow_log.is_some() {
+                    let at = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis() as u64
+                        - us / 1000;
+                    stats
+                        .slow
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((at, us / 1000, port));
+                }
                 if let Some(h) = stats
                     .hist
                     .lock()
@@ -330,12 +379,14 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(Some(code)) => stats.error(code),
             Err(e) => {
                 stats.error(format!("query: {e}"));
-                break;
+                stats.held.fetch_sub(1, Ordering::Relaxed);
+                return;
             }
         }
         // An idle connection keeps no buffer.
         buf = BytesMut::new();
     }
+    let _ = stop.wait_for(|p| *p == Phase::Close).await;
     stats.held.fetch_sub(1, Ordering::Relaxed);
     let mut bye = BytesMut::new();
     frontend::terminate(&mut bye);

@@ -68,6 +68,15 @@ pub struct Args {
     /// `--duration` then starts there too.
     #[arg(long)]
     steady_only: bool,
+    /// Record every query slower than this many milliseconds (its start, latency and node
+    /// port) in `--slow-log`.
+    #[arg(long, default_value_t = 200)]
+    slow_ms: u64,
+    /// A directory where each worker writes its slow queries (`slow-I.txt`: start in Unix
+    /// milliseconds, latency in milliseconds, port), to tell a stall of one node from one of
+    /// all.
+    #[arg(long)]
+    slow_log: Option<std::path::PathBuf>,
     /// Write the final report as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,

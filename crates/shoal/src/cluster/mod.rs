@@ -92,11 +92,17 @@ pub struct Node {
     /// The node serving each client relayed from here, by its cancel key's process id: a
     /// client's cancel comes to the node it connected to, which passes it on.
     relayed: std::sync::Mutex<std::collections::HashMap<i32, String>>,
-    /// Ticks of the idle clock, one per shard (relayed clients wait on their shard's): a
-    /// client idle through two ticks is parked (see [`pipe`]), and no idle client holds a
-    /// timer of its own.
-    pub(crate) park_ticks: Vec<tokio::sync::Notify>,
+    /// The idle clock: per shard, [`PARK_PHASES`] ticks, each rung once every half
+    /// `park_idle_after`, one after the other. A relayed client waits on one phase of its
+    /// shard's (by its cancel key) and is parked when idle through two of its rings (see
+    /// [`pipe`]); no idle client holds a timer of its own. The phases spread the parking:
+    /// with one tick, every client that went idle in the same half period parked at once,
+    /// and the owner's burst of ending sessions stalled the queries behind it for 50-300 ms.
+    park_ticks: Vec<[tokio::sync::Notify; PARK_PHASES]>,
 }
+
+/// Phases of the idle clock (see [`Node::park_ticks`]).
+const PARK_PHASES: usize = 16;
 
 /// Joins the cluster: takes a slot, registers under a lease, starts following the others,
 /// and accepts node links on `relay_listen`. Pools made from here on start fenced. Run on
@@ -128,7 +134,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
     // None when parking is off: no client then waits on a tick.
     let park_ticks = match config.park_idle_after {
         Some(_) => (0..crate::shard::count())
-            .map(|_| tokio::sync::Notify::new())
+            .map(|_| std::array::from_fn(|_| tokio::sync::Notify::new()))
             .collect(),
         None => Vec::new(),
     };
@@ -149,23 +155,36 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
     tokio::spawn(lease::keep(app.clone(), node.clone()));
     tokio::spawn(rebalance::run(app.clone(), node.clone()));
     if let Some(every) = node.config.park_idle_after {
-        tokio::spawn(tick_idle_clock(Arc::downgrade(&node), every / 2));
+        tokio::spawn(tick_idle_clock(
+            Arc::downgrade(&node),
+            every / 2 / PARK_PHASES as u32,
+        ));
     }
     Ok(node)
 }
 
-/// Ticks every shard's idle clock (see [`Node::park_ticks`]) until the node is gone.
+/// Rings every shard's idle clock, one phase each `every` (see [`Node::park_ticks`]), until
+/// the node is gone.
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
 async fn tick_idle_clock(node: std::sync::Weak<Node>, every: std::time::Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for phase in (0..PARK_PHASES).cycle() {
         tick.tick().await;
         let Some(node) = node.upgrade() else { return };
         for t in &node.park_ticks {
-            t.notify_waiters();
+            t[phase].notify_waiters();
         }
+    }
+}
+
+impl Node {
+    /// The idle clock's tick for a relayed client on this shard with this cancel key's
+    /// process id (none when parking is off).
+    pub(crate) fn park_tick(&self, process_id: i32) -> Option<&tokio::sync::Notify> {
+        let phases = self.park_ticks.get(crate::shard::current())?;
+        Some(&phases[process_id.unsigned_abs() as usize % PARK_PHASES])
     }
 }
 

@@ -359,10 +359,9 @@ async fn shuttle(
         // Only a client between transactions, whose bytes its socket's readiness tells (a
         // parked client waits on that alone), may be parked.
         let parkable = !handing_back && !buffered && key.is_some() && position.idle();
-        let tick = cluster
-            .park_ticks
-            .get(crate::shard::current())
+        let tick = key
             .filter(|_| parkable)
+            .and_then(|(pid, _)| cluster.park_tick(pid))
             .map(|t| t.notified());
         let mut tick = std::pin::pin!(tick);
         let ready = poll_fn(|cx| {
