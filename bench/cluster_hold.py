@@ -77,6 +77,24 @@ def histograms(nodes):
     return out
 
 
+def rejections(nodes):
+    """Logins the nodes refused, by reason (`shoal_connections_rejected_total`), summed."""
+    out = {}
+    for x in nodes:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{x.metrics_port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("shoal_connections_rejected_total{"):
+                n = float(line.rsplit(" ", 1)[1])
+                if n:
+                    reason = line.split('reason="')[1].split('"')[0]
+                    out[reason] = out.get(reason, 0) + int(n)
+    return out
+
+
 def slow_share(before, after, fam, nodes, at):
     """Of what the owner (`at`) and the relaying nodes counted in family `fam` during the
     hold: how many, and how many took over 100 ms and over 1 s (Shoal's own view of the
@@ -179,6 +197,7 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         at = nodes.index(owner) if owner else 0
         shoal_view = {fam: slow_share(hist0, hist1, fam, nodes, at) for fam in ("wait", "query", "transaction")}
         print(f"hold: Shoal's own view: {shoal_view}", flush=True)
+        print(f"hold: logins refused by the nodes: {rejections(nodes)}", flush=True)
         print(f"hold: kernel during the hold: {net}", flush=True)
         print(f"hold: TCP buffer pages, peak {max(s[5] for s in samples)}; tcp_mem "
               f"{open('/proc/sys/net/ipv4/tcp_mem').read().split()}", flush=True)

@@ -73,9 +73,8 @@ impl PoolMetrics {
     }
 }
 
-/// Why a connection was refused, for `shoal_connections_rejected_total{reason}`.
-/// Why logins are refused: every [`crate::error::ErrorKind`] (the one taxonomy of failures;
-/// its label is the metric's `reason`).
+/// Why logins are refused (`shoal_connections_rejected_total{reason}`): every
+/// [`crate::error::ErrorKind`] (the one taxonomy of failures; its label is the `reason`).
 pub const REJECT_REASONS: [crate::error::ErrorKind; 18] = crate::error::ErrorKind::ALL;
 
 /// Process-wide counters.

@@ -361,11 +361,11 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
                         .unwrap_or_default()
                         .as_millis() as u64
                         - us / 1000;
-                    stats
-                        .slow
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push((at, us / 1000, port));
+                    stats.slow.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        at,
+                        us / 1000,
+                        port,
+                    ));
                 }
                 if let Some(h) = stats
                     .hist

@@ -143,6 +143,8 @@ pub struct Pool {
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
+    /// Held by the login learning a new entry of `login_params` (see `session::login`).
+    pub learning_login_params: tokio::sync::Mutex<()>,
     /// Named prepared statements of this pool's clients, by text (transaction mode).
     pub statements: crate::prepared::StatementRegistry,
     pub stats: PoolStats,
@@ -256,6 +258,7 @@ impl Pool {
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
             login_params: Mutex::new(HashMap::new()),
+            learning_login_params: tokio::sync::Mutex::new(()),
             statements,
             stats: PoolStats::default(),
         });

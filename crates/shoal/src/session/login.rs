@@ -564,35 +564,7 @@ pub(super) async fn enter_pool(
             ),
         ));
     }
-    let session_mode = pool.settings.mode == PoolMode::Session;
-    let mut lease = None;
-    let params = &req.startup.params;
-    let reported = match pool.login_params(params) {
-        Some(known) if !session_mode => known,
-        _ => {
-            // Boxed: only a login with parameters not seen before gets here.
-            let l = Box::pin(pool.prepared_server(0, params, None, &crate::pool::NoCancel))
-                .await
-                .map_err(|e| match e {
-                    // PostgreSQL's own verdict on the client's startup parameters.
-                    ServerWait::Prepare(ServerError::Db(f)) => {
-                        SessionError::fatal(ErrorKind::ServerRefused, known_code(&f.code), f.message)
-                    }
-                    e => {
-                        let c = ClientError::wait(&pool.name, &e);
-                        tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
-                        SessionError::fatal(c.kind, c.code, c.message)
-                    }
-                })?;
-            let p = pool.remember_login_params(params, &l.params);
-            if session_mode {
-                lease = Some(l);
-            } else {
-                l.checkin();
-            }
-            p
-        }
-    };
+    let (reported, lease) = reported_params(&pool, &req.startup.params).await?;
     let cancel = app.cancels.register(
         lease.as_ref().map(|l: &Lease| l.process_id),
         crate::cancel::ClientInfo {
@@ -616,6 +588,51 @@ pub(super) async fn enter_pool(
         lease,
         peer: req.peer,
     }))
+}
+
+/// The ParameterStatus values a login with these startup parameters reports, and in session
+/// mode the client's server (prepared for them).
+async fn reported_params(
+    pool: &Arc<Pool>,
+    params: &[(String, String)],
+) -> Result<(crate::params::SharedParams, Option<Lease>), SessionError> {
+    let session_mode = pool.settings.mode == PoolMode::Session;
+    // One login at a time learns what a server reports for parameters not seen before; the
+    // others wait for its answer instead of each taking a server (in a connect storm the
+    // first thousand logins would otherwise hold the whole pool).
+    let _learning = if session_mode {
+        None
+    } else {
+        if let Some(known) = pool.login_params(params) {
+            return Ok((known, None));
+        }
+        let learning = pool.learning_login_params.lock().await;
+        // Learned while this login waited.
+        if let Some(known) = pool.login_params(params) {
+            return Ok((known, None));
+        }
+        Some(learning)
+    };
+    // Boxed: only a login with parameters not seen before gets here.
+    let l = Box::pin(pool.prepared_server(0, params, None, &crate::pool::NoCancel))
+        .await
+        .map_err(|e| match e {
+            // PostgreSQL's own verdict on the client's startup parameters.
+            ServerWait::Prepare(ServerError::Db(f)) => {
+                SessionError::fatal(ErrorKind::ServerRefused, known_code(&f.code), f.message)
+            }
+            e => {
+                let c = ClientError::wait(&pool.name, &e);
+                tracing::warn!(pool = %pool.name, kind = c.kind.label(), detail = %Escaped(&c.detail), "no server for a login");
+                SessionError::fatal(c.kind, c.code, c.message)
+            }
+        })?;
+    let p = pool.remember_login_params(params, &l.params);
+    if session_mode {
+        return Ok((p, Some(l)));
+    }
+    l.checkin();
+    Ok((p, None))
 }
 
 /// Counts a logged-in client against its pool for as long as it lives.
