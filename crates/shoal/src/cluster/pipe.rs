@@ -41,44 +41,55 @@ pub enum RelayError {
     ShuttingDown,
 }
 
-/// Relays the client to the node `to` (or to whichever node that one says owns the pool),
-/// after writing `greeting` (the end of authentication composed here) before the owner's
-/// first bytes. Returns when either side ends.
+/// Relays the client to the pool's owner from `start` (a client that just logged in goes to
+/// the node `to`, or to whichever node that one says owns the pool, and hears `greeting`,
+/// the end of authentication composed here, before the owner's first bytes). Returns when
+/// either side ends.
 ///
 /// If the owner is lost while the client is idle (see [`Position`]), the client goes on at
 /// the pool's next owner, with the session state the old one last reported, and sees
 /// nothing of it. Lost at any other moment, the client is told (its statement may or may
 /// not have run) and closed, as when a server dies under a client inside a transaction.
-pub async fn relay(
-    node: &Arc<Node>,
-    client: &mut Stream,
-    pool: &Arc<Pool>,
-    to: String,
-    open: &mut RelayOpen,
-    greeting: BytesMut,
-) -> Result<(), RelayError> {
-    let _counted = Counted::new(&node.metrics.relayed_out);
-    let mut start = Start::Open { to, greeting };
-    loop {
-        // The relay proper lives in a box of its own, freed while the client is parked:
-        // a parked client costs this loop and its socket.
-        match Box::pin(run(node, client, pool, open, start)).await? {
-            Ran::Ended => return Ok(()),
-            Ran::Parked => match parked(node, client).await? {
-                Some(first) => start = Start::Back(first),
-                None => return Ok(()),
-            },
+///
+/// Written as a function returning an `async move` block that uses its arguments in place:
+/// an `async fn` keeps each argument twice in its future, and this one is what every parked
+/// client is.
+#[allow(clippy::manual_async_fn)]
+pub fn relay<'a>(
+    node: &'a Arc<Node>,
+    client: &'a mut Stream,
+    pool: &'a Arc<Pool>,
+    open: &'a mut RelayOpen,
+    opening: Box<Opening>,
+) -> impl Future<Output = Result<(), RelayError>> + Send + 'a {
+    async move {
+        let _counted = Counted::new(&node.metrics.relayed_out);
+        // The relay proper lives in a box of its own, freed while the client is parked: a
+        // parked client costs this loop and its socket.
+        let mut ran = Box::pin(run(node, client, pool, open, Start::Open(opening))).await?;
+        while let Ran::Parked = ran {
+            let Some(first) = parked(node, client).await? else {
+                break;
+            };
+            ran = Box::pin(run(node, client, pool, open, Start::Back(first))).await?;
         }
+        Ok(())
     }
 }
 
 /// How a [`run`] begins.
 enum Start {
-    /// The client just logged in: open its stream at `to`, then say `greeting` to it.
-    Open { to: String, greeting: BytesMut },
+    /// The client just logged in (boxed: a parked client keeps a `Start`).
+    Open(Box<Opening>),
     /// The client was parked and sent these bytes: open a stream for it at the pool's
     /// owner, where its session resumes, and pass them on.
     Back(BytesMut),
+}
+
+/// A logged-in client's first stream: open it at `to`, then say `greeting` to the client.
+pub struct Opening {
+    pub to: String,
+    pub greeting: BytesMut,
 }
 
 /// How a [`run`] ended without an error.
@@ -100,7 +111,8 @@ async fn run(
 ) -> Result<Ran, RelayError> {
     let mut position = Position::default();
     let (mut stream, mut to, mut key) = match start {
-        Start::Open { to, greeting } => {
+        Start::Open(opening) => {
+            let Opening { to, greeting } = *opening;
             let (stream, to) = match Box::pin(open_at(node, to, open)).await {
                 // The owner is leaving: wait for the next one.
                 Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open)).await?,

@@ -126,10 +126,10 @@ pub(super) enum Outcome {
 pub(super) struct Relayed {
     /// Counts the client in this node's view of the pool (`SHOW POOLS`).
     pub(super) pool: PoolClient,
-    pub(super) to: String,
     pub(super) open: Box<crate::cluster::open::RelayOpen>,
-    /// The end of authentication, to send before the owner's reply.
-    pub(super) greeting: BytesMut,
+    /// Where the relay starts: the node to open the client's stream at, and the end of
+    /// authentication to send before the owner's reply (taken when it starts).
+    pub(super) opening: Option<Box<crate::cluster::pipe::Opening>>,
 }
 
 /// A logged-in client, ready for its pool mode's loop.
@@ -534,9 +534,11 @@ async fn enter(
             pool.stats.clients.fetch_add(1, Ordering::Relaxed);
             Ok(Outcome::Relay(Box::new(Relayed {
                 pool: PoolClient(pool),
-                to,
                 open: Box::new(open),
-                greeting: std::mem::take(&mut req.out),
+                opening: Some(Box::new(crate::cluster::pipe::Opening {
+                    to,
+                    greeting: std::mem::take(&mut req.out),
+                })),
             })))
         }
     }

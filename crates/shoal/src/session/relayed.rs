@@ -38,45 +38,37 @@ pub(super) struct Relaying {
 /// (A function returning its future: an `async fn` would keep its argument twice in it, and
 /// this future is what an idle relayed client costs.)
 #[allow(clippy::manual_async_fn)]
-pub(super) fn relay_out(r: Relaying) -> impl std::future::Future<Output = ()> + Send {
+pub(super) fn relay_out(mut r: Relaying) -> impl std::future::Future<Output = ()> + Send {
+    // `r` is used in place, never taken apart into locals: each would be a second copy in
+    // this future, which is what every parked client is.
     async move {
-        let Relaying {
-            app,
-            id,
-            mut stream,
-            relayed,
-            _guard,
-        } = r;
-        let Some(node) = app.cluster.get() else {
+        let (Some(node), Some(opening)) = (r.app.cluster.get(), r.relayed.opening.take()) else {
             return;
         };
-        let Relayed {
-            pool,
-            to,
-            mut open,
-            greeting,
-        } = relayed;
-        tracing::debug!(conn = id, pool = %pool.name, owner = %to, "client relayed");
+        tracing::debug!(conn = r.id, pool = %r.relayed.pool.name, "client relayed");
         // Reached by shutdown as a local client is (its read side shut: it ends, and is told).
-        let fd = stream.raw_fd();
-        if let Some(fd) = fd {
-            app.lifecycle.client_fds.insert(fd);
+        if let Some(fd) = r.stream.raw_fd() {
+            r.app.lifecycle.client_fds.insert(fd);
         }
-        let result =
-            crate::cluster::pipe::relay(node, &mut stream, &pool, to, &mut open, greeting).await;
-        if let Some(fd) = fd {
-            app.lifecycle.client_fds.remove(fd);
+        let result = crate::cluster::pipe::relay(
+            node,
+            &mut r.stream,
+            &r.relayed.pool,
+            &mut r.relayed.open,
+            opening,
+        )
+        .await;
+        if let Some(fd) = r.stream.raw_fd() {
+            r.app.lifecycle.client_fds.remove(fd);
         }
-        drop(pool);
+        drop(r.relayed.pool);
+        let closing = r
+            .app
+            .lifecycle
+            .closing_clients
+            .load(std::sync::atomic::Ordering::Relaxed);
         let result = match result {
-            Ok(())
-                if app
-                    .lifecycle
-                    .closing_clients
-                    .load(std::sync::atomic::Ordering::Relaxed) =>
-            {
-                Err(RelayError::ShuttingDown)
-            }
+            Ok(()) if closing => Err(RelayError::ShuttingDown),
             r => r,
         };
         let result = result.map_err(|e| match e {
@@ -93,9 +85,11 @@ pub(super) fn relay_out(r: Relaying) -> impl std::future::Future<Output = ()> + 
             ),
         });
         if let Err(e) = &result {
-            app.metrics.rejected(e.kind());
+            r.app.metrics.rejected(e.kind());
         }
-        Box::pin(finish(id, &mut stream, result)).await;
+        Box::pin(finish(r.id, &mut r.stream, result)).await;
+        // Named, so that the block captures it: it counts the client until here.
+        drop(r._guard);
     }
 }
 
