@@ -113,9 +113,9 @@ async fn run(
     let (mut stream, mut to, mut key) = match start {
         Start::Open(opening) => {
             let Opening { to, greeting } = *opening;
-            let (stream, to) = match Box::pin(open_at(node, to, open)).await {
+            let (stream, to) = match Box::pin(open_at(node, to, open, &[])).await {
                 // The owner is leaving: wait for the next one.
-                Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open)).await?,
+                Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open, &[])).await?,
                 r => r?,
             };
             Box::pin(client.write_all(&greeting))
@@ -125,20 +125,14 @@ async fn run(
         }
         Start::Back(first) => {
             let key = open.resume.as_ref().map(|r| r.cancel_key);
-            let sent = match Box::pin(move_client(node, pool, open)).await {
-                Ok((stream, to)) => {
-                    if let Some((pid, _)) = key {
-                        node.relayed_to(pid, &to);
-                    }
-                    position.client_sent(&first);
-                    Box::pin(to_owner(&stream, &first, &to))
-                        .await
-                        .map(|()| (stream, to, key))
-                }
-                Err(e) => Err(e),
-            };
+            position.client_sent(&first);
+            let opened = Box::pin(move_client(node, pool, open, &first)).await;
             crate::bufpool::give(first);
-            sent?
+            let (stream, to) = opened?;
+            if let Some((pid, _)) = key {
+                node.relayed_to(pid, &to);
+            }
+            (stream, to, key)
         }
     };
     let result = loop {
@@ -169,7 +163,7 @@ async fn run(
                     parked: false,
                 });
                 drop(stream);
-                match Box::pin(move_client(node, pool, open)).await {
+                match Box::pin(move_client(node, pool, open, &[])).await {
                     Ok((s, t)) => {
                         node.relayed_to(cancel_key.0, &t);
                         (stream, to) = (s, t);
@@ -251,10 +245,14 @@ fn movable(stream: &LinkStream) -> bool {
 
 /// Opens the client's stream at `to`, following redirects; returns it and its node once the
 /// owner answered (a login reply or an error; for a moving client, its acknowledgment).
+/// `first`, a returning client's bytes, goes with the opening rather than after the answer
+/// (a parked client's next query costs no extra round trip); a node that sends the client
+/// elsewhere drops them, and they go again with the next opening.
 async fn open_at(
     node: &Arc<Node>,
     mut to: String,
     open: &RelayOpen,
+    first: &[u8],
 ) -> Result<(LinkStream, String), RelayError> {
     let what = open.encode();
     let resuming = open.resume.is_some();
@@ -262,6 +260,7 @@ async fn open_at(
     loop {
         let link = node.links.get(node, &to).await?;
         let s = link.open(&what).map_err(|e| lost(&to, e))?;
+        to_owner(&s, first, &to).await?;
         poll_fn(|cx| {
             if resuming && s.state().is_some() {
                 return Poll::Ready(Ok(()));
@@ -292,13 +291,14 @@ async fn move_client(
     node: &Arc<Node>,
     pool: &Arc<Pool>,
     open: &RelayOpen,
+    first: &[u8],
 ) -> Result<(LinkStream, String), RelayError> {
     let limit = node.config.lease_ttl + Duration::from_secs(10);
     let started = std::time::Instant::now();
     loop {
         let tried = match node.place(pool, false).await {
-            Ok(Place::Here) => open_at(node, node.id.clone(), open).await,
-            Ok(Place::There(to)) => open_at(node, to, open).await,
+            Ok(Place::Here) => open_at(node, node.id.clone(), open, first).await,
+            Ok(Place::There(to)) => open_at(node, to, open, first).await,
             Err(e) => Err(e.into()),
         };
         match tried {
