@@ -467,3 +467,21 @@ async fn a_clients_temp_table_survives_other_clients_while_the_pool_has_room() {
         assert_eq!(x, 7);
     }
 }
+
+/// A login with startup parameters the pool has not seen reports what a server says for
+/// them, so the first such login takes a server; those arriving meanwhile wait for its
+/// answer instead of each taking one (a connect storm would otherwise hold the whole pool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_logins_with_new_parameters_learn_them_from_one_server() {
+    let db = unique_db("learn");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 8\n");
+    let clients = join_all((0..24).map(|_| shoal.connect(&db))).await;
+    assert_eq!(
+        pg().backends(&db),
+        1,
+        "24 simultaneous first logins opened more than one server"
+    );
+    for c in &clients {
+        assert_eq!(simple_rows(c, "SELECT 7").await, ["7"]);
+    }
+}

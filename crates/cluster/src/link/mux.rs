@@ -14,7 +14,7 @@
 //! buffer.
 //!
 //! No timers here (the data plane's runtimes have none): liveness is probed from outside with
-//! [`Link::ping`] and [`Link::since_pong`], and a dead link is ended with [`Link::kill`].
+//! [`Link::ping`] and [`Link::silent_for`], and a dead link is ended with [`Link::kill`].
 
 use std::collections::HashMap;
 use std::io;
@@ -89,6 +89,9 @@ pub(super) struct State {
     incoming: Option<mpsc::UnboundedSender<Incoming>>,
     ping_sent: Option<Instant>,
     last_pong: Instant,
+    /// When the peer's bytes last arrived (a sign of life as good as a Pong: a peer busy
+    /// answering its clients may be slow to answer a probe).
+    last_heard: Instant,
     /// The peer's status word from its last Pong.
     peer_status: Option<u64>,
 }
@@ -176,6 +179,7 @@ impl Link {
                     incoming: Some(tx),
                     ping_sent: None,
                     last_pong: Instant::now(),
+                    last_heard: Instant::now(),
                     peer_status: None,
                 }),
                 peer,
@@ -249,11 +253,12 @@ impl Link {
         s.queue(Kind::Ping, 0, &[0; 8]);
     }
 
-    /// How long since the peer last answered a probe (or since the link started).
-    pub fn since_pong(&self) -> std::time::Duration {
+    /// How long the peer has been silent while a probe waits for its answer: since its last
+    /// answer or its last bytes, whichever came later (zero with no probe out).
+    pub fn silent_for(&self) -> std::time::Duration {
         let s = self.lock();
         match s.ping_sent {
-            Some(_) => s.last_pong.elapsed(),
+            Some(_) => s.last_pong.max(s.last_heard).elapsed(),
             None => std::time::Duration::ZERO,
         }
     }
@@ -295,6 +300,7 @@ impl Link {
     /// Handles a batch of frames read from the peer; an error ends the link.
     fn receive(&self, buf: &mut BytesMut) -> Result<(), String> {
         let mut s = self.lock();
+        s.last_heard = Instant::now();
         while let Some(h) = frame::parse_header(buf).map_err(|e| e.to_string())? {
             if buf.len() < HEADER + h.len {
                 buf.reserve(HEADER + h.len - buf.len());

@@ -126,7 +126,7 @@ async fn cancels_and_probes_reach_the_peer() {
         Some(77),
         "with the peer's status"
     );
-    assert!(conn.since_pong() < Duration::from_secs(5));
+    assert!(conn.silent_for() < Duration::from_secs(5));
 }
 
 #[tokio::test]
