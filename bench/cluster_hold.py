@@ -57,17 +57,21 @@ def tcp_mem_pages():
     return 0
 
 
+def scrape(node, timeout=10):
+    """A node's /metrics text, or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=timeout) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
 def histograms(nodes):
     """Each node's `shoal_pool_{wait,query,transaction}_seconds` buckets, summed over its
     pools: {(node index, family): {le: count}}."""
     out = {}
     for i, x in enumerate(nodes):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{x.metrics_port}/metrics", timeout=10) as r:
-                text = r.read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
+        for line in (scrape(x) or "").splitlines():
             for fam in ("wait", "query", "transaction"):
                 name = f"shoal_pool_{fam}_seconds_bucket{{"
                 if line.startswith(name):
@@ -81,12 +85,7 @@ def rejections(nodes):
     """Logins the nodes refused, by reason (`shoal_connections_rejected_total`), summed."""
     out = {}
     for x in nodes:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{x.metrics_port}/metrics", timeout=10) as r:
-                text = r.read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
+        for line in (scrape(x) or "").splitlines():
             if line.startswith("shoal_connections_rejected_total{"):
                 n = float(line.rsplit(" ", 1)[1])
                 if n:
@@ -117,12 +116,7 @@ def slow_share(before, after, fam, nodes, at):
 def pool_gauges(node):
     """The owner's pool gauges now: clients waiting and active, servers in use and open."""
     out = {}
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return out
-    for line in text.splitlines():
+    for line in (scrape(node, timeout=5) or "").splitlines():
         for g in ("clients_waiting", "clients_active", "servers_in_use", "servers"):
             if line.startswith(f"shoal_pool_{g}{{"):
                 out[g] = out.get(g, 0) + float(line.rsplit(" ", 1)[1])

@@ -71,4 +71,3 @@ async fn session_future_fits_a_small_task() {
 fn returned_size<A, F>(_: impl Fn(A) -> F) -> usize {
     std::mem::size_of::<F>()
 }
-
