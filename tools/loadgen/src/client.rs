@@ -285,7 +285,7 @@ async fn connection(
     stop: tokio::sync::watch::Receiver<Phase>,
 ) {
     let stream = match bound_socket(source) {
-        Ok(s) => s.connect(target).await,
+        Ok(s) => Box::pin(s.connect(target)).await,
         Err(e) => Err(e),
     };
     let stream = match stream {
@@ -295,8 +295,9 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     match tls {
         None => session(args, stream, target.port(), stats, stop).await,
-        Some(connector) => match start_tls(&args, &connector, stream).await {
-            Ok(stream) => session(args, stream, target.port(), stats, stop).await,
+        // Boxed: the plain connection's task need not have room for TLS state.
+        Some(connector) => match Box::pin(start_tls(&args, &connector, stream)).await {
+            Ok(stream) => Box::pin(session(args, stream, target.port(), stats, stop)).await,
             Err(e) => stats.error(format!("tls: {e}")),
         },
     }
@@ -321,7 +322,8 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
     mut stop: tokio::sync::watch::Receiver<Phase>,
 ) {
     let mut buf = BytesMut::new();
-    if let Err(e) = login(&args, &mut stream, &mut buf, &stats).await {
+    // Boxed, and freed once logged in: each of a million connections holds its task.
+    if let Err(e) = Box::pin(login(&args, &mut stream, &mut buf, &stats)).await {
         return stats.error(format!("login: {e}"));
     }
     stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -348,7 +350,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
         let counted = !args.steady_only || stats.counting.load(Ordering::Relaxed);
         // Counted before the query goes: the worker's quiet phase waits for it.
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let answer = run_query(&mut stream, &query, &mut buf).await;
+        let answer = Box::pin(run_query(&mut stream, &query, &mut buf)).await;
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         match answer {
             Ok(None) if !counted => {}
@@ -386,12 +388,16 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
         // An idle connection keeps no buffer.
         buf = BytesMut::new();
     }
-    let _ = stop.wait_for(|p| *p == Phase::Close).await;
-    stats.held.fetch_sub(1, Ordering::Relaxed);
-    let mut bye = BytesMut::new();
-    frontend::terminate(&mut bye);
-    let _ = stream.write_all(&bye).await;
-    let _ = stream.shutdown().await;
+    // Boxed: only the end of the run needs it.
+    Box::pin(async move {
+        let _ = stop.wait_for(|p| *p == Phase::Close).await;
+        stats.held.fetch_sub(1, Ordering::Relaxed);
+        let mut bye = BytesMut::new();
+        frontend::terminate(&mut bye);
+        let _ = stream.write_all(&bye).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 async fn read_frame<S: AsyncRead + Unpin>(
