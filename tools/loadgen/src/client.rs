@@ -357,17 +357,14 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None) => {
                 let us = t0.elapsed().as_micros() as u64;
                 stats.queries.fetch_add(1, Ordering::Relaxed);
-                if us / 1000 >= args.slow_ms && args.slow_log.is_some() {
-                    let at = std::time::SystemTime::now()
+                let ms = us / 1000;
+                if ms >= args.slow_ms && args.slow_log.is_some() {
+                    let now_ms = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .unwrap_or_default()
-                        .as_millis() as u64
-                        - us / 1000;
-                    stats.slow.lock().unwrap_or_else(|e| e.into_inner()).push((
-                        at,
-                        us / 1000,
-                        port,
-                    ));
+                        .as_millis() as u64;
+                    let mut slow = stats.slow.lock().unwrap_or_else(|e| e.into_inner());
+                    slow.push((now_ms - ms, ms, port));
                 }
                 if let Some(h) = stats
                     .hist

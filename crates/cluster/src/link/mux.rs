@@ -89,9 +89,11 @@ pub(super) struct State {
     incoming: Option<mpsc::UnboundedSender<Incoming>>,
     ping_sent: Option<Instant>,
     last_pong: Instant,
-    /// When the peer's bytes last arrived (a sign of life as good as a Pong: a peer busy
-    /// answering its clients may be slow to answer a probe).
+    /// When the peer's bytes were last seen arriving (a sign of life as good as a Pong: a
+    /// peer busy answering its clients may be slow to answer a probe), and `bytes_in` then.
+    /// Noted by [`Link::silent_for`], once a probe period, not per read.
     last_heard: Instant,
+    heard_bytes: u64,
     /// The peer's status word from its last Pong.
     peer_status: Option<u64>,
 }
@@ -180,6 +182,7 @@ impl Link {
                     ping_sent: None,
                     last_pong: Instant::now(),
                     last_heard: Instant::now(),
+                    heard_bytes: 0,
                     peer_status: None,
                 }),
                 peer,
@@ -256,7 +259,12 @@ impl Link {
     /// How long the peer has been silent while a probe waits for its answer: since its last
     /// answer or its last bytes, whichever came later (zero with no probe out).
     pub fn silent_for(&self) -> std::time::Duration {
-        let s = self.lock();
+        let mut s = self.lock();
+        let bytes_in = self.shared.bytes_in.load(Ordering::Relaxed);
+        if bytes_in != s.heard_bytes {
+            s.heard_bytes = bytes_in;
+            s.last_heard = Instant::now();
+        }
         match s.ping_sent {
             Some(_) => s.last_pong.max(s.last_heard).elapsed(),
             None => std::time::Duration::ZERO,
@@ -300,7 +308,6 @@ impl Link {
     /// Handles a batch of frames read from the peer; an error ends the link.
     fn receive(&self, buf: &mut BytesMut) -> Result<(), String> {
         let mut s = self.lock();
-        s.last_heard = Instant::now();
         while let Some(h) = frame::parse_header(buf).map_err(|e| e.to_string())? {
             if buf.len() < HEADER + h.len {
                 buf.reserve(HEADER + h.len - buf.len());

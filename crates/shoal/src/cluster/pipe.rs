@@ -79,7 +79,7 @@ pub fn relay<'a>(
 
 /// How a [`run`] begins.
 enum Start {
-    /// The client just logged in (boxed: a parked client keeps a `Start`).
+    /// The client just logged in (in the box its login made).
     Open(Box<Opening>),
     /// The client was parked and sent these bytes: open a stream for it at the pool's
     /// owner, where its session resumes, and pass them on.
@@ -215,7 +215,6 @@ async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, Re
 /// A client's Terminate message, whole.
 const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
 
-/// Runs `f` when dropped.
 /// Counts in a gauge for as long as it lives (a client relayed from this node; one parked).
 struct Counted<'a>(&'a AtomicU64);
 
