@@ -191,8 +191,10 @@ async fn console(n: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
 async fn the_console_metrics_and_api_describe_the_cluster() {
     let etcd = Etcd::start();
     let db = cluster_db();
-    let extra = "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n\
-                 [metrics]\nlisten = \"127.0.0.1:0\"\n";
+    // Never parked: the held relayed client must still hold its session at the owner when the
+    // owner's gauges are read, however long the steps before take on a slow machine.
+    let extra = "park_idle_after = 0\n[admin]\nusers = [\"admin\"]\n[users.admin]\n\
+                 password = \"admin-secret\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
     let a = node(&etcd, "a", &db, extra);
     let b = node(&etcd, "b", &db, extra);
     let mut held = Vec::new();
