@@ -18,6 +18,10 @@ ensure_packages() {
   command -v curl >/dev/null || missing+=(curl)
   # The upstream TLS tests encrypt a client key with the openssl command.
   command -v openssl >/dev/null || missing+=(openssl)
+  # Building Shoal: protoc for the etcd client's gRPC code, libclang for the bindings of
+  # libpg_query (PostgreSQL's parser, which proves statements read-only for replicas).
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  ls /usr/lib/llvm-*/lib/libclang*.so >/dev/null 2>&1 || missing+=(libclang-dev)
   if [ "${#missing[@]}" -gt 0 ]; then
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
@@ -25,12 +29,10 @@ ensure_packages() {
   fi
 }
 
-# What the whole test suite needs beyond running Shoal: etcd for the cluster's tests, and
-# protoc to build the etcd client's gRPC code.
+# What the whole test suite needs beyond running Shoal: etcd for the cluster's tests.
 ensure_test_packages() {
   local missing=()
   command -v etcd >/dev/null || missing+=(etcd-server)
-  command -v protoc >/dev/null || missing+=(protobuf-compiler)
   if [ "${#missing[@]}" -gt 0 ]; then
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq

@@ -13,12 +13,14 @@
 //! - [`sqlstate`]: the error codes Shoal uses.
 //! - [`scram`]: server-side SCRAM-SHA-256 (RFC 5802 / 7677) and verifier parsing.
 //! - [`md5`]: PostgreSQL's MD5 password scheme.
+//! - [`readonly`]: whether SQL only reads (parsed by PostgreSQL's grammar), for replicas.
 //! - [`sql`]: a SQL lexer and classifier: what a query leaves behind in its session.
 
 pub mod backend;
 pub mod frame;
 pub mod frontend;
 pub mod md5;
+pub mod readonly;
 pub mod scram;
 pub mod sql;
 pub mod sqlstate;

@@ -1,0 +1,396 @@
+//! Whether SQL is proven to only read, so that a read replica may run it.
+//!
+//! A replica refuses writes, but a write sent there is still a failure the client did not
+//! ask for; and a statement that only looks like a read (`SELECT ... FOR UPDATE`, a
+//! data-modifying `WITH`, `SELECT nextval(...)`) must reach the primary. So this is a proof,
+//! not a guess: the text is parsed by PostgreSQL's own grammar (libpg_query) and the tree is
+//! walked by a whitelist. Every node type the walk does not know, every statement kind other
+//! than a plain query, `SHOW`, `SET`, `EXPLAIN` of a read, and transaction control, and every
+//! text that does not parse, means "may write". Function calls are not judged here: their
+//! names are returned, for the caller to check against the database's catalogue (a function
+//! is read-only only if PostgreSQL knows it as `STABLE` or `IMMUTABLE`).
+//!
+//! What no parse can see: a `STABLE` function that writes anyway (PostgreSQL does not stop
+//! it), or an operator backed by a volatile function. Both are documented limits.
+
+use pg_query::protobuf::{self, node::Node as N, TransactionStmtKind};
+use pg_query::NodeEnum;
+
+/// What a read-only text needs of the database: the functions it calls, by name (lower
+/// case, schema-qualified as written, `.`-joined), each of which must be non-volatile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reads {
+    pub functions: Vec<String>,
+    /// The text opens a transaction block declared `READ ONLY`: the statements that follow
+    /// it until its end are the client's promise, enforced by PostgreSQL.
+    pub opens_read_only: bool,
+}
+
+/// `Some` when every statement of `sql` (one or several) only reads, given that the
+/// functions named are non-volatile; `None` when it writes, might, or cannot be parsed.
+pub fn classify(sql: &str) -> Option<Reads> {
+    let parsed = pg_query::parse(sql).ok()?;
+    let mut reads = Reads::default();
+    if parsed.protobuf.stmts.is_empty() {
+        return Some(reads);
+    }
+    for raw in &parsed.protobuf.stmts {
+        let node = raw.stmt.as_ref()?.node.as_ref()?;
+        statement(node, &mut reads)?;
+    }
+    reads.functions.sort();
+    reads.functions.dedup();
+    Some(reads)
+}
+
+/// One top-level statement.
+fn statement(node: &NodeEnum, r: &mut Reads) -> Option<()> {
+    match node {
+        N::SelectStmt(s) => select(s, r),
+        N::VariableShowStmt(_) => Some(()),
+        N::VariableSetStmt(s) => {
+            // `SET TRANSACTION ...` and `SET SESSION CHARACTERISTICS` change what the
+            // transaction may do: the primary decides.
+            let name = s.name.to_ascii_lowercase();
+            if name.starts_with("transaction") || name == "session_characteristics" {
+                return None;
+            }
+            list(&s.args, r)
+        }
+        N::ExplainStmt(e) => {
+            // EXPLAIN ANALYZE runs its statement: the statement must read, as anything
+            // explained must, so one rule covers both.
+            let inner = e.query.as_deref()?.node.as_ref()?;
+            match inner {
+                N::SelectStmt(s) => select(s, r),
+                _ => None,
+            }
+        }
+        N::TransactionStmt(t) => transaction(t, r),
+        _ => None,
+    }
+}
+
+fn transaction(t: &protobuf::TransactionStmt, r: &mut Reads) -> Option<()> {
+    match TransactionStmtKind::try_from(t.kind).ok()? {
+        TransactionStmtKind::TransStmtBegin | TransactionStmtKind::TransStmtStart => {
+            // Only a block declared READ ONLY may run on a replica; without it, the whole
+            // transaction goes to the primary.
+            let read_only = t.options.iter().any(|o| match o.node.as_ref() {
+                Some(N::DefElem(d)) if d.defname == "transaction_read_only" => {
+                    matches!(
+                        d.arg.as_deref().and_then(|a| a.node.as_ref()),
+                        Some(N::AConst(c)) if matches!(
+                            c.val,
+                            Some(protobuf::a_const::Val::Ival(protobuf::Integer { ival: 1 }))
+                        )
+                    )
+                }
+                _ => false,
+            });
+            if !read_only {
+                return None;
+            }
+            r.opens_read_only = true;
+            Some(())
+        }
+        TransactionStmtKind::TransStmtCommit
+        | TransactionStmtKind::TransStmtRollback
+        | TransactionStmtKind::TransStmtSavepoint
+        | TransactionStmtKind::TransStmtRelease
+        | TransactionStmtKind::TransStmtRollbackTo => Some(()),
+        // Two-phase commit writes state files; anything new is unknown.
+        _ => None,
+    }
+}
+
+fn select(s: &protobuf::SelectStmt, r: &mut Reads) -> Option<()> {
+    if s.into_clause.is_some() || !s.locking_clause.is_empty() {
+        return None;
+    }
+    if let Some(w) = &s.with_clause {
+        // A CTE that is not itself a SELECT (INSERT/UPDATE/DELETE/MERGE ... RETURNING) is
+        // refused by `node` below, as any node it does not know.
+        list(&w.ctes, r)?;
+    }
+    for l in [
+        &s.distinct_clause,
+        &s.target_list,
+        &s.from_clause,
+        &s.group_clause,
+        &s.window_clause,
+        &s.values_lists,
+        &s.sort_clause,
+    ] {
+        list(l, r)?;
+    }
+    for n in [
+        &s.where_clause,
+        &s.having_clause,
+        &s.limit_offset,
+        &s.limit_count,
+    ] {
+        opt(n, r)?;
+    }
+    for side in [&s.larg, &s.rarg].into_iter().flatten() {
+        select(side, r)?;
+    }
+    Some(())
+}
+
+fn list(nodes: &[protobuf::Node], r: &mut Reads) -> Option<()> {
+    nodes.iter().try_for_each(|n| node(n, r))
+}
+
+fn opt(n: &Option<Box<protobuf::Node>>, r: &mut Reads) -> Option<()> {
+    match n {
+        Some(n) => node(n, r),
+        None => Some(()),
+    }
+}
+
+/// One node inside a query. The whitelist: node types that only compute, each walked
+/// through every field that can hold another node. Anything else fails the proof.
+fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
+    let Some(n) = n.node.as_ref() else {
+        return Some(());
+    };
+    match n {
+        N::SelectStmt(s) => select(s, r),
+        N::String(_)
+        | N::Integer(_)
+        | N::Float(_)
+        | N::Boolean(_)
+        | N::BitString(_)
+        | N::AConst(_)
+        | N::AStar(_)
+        | N::ParamRef(_)
+        | N::ColumnRef(_)
+        | N::SqlvalueFunction(_) => Some(()),
+        N::RangeVar(_) => Some(()),
+        N::List(l) => list(&l.items, r),
+        N::ResTarget(t) => {
+            list(&t.indirection, r)?;
+            opt(&t.val, r)
+        }
+        N::AExpr(e) => {
+            opt(&e.lexpr, r)?;
+            opt(&e.rexpr, r)
+        }
+        N::BoolExpr(e) => list(&e.args, r),
+        N::FuncCall(f) => {
+            let name: Vec<&str> = f
+                .funcname
+                .iter()
+                .map(|p| match p.node.as_ref() {
+                    Some(N::String(s)) => Some(s.sval.as_str()),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            r.functions.push(name.join(".").to_ascii_lowercase());
+            list(&f.args, r)?;
+            list(&f.agg_order, r)?;
+            opt(&f.agg_filter, r)?;
+            if let Some(w) = &f.over {
+                window(w, r)?;
+            }
+            Some(())
+        }
+        N::NamedArgExpr(a) => opt(&a.arg, r),
+        N::JoinExpr(j) => {
+            opt(&j.larg, r)?;
+            opt(&j.rarg, r)?;
+            list(&j.using_clause, r)?;
+            opt(&j.quals, r)
+        }
+        N::RangeSubselect(s) => opt(&s.subquery, r),
+        N::RangeFunction(f) => {
+            list(&f.functions, r)?;
+            list(&f.coldeflist, r)
+        }
+        N::ColumnDef(c) => match &c.type_name {
+            Some(t) => type_name(t, r),
+            None => Some(()),
+        },
+        N::SubLink(s) => {
+            opt(&s.testexpr, r)?;
+            opt(&s.subselect, r)
+        }
+        N::TypeCast(c) => {
+            opt(&c.arg, r)?;
+            match &c.type_name {
+                Some(t) => type_name(t, r),
+                None => Some(()),
+            }
+        }
+        N::TypeName(t) => type_name(t, r),
+        N::CommonTableExpr(c) => {
+            if c.search_clause.is_some() || c.cycle_clause.is_some() {
+                return None;
+            }
+            opt(&c.ctequery, r)
+        }
+        N::CaseExpr(c) => {
+            opt(&c.arg, r)?;
+            list(&c.args, r)?;
+            opt(&c.defresult, r)
+        }
+        N::CaseWhen(w) => {
+            opt(&w.expr, r)?;
+            opt(&w.result, r)
+        }
+        N::NullTest(t) => opt(&t.arg, r),
+        N::BooleanTest(t) => opt(&t.arg, r),
+        N::CoalesceExpr(c) => list(&c.args, r),
+        N::MinMaxExpr(m) => list(&m.args, r),
+        N::NullIfExpr(e) => list(&e.args, r),
+        N::AIndirection(i) => {
+            opt(&i.arg, r)?;
+            list(&i.indirection, r)
+        }
+        N::AIndices(i) => {
+            opt(&i.lidx, r)?;
+            opt(&i.uidx, r)
+        }
+        N::AArrayExpr(a) => list(&a.elements, r),
+        N::RowExpr(e) => list(&e.args, r),
+        N::SortBy(s) => opt(&s.node, r),
+        N::WindowDef(w) => window(w, r),
+        N::CollateClause(c) => opt(&c.arg, r),
+        N::GroupingSet(g) => list(&g.content, r),
+        N::GroupingFunc(g) => list(&g.args, r),
+        _ => None,
+    }
+}
+
+fn window(w: &protobuf::WindowDef, r: &mut Reads) -> Option<()> {
+    list(&w.partition_clause, r)?;
+    list(&w.order_clause, r)?;
+    opt(&w.start_offset, r)?;
+    opt(&w.end_offset, r)
+}
+
+fn type_name(t: &protobuf::TypeName, r: &mut Reads) -> Option<()> {
+    list(&t.typmods, r)?;
+    list(&t.array_bounds, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reads(sql: &str) -> Vec<String> {
+        classify(sql)
+            .unwrap_or_else(|| panic!("{sql:?} should be proven read-only"))
+            .functions
+    }
+
+    fn writes(sql: &str) {
+        assert_eq!(classify(sql), None, "{sql:?} must go to the primary");
+    }
+
+    #[test]
+    fn plain_reads_are_proven() {
+        for sql in [
+            "SELECT 1",
+            "select * from t where a = $1 order by b limit 10 offset 5",
+            "SELECT a, b FROM t JOIN u USING (id) LEFT JOIN v ON v.x = t.x",
+            "SELECT * FROM (SELECT 1) s, LATERAL (SELECT 2) l",
+            "WITH c AS (SELECT 1 AS x) SELECT x FROM c",
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) SELECT n FROM r",
+            "VALUES (1, 'one'), (2, 'two')",
+            "TABLE t",
+            "SELECT 1 UNION SELECT 2 EXCEPT SELECT 3",
+            "SELECT CASE WHEN a IS NULL THEN 0 ELSE a END, COALESCE(b, 1), NULLIF(c, 2) FROM t",
+            "SELECT a[1], (r).f, ARRAY[1,2], ROW(1,2), x::int, CURRENT_TIMESTAMP FROM t",
+            "SELECT EXISTS (SELECT 1 FROM t WHERE t.a = u.a) FROM u WHERE a IN (1,2,3)",
+            "SHOW search_path",
+            "SET search_path TO app, public",
+            "EXPLAIN SELECT 1",
+            "EXPLAIN ANALYZE SELECT * FROM t",
+            "BEGIN READ ONLY",
+            "START TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            "COMMIT",
+            "ROLLBACK",
+            "BEGIN READ ONLY; SELECT 1; COMMIT",
+            "SELECT 1; SELECT 2",
+            "/* shoal */ SELECT $$a;b$$, 'c;d' -- end",
+            "",
+        ] {
+            classify(sql).unwrap_or_else(|| panic!("{sql:?} should be proven read-only"));
+        }
+    }
+
+    #[test]
+    fn functions_are_named_for_the_catalogue() {
+        assert_eq!(
+            reads("SELECT count(*), pg_catalog.now(), Lower(name) FROM t GROUP BY name"),
+            ["count", "lower", "pg_catalog.now"]
+        );
+        assert_eq!(
+            reads("SELECT * FROM generate_series(1, 3)"),
+            ["generate_series"]
+        );
+        assert_eq!(
+            reads("SELECT x FROM t WHERE y = (SELECT max(z) FROM u)"),
+            ["max"]
+        );
+        assert_eq!(
+            reads("SELECT sum(a) OVER (PARTITION BY b ORDER BY c) FROM t"),
+            ["sum"]
+        );
+        // Functions that write are named too: the catalogue knows them as volatile.
+        assert_eq!(reads("SELECT nextval('s')"), ["nextval"]);
+        assert_eq!(reads("SELECT pg_advisory_lock(1)"), ["pg_advisory_lock"]);
+        assert_eq!(
+            reads("SELECT set_config('a.b', 'c', false)"),
+            ["set_config"]
+        );
+    }
+
+    #[test]
+    fn writes_and_possible_writes_are_not() {
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "UPDATE t SET a = 1",
+            "DELETE FROM t",
+            "MERGE INTO t USING u ON t.a = u.a WHEN MATCHED THEN DELETE",
+            "WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d",
+            "WITH i AS (INSERT INTO t VALUES (1) RETURNING a) SELECT a FROM i",
+            "SELECT * FROM t FOR UPDATE",
+            "SELECT * FROM t FOR SHARE",
+            "SELECT * FROM t FOR NO KEY UPDATE SKIP LOCKED",
+            "SELECT * INTO new_t FROM t",
+            "CREATE TABLE x (a int)",
+            "CREATE TEMP TABLE x (a int)",
+            "DROP TABLE t",
+            "TRUNCATE t",
+            "COPY t FROM STDIN",
+            "COPY t TO STDOUT",
+            "LISTEN ch",
+            "NOTIFY ch",
+            "LOCK TABLE t",
+            "BEGIN",
+            "START TRANSACTION",
+            "BEGIN READ WRITE",
+            "BEGIN; SELECT 1; COMMIT",
+            "SELECT 1; INSERT INTO t VALUES (1)",
+            "EXPLAIN ANALYZE INSERT INTO t VALUES (1)",
+            "CALL p()",
+            "DO $$ BEGIN END $$",
+            "PREPARE p AS SELECT 1",
+            "EXECUTE p",
+            "DECLARE c CURSOR FOR SELECT 1",
+            "SET TRANSACTION READ WRITE",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+            "PREPARE TRANSACTION 'x'",
+            "VACUUM t",
+            "REFRESH MATERIALIZED VIEW v",
+            "DISCARD ALL",
+            "SELEC 1",
+            "SELECT (",
+        ] {
+            writes(sql);
+        }
+    }
+}
