@@ -12,6 +12,7 @@ use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
 mod cluster;
+pub mod replicas;
 mod sections;
 mod service;
 pub use cluster::{Cluster, ClusterSection, ClusterTls};
@@ -150,6 +151,8 @@ pub struct Database {
     pub max_client_conn: Option<usize>,
     /// Overrides `[pool] server_reset`.
     pub server_reset: Option<ServerReset>,
+    /// Read replicas, and which reads go to them.
+    pub replicas: replicas::Replicas,
 }
 
 /// Which of a host name's addresses Shoal connects to.
@@ -334,6 +337,7 @@ impl Config {
             }
             let key_password = key_password(&section, &d.sslpassword, &d.sslpassword_env, env)
                 .map_err(|m| invalid(&section, m))?;
+            let replicas = replicas::validate(&section, &d).map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -363,6 +367,7 @@ impl Config {
                     min_pool_size: d.min_pool_size,
                     max_client_conn: d.max_client_conn,
                     server_reset: d.server_reset,
+                    replicas,
                 },
             );
         }

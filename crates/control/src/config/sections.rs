@@ -184,6 +184,15 @@ pub struct DatabaseSection {
     pub min_pool_size: Option<usize>,
     pub max_client_conn: Option<usize>,
     pub server_reset: Option<ServerReset>,
+    /// Read replicas of this database (see `replicas`).
+    #[serde(default)]
+    pub replicas: Vec<super::replicas::ReplicaSection>,
+    pub read_routing: Option<super::replicas::ReadRouting>,
+    pub max_replica_lag: Option<super::replicas::MaxLagSection>,
+    pub replica_fallback: Option<super::replicas::ReplicaFallback>,
+    pub replica_check_interval: Option<f64>,
+    pub replica_ban_time: Option<f64>,
+    pub prefer_zone: Option<String>,
 }
 
 /// TLS to PostgreSQL, with libpq's meanings.
