@@ -67,6 +67,7 @@ pub mod notify;
 pub mod params;
 pub mod pool;
 pub mod prepared;
+pub mod replicas;
 pub mod reuseport;
 pub mod route;
 pub mod run;

@@ -128,6 +128,7 @@ async fn fence_all(app: &App, node: &Node) {
             fenced += 1;
             pool.server_fds.shut_reads();
             pool.close_idle().await;
+            pool.fence_replicas().await;
         }
     }
     if fenced > 0 {

@@ -37,6 +37,7 @@ async fn give_up(node: &Arc<Node>, pool: &Arc<Pool>) -> bool {
         return false;
     }
     pool.close_idle().await;
+    pool.fence_replicas().await;
     release(node, &pool.name).await;
     true
 }

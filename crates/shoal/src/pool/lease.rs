@@ -50,6 +50,11 @@ pub struct Leaving {
 }
 
 impl Lease {
+    /// The pool the server belongs to (a replica's, when a transaction reads there).
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
     /// The way back to the pool: a healthy server at a boundary goes back as it is.
     pub fn checkin(self) {
         let pool = self.pool.clone();

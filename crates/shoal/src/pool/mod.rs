@@ -174,6 +174,8 @@ pub struct Pool {
     pub notify: crate::notify::Hub,
     /// Whether this node may open servers for the pool (always, unless in a cluster).
     pub fence: Fence,
+    /// Read replicas of the pool's database, when reads may go to them.
+    replicas: std::sync::OnceLock<Arc<crate::replicas::ReplicaSet>>,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -250,6 +252,7 @@ impl Pool {
             averages: Mutex::new(Averages::default()),
             notify: Default::default(),
             fence: Fence::new(),
+            replicas: std::sync::OnceLock::new(),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -265,6 +268,28 @@ impl Pool {
         // Upkeep runs on the control runtime, not on the shard whose login made the pool.
         crate::control::spawn(reap(Arc::downgrade(&pool)));
         pool
+    }
+
+    /// Gives the pool its replicas (once, as it is made).
+    pub fn set_replicas(&self, set: crate::replicas::ReplicaSet) {
+        let _ = self.replicas.set(Arc::new(set));
+    }
+
+    /// The pool's replicas, when reads may go to them.
+    pub fn replicas(&self) -> Option<&Arc<crate::replicas::ReplicaSet>> {
+        self.replicas.get()
+    }
+
+    /// The replica configuration the pool was made with (`None`: reads stay here).
+    pub fn replica_config(&self) -> Option<&crate::config::replicas::Replicas> {
+        self.replicas.get().map(|r| &r.config)
+    }
+
+    /// This node stopped owning the pool (cluster): its replicas' servers go as well.
+    pub async fn fence_replicas(&self) {
+        if let Some(r) = self.replicas.get() {
+            r.fence().await;
+        }
     }
 
     /// The database this pool serves, as the console and routing name it (a config entry's

@@ -351,6 +351,9 @@ impl Registry {
                 dial: self.dial.get().cloned(),
             },
         );
+        if db.replicas.in_use() {
+            pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, db.replicas.clone()));
+        }
         if let Some(t) = routed.tenant() {
             // A tenant's `default_parameter_status` answers logins without startup
             // parameters before any server is reached.
@@ -637,6 +640,7 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.password == u.server_password
         && pool.upstream.family == d.family
         && pool.upstream.tls_settings == crate::config::upstream_tls_for(d, u)
+        && pool.replica_config() == d.replicas.in_use().then_some(&d.replicas)
 }
 
 fn without_size(s: &PoolSettings) -> PoolSettings {

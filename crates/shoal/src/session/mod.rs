@@ -18,6 +18,7 @@ mod listening;
 mod login;
 mod moving;
 mod outbound;
+mod reads;
 mod relay;
 mod relayed;
 #[cfg(test)]
@@ -586,15 +587,32 @@ impl Session {
         let mut attempts = 0;
         loop {
             attempts += 1;
+            let replica = match self.backend() {
+                reads::Backend::Primary => None,
+                reads::Backend::Replica(pool) => Some(pool),
+                reads::Backend::NoReplica => {
+                    self.refuse_read().await?;
+                    return Ok(None);
+                }
+            };
+            let pool = replica.as_ref().unwrap_or(&self.pool);
             let sets = self.extras.as_ref().map(|x| &x.sets);
-            let r = self
-                .pool
+            let r = pool
                 .prepared_server(self.id, &self.params, sets, &*self.cancel.slot)
                 .await;
             let e = match r {
                 Ok(lease) => return Ok(Some(lease)),
-                Err(e) => ClientError::wait(&self.pool.name, &e),
+                Err(e) => ClientError::wait(&pool.name, &e),
             };
+            if let Some(failed) = &replica {
+                if e.kind == crate::error::ErrorKind::ServerUnavailable && attempts <= 3 {
+                    // A replica that cannot be reached gets no traffic for a while; the
+                    // unit goes to another backend (nothing of it reached this one).
+                    self.ban_replica(failed);
+                    tracing::warn!(conn = self.id, pool = %failed.name, detail = %Escaped(&e.detail), "replica unavailable; trying another backend");
+                    continue;
+                }
+            }
             if e.kind == crate::error::ErrorKind::Canceled {
                 self.fail_unit(e.code, &e.message).await?;
                 return Ok(None);

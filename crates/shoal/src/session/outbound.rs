@@ -46,6 +46,13 @@ pub(super) struct Outbound {
     pub(super) listener_due: Option<super::listening::ListenerDue>,
     /// Someone in the pool listens: SQL that may notify claims the server.
     pub(super) notify_active: bool,
+    /// The server is a replica chosen for reads (`read_routing = "split"`): only units
+    /// proven to read are passed on (see [`super::reads`]).
+    pub(super) reads_only: bool,
+    /// Messages of the current unit already proven (see [`super::reads`]).
+    pub(super) cleared: u32,
+    /// A unit not proven to read waits in the client's buffer for the transaction's end.
+    pub(super) held: bool,
 }
 
 impl Outbound {
@@ -66,6 +73,9 @@ impl Outbound {
             last_ready: None,
             listener_due: None,
             notify_active: false,
+            reads_only: false,
+            cleared: 0,
+            held: false,
         }
     }
 

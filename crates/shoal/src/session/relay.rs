@@ -24,7 +24,9 @@ use super::hooks::{HookCx, Hooks, PassThrough, Prepared};
 use super::outbound::{stream_some, stream_start, ClientSink, Outbound};
 use super::{Session, SessionError};
 use crate::net::poll_read_buf;
+use crate::config::replicas::ReadRouting;
 use crate::pool::Lease;
+use std::sync::Arc;
 use crate::prepared::Expect;
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
@@ -133,6 +135,20 @@ impl Session {
             let tag = self.cbuf[at];
             frontend::validate(tag, &self.cbuf[at + HEADER_LEN..at + n])
                 .map_err(SessionError::from_frame)?;
+            if out.reads_only
+                && !super::reads::replica_may_take(
+                    &self.pool,
+                    &self.cbuf[at..],
+                    side.statements.as_deref(),
+                    tag,
+                    flow,
+                    out,
+                )
+            {
+                // Not proven to read: it waits for the primary (see `super::reads`).
+                out.held = true;
+                break;
+            }
             if !flow.client(tag).map_err(SessionError::UnknownMessage)? {
                 return Ok(false);
             }
@@ -498,6 +514,9 @@ impl Session {
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
         // this transaction's claim (see `crate::notify::Hub::claim`).
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
+        out.reads_only = policy.per_transaction()
+            && !Arc::ptr_eq(lease.pool(), &self.pool)
+            && self.pool.replicas().is_some_and(|r| r.routing() == ReadRouting::Split);
         let server: &mut ServerConn = lease;
         // Boxed apart from each other would cost an allocation per transaction: the two
         // loops are two instances of one generic function instead.
@@ -576,8 +595,10 @@ impl Session {
                 }
             }
             let read_server = out.to_client.len() + out.direct < HIGH_WATER && fatal.is_none();
-            let read_client =
-                out.to_server.len() + out.direct_to_server < HIGH_WATER && !terminate && !draining;
+            let read_client = out.to_server.len() + out.direct_to_server < HIGH_WATER
+                && !terminate
+                && !draining
+                && !out.held;
             // One step: the first operation that can make progress, in an order that drains
             // before it fills. Pending operations leave their wakers registered.
             let step = std::future::poll_fn(|cx| {
@@ -668,6 +689,11 @@ impl Session {
                         // Boxed: the relay's future stays the size it is without it.
                         fatal = Box::pin(self.resume_at_ready(hooks, server, flow, out, policy))
                             .await?;
+                    }
+                    if out.held && flow.is_idle() && flow.status != b'I' {
+                        // The held unit is inside a block opened READ ONLY: it runs here.
+                        out.held = false;
+                        terminate = !self.take_client(hooks, server, flow, out)?;
                     }
                 }
                 Step::FromClient(Ok(0))

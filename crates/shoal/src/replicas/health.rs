@@ -1,0 +1,200 @@
+//! The checker of a pool's replicas: on each `replica_check_interval`, every replica's role
+//! (`pg_is_in_recovery()`) and replay position, the primary's WAL position, and from them
+//! each replica's lag; now and then the primary's catalogue of non-volatile functions.
+//! Runs on the control runtime, one connection per backend kept open between checks (as
+//! the pool's user, so it sees what the pool's servers see).
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
+use std::time::Duration;
+
+use super::{Member, ReplicaSet, Role};
+use crate::pool::Pool;
+use crate::server::{ServerConn, ServerError, Upstream};
+
+/// What a standby reports of itself: whether it is one, how far it has replayed, whether it
+/// has replayed all it received, and seconds since the last transaction it replayed
+/// committed on the primary.
+const STANDBY_CHECK: &str = "SELECT pg_is_in_recovery(), \
+     COALESCE(pg_last_wal_replay_lsn(), '0/0')::text, \
+     pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn(), \
+     COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0)::float8::text";
+
+/// The primary's WAL position (on a standby, nothing: it is no primary).
+const PRIMARY_CHECK: &str = "SELECT pg_is_in_recovery(), \
+     CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END";
+
+/// Function names whose every overload is non-volatile. One row: the list is long.
+const FUNCTIONS: &str = "SELECT string_agg(proname, ' ') FROM \
+     (SELECT proname FROM pg_proc GROUP BY proname HAVING bool_and(provolatile <> 'v')) f \
+     WHERE proname !~ '\\s'";
+
+/// How often the function catalogue is read again, in checks.
+const CATALOGUE_EVERY: u64 = 60;
+
+/// A check's connection, opened on demand and dropped when it fails.
+struct Probe {
+    upstream: Upstream,
+    conn: Option<ServerConn>,
+}
+
+impl Probe {
+    async fn row(
+        &mut self,
+        sql: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Option<String>>, ServerError> {
+        let r = crate::timer::timeout(timeout, async {
+            if self.conn.is_none() {
+                self.conn = Some(ServerConn::connect(&self.upstream, timeout).await?);
+            }
+            let conn = self.conn.as_mut().expect("connected above");
+            conn.query_row(sql, &[]).await
+        })
+        .await;
+        match r {
+            Ok(Ok(Some(row))) => Ok(row),
+            Ok(Ok(None)) => Err(ServerError::Protocol("the check returned no row".into())),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(ServerError::ConnectTimeout("replica check".into()))
+            }
+        }
+    }
+}
+
+/// Checks until the set (or its primary pool) is gone.
+pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
+    let (interval, mut probes, mut primary_probe) = {
+        let (Some(s), Some(p)) = (set.upgrade(), primary.upgrade()) else {
+            return;
+        };
+        let probes: Vec<Probe> = s
+            .members
+            .iter()
+            .map(|m| Probe {
+                upstream: m.pool.upstream.clone(),
+                conn: None,
+            })
+            .collect();
+        let primary_probe = Probe {
+            upstream: p.upstream.clone(),
+            conn: None,
+        };
+        (s.config.check_interval, probes, primary_probe)
+    };
+    let mut tick = crate::timer::interval(interval);
+    let mut round = 0u64;
+    loop {
+        tick.tick().await;
+        let (Some(set), Some(primary)) = (set.upgrade(), primary.upgrade()) else {
+            return;
+        };
+        let timeout = primary.settings.connect_timeout.max(interval);
+        if round.is_multiple_of(CATALOGUE_EVERY) || set.verdicts.functions_known() == 0 {
+            if let Ok(row) = primary_probe.row(FUNCTIONS, timeout).await {
+                let names: HashSet<String> = row
+                    .first()
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_default()
+                    .split(' ')
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                set.verdicts.set_functions(names);
+            }
+        }
+        round += 1;
+        let primary_lsn = match primary_probe.row(PRIMARY_CHECK, timeout).await {
+            Ok(row) => row.get(1).cloned().flatten().and_then(|l| parse_lsn(&l)),
+            Err(_) => None,
+        };
+        for (m, probe) in set.members.iter().zip(probes.iter_mut()) {
+            let r = probe.row(STANDBY_CHECK, timeout).await;
+            judge(&set, m, r, primary_lsn);
+        }
+    }
+}
+
+/// Updates a replica's state from its check.
+fn judge(
+    set: &ReplicaSet,
+    m: &Member,
+    r: Result<Vec<Option<String>>, ServerError>,
+    primary_lsn: Option<u64>,
+) {
+    let row = match r {
+        Ok(row) => row,
+        Err(e) => {
+            if m.role() != Role::Down {
+                tracing::warn!(pool = %m.pool.name, error = %crate::logsafe::Escaped(&e), "replica unreachable");
+            }
+            m.role.store(Role::Down as u8, Ordering::Relaxed);
+            m.ban(set.ban_ms(), "check failed");
+            return;
+        }
+    };
+    let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let role = if col(0) == "t" {
+        Role::Replica
+    } else {
+        Role::Primary
+    };
+    let was = Role::from_u8(m.role.swap(role as u8, Ordering::Relaxed));
+    if was != role {
+        tracing::info!(pool = %m.pool.name, from = was.label(), to = role.label(), "replica role");
+    }
+    let replayed = parse_lsn(&col(1));
+    let caught_up_locally = col(2) == "t";
+    let since_replay = col(3).parse::<f64>().unwrap_or(f64::INFINITY);
+    let bytes = match (primary_lsn, replayed) {
+        (Some(p), Some(r)) => Some(p.saturating_sub(r)),
+        _ => None,
+    };
+    // Behind in time only while something is left to replay: an idle primary sends
+    // nothing, and a standby with nothing to do is not late however long ago it last
+    // replayed.
+    let behind = bytes.is_none_or(|b| b > 0) || !caught_up_locally;
+    let ms = if behind {
+        (since_replay * 1000.0).min(u64::MAX as f64) as u64
+    } else {
+        0
+    };
+    m.lag_bytes.store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    m.lag_ms.store(ms, Ordering::Relaxed);
+    let limit = set.config.max_lag;
+    let lagging = limit.time.is_some_and(|t| ms > t.as_millis() as u64)
+        || limit.bytes.is_some_and(|b| bytes.is_some_and(|x| x > b));
+    if m.lagging.swap(lagging, Ordering::Relaxed) != lagging {
+        if lagging {
+            tracing::warn!(pool = %m.pool.name, lag_ms = ms, lag_bytes = bytes, "replica lags past max_replica_lag: no reads until it catches up");
+        } else {
+            tracing::info!(pool = %m.pool.name, lag_ms = ms, "replica caught up");
+        }
+    }
+}
+
+/// A WAL position as PostgreSQL writes it (`16/B374D848`).
+pub fn parse_lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lsn;
+
+    #[test]
+    fn wal_positions_read_as_numbers() {
+        assert_eq!(parse_lsn("0/0"), Some(0));
+        assert_eq!(parse_lsn("16/B374D848"), Some((0x16 << 32) | 0xB374D848));
+        assert_eq!(parse_lsn("x"), None);
+        assert_eq!(parse_lsn("1/zz"), None);
+    }
+}

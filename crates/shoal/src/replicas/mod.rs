@@ -1,0 +1,237 @@
+//! Read replicas behind a pool: which backend a transaction's server comes from.
+//!
+//! A pool whose database lists replicas has a [`ReplicaSet`]: one pool per replica (same
+//! user, same settings, its own `pool_size`), their health and lag as the checker last saw
+//! them ([`health`]), and the proof that a transaction only reads ([`verdicts`]). The
+//! session asks [`ReplicaSet::choose`] for a replica when its routing sends the transaction
+//! there; everything else (checkout, relay, checkin) is the pool's, unchanged. The primary
+//! pool stays the client's pool: its prepared-statement registry, metrics and fence are the
+//! ones the session uses, whichever backend runs a transaction.
+
+mod health;
+pub mod verdicts;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::clock;
+use crate::config::replicas::{ReadRouting, ReplicaFallback, ReplicaHost, Replicas};
+use crate::pool::Pool;
+
+/// What the checker last learnt of a backend's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    /// Not checked yet: gets no reads.
+    Unknown = 0,
+    /// In recovery (a standby): may get reads.
+    Replica = 1,
+    /// Not in recovery: a primary (a promoted replica gets no reads: it takes writes).
+    Primary = 2,
+    /// The last check could not reach it.
+    Down = 3,
+}
+
+impl Role {
+    fn from_u8(v: u8) -> Role {
+        match v {
+            1 => Role::Replica,
+            2 => Role::Primary,
+            3 => Role::Down,
+            _ => Role::Unknown,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Unknown => "unknown",
+            Role::Replica => "replica",
+            Role::Primary => "primary",
+            Role::Down => "down",
+        }
+    }
+}
+
+/// One replica: its pool and what is known of it.
+pub struct Member {
+    pub pool: Arc<Pool>,
+    pub host: ReplicaHost,
+    role: AtomicU8,
+    /// Lag past `max_replica_lag` at the last check.
+    lagging: AtomicBool,
+    /// No traffic until then ([`clock::now_ms`]; 0: not banned).
+    banned_until: AtomicU64,
+    /// WAL bytes behind the primary, and milliseconds behind, at the last check
+    /// (`u64::MAX`: not known).
+    pub lag_bytes: AtomicU64,
+    pub lag_ms: AtomicU64,
+    /// Transactions routed here.
+    pub reads: AtomicU64,
+    /// Times it was banned (a failed check, or a failure in real traffic).
+    pub bans: AtomicU64,
+}
+
+impl Member {
+    pub fn role(&self) -> Role {
+        Role::from_u8(self.role.load(Ordering::Relaxed))
+    }
+
+    pub fn lagging(&self) -> bool {
+        self.lagging.load(Ordering::Relaxed)
+    }
+
+    pub fn banned(&self, now_ms: u64) -> bool {
+        now_ms < self.banned_until.load(Ordering::Relaxed)
+    }
+
+    fn usable(&self, now_ms: u64) -> bool {
+        self.role() == Role::Replica && !self.lagging() && !self.banned(now_ms)
+    }
+
+    /// Gives the replica no traffic for `ban_ms` (its idle servers are closed: they failed,
+    /// or will be stale when it comes back).
+    pub fn ban(&self, ban_ms: u64, why: &str) {
+        let until = clock::now_ms() + ban_ms;
+        let was = self.banned_until.swap(until, Ordering::Relaxed);
+        if was <= clock::now_ms() {
+            self.bans.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pool = %self.pool.name, reason = why, ban_ms, "replica banned");
+            let pool = self.pool.clone();
+            crate::control::spawn(async move { pool.close_idle().await });
+        }
+    }
+}
+
+/// A pool's replicas.
+pub struct ReplicaSet {
+    pub config: Replicas,
+    pub members: Box<[Member]>,
+    /// Rotates the starting point among equally loaded replicas.
+    next: AtomicUsize,
+    /// Proofs that statement texts only read, and the functions the database knows as
+    /// non-volatile.
+    pub verdicts: verdicts::Verdicts,
+    /// The checker runs from the first use on (a node that only relays never starts it).
+    checker: OnceLock<()>,
+}
+
+/// Where a transaction should run.
+pub enum Target<'a> {
+    Primary,
+    Replica(&'a Member),
+    /// Reads must not go to the primary (`replica_fallback = "error"`) and no replica is
+    /// usable.
+    NoReplica,
+}
+
+impl ReplicaSet {
+    /// Replica pools for `primary`'s (database, user), made with its settings and
+    /// credentials.
+    pub fn new(primary: &Pool, config: Replicas) -> ReplicaSet {
+        let members = config
+            .hosts
+            .iter()
+            .map(|h| {
+                let mut upstream = primary.upstream.clone();
+                upstream.host = h.host.clone();
+                upstream.port = h.port;
+                let pool = Pool::new(
+                    format!("{}@{}:{}", primary.name, h.host, h.port),
+                    (
+                        format!("{}@{}:{}", primary.database(), h.host, h.port),
+                        primary.route_key.1.clone(),
+                    ),
+                    crate::prepared::StatementRegistry::sharing(Default::default()),
+                    primary.tenant.clone(),
+                    primary.settings.clone(),
+                    upstream,
+                );
+                Member {
+                    pool,
+                    host: h.clone(),
+                    role: AtomicU8::new(Role::Unknown as u8),
+                    lagging: AtomicBool::new(false),
+                    banned_until: AtomicU64::new(0),
+                    lag_bytes: AtomicU64::new(u64::MAX),
+                    lag_ms: AtomicU64::new(u64::MAX),
+                    reads: AtomicU64::new(0),
+                    bans: AtomicU64::new(0),
+                }
+            })
+            .collect();
+        ReplicaSet {
+            config,
+            members,
+            next: AtomicUsize::new(0),
+            verdicts: verdicts::Verdicts::default(),
+            checker: OnceLock::new(),
+        }
+    }
+
+    pub fn routing(&self) -> ReadRouting {
+        self.config.routing
+    }
+
+    /// Starts the checker of `primary`'s replicas, once.
+    pub fn start(self: &Arc<Self>, primary: &Arc<Pool>) {
+        self.checker.get_or_init(|| {
+            crate::control::spawn(health::run(Arc::downgrade(self), Arc::downgrade(primary)));
+        });
+    }
+
+    /// The replica a read should go to: the usable one with the fewest transactions
+    /// running per unit of weight, preferring `prefer_zone`; `NoReplica` or `Primary`
+    /// (by `replica_fallback`) when none is usable.
+    pub fn choose(&self, primary: &Pool) -> Target<'_> {
+        let now = clock::now_ms();
+        let n = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<(bool, u64, &Member)> = None;
+        for i in 0..n {
+            let m = &self.members[(start + i) % n];
+            if !m.usable(now) {
+                continue;
+            }
+            if !m.pool.fence.may_open() {
+                // A cluster node uses a pool's replicas where it owns the pool.
+                if primary.fence.owned() {
+                    m.pool.fence.own();
+                }
+                if !m.pool.fence.may_open() {
+                    continue;
+                }
+            }
+            let away = self
+                .config
+                .zone
+                .as_ref()
+                .is_some_and(|z| m.host.zone.as_ref() != Some(z));
+            let load = (m.pool.in_use() as u64 + 1) * 1_000_000 / m.host.weight as u64;
+            if best.is_none_or(|(b_away, b_load, _)| (away, load) < (b_away, b_load)) {
+                best = Some((away, load, m));
+            }
+        }
+        match best {
+            Some((_, _, m)) => {
+                m.reads.fetch_add(1, Ordering::Relaxed);
+                Target::Replica(m)
+            }
+            None if self.config.fallback == ReplicaFallback::Error => Target::NoReplica,
+            None => Target::Primary,
+        }
+    }
+
+    /// The ban a failure earns.
+    pub fn ban_ms(&self) -> u64 {
+        self.config.ban_time.as_millis() as u64
+    }
+
+    /// The primary pool stopped being owned here (cluster): its replicas' servers go too.
+    pub async fn fence(&self) {
+        for m in self.members.iter() {
+            m.pool.fence.close();
+            m.pool.server_fds.shut_reads();
+            m.pool.close_idle().await;
+        }
+    }
+}

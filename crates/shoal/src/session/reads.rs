@@ -1,0 +1,124 @@
+//! Sessions of a pool with read replicas: which backend runs the client's next unit of
+//! work, and the guard that keeps a replica's transaction to what was proven to read.
+//!
+//! With `read_routing = "split"` a transaction goes to a replica only when its first unit
+//! (a Query, or extended messages up to their Sync) is wholly buffered and proven
+//! read-only. While it runs there, each further unit is proven before it is passed on; one
+//! that is not stays in the client's buffer (`Outbound::held`), the transaction ends at its
+//! boundary, and that unit starts the next transaction, on the primary. Inside a block the
+//! client opened `READ ONLY`, its statements pass as they are: PostgreSQL holds the client
+//! to that promise on any backend.
+
+use std::sync::Arc;
+
+use shoal_wire::frontend::tag as fe;
+use shoal_wire::sqlstate;
+
+use super::flow::Flow;
+use super::outbound::Outbound;
+use super::Session;
+use crate::config::replicas::ReadRouting;
+use crate::error::ErrorKind;
+use crate::pool::Pool;
+use crate::prepared::ClientStatements;
+use crate::replicas::verdicts::Unit;
+use crate::replicas::Target;
+
+/// [`Outbound::cleared`] of a unit passed whole (inside a `READ ONLY` block).
+const UNTIL_UNIT_END: u32 = u32::MAX;
+
+/// Where the client's next transaction runs.
+pub(super) enum Backend {
+    Primary,
+    Replica(Arc<Pool>),
+    /// A read with no replica usable, and `replica_fallback = "error"`.
+    NoReplica,
+}
+
+impl Session {
+    /// The backend for the unit at the head of the client's buffer.
+    pub(super) fn backend(&self) -> Backend {
+        let Some(set) = self.pool.replicas() else {
+            return Backend::Primary;
+        };
+        set.start(&self.pool);
+        let read = match set.routing() {
+            ReadRouting::Primary => false,
+            ReadRouting::Replicas => true,
+            ReadRouting::Split => matches!(
+                unit(&self.pool, &self.cbuf, self.statements.as_deref()),
+                Unit::Reads { .. }
+            ),
+        };
+        if !read {
+            return Backend::Primary;
+        }
+        match set.choose(&self.pool) {
+            Target::Replica(m) => Backend::Replica(m.pool.clone()),
+            Target::Primary => Backend::Primary,
+            Target::NoReplica => Backend::NoReplica,
+        }
+    }
+
+    /// Bans the replica `pool` after a failure in real traffic.
+    pub(super) fn ban_replica(&self, pool: &Arc<Pool>) {
+        if let Some(set) = self.pool.replicas() {
+            if let Some(m) = set.members.iter().find(|m| Arc::ptr_eq(&m.pool, pool)) {
+                m.ban(set.ban_ms(), "unavailable to a client");
+            }
+        }
+    }
+
+    /// Tells a client whose read found no usable replica (with `replica_fallback =
+    /// "error"`).
+    pub(super) async fn refuse_read(&mut self) -> Result<(), super::SessionError> {
+        self.app.metrics.rejected(ErrorKind::ServerUnavailable);
+        self.fail_unit(
+            sqlstate::CONNECTION_FAILURE,
+            &format!(
+                "pool \"{}\": no read replica is usable now (all down, banned or lagging past max_replica_lag) and replica_fallback = \"error\"",
+                self.pool.name
+            ),
+        )
+        .await
+    }
+}
+
+/// What the unit at the head of `buf` (the client's buffered messages) comes to.
+fn unit(pool: &Pool, buf: &[u8], statements: Option<&ClientStatements>) -> Unit {
+    let Some(set) = pool.replicas() else {
+        return Unit::Writes;
+    };
+    set.verdicts
+        .unit(buf, |name| statements.and_then(|s| s.text_of(name)))
+}
+
+/// Whether the client message at the head of `buf` (with type `tag`) may go to the replica
+/// this transaction runs on (`Outbound::reads_only`). False holds it for the primary.
+pub(super) fn replica_may_take(
+    pool: &Pool,
+    buf: &[u8],
+    statements: Option<&ClientStatements>,
+    tag: u8,
+    flow: &Flow,
+    out: &mut Outbound,
+) -> bool {
+    if out.cleared == 0 {
+        if flow.is_idle() && flow.status != b'I' {
+            out.cleared = UNTIL_UNIT_END;
+        } else {
+            match unit(pool, buf, statements) {
+                Unit::Reads { messages } => out.cleared = messages,
+                Unit::Writes | Unit::Incomplete => return false,
+            }
+        }
+    }
+    if out.cleared == UNTIL_UNIT_END {
+        if matches!(tag, fe::SYNC | fe::QUERY | fe::FUNCTION_CALL) {
+            out.cleared = 0;
+        }
+    } else {
+        out.cleared -= 1;
+    }
+    true
+}
