@@ -145,7 +145,11 @@ impl MaxLagSection {
                 "kB" | "KB" => lag.bytes = Some((n * 1024.0) as u64),
                 "MB" => lag.bytes = Some((n * 1024.0 * 1024.0) as u64),
                 "GB" => lag.bytes = Some((n * 1024.0 * 1024.0 * 1024.0) as u64),
-                _ => return Err(format!("\"{unit}\" is not a unit (ms, s, m, B, kB, MB, GB)")),
+                _ => {
+                    return Err(format!(
+                        "\"{unit}\" is not a unit (ms, s, m, B, kB, MB, GB)"
+                    ))
+                }
             }
         }
         Ok(lag)
@@ -200,14 +204,21 @@ pub fn validate(section: &str, d: &super::DatabaseSection) -> Result<Replicas, S
     let secs = |key: &str, v: Option<f64>, default: f64, min: f64| match v {
         None => Ok(Duration::from_secs_f64(default)),
         Some(s) if s.is_finite() && s >= min => Ok(Duration::from_secs_f64(s)),
-        Some(_) => Err(format!("{section}.{key} must be a number of seconds ≥ {min}")),
+        Some(_) => Err(format!(
+            "{section}.{key} must be a number of seconds ≥ {min}"
+        )),
     };
     Ok(Replicas {
         hosts: out,
         routing,
         max_lag,
         fallback: d.replica_fallback.unwrap_or_default(),
-        check_interval: secs("replica_check_interval", d.replica_check_interval, 1.0, 0.05)?,
+        check_interval: secs(
+            "replica_check_interval",
+            d.replica_check_interval,
+            1.0,
+            0.05,
+        )?,
         ban_time: secs("replica_ban_time", d.replica_ban_time, 10.0, 0.0)?,
         zone: d.prefer_zone.clone(),
     })

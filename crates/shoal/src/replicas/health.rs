@@ -1,10 +1,16 @@
 //! The checker of a pool's replicas: on each `replica_check_interval`, every replica's role
 //! (`pg_is_in_recovery()`) and replay position, the primary's WAL position, and from them
 //! each replica's lag; now and then the primary's catalogue of non-volatile functions.
+//!
+//! Lag in time is how old the state a replica shows is: the time since the primary was at
+//! the position the replica has replayed, from the primary positions this checker saw
+//! (so within one check interval). PostgreSQL's `pg_last_xact_replay_timestamp()` would
+//! call a replica of an idle primary late, and any write after a quiet minute a minute
+//! late.
 //! Runs on the control runtime, one connection per backend kept open between checks (as
 //! the pool's user, so it sees what the pool's servers see).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
@@ -13,13 +19,9 @@ use super::{Member, ReplicaSet, Role};
 use crate::pool::Pool;
 use crate::server::{ServerConn, ServerError, Upstream};
 
-/// What a standby reports of itself: whether it is one, how far it has replayed, whether it
-/// has replayed all it received, and seconds since the last transaction it replayed
-/// committed on the primary.
-const STANDBY_CHECK: &str = "SELECT pg_is_in_recovery(), \
-     COALESCE(pg_last_wal_replay_lsn(), '0/0')::text, \
-     pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn(), \
-     COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp()), 0)::float8::text";
+/// What a standby reports of itself: whether it is one, and how far it has replayed.
+const STANDBY_CHECK: &str =
+    "SELECT pg_is_in_recovery(), COALESCE(pg_last_wal_replay_lsn(), '0/0')::text";
 
 /// The primary's WAL position (on a standby, nothing: it is no primary).
 const PRIMARY_CHECK: &str = "SELECT pg_is_in_recovery(), \
@@ -90,6 +92,7 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
     };
     let mut tick = crate::timer::interval(interval);
     let mut round = 0u64;
+    let mut seen = Positions::default();
     loop {
         tick.tick().await;
         let (Some(set), Some(primary)) = (set.upgrade(), primary.upgrade()) else {
@@ -115,10 +118,56 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
             Ok(row) => row.get(1).cloned().flatten().and_then(|l| parse_lsn(&l)),
             Err(_) => None,
         };
+        if let Some(lsn) = primary_lsn {
+            seen.note(crate::clock::now_ms(), lsn);
+        }
         for (m, probe) in set.members.iter().zip(probes.iter_mut()) {
             let r = probe.row(STANDBY_CHECK, timeout).await;
-            judge(&set, m, r, primary_lsn);
+            judge(&set, m, r, &seen);
         }
+        set.note_checked();
+    }
+}
+
+/// The primary's WAL positions as the checker saw them, oldest first, for telling how old a
+/// replica's state is.
+#[derive(Default)]
+struct Positions(VecDeque<(u64, u64)>);
+
+/// Positions kept: enough for the longest lag worth telling apart at a fine interval.
+const POSITIONS_KEPT: usize = 4096;
+
+impl Positions {
+    fn note(&mut self, at_ms: u64, lsn: u64) {
+        if self.0.back().is_some_and(|&(_, l)| l == lsn) {
+            // Nothing written since: the last position is still the primary's.
+            return;
+        }
+        if self.0.len() == POSITIONS_KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back((at_ms, lsn));
+    }
+
+    /// How far behind a replica that replayed up to `replayed` is: WAL bytes, and
+    /// milliseconds since the primary moved past that position (`None` each when the
+    /// primary's position is not known).
+    fn lag(&self, replayed: u64, now_ms: u64) -> (Option<u64>, Option<u64>) {
+        let Some(&(_, newest)) = self.0.back() else {
+            return (None, None);
+        };
+        if replayed >= newest {
+            return (Some(0), Some(0));
+        }
+        // The first position past what the replica replayed: the primary got there then,
+        // so the replica's state is at least that old.
+        let since = self
+            .0
+            .iter()
+            .find(|&&(_, lsn)| lsn > replayed)
+            .map(|&(at, _)| at)
+            .unwrap_or(now_ms);
+        (Some(newest - replayed), Some(now_ms.saturating_sub(since)))
     }
 }
 
@@ -127,7 +176,7 @@ fn judge(
     set: &ReplicaSet,
     m: &Member,
     r: Result<Vec<Option<String>>, ServerError>,
-    primary_lsn: Option<u64>,
+    seen: &Positions,
 ) {
     let row = match r {
         Ok(row) => row,
@@ -150,26 +199,17 @@ fn judge(
     if was != role {
         tracing::info!(pool = %m.pool.name, from = was.label(), to = role.label(), "replica role");
     }
-    let replayed = parse_lsn(&col(1));
-    let caught_up_locally = col(2) == "t";
-    let since_replay = col(3).parse::<f64>().unwrap_or(f64::INFINITY);
-    let bytes = match (primary_lsn, replayed) {
-        (Some(p), Some(r)) => Some(p.saturating_sub(r)),
-        _ => None,
+    let (bytes, ms) = match parse_lsn(&col(1)) {
+        Some(replayed) => seen.lag(replayed, crate::clock::now_ms()),
+        None => (None, None),
     };
-    // Behind in time only while something is left to replay: an idle primary sends
-    // nothing, and a standby with nothing to do is not late however long ago it last
-    // replayed.
-    let behind = bytes.is_none_or(|b| b > 0) || !caught_up_locally;
-    let ms = if behind {
-        (since_replay * 1000.0).min(u64::MAX as f64) as u64
-    } else {
-        0
-    };
-    m.lag_bytes.store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
-    m.lag_ms.store(ms, Ordering::Relaxed);
+    m.lag_bytes
+        .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    m.lag_ms.store(ms.unwrap_or(u64::MAX), Ordering::Relaxed);
     let limit = set.config.max_lag;
-    let lagging = limit.time.is_some_and(|t| ms > t.as_millis() as u64)
+    let lagging = limit
+        .time
+        .is_some_and(|t| ms.is_some_and(|x| x > t.as_millis() as u64))
         || limit.bytes.is_some_and(|b| bytes.is_some_and(|x| x > b));
     if m.lagging.swap(lagging, Ordering::Relaxed) != lagging {
         if lagging {
@@ -188,7 +228,25 @@ pub fn parse_lsn(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_lsn;
+    use super::{parse_lsn, Positions};
+
+    #[test]
+    fn lag_is_the_age_of_the_state_a_replica_shows() {
+        let mut p = Positions::default();
+        assert_eq!(p.lag(5, 1000), (None, None), "primary not seen yet");
+        p.note(1000, 100);
+        p.note(1100, 100);
+        p.note(2000, 300);
+        p.note(3000, 500);
+        // Caught up: no lag, however long ago the primary last wrote.
+        assert_eq!(p.lag(500, 60_000), (Some(0), Some(0)));
+        // At 300: the primary moved past it at 3000.
+        assert_eq!(p.lag(300, 3500), (Some(200), Some(500)));
+        // Between 100 and 300: behind since the primary passed 100 (at 2000).
+        assert_eq!(p.lag(150, 3500), (Some(350), Some(1500)));
+        // Older than anything seen: at least as old as the oldest position.
+        assert_eq!(p.lag(50, 3500), (Some(450), Some(2500)));
+    }
 
     #[test]
     fn wal_positions_read_as_numbers() {

@@ -113,6 +113,9 @@ pub struct ReplicaSet {
     pub verdicts: verdicts::Verdicts,
     /// The checker runs from the first use on (a node that only relays never starts it).
     checker: OnceLock<()>,
+    /// Set once the checker has looked at every replica (before, none is known usable).
+    checked: AtomicBool,
+    first_check: tokio::sync::Notify,
 }
 
 /// Where a transaction should run.
@@ -165,6 +168,8 @@ impl ReplicaSet {
             next: AtomicUsize::new(0),
             verdicts: verdicts::Verdicts::default(),
             checker: OnceLock::new(),
+            checked: AtomicBool::new(false),
+            first_check: tokio::sync::Notify::new(),
         }
     }
 
@@ -177,6 +182,32 @@ impl ReplicaSet {
         self.checker.get_or_init(|| {
             crate::control::spawn(health::run(Arc::downgrade(self), Arc::downgrade(primary)));
         });
+    }
+
+    /// Whether every replica has been checked once.
+    pub fn checked(&self) -> bool {
+        self.checked.load(Ordering::Acquire)
+    }
+
+    /// Waits (up to `limit`) for the first check of every replica, so that the first reads
+    /// after a start are routed by what is known rather than all sent to the primary.
+    pub async fn first_check(&self, limit: std::time::Duration) {
+        let wait = async {
+            loop {
+                let notified = self.first_check.notified();
+                if self.checked() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = crate::timer::timeout(limit, wait).await;
+    }
+
+    fn note_checked(&self) {
+        if !self.checked.swap(true, Ordering::AcqRel) {
+            self.first_check.notify_waiters();
+        }
     }
 
     /// The replica a read should go to: the usable one with the fewest transactions

@@ -15,10 +15,12 @@ const REMEMBERED: usize = 8192;
 /// Texts longer than this are parsed each time rather than kept.
 const LONGEST_KEPT: usize = 16 * 1024;
 
+/// Statement text → its proof (`None`: it may write).
+type Proofs = HashMap<Box<[u8]>, Option<Arc<Reads>>>;
+
 #[derive(Default)]
 pub struct Verdicts {
-    /// Statement text → its proof (`None`: it may write).
-    known: Mutex<HashMap<Box<[u8]>, Option<Arc<Reads>>>>,
+    known: Mutex<Proofs>,
     /// Function names (unqualified) whose every overload, in every schema, is `STABLE` or
     /// `IMMUTABLE`, as the primary's catalogue last said; empty until first read, when any
     /// function call goes to the primary.
@@ -73,7 +75,7 @@ impl Verdicts {
         proof
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<[u8]>, Option<Arc<Reads>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Proofs> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -95,11 +97,7 @@ impl Verdicts {
     /// The unit of work at the head of `buf` (whole messages): a simple Query alone, or
     /// extended-protocol messages up to and including their Sync. `statement_text` gives
     /// the text of a statement prepared before (by client name; `""` is the unnamed one).
-    pub fn unit<'s>(
-        &self,
-        buf: &[u8],
-        statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>,
-    ) -> Unit {
+    pub fn unit<'s>(&self, buf: &[u8], statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>) -> Unit {
         // Statements parsed inside this unit, by name: a Bind may use one before the
         // client's statement list has it.
         let mut parsed: Vec<(&[u8], bool)> = Vec::new();
@@ -108,8 +106,8 @@ impl Verdicts {
         let mut reads = true;
         while at + HEADER_LEN <= buf.len() {
             let tag = buf[at];
-            let len = u32::from_be_bytes([buf[at + 1], buf[at + 2], buf[at + 3], buf[at + 4]])
-                as usize;
+            let len =
+                u32::from_be_bytes([buf[at + 1], buf[at + 2], buf[at + 3], buf[at + 4]]) as usize;
             let end = at + 1 + len;
             if len < 4 || end > buf.len() {
                 break;
@@ -187,8 +185,14 @@ mod tests {
             b.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
             b.extend_from_slice(body);
         };
-        msg(fe::PARSE, &[name.as_bytes(), b"\0", sql.as_bytes(), b"\0\0\0"].concat());
-        msg(fe::BIND, &[b"\0", name.as_bytes(), b"\0\0\0\0\0\0\0"].concat());
+        msg(
+            fe::PARSE,
+            &[name.as_bytes(), b"\0", sql.as_bytes(), b"\0\0\0"].concat(),
+        );
+        msg(
+            fe::BIND,
+            &[b"\0", name.as_bytes(), b"\0\0\0\0\0\0\0"].concat(),
+        );
         msg(fe::EXECUTE, b"\0\0\0\0\0");
         msg(fe::SYNC, b"");
         b
@@ -202,7 +206,10 @@ mod tests {
             v.unit(&query("SELECT 1"), none),
             Unit::Reads { messages: 1 }
         );
-        assert_eq!(v.unit(&query("INSERT INTO t VALUES (1)"), none), Unit::Writes);
+        assert_eq!(
+            v.unit(&query("INSERT INTO t VALUES (1)"), none),
+            Unit::Writes
+        );
         assert_eq!(
             v.unit(&extended("SELECT $1", "s1"), none),
             Unit::Reads { messages: 4 }
@@ -218,7 +225,10 @@ mod tests {
         assert_eq!(v.unit(&mixed, none), Unit::Writes);
         // Not all here yet: no decision.
         let partial = extended("SELECT 1", "");
-        assert_eq!(v.unit(&partial[..partial.len() - 5], none), Unit::Incomplete);
+        assert_eq!(
+            v.unit(&partial[..partial.len() - 5], none),
+            Unit::Incomplete
+        );
         // The first unit only: what follows its end is the next one's.
         let two = [query("SELECT 1"), query("DELETE FROM t")].concat();
         assert_eq!(v.unit(&two, none), Unit::Reads { messages: 1 });
@@ -229,7 +239,7 @@ mod tests {
         let v = Verdicts::default();
         let mut bind = Vec::new();
         bind.push(fe::BIND);
-        bind.extend_from_slice(&(4 + 8u32 + 2).to_be_bytes());
+        bind.extend_from_slice(&(4 + 9u32).to_be_bytes());
         bind.extend_from_slice(b"\0w\0\0\0\0\0\0\0");
         bind.extend_from_slice(&[fe::SYNC, 0, 0, 0, 4]);
         let write = |n: &[u8]| (n == b"w").then_some(&b"DELETE FROM t"[..]);

@@ -584,6 +584,13 @@ impl Session {
     /// A server that fails before anything of the client's reached it is replaced once.
     /// `None` when the failure was reported to the client instead.
     async fn attach(&mut self) -> Result<Option<Lease>, SessionError> {
+        if let Some(set) = self.pool.replicas() {
+            if set.routing() != crate::config::replicas::ReadRouting::Primary && !set.checked() {
+                set.start(&self.pool);
+                let limit = self.pool.settings.connect_timeout;
+                Box::pin(set.first_check(limit)).await;
+            }
+        }
         let mut attempts = 0;
         loop {
             attempts += 1;

@@ -23,14 +23,14 @@ use super::flow::Flow;
 use super::hooks::{HookCx, Hooks, PassThrough, Prepared};
 use super::outbound::{stream_some, stream_start, ClientSink, Outbound};
 use super::{Session, SessionError};
-use crate::net::poll_read_buf;
 use crate::config::replicas::ReadRouting;
+use crate::net::poll_read_buf;
 use crate::pool::Lease;
-use std::sync::Arc;
 use crate::prepared::Expect;
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
+use std::sync::Arc;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
@@ -516,7 +516,10 @@ impl Session {
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
         out.reads_only = policy.per_transaction()
             && !Arc::ptr_eq(lease.pool(), &self.pool)
-            && self.pool.replicas().is_some_and(|r| r.routing() == ReadRouting::Split);
+            && self
+                .pool
+                .replicas()
+                .is_some_and(|r| r.routing() == ReadRouting::Split);
         let server: &mut ServerConn = lease;
         // Boxed apart from each other would cost an allocation per transaction: the two
         // loops are two instances of one generic function instead.

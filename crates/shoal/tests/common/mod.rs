@@ -10,6 +10,8 @@ pub mod etcd;
 pub mod fake_pg;
 pub mod raw;
 #[allow(dead_code)]
+pub mod replication;
+#[allow(dead_code)]
 pub mod traffic;
 
 use std::io::{BufRead, BufReader};
@@ -158,7 +160,8 @@ impl Pg {
         );
         let hba = "host all md5user 127.0.0.1/32 md5\n\
                    host all plainuser 127.0.0.1/32 password\n\
-                   host all all 127.0.0.1/32 scram-sha-256\n";
+                   host all all 127.0.0.1/32 scram-sha-256\n\
+                   host replication postgres 127.0.0.1/32 scram-sha-256\n";
         std::fs::write(dir.join("db/pg_hba.conf"), hba).unwrap();
         CLUSTERS.lock().unwrap().push((bin.clone(), dir.clone()));
         stop_at_exit();

@@ -1,0 +1,99 @@
+//! A primary with streaming replicas on loopback, made as an operator would: `initdb` for the
+//! primary, `pg_basebackup -R` for each standby.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{free_port, is_root, pg_command, Pg, CLUSTERS};
+
+/// Server options a primary needs to stream to standbys.
+const PRIMARY_OPTS: &str =
+    "-c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=256MB -c hot_standby=on";
+
+pub struct Replicated {
+    pub primary: Pg,
+    pub replicas: Vec<Pg>,
+}
+
+impl Replicated {
+    /// A primary and `n` streaming replicas, each caught up.
+    pub fn start(n: usize) -> Replicated {
+        let primary = Pg::start_with(free_port(), &[], PRIMARY_OPTS);
+        let replicas = (0..n).map(|_| standby_of(&primary)).collect();
+        let r = Replicated { primary, replicas };
+        r.wait_caught_up();
+        r
+    }
+
+    /// Waits until every running replica has replayed all the primary has written.
+    pub fn wait_caught_up(&self) {
+        let target = self.primary.psql_admin("SELECT pg_current_wal_lsn()");
+        for r in &self.replicas {
+            wait_replayed(r, &target);
+        }
+    }
+}
+
+/// Waits until `replica` has replayed up to `lsn`.
+pub fn wait_replayed(replica: &Pg, lsn: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let behind = replica.psql_admin(&format!(
+            "SELECT pg_wal_lsn_diff('{lsn}', COALESCE(pg_last_wal_replay_lsn(), '0/0')) > 0"
+        ));
+        if behind == "f" {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica on port {} never caught up",
+            replica.port
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A hot standby of `primary`, streaming from it.
+fn standby_of(primary: &Pg) -> Pg {
+    let dir = tempfile::Builder::new()
+        .prefix("shoal-test-replica")
+        .tempdir_in("/tmp")
+        .expect("temp dir")
+        .keep();
+    if is_root() {
+        Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .expect("chown");
+    }
+    let out = pg_command(&primary.bin("pg_basebackup"))
+        .arg("-d")
+        .arg(format!(
+            "host=127.0.0.1 port={} user=postgres password=postgres",
+            primary.port
+        ))
+        .arg("-D")
+        .arg(dir.join("db"))
+        .args(["-R", "-X", "stream", "--no-sync", "-c", "fast"])
+        .output()
+        .expect("pg_basebackup runs");
+    assert!(
+        out.status.success(),
+        "pg_basebackup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    CLUSTERS
+        .lock()
+        .unwrap()
+        .push((primary.bin.clone(), dir.clone()));
+    let replica = Pg {
+        port: free_port(),
+        dir,
+        bin: primary.bin.clone(),
+        extra_opts:
+            "-c hot_standby=on -c hot_standby_feedback=on -c wal_receiver_status_interval=1".into(),
+    };
+    replica.pg_ctl_start();
+    replica
+}

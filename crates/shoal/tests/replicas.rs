@@ -1,0 +1,372 @@
+//! Read replicas against real streaming replication: a primary and two hot standbys made
+//! with `pg_basebackup -R`, Shoal splitting reads from writes in front of them. Which
+//! backend ran a statement is read from `inet_server_port()` (a stable function, so a
+//! read may go to a replica).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use common::raw::{self, Raw};
+use common::replication::Replicated;
+use common::*;
+
+/// Shoal in front of `r`'s primary for `db`, with its replicas and `keys` in the database's
+/// section.
+fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
+    let replicas: Vec<String> = r
+        .replicas
+        .iter()
+        .map(|p| format!("{{ host = \"127.0.0.1\", port = {} }}", p.port))
+        .collect();
+    let base = base_config(&r.primary, &[db], "");
+    let section = format!("port = {}\n", r.primary.port);
+    let config = base.replacen(
+        &section,
+        &format!(
+            "{section}replicas = [{}]\nreplica_check_interval = 0.1\nreplica_ban_time = 0.5\n{keys}\n",
+            replicas.join(", ")
+        ),
+        1,
+    );
+    Shoal::start(&config)
+}
+
+/// A primary with two replicas and a database `db` with table `t` on all three.
+fn cluster(db: &str) -> Replicated {
+    let r = Replicated::start(2);
+    r.primary.create_database(db);
+    let conn = format!(
+        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
+        r.primary.port
+    );
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &conn, "-c"])
+        .arg("CREATE TABLE t (id serial PRIMARY KEY, v int NOT NULL); CREATE SEQUENCE s;")
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r.wait_caught_up();
+    r
+}
+
+async fn port_of(c: &tokio_postgres::Client) -> u16 {
+    let row = c.query_one("SELECT inet_server_port()", &[]).await.unwrap();
+    row.get::<_, i32>(0) as u16
+}
+
+/// Waits until reads through `c` reach a replica (the first checks have run).
+async fn until_reads_reach_replicas(r: &Replicated, c: &tokio_postgres::Client) {
+    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !replica_ports.contains(&port_of(c).await) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never reached a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn spread(c: &tokio_postgres::Client, n: usize) -> HashMap<u16, usize> {
+    let mut by_port = HashMap::new();
+    for _ in 0..n {
+        *by_port.entry(port_of(c).await).or_insert(0) += 1;
+    }
+    by_port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
+    let db = unique_db("split");
+    let r = cluster(&db);
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let by_port = spread(&c, 60).await;
+    for p in &r.replicas {
+        assert!(
+            by_port.get(&p.port).copied().unwrap_or(0) > 0,
+            "{by_port:?}"
+        );
+    }
+    assert_eq!(by_port.get(&r.primary.port), None, "{by_port:?}");
+
+    // Every kind of statement that writes, or might: each must run (a replica would refuse
+    // it with 25006), so each reached the primary.
+    let writes = [
+        "INSERT INTO t (v) VALUES (1)",
+        "UPDATE t SET v = v + 1 WHERE id = 1",
+        "WITH d AS (DELETE FROM t WHERE v < 0 RETURNING id) SELECT count(*) FROM d",
+        "WITH i AS (INSERT INTO t (v) VALUES (2) RETURNING id) SELECT id FROM i",
+        "SELECT * FROM t FOR UPDATE",
+        "SELECT * FROM t FOR SHARE",
+        "SELECT nextval('s')",
+        "SELECT setval('s', 10)",
+        "SELECT pg_advisory_lock(7), pg_advisory_unlock(7)",
+        "SELECT * INTO TEMP tt FROM t",
+        "CREATE TEMP TABLE tmp (a int)",
+        "BEGIN; SELECT 1; COMMIT",
+        "SELECT 1; INSERT INTO t (v) VALUES (3)",
+        "LISTEN ch; UNLISTEN ch",
+        "SELECT set_config('app.x', '1', false)",
+        "CREATE TABLE t2 (a int); DROP TABLE t2",
+        "TRUNCATE t2_missing_is_an_error_not_a_write",
+    ];
+    for sql in writes {
+        match c.simple_query(sql).await {
+            Ok(_) => {}
+            Err(e) if sql.starts_with("TRUNCATE") => assert_eq!(code(&e), "42P01"),
+            Err(e) => panic!("{sql}: {e:?}"),
+        }
+    }
+    // The extended protocol too, with parameters.
+    c.execute("INSERT INTO t (v) VALUES ($1)", &[&4i32])
+        .await
+        .unwrap();
+    let tx = c.query_one("SELECT nextval('s')", &[]).await.unwrap();
+    assert!(tx.get::<_, i64>(0) > 10);
+    // An explicit transaction without READ ONLY stays on the primary, reads included.
+    c.simple_query("BEGIN").await.unwrap();
+    assert_eq!(port_of(&c).await, r.primary.port);
+    c.execute("INSERT INTO t (v) VALUES (5)", &[])
+        .await
+        .unwrap();
+    c.simple_query("COMMIT").await.unwrap();
+    // One declared READ ONLY may run on a replica.
+    c.simple_query("BEGIN READ ONLY").await.unwrap();
+    let in_block = port_of(&c).await;
+    assert_ne!(in_block, r.primary.port);
+    assert_eq!(port_of(&c).await, in_block, "one transaction, one server");
+    c.simple_query("COMMIT").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_pipelined_behind_a_read_waits_for_the_primary() {
+    let db = unique_db("pipeline");
+    let r = cluster(&db);
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let mut raw = Raw::login(s.addr, "raw", &db, &[]).await;
+    let mut on_replicas = 0;
+    for round in 0..20 {
+        // A read and a write in one packet, simple and extended: the write must not ride
+        // along to the replica the read went to.
+        let mut b = BytesMut::new();
+        raw::query(&mut b, "SELECT inet_server_port()");
+        raw::query(
+            &mut b,
+            &format!("INSERT INTO t (v) VALUES ({round}) RETURNING inet_server_port()"),
+        );
+        raw::parse(&mut b, "", "SELECT inet_server_port()");
+        raw::bind(&mut b, "", "", &[]);
+        raw::execute(&mut b, "");
+        raw::sync(&mut b);
+        raw::parse(
+            &mut b,
+            "",
+            "UPDATE t SET v = v WHERE id = 1 RETURNING inet_server_port()",
+        );
+        raw::bind(&mut b, "", "", &[]);
+        raw::execute(&mut b, "");
+        raw::sync(&mut b);
+        raw.send(&b).await;
+        let mut ports = Vec::new();
+        for _ in 0..4 {
+            for m in raw.until_ready().await {
+                assert_ne!(m.tag, 'E', "round {round}: {}", m.text());
+                if m.tag == 'D' {
+                    ports.push(raw::first_column(&m).parse::<u16>().unwrap());
+                }
+            }
+        }
+        assert_eq!(ports.len(), 4, "{ports:?}");
+        assert_eq!(
+            ports[1], r.primary.port,
+            "the INSERT ran on the primary: {ports:?}"
+        );
+        assert_eq!(
+            ports[3], r.primary.port,
+            "the UPDATE ran on the primary: {ports:?}"
+        );
+        // (The read behind the INSERT may run on the primary: a transaction there takes
+        // what is pipelined behind it.)
+        if ports[0] != r.primary.port {
+            on_replicas += 1;
+        }
+    }
+    assert!(
+        on_replicas > 0,
+        "the reads ahead of the writes went to replicas"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_gets_no_reads_until_it_catches_up() {
+    let db = unique_db("lag");
+    let r = cluster(&db);
+    let s = shoal(
+        &r,
+        &db,
+        "read_routing = \"split\"\nmax_replica_lag = \"300ms\"",
+    );
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let (paused, live) = (&r.replicas[0], &r.replicas[1]);
+    paused.psql_admin("SELECT pg_wal_replay_pause()");
+    c.execute("INSERT INTO t (v) VALUES (1)", &[])
+        .await
+        .unwrap();
+    // Within a few checks the paused replica is past its limit and gets nothing.
+    eventually(
+        "the paused replica is banned for lag",
+        Duration::from_secs(10),
+        || s.log_contains("replica lags past max_replica_lag"),
+    )
+    .await;
+    let by_port = spread(&c, 40).await;
+    assert_eq!(by_port.get(&paused.port), None, "{by_port:?}");
+    assert!(
+        by_port.get(&live.port).copied().unwrap_or(0) > 0,
+        "{by_port:?}"
+    );
+    // The row written is there in every read (the live replica has it).
+    for _ in 0..10 {
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM t", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1);
+    }
+    paused.psql_admin("SELECT pg_wal_replay_resume()");
+    eventually("the replica caught up", Duration::from_secs(10), || {
+        s.log_contains("replica caught up")
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while port_of(&c).await != paused.port {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never came back"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_down_is_left_out_and_taken_back() {
+    let db = unique_db("down");
+    let r = cluster(&db);
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let (down, live) = (&r.replicas[0], &r.replicas[1]);
+    down.stop();
+    // No read fails: the first client to find it down bans it and goes elsewhere.
+    let by_port = spread(&c, 40).await;
+    assert_eq!(by_port.get(&down.port), None, "{by_port:?}");
+    assert!(
+        by_port.get(&live.port).copied().unwrap_or(0) > 0,
+        "{by_port:?}"
+    );
+    down.pg_ctl_start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while port_of(&c).await != down.port {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // With both replicas down, reads go to the primary (replica_fallback = "primary").
+    down.stop();
+    live.stop();
+    for _ in 0..5 {
+        assert_eq!(port_of(&c).await, r.primary.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_and_sets_follow_the_client_across_the_split() {
+    let db = unique_db("follow");
+    let r = cluster(&db);
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    c.simple_query("SET application_name = 'split-test'")
+        .await
+        .unwrap();
+    let read = c
+        .prepare("SELECT inet_server_port(), current_setting('application_name')")
+        .await
+        .unwrap();
+    let write = c
+        .prepare("INSERT INTO t (v) VALUES ($1) RETURNING inet_server_port()")
+        .await
+        .unwrap();
+    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..30 {
+        let row = c.query_one(&read, &[]).await.unwrap();
+        let port = row.get::<_, i32>(0) as u16;
+        assert!(replica_ports.contains(&port), "read on {port}");
+        assert_eq!(row.get::<_, String>(1), "split-test");
+        seen.insert(port);
+        let row = c.query_one(&write, &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0) as u16, r.primary.port);
+    }
+    assert_eq!(seen.len(), 2, "both replicas served the prepared read");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_routing_sends_everything_to_replicas_and_errors_without_them() {
+    let db = unique_db("ro");
+    let r = cluster(&db);
+    let s = shoal(
+        &r,
+        &db,
+        "read_routing = \"replicas\"\nreplica_fallback = \"error\"",
+    );
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    // A write reaches a replica, which refuses it as PostgreSQL does.
+    let e = c
+        .execute("INSERT INTO t (v) VALUES (1)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "25006");
+    for p in &r.replicas {
+        p.stop();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match c.simple_query("SELECT 1").await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "reads still served");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(code(&e), "08006", "{e:?}");
+    let message = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains("no read replica is usable"), "{message}");
+    // The client goes on: the error ended only that statement.
+    r.replicas[0].pg_ctl_start();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while c.simple_query("SELECT 1").await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
