@@ -24,10 +24,15 @@ fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
         .collect();
     let base = base_config(&r.primary, &[db], "");
     let section = format!("port = {}\n", r.primary.port);
+    let interval = if keys.contains("replica_check_interval") {
+        ""
+    } else {
+        "replica_check_interval = 0.1\n"
+    };
     let config = base.replacen(
         &section,
         &format!(
-            "{section}replicas = [{}]\nreplica_check_interval = 0.1\nreplica_ban_time = 0.5\n{keys}\n",
+            "{section}replicas = [{}]\n{interval}replica_ban_time = 0.5\n{keys}\n",
             replicas.join(", ")
         ),
         1,
@@ -140,12 +145,88 @@ async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
         .await
         .unwrap();
     c.simple_query("COMMIT").await.unwrap();
-    // One declared READ ONLY may run on a replica.
-    c.simple_query("BEGIN READ ONLY").await.unwrap();
-    let in_block = port_of(&c).await;
-    assert_ne!(in_block, r.primary.port);
-    assert_eq!(port_of(&c).await, in_block, "one transaction, one server");
-    c.simple_query("COMMIT").await.unwrap();
+    // One declared READ ONLY may run on a replica (once the replicas show this client's
+    // writes: until then its reads stay on the primary).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        c.simple_query("BEGIN READ ONLY").await.unwrap();
+        let in_block = port_of(&c).await;
+        assert_eq!(port_of(&c).await, in_block, "one transaction, one server");
+        c.simple_query("COMMIT").await.unwrap();
+        if in_block != r.primary.port {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never on a replica");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_always_reads_its_own_writes() {
+    let db = unique_db("ryw");
+    let r = cluster(&db);
+    // No lag limit: a replica whose replay is paused stays in use, so only read-your-writes
+    // keeps a writer's reads away from it.
+    let s = shoal(
+        &r,
+        &db,
+        "read_routing = \"split\"\nmax_replica_lag = \"off\"\nreplica_check_interval = 0.05",
+    );
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let stale = &r.replicas[0];
+    stale.psql_admin("SELECT pg_wal_replay_pause()");
+    let mut tasks = Vec::new();
+    for k in 0..3 {
+        let c = s.connect(&db).await;
+        let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+        tasks.push(tokio::spawn(async move {
+            let read = c
+                .prepare("SELECT count(*), inet_server_port() FROM t WHERE id = $1")
+                .await
+                .unwrap();
+            let mut on_replica = 0;
+            for i in 0..300 {
+                let id: i32 = c
+                    .query_one(
+                        "INSERT INTO t (v) VALUES ($1) RETURNING id",
+                        &[&(k * 1000 + i)],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                // Read it back at once, then again until a replica serves the read: every
+                // read must see the row.
+                for attempt in 0..50 {
+                    let row = c.query_one(&read, &[&id]).await.unwrap();
+                    let port = row.get::<_, i32>(1) as u16;
+                    assert_eq!(
+                        row.get::<_, i64>(0),
+                        1,
+                        "row {id} missing on {port} (attempt {attempt})"
+                    );
+                    if replica_ports.contains(&port) {
+                        on_replica += 1;
+                        break;
+                    }
+                    if i % 10 != 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            on_replica
+        }));
+    }
+    let mut on_replica = 0;
+    for t in tasks {
+        on_replica += t.await.unwrap();
+    }
+    assert!(
+        on_replica > 0,
+        "some reads of fresh rows were served by the live replica"
+    );
+    stale.psql_admin("SELECT pg_wal_replay_resume()");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,22 +389,30 @@ async fn prepared_statements_and_sets_follow_the_client_across_the_split() {
         .prepare("SELECT inet_server_port(), current_setting('application_name')")
         .await
         .unwrap();
-    let write = c
-        .prepare("INSERT INTO t (v) VALUES ($1) RETURNING inet_server_port()")
-        .await
-        .unwrap();
     let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
     let mut seen = std::collections::HashSet::new();
-    for i in 0..30 {
+    for _ in 0..30 {
         let row = c.query_one(&read, &[]).await.unwrap();
         let port = row.get::<_, i32>(0) as u16;
         assert!(replica_ports.contains(&port), "read on {port}");
         assert_eq!(row.get::<_, String>(1), "split-test");
         seen.insert(port);
-        let row = c.query_one(&write, &[&i]).await.unwrap();
-        assert_eq!(row.get::<_, i32>(0) as u16, r.primary.port);
     }
     assert_eq!(seen.len(), 2, "both replicas served the prepared read");
+    // (Preparing a write is a transaction on the primary: the client's reads stay there
+    // until the replicas show it, as after any write.)
+    let write = c
+        .prepare("INSERT INTO t (v) VALUES ($1) RETURNING inet_server_port()")
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let row = c.query_one(&write, &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0) as u16, r.primary.port);
+        // Right after its write, the client's read runs where the write is: the primary,
+        // with the same statement and settings.
+        let row = c.query_one(&read, &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(1), "split-test");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,7 @@ const STANDBY_CHECK: &str =
 
 /// The primary's WAL position (on a standby, nothing: it is no primary).
 const PRIMARY_CHECK: &str = "SELECT pg_is_in_recovery(), \
-     CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END";
+     CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END";
 
 /// Function names whose every overload is non-volatile. One row: the list is long.
 const FUNCTIONS: &str = "SELECT string_agg(proname, ' ') FROM \
@@ -114,12 +114,15 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
             }
         }
         round += 1;
+        // Taken before the question: every commit acknowledged before it is at or below
+        // the position the primary answers with.
+        let asked = crate::clock::now_ms();
         let primary_lsn = match primary_probe.row(PRIMARY_CHECK, timeout).await {
             Ok(row) => row.get(1).cloned().flatten().and_then(|l| parse_lsn(&l)),
             Err(_) => None,
         };
         if let Some(lsn) = primary_lsn {
-            seen.note(crate::clock::now_ms(), lsn);
+            seen.note(asked, lsn);
         }
         for (m, probe) in set.members.iter().zip(probes.iter_mut()) {
             let r = probe.row(STANDBY_CHECK, timeout).await;
@@ -129,34 +132,49 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
     }
 }
 
-/// The primary's WAL positions as the checker saw them, oldest first, for telling how old a
-/// replica's state is.
+/// The primary's WAL positions as the checker saw them, oldest first: for each, when it
+/// was first and last seen (milliseconds on [`crate::clock::now_ms`], taken as each
+/// question was sent).
 #[derive(Default)]
-struct Positions(VecDeque<(u64, u64)>);
+struct Positions(VecDeque<Seen>);
+
+#[derive(Clone, Copy)]
+struct Seen {
+    first: u64,
+    last: u64,
+    lsn: u64,
+}
 
 /// Positions kept: enough for the longest lag worth telling apart at a fine interval.
 const POSITIONS_KEPT: usize = 4096;
 
 impl Positions {
     fn note(&mut self, at_ms: u64, lsn: u64) {
-        if self.0.back().is_some_and(|&(_, l)| l == lsn) {
-            // Nothing written since: the last position is still the primary's.
-            return;
+        if let Some(back) = self.0.back_mut() {
+            if back.lsn == lsn {
+                // Nothing written since: the primary is still there.
+                back.last = at_ms;
+                return;
+            }
         }
         if self.0.len() == POSITIONS_KEPT {
             self.0.pop_front();
         }
-        self.0.push_back((at_ms, lsn));
+        self.0.push_back(Seen {
+            first: at_ms,
+            last: at_ms,
+            lsn,
+        });
     }
 
     /// How far behind a replica that replayed up to `replayed` is: WAL bytes, and
     /// milliseconds since the primary moved past that position (`None` each when the
     /// primary's position is not known).
     fn lag(&self, replayed: u64, now_ms: u64) -> (Option<u64>, Option<u64>) {
-        let Some(&(_, newest)) = self.0.back() else {
+        let Some(newest) = self.0.back() else {
             return (None, None);
         };
-        if replayed >= newest {
+        if replayed >= newest.lsn {
             return (Some(0), Some(0));
         }
         // The first position past what the replica replayed: the primary got there then,
@@ -164,10 +182,24 @@ impl Positions {
         let since = self
             .0
             .iter()
-            .find(|&&(_, lsn)| lsn > replayed)
-            .map(|&(at, _)| at)
+            .find(|s| s.lsn > replayed)
+            .map(|s| s.first)
             .unwrap_or(now_ms);
-        (Some(newest - replayed), Some(now_ms.saturating_sub(since)))
+        (
+            Some(newest.lsn - replayed),
+            Some(now_ms.saturating_sub(since)),
+        )
+    }
+
+    /// The latest moment whose committed state a replica that replayed up to `replayed`
+    /// shows in full: the last time the primary was seen at or below that position (0:
+    /// none seen). A commit acknowledged before it is visible there.
+    fn fresh_as_of(&self, replayed: u64) -> u64 {
+        self.0
+            .iter()
+            .rev()
+            .find(|s| s.lsn <= replayed)
+            .map_or(0, |s| s.last)
     }
 }
 
@@ -199,10 +231,15 @@ fn judge(
     if was != role {
         tracing::info!(pool = %m.pool.name, from = was.label(), to = role.label(), "replica role");
     }
-    let (bytes, ms) = match parse_lsn(&col(1)) {
+    let replayed = parse_lsn(&col(1));
+    let (bytes, ms) = match replayed {
         Some(replayed) => seen.lag(replayed, crate::clock::now_ms()),
         None => (None, None),
     };
+    m.fresh_as_of.store(
+        replayed.map_or(0, |r| seen.fresh_as_of(r)),
+        Ordering::Relaxed,
+    );
     m.lag_bytes
         .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     m.lag_ms.store(ms.unwrap_or(u64::MAX), Ordering::Relaxed);
@@ -246,6 +283,24 @@ mod tests {
         assert_eq!(p.lag(150, 3500), (Some(350), Some(1500)));
         // Older than anything seen: at least as old as the oldest position.
         assert_eq!(p.lag(50, 3500), (Some(450), Some(2500)));
+    }
+
+    #[test]
+    fn a_replica_is_fresh_as_of_the_last_time_the_primary_was_where_it_replayed() {
+        let mut p = Positions::default();
+        p.note(1000, 100);
+        p.note(1100, 100);
+        p.note(2000, 300);
+        assert_eq!(p.fresh_as_of(50), 0, "older than anything seen");
+        assert_eq!(
+            p.fresh_as_of(100),
+            1100,
+            "the primary stayed at 100 until 1100"
+        );
+        assert_eq!(p.fresh_as_of(299), 1100);
+        assert_eq!(p.fresh_as_of(300), 2000);
+        p.note(2500, 300);
+        assert_eq!(p.fresh_as_of(400), 2500);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct Member {
     /// (`u64::MAX`: not known).
     pub lag_bytes: AtomicU64,
     pub lag_ms: AtomicU64,
+    /// Every commit acknowledged before this moment ([`clock::now_ms`]) is visible here
+    /// (0: not known). Read-your-writes compares a client's last write with it.
+    pub fresh_as_of: AtomicU64,
     /// Transactions routed here.
     pub reads: AtomicU64,
     /// Times it was banned (a failed check, or a failure in real traffic).
@@ -157,6 +160,7 @@ impl ReplicaSet {
                     banned_until: AtomicU64::new(0),
                     lag_bytes: AtomicU64::new(u64::MAX),
                     lag_ms: AtomicU64::new(u64::MAX),
+                    fresh_as_of: AtomicU64::new(0),
                     reads: AtomicU64::new(0),
                     bans: AtomicU64::new(0),
                 }
@@ -212,15 +216,22 @@ impl ReplicaSet {
 
     /// The replica a read should go to: the usable one with the fewest transactions
     /// running per unit of weight, preferring `prefer_zone`; `NoReplica` or `Primary`
-    /// (by `replica_fallback`) when none is usable.
-    pub fn choose(&self, primary: &Pool) -> Target<'_> {
+    /// (by `replica_fallback`) when none is usable. A client that committed a write at
+    /// `wrote_at` ([`clock::now_ms`]; 0: never) reads only where that commit is visible,
+    /// else on the primary.
+    pub fn choose(&self, primary: &Pool, wrote_at: u64) -> Target<'_> {
         let now = clock::now_ms();
         let n = self.members.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut best: Option<(bool, u64, &Member)> = None;
+        let mut stale = false;
         for i in 0..n {
             let m = &self.members[(start + i) % n];
             if !m.usable(now) {
+                continue;
+            }
+            if wrote_at != 0 && m.fresh_as_of.load(Ordering::Relaxed) <= wrote_at {
+                stale = true;
                 continue;
             }
             if !m.pool.fence.may_open() {
@@ -247,6 +258,9 @@ impl ReplicaSet {
                 m.reads.fetch_add(1, Ordering::Relaxed);
                 Target::Replica(m)
             }
+            // Replicas are up but have not shown the client's last write yet: the primary
+            // has it.
+            None if stale => Target::Primary,
             None if self.config.fallback == ReplicaFallback::Error => Target::NoReplica,
             None => Target::Primary,
         }

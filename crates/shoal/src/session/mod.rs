@@ -184,6 +184,9 @@ pub struct Extras {
     pub shipped: u64,
     /// A relayed client this node (shutting down) asked the relaying node to take back.
     pub handing_back: bool,
+    /// When the client's last transaction on the primary ended ([`crate::clock::now_ms`]),
+    /// in a pool with replicas: its reads go where that commit is visible.
+    pub wrote_at: u64,
 }
 
 impl Extras {

@@ -53,6 +53,11 @@ pub(super) struct Outbound {
     pub(super) cleared: u32,
     /// A unit not proven to read waits in the client's buffer for the transaction's end.
     pub(super) held: bool,
+    /// On the primary of a split pool: units are proven as they pass, to tell whether the
+    /// transaction may have written (read-your-writes).
+    pub(super) track_writes: bool,
+    /// A unit not proven to read was passed on (see `track_writes`).
+    pub(super) wrote: bool,
 }
 
 impl Outbound {
@@ -76,6 +81,8 @@ impl Outbound {
             reads_only: false,
             cleared: 0,
             held: false,
+            track_writes: false,
+            wrote: false,
         }
     }
 

@@ -53,7 +53,8 @@ impl Session {
         if !read {
             return Backend::Primary;
         }
-        match set.choose(&self.pool) {
+        let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
+        match set.choose(&self.pool, wrote_at) {
             Target::Replica(m) => Backend::Replica(m.pool.clone()),
             Target::Primary => Backend::Primary,
             Target::NoReplica => Backend::NoReplica,

@@ -135,7 +135,7 @@ impl Session {
             let tag = self.cbuf[at];
             frontend::validate(tag, &self.cbuf[at + HEADER_LEN..at + n])
                 .map_err(SessionError::from_frame)?;
-            if out.reads_only
+            if (out.reads_only || out.track_writes)
                 && !super::reads::replica_may_take(
                     &self.pool,
                     &self.cbuf[at..],
@@ -145,9 +145,14 @@ impl Session {
                     out,
                 )
             {
-                // Not proven to read: it waits for the primary (see `super::reads`).
-                out.held = true;
-                break;
+                if out.reads_only {
+                    // Not proven to read: it waits for the primary (see `super::reads`).
+                    out.held = true;
+                    break;
+                }
+                // On the primary: it may write, and the transaction counts as a write.
+                out.wrote = true;
+                out.track_writes = false;
             }
             if !flow.client(tag).map_err(SessionError::UnknownMessage)? {
                 return Ok(false);
@@ -514,12 +519,18 @@ impl Session {
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
         // this transaction's claim (see `crate::notify::Hub::claim`).
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
-        out.reads_only = policy.per_transaction()
-            && !Arc::ptr_eq(lease.pool(), &self.pool)
+        if policy.per_transaction()
             && self
                 .pool
                 .replicas()
-                .is_some_and(|r| r.routing() == ReadRouting::Split);
+                .is_some_and(|r| r.routing() == ReadRouting::Split)
+        {
+            if Arc::ptr_eq(lease.pool(), &self.pool) {
+                out.track_writes = true;
+            } else {
+                out.reads_only = true;
+            }
+        }
         let server: &mut ServerConn = lease;
         // Boxed apart from each other would cost an allocation per transaction: the two
         // loops are two instances of one generic function instead.
@@ -547,6 +558,10 @@ impl Session {
             ));
         }
         out.flush_counts(&self.pool);
+        if out.wrote {
+            // Its next reads go only where this transaction's commit is visible.
+            super::Extras::get(&mut self.extras).wrote_at = crate::clock::now_ms();
+        }
         if out.to_server.capacity() > 0 {
             crate::bufpool::give(out.to_server);
         }
