@@ -62,6 +62,24 @@ fn cluster(db: &str) -> Replicated {
     r
 }
 
+/// Runs `sql` in `db` on `pg` as `app`; its output.
+fn psql_in(pg: &Pg, db: &str, sql: &str) -> String {
+    let conn = format!(
+        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
+        pg.port
+    );
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", &conn, "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 async fn port_of(c: &tokio_postgres::Client) -> u16 {
     let row = c.query_one("SELECT inet_server_port()", &[]).await.unwrap();
     row.get::<_, i32>(0) as u16
@@ -457,5 +475,76 @@ async fn replicas_routing_sends_everything_to_replicas_and_errors_without_them()
     while c.simple_query("SELECT 1").await.is_err() {
         assert!(tokio::time::Instant::now() < deadline, "never served again");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
+    let db = unique_db("failover");
+    let r = cluster(&db);
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    // Acknowledged commits, each recorded by the client.
+    let mut acknowledged = Vec::new();
+    for i in 0..100 {
+        let id: i32 = c
+            .query_one("INSERT INTO t (v) VALUES ($1) RETURNING id", &[&i])
+            .await
+            .unwrap()
+            .get(0);
+        acknowledged.push(id);
+    }
+    let (new_primary, other) = (&r.replicas[0], &r.replicas[1]);
+    let stopped = tokio::time::Instant::now();
+    r.primary.stop();
+    replication::promote(new_primary);
+    let port = loop {
+        match c
+            .query_one(
+                "INSERT INTO t (v) VALUES (-1) RETURNING inet_server_port()",
+                &[],
+            )
+            .await
+        {
+            Ok(row) => break row.get::<_, i32>(0) as u16,
+            Err(e) => {
+                // Meanwhile writes fail as on a direct connection to a dead server, and
+                // never reach a standby (which would answer 25006).
+                assert_ne!(code(&e), "25006", "{e:?}");
+                assert!(
+                    stopped.elapsed() < Duration::from_secs(15),
+                    "writes did not resume: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    eprintln!(
+        "writes resumed {:?} after the primary stopped",
+        stopped.elapsed()
+    );
+    assert_eq!(port, new_primary.port);
+    assert!(s.log_contains("failover"), "the switch is logged");
+    // Every acknowledged commit is on the new primary, exactly once.
+    let ids: Vec<String> = acknowledged.iter().map(|i| i.to_string()).collect();
+    let found = psql_in(
+        new_primary,
+        &db,
+        &format!("SELECT count(*) FROM t WHERE id IN ({})", ids.join(",")),
+    );
+    assert_eq!(found, "100");
+    // The other standby still follows the dead primary: it is in recovery and never
+    // takes a write; writes keep going to the new primary.
+    assert_eq!(other.psql_admin("SELECT pg_is_in_recovery()"), "t");
+    for _ in 0..10 {
+        let row = c
+            .query_one(
+                "INSERT INTO t (v) VALUES (-2) RETURNING inet_server_port()",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0) as u16, new_primary.port);
     }
 }

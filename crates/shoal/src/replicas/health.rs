@@ -15,17 +15,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 
-use super::{Member, ReplicaSet, Role};
+use super::{Member, ReplicaSet, Role, Writer};
 use crate::pool::Pool;
 use crate::server::{ServerConn, ServerError, Upstream};
 
-/// What a standby reports of itself: whether it is one, and how far it has replayed.
-const STANDBY_CHECK: &str =
-    "SELECT pg_is_in_recovery(), COALESCE(pg_last_wal_replay_lsn(), '0/0')::text";
-
-/// The primary's WAL position (on a standby, nothing: it is no primary).
-const PRIMARY_CHECK: &str = "SELECT pg_is_in_recovery(), \
-     CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END";
+/// One question for every backend: whether it is a standby, and where its WAL is (a
+/// primary's insert position: every commit it acknowledged is at or below it; a standby's
+/// replay position).
+const CHECK: &str = "SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() \
+     THEN COALESCE(pg_last_wal_replay_lsn(), '0/0') ELSE pg_current_wal_insert_lsn() END::text";
 
 /// Function names whose every overload is non-volatile. One row: the list is long.
 const FUNCTIONS: &str = "SELECT string_agg(proname, ' ') FROM \
@@ -66,6 +64,43 @@ impl Probe {
                 self.conn = None;
                 Err(ServerError::ConnectTimeout("replica check".into()))
             }
+        }
+    }
+}
+
+/// What one check of a backend found: its role and WAL position, and when it was asked.
+struct Answer {
+    asked: u64,
+    role: Role,
+    lsn: Option<u64>,
+    error: Option<ServerError>,
+}
+
+impl Probe {
+    async fn check(&mut self, timeout: Duration) -> Answer {
+        // Taken before the question: every commit acknowledged before it is at or below
+        // the position a primary answers with.
+        let asked = crate::clock::now_ms();
+        match self.row(CHECK, timeout).await {
+            Ok(row) => {
+                let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+                Answer {
+                    asked,
+                    role: if col(0) == "t" {
+                        Role::Replica
+                    } else {
+                        Role::Primary
+                    },
+                    lsn: parse_lsn(&col(1)),
+                    error: None,
+                }
+            }
+            Err(e) => Answer {
+                asked,
+                role: Role::Down,
+                lsn: None,
+                error: Some(e),
+            },
         }
     }
 }
@@ -114,19 +149,27 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
             }
         }
         round += 1;
-        // Taken before the question: every commit acknowledged before it is at or below
-        // the position the primary answers with.
-        let asked = crate::clock::now_ms();
-        let primary_lsn = match primary_probe.row(PRIMARY_CHECK, timeout).await {
-            Ok(row) => row.get(1).cloned().flatten().and_then(|l| parse_lsn(&l)),
-            Err(_) => None,
-        };
-        if let Some(lsn) = primary_lsn {
-            seen.note(asked, lsn);
+        let configured = primary_probe.check(timeout).await;
+        let mut answers = Vec::with_capacity(probes.len());
+        for probe in probes.iter_mut() {
+            answers.push(probe.check(timeout).await);
         }
-        for (m, probe) in set.members.iter().zip(probes.iter_mut()) {
-            let r = probe.row(STANDBY_CHECK, timeout).await;
-            judge(&set, m, r, &seen);
+        let writer = set.elect(configured.role, |i| answers[i].role);
+        let writes_at = match writer {
+            Writer::Configured => Some(&configured),
+            Writer::Member(i) => answers.get(i),
+            Writer::Nowhere => None,
+        };
+        if let Some(Answer {
+            asked,
+            lsn: Some(lsn),
+            ..
+        }) = writes_at
+        {
+            seen.note(*asked, *lsn);
+        }
+        for (m, a) in set.members.iter().zip(answers) {
+            judge(&set, m, a, &seen);
         }
         set.note_checked();
     }
@@ -204,42 +247,28 @@ impl Positions {
 }
 
 /// Updates a replica's state from its check.
-fn judge(
-    set: &ReplicaSet,
-    m: &Member,
-    r: Result<Vec<Option<String>>, ServerError>,
-    seen: &Positions,
-) {
-    let row = match r {
-        Ok(row) => row,
-        Err(e) => {
-            if m.role() != Role::Down {
-                tracing::warn!(pool = %m.pool.name, error = %crate::logsafe::Escaped(&e), "replica unreachable");
-            }
-            m.role.store(Role::Down as u8, Ordering::Relaxed);
-            m.ban(set.ban_ms(), "check failed");
-            return;
+fn judge(set: &ReplicaSet, m: &Member, a: Answer, seen: &Positions) {
+    if let Some(e) = &a.error {
+        if m.role() != Role::Down {
+            tracing::warn!(pool = %m.pool.name, error = %crate::logsafe::Escaped(e), "replica unreachable");
         }
-    };
-    let col = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-    let role = if col(0) == "t" {
-        Role::Replica
-    } else {
-        Role::Primary
-    };
-    let was = Role::from_u8(m.role.swap(role as u8, Ordering::Relaxed));
-    if was != role {
-        tracing::info!(pool = %m.pool.name, from = was.label(), to = role.label(), "replica role");
+        m.role.store(Role::Down as u8, Ordering::Relaxed);
+        m.ban(set.ban_ms(), "check failed");
+        return;
     }
-    let replayed = parse_lsn(&col(1));
-    let (bytes, ms) = match replayed {
+    let was = Role::from_u8(m.role.swap(a.role as u8, Ordering::Relaxed));
+    if was != a.role {
+        tracing::info!(pool = %m.pool.name, from = was.label(), to = a.role.label(), "replica role");
+    }
+    if a.role != Role::Replica {
+        return;
+    }
+    let (bytes, ms) = match a.lsn {
         Some(replayed) => seen.lag(replayed, crate::clock::now_ms()),
         None => (None, None),
     };
-    m.fresh_as_of.store(
-        replayed.map_or(0, |r| seen.fresh_as_of(r)),
-        Ordering::Relaxed,
-    );
+    m.fresh_as_of
+        .store(a.lsn.map_or(0, |r| seen.fresh_as_of(r)), Ordering::Relaxed);
     m.lag_bytes
         .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
     m.lag_ms.store(ms.unwrap_or(u64::MAX), Ordering::Relaxed);

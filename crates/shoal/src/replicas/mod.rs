@@ -116,9 +116,40 @@ pub struct ReplicaSet {
     pub verdicts: verdicts::Verdicts,
     /// The checker runs from the first use on (a node that only relays never starts it).
     checker: OnceLock<()>,
+    /// Where writes go now ([`Writer`], encoded).
+    writer: AtomicUsize,
+    /// The configured primary's role at the last check.
+    primary_role: AtomicU8,
     /// Set once the checker has looked at every replica (before, none is known usable).
     checked: AtomicBool,
     first_check: tokio::sync::Notify,
+}
+
+/// Where writes go: the configured primary, a replica promoted in its place, or nowhere
+/// (the configured primary is a standby now and no replica was promoted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    Configured,
+    Member(usize),
+    Nowhere,
+}
+
+impl Writer {
+    fn encode(self) -> usize {
+        match self {
+            Writer::Configured => 0,
+            Writer::Member(i) => i + 1,
+            Writer::Nowhere => usize::MAX,
+        }
+    }
+
+    fn decode(v: usize) -> Writer {
+        match v {
+            0 => Writer::Configured,
+            usize::MAX => Writer::Nowhere,
+            i => Writer::Member(i - 1),
+        }
+    }
 }
 
 /// Where a transaction should run.
@@ -172,6 +203,8 @@ impl ReplicaSet {
             next: AtomicUsize::new(0),
             verdicts: verdicts::Verdicts::default(),
             checker: OnceLock::new(),
+            writer: AtomicUsize::new(0),
+            primary_role: AtomicU8::new(Role::Unknown as u8),
             checked: AtomicBool::new(false),
             first_check: tokio::sync::Notify::new(),
         }
@@ -186,6 +219,65 @@ impl ReplicaSet {
         self.checker.get_or_init(|| {
             crate::control::spawn(health::run(Arc::downgrade(self), Arc::downgrade(primary)));
         });
+    }
+
+    /// Where writes go now.
+    pub fn writer(&self) -> Writer {
+        Writer::decode(self.writer.load(Ordering::Acquire))
+    }
+
+    /// The promoted replica's pool, when writes go to one.
+    pub fn writer_pool(&self) -> Option<&Arc<Pool>> {
+        match self.writer() {
+            Writer::Member(i) => self.members.get(i).map(|m| &m.pool),
+            _ => None,
+        }
+    }
+
+    /// The configured primary's role at the last check.
+    pub fn primary_role(&self) -> Role {
+        Role::from_u8(self.primary_role.load(Ordering::Relaxed))
+    }
+
+    /// Decides where writes go from the roles just checked. A promoted replica stays the
+    /// writer while it is a primary, even if the old primary comes back as one (its
+    /// history has parted from the new primary's: writes must not go back and forth). A
+    /// host in recovery never takes writes.
+    fn elect(&self, configured: Role, member: impl Fn(usize) -> Role) -> Writer {
+        let was = self.writer();
+        let promoted = (0..self.members.len()).find(|&i| member(i) == Role::Primary);
+        let now = match was {
+            Writer::Member(i) if member(i) == Role::Primary => was,
+            _ if configured == Role::Primary => Writer::Configured,
+            _ => match promoted {
+                Some(i) => Writer::Member(i),
+                // Unreachable, perhaps restarting: it may come back as the primary, and
+                // writes meanwhile fail on connecting.
+                None if matches!(configured, Role::Down | Role::Unknown) => Writer::Configured,
+                None => Writer::Nowhere,
+            },
+        };
+        if now != was {
+            self.writer.store(now.encode(), Ordering::Release);
+            match now {
+                Writer::Member(i) => {
+                    tracing::warn!(writer = %self.members[i].pool.name, "failover: the configured primary is not one now; writes go to the promoted replica")
+                }
+                Writer::Configured => tracing::info!("writes go to the configured primary"),
+                Writer::Nowhere => tracing::error!(
+                    "no primary: the configured primary is in recovery and no replica was promoted; writes are refused"
+                ),
+            }
+        }
+        let configured_was =
+            Role::from_u8(self.primary_role.swap(configured as u8, Ordering::Relaxed));
+        if configured == Role::Primary
+            && configured_was != Role::Primary
+            && matches!(now, Writer::Member(_))
+        {
+            tracing::warn!("two primaries: the configured primary is one again beside the promoted replica; writes stay on the promoted replica");
+        }
+        now
     }
 
     /// Whether every replica has been checked once.

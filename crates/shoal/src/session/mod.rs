@@ -597,15 +597,20 @@ impl Session {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let replica = match self.backend() {
-                reads::Backend::Primary => None,
-                reads::Backend::Replica(pool) => Some(pool),
+            let (other, replica) = match self.backend() {
+                reads::Backend::Primary => (None, false),
+                reads::Backend::Replica(pool) => (Some(pool), true),
+                reads::Backend::Writer(pool) => (Some(pool), false),
                 reads::Backend::NoReplica => {
                     self.refuse_read().await?;
                     return Ok(None);
                 }
+                reads::Backend::NoPrimary => {
+                    self.refuse_write().await?;
+                    return Ok(None);
+                }
             };
-            let pool = replica.as_ref().unwrap_or(&self.pool);
+            let pool = other.as_ref().unwrap_or(&self.pool);
             let sets = self.extras.as_ref().map(|x| &x.sets);
             let r = pool
                 .prepared_server(self.id, &self.params, sets, &*self.cancel.slot)
@@ -614,7 +619,7 @@ impl Session {
                 Ok(lease) => return Ok(Some(lease)),
                 Err(e) => ClientError::wait(&pool.name, &e),
             };
-            if let Some(failed) = &replica {
+            if let Some(failed) = other.as_ref().filter(|_| replica) {
                 if e.kind == crate::error::ErrorKind::ServerUnavailable && attempts <= 3 {
                     // A replica that cannot be reached gets no traffic for a while; the
                     // unit goes to another backend (nothing of it reached this one).

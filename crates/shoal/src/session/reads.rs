@@ -22,7 +22,7 @@ use crate::error::ErrorKind;
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 use crate::replicas::verdicts::Unit;
-use crate::replicas::Target;
+use crate::replicas::{Target, Writer};
 
 /// [`Outbound::cleared`] of a unit passed whole (inside a `READ ONLY` block).
 const UNTIL_UNIT_END: u32 = u32::MAX;
@@ -31,8 +31,12 @@ const UNTIL_UNIT_END: u32 = u32::MAX;
 pub(super) enum Backend {
     Primary,
     Replica(Arc<Pool>),
+    /// The replica promoted in place of the configured primary (failover).
+    Writer(Arc<Pool>),
     /// A read with no replica usable, and `replica_fallback = "error"`.
     NoReplica,
+    /// The configured primary is a standby now and no replica was promoted.
+    NoPrimary,
 }
 
 impl Session {
@@ -50,15 +54,33 @@ impl Session {
                 Unit::Reads { .. }
             ),
         };
-        if !read {
-            return Backend::Primary;
+        if read {
+            let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
+            match set.choose(&self.pool, wrote_at) {
+                Target::Replica(m) => return Backend::Replica(m.pool.clone()),
+                Target::NoReplica => return Backend::NoReplica,
+                Target::Primary => {}
+            }
         }
-        let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
-        match set.choose(&self.pool, wrote_at) {
-            Target::Replica(m) => Backend::Replica(m.pool.clone()),
-            Target::Primary => Backend::Primary,
-            Target::NoReplica => Backend::NoReplica,
+        match set.writer() {
+            Writer::Configured => Backend::Primary,
+            Writer::Member(_) => match set.writer_pool() {
+                Some(p) => Backend::Writer(p.clone()),
+                None => Backend::Primary,
+            },
+            Writer::Nowhere => Backend::NoPrimary,
         }
+    }
+
+    /// Whether `pool` (a lease's) takes writes now: the client's own pool, or the replica
+    /// promoted in its primary's place.
+    pub(super) fn takes_writes(&self, pool: &Arc<Pool>) -> bool {
+        Arc::ptr_eq(pool, &self.pool)
+            || self
+                .pool
+                .replicas()
+                .and_then(|r| r.writer_pool())
+                .is_some_and(|w| Arc::ptr_eq(w, pool))
     }
 
     /// Bans the replica `pool` after a failure in real traffic.
@@ -68,6 +90,19 @@ impl Session {
                 m.ban(set.ban_ms(), "unavailable to a client");
             }
         }
+    }
+
+    /// Tells a client that no host takes writes now.
+    pub(super) async fn refuse_write(&mut self) -> Result<(), super::SessionError> {
+        self.app.metrics.rejected(ErrorKind::ServerUnavailable);
+        self.fail_unit(
+            sqlstate::CONNECTION_FAILURE,
+            &format!(
+                "pool \"{}\": no primary: the configured primary is in recovery and no replica was promoted; writes are refused until one is",
+                self.pool.name
+            ),
+        )
+        .await
     }
 
     /// Tells a client whose read found no usable replica (with `replica_fallback =

@@ -30,7 +30,6 @@ use crate::prepared::Expect;
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
-use std::sync::Arc;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
@@ -525,7 +524,7 @@ impl Session {
                 .replicas()
                 .is_some_and(|r| r.routing() == ReadRouting::Split)
         {
-            if Arc::ptr_eq(lease.pool(), &self.pool) {
+            if self.takes_writes(lease.pool()) {
                 out.track_writes = true;
             } else {
                 out.reads_only = true;

@@ -97,3 +97,19 @@ fn standby_of(primary: &Pg) -> Pg {
     replica.pg_ctl_start();
     replica
 }
+
+/// Promotes a standby to primary (as an operator or a failover manager would), waiting
+/// until it accepts writes.
+pub fn promote(replica: &Pg) {
+    let out = pg_command(&replica.bin("pg_ctl"))
+        .arg("-D")
+        .arg(replica.dir.join("db"))
+        .args(["-w", "promote"])
+        .output()
+        .expect("pg_ctl runs");
+    assert!(
+        out.status.success(),
+        "pg_ctl promote failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
