@@ -548,3 +548,112 @@ async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
         assert_eq!(row.get::<_, i32>(0) as u16, new_primary.port);
     }
 }
+
+/// `curl` to Shoal's API with a static token; (status, JSON body).
+fn api(s: &Shoal, method: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method])
+        .arg(format!("http://{}{path}", s.api.expect("the API listens")))
+        .args(["-H", "Authorization: Bearer replica-test-token"])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
+    let db = unique_db("tenant");
+    let r = cluster(&db);
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        &r.primary,
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
+            data.path().display()
+        ),
+    );
+    let s = Shoal::start_with_env(
+        &config,
+        &[
+            ("SHOAL_API_TOKEN", "replica-test-token"),
+            ("API_JWT_SECRET", "unused-secret-0123456789"),
+        ],
+    );
+    let tenant = |replicas: serde_json::Value| {
+        serde_json::json!({"tenant": {
+            "db_host": "127.0.0.1",
+            "db_port": r.primary.port,
+            "db_database": db,
+            "require_user": true,
+            "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 3}],
+            "replicas": replicas,
+            "read_routing": "split",
+            "max_replica_lag": "5s",
+        }})
+    };
+    // A bad list is refused with the field named.
+    let (code, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!([{"db_host": "", "db_port": 1}])),
+    );
+    assert_eq!(code, 422, "{body}");
+    assert!(body.to_string().contains("replicas"), "{body}");
+    let (code, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!([{"db_host": "127.0.0.1", "db_port": r.replicas[0].port}])),
+    );
+    assert_eq!(code, 201, "{body}");
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app.acme password={APP_PASSWORD} dbname=x",
+        s.port()
+    );
+    let c = s.try_connect(&conninfo).await.unwrap();
+    let first = r.replicas[0].port;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while port_of(&c).await != first {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never reached the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The replica list changes live: new clients read from the new replica.
+    let second = r.replicas[1].port;
+    let (code, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!([{"db_host": "127.0.0.1", "db_port": second}])),
+    );
+    assert_eq!(code, 200, "{body}");
+    let c2 = s.try_connect(&conninfo).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let port = port_of(&c2).await;
+        assert_ne!(port, first, "the replica taken out of the list got a read");
+        if port == second {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never reached the new replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

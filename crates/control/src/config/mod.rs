@@ -337,7 +337,8 @@ impl Config {
             }
             let key_password = key_password(&section, &d.sslpassword, &d.sslpassword_env, env)
                 .map_err(|m| invalid(&section, m))?;
-            let replicas = replicas::validate(&section, &d).map_err(|m| invalid(&section, m))?;
+            let replicas = replicas::validate(&section, &d.replica_keys())
+                .map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Where a client's reads go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReadRouting {
     /// Everything to the primary (replicas unused).
@@ -21,7 +21,7 @@ pub enum ReadRouting {
 }
 
 /// What a read does when no replica is usable (all down, banned or lagging).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReplicaFallback {
     /// Run it on the primary.
@@ -101,7 +101,7 @@ impl Default for MaxLag {
 /// `max_replica_lag` as written: seconds (a number), or a string with a unit: `"500ms"`,
 /// `"5s"`, `"1m"`, or bytes of WAL: `"16MB"`, `"1GB"`, `"65536B"`. Several limits join
 /// with `,` (`"5s, 64MB"`); `"off"` lifts the limit.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum MaxLagSection {
     Seconds(f64),
@@ -156,9 +156,35 @@ impl MaxLagSection {
     }
 }
 
-/// The replica keys of a `[databases.NAME]` section, validated.
-pub fn validate(section: &str, d: &super::DatabaseSection) -> Result<Replicas, String> {
-    let hosts = &d.replicas;
+/// The replica keys of a database as written (a `[databases.NAME]` section's, or a
+/// tenant's).
+pub struct ReplicaKeys<'a> {
+    pub replicas: &'a [ReplicaSection],
+    pub read_routing: Option<ReadRouting>,
+    pub max_replica_lag: Option<&'a MaxLagSection>,
+    pub replica_fallback: Option<ReplicaFallback>,
+    pub replica_check_interval: Option<f64>,
+    pub replica_ban_time: Option<f64>,
+    pub prefer_zone: Option<&'a str>,
+}
+
+impl super::DatabaseSection {
+    pub fn replica_keys(&self) -> ReplicaKeys<'_> {
+        ReplicaKeys {
+            replicas: &self.replicas,
+            read_routing: self.read_routing,
+            max_replica_lag: self.max_replica_lag.as_ref(),
+            replica_fallback: self.replica_fallback,
+            replica_check_interval: self.replica_check_interval,
+            replica_ban_time: self.replica_ban_time,
+            prefer_zone: self.prefer_zone.as_deref(),
+        }
+    }
+}
+
+/// Replica keys, validated; `section` names where they were written, for messages.
+pub fn validate(section: &str, d: &ReplicaKeys<'_>) -> Result<Replicas, String> {
+    let hosts = d.replicas;
     let routing = d.read_routing;
     let routing = routing.unwrap_or_default();
     if routing != ReadRouting::Primary && hosts.is_empty() {
@@ -195,7 +221,7 @@ pub fn validate(section: &str, d: &super::DatabaseSection) -> Result<Replicas, S
             zone: h.zone.clone(),
         });
     }
-    let max_lag = match &d.max_replica_lag {
+    let max_lag = match d.max_replica_lag {
         Some(m) => m
             .parse()
             .map_err(|e| format!("{section}.max_replica_lag: {e}"))?,
@@ -220,7 +246,7 @@ pub fn validate(section: &str, d: &super::DatabaseSection) -> Result<Replicas, S
             0.05,
         )?,
         ban_time: secs("replica_ban_time", d.replica_ban_time, 10.0, 0.0)?,
-        zone: d.prefer_zone.clone(),
+        zone: d.prefer_zone.map(str::to_owned),
     })
 }
 
@@ -277,7 +303,7 @@ mod tests {
             let mut d: crate::config::DatabaseSection = toml::from_str(toml).unwrap();
             d.replicas = hosts.to_vec();
             d.read_routing = routing;
-            validate("databases.app", &d)
+            validate("databases.app", &d.replica_keys())
         };
         let err = v(&[], Some(ReadRouting::Split)).unwrap_err();
         assert!(err.contains("needs replicas"), "{err}");

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::replicas::{
+    MaxLagSection, ReadRouting, ReplicaFallback, ReplicaKeys, ReplicaSection, Replicas,
+};
 use crate::config::PoolMode;
 
 /// Supavisor's defaults.
@@ -78,6 +81,58 @@ pub struct Tenant {
     /// `[pool] server_reset`); default `[pool]`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_reset: Option<crate::config::ServerReset>,
+    /// Shoal: read replicas of the tenant's database (see `docs/replicas.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<TenantReplica>,
+    /// Shoal: `primary` (default), `split` or `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_routing: Option<ReadRouting>,
+    /// Shoal: as `[databases.NAME] max_replica_lag` (`"5s"`, `"16MB"`, seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_replica_lag: Option<MaxLagSection>,
+    /// Shoal: `primary` (default) or `error`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_fallback: Option<ReplicaFallback>,
+}
+
+/// A read replica of a tenant's database.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TenantReplica {
+    pub db_host: String,
+    #[serde(default = "default_port")]
+    pub db_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+impl Tenant {
+    /// The tenant's replicas, validated as a config database's are.
+    pub fn replicas(&self) -> Result<Replicas, String> {
+        let hosts: Vec<ReplicaSection> = self
+            .replicas
+            .iter()
+            .map(|r| ReplicaSection {
+                host: r.db_host.clone(),
+                port: r.db_port,
+                weight: r.weight.unwrap_or(1),
+                zone: r.zone.clone(),
+            })
+            .collect();
+        crate::config::replicas::validate(
+            "tenant",
+            &ReplicaKeys {
+                replicas: &hosts,
+                read_routing: self.read_routing,
+                max_replica_lag: self.max_replica_lag.as_ref(),
+                replica_fallback: self.replica_fallback,
+                replica_check_interval: None,
+                replica_ban_time: None,
+                prefer_zone: None,
+            },
+        )
+    }
 }
 
 /// A user of a tenant.
@@ -311,6 +366,9 @@ impl Tenant {
                 );
                 break;
             }
+        }
+        if let Err(e) = self.replicas() {
+            add("replicas", e.trim_start_matches("tenant."));
         }
         if errors.is_empty() {
             Ok(())

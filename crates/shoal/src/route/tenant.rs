@@ -92,8 +92,8 @@ impl TenantRoute {
             min_pool_size: None,
             max_client_conn: tenant.default_max_clients,
             server_reset: tenant.server_reset,
-            // Tenants' replicas come with the tenant API's `replicas` field (not yet).
-            replicas: Default::default(),
+            // Validated when the tenant was stored.
+            replicas: tenant.replicas().unwrap_or_default(),
         };
         let allow_list = tenant
             .allow_list
