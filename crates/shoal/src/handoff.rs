@@ -41,6 +41,9 @@ pub struct SessionImage {
     pub peer: Option<std::net::SocketAddr>,
     /// A Unix-socket client (else TCP).
     pub unix: bool,
+    /// `target_session_attrs`, when the client gave one.
+    #[serde(default)]
+    pub target: Option<crate::config::replicas::TargetSessionAttrs>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -23,6 +23,9 @@ pub struct StartupRequest {
     /// The tenant named in `options` as `reference=<tenant>` (Supavisor's way); taken out of
     /// the options, never sent to a server.
     pub reference: Option<String>,
+    /// `target_session_attrs` (a parameter, or `-c target_session_attrs=` in `options`):
+    /// where this client's transactions run; never sent to a server.
+    pub target: Option<crate::config::replicas::TargetSessionAttrs>,
 }
 
 /// A startup packet Shoal cannot serve, as a message for the client.
@@ -36,6 +39,8 @@ pub enum ParamError {
     BadName(String),
     #[error("unsupported command-line option \"{0}\" in options: only -c name=value and --name=value are accepted")]
     BadOption(String),
+    #[error("invalid value for target_session_attrs: \"{0}\" (any, read-write, primary, read-only, standby or prefer-standby)")]
+    BadTarget(String),
 }
 
 fn valid_name(name: &str) -> bool {
@@ -139,6 +144,13 @@ impl StartupRequest {
                 return Err(ParamError::BadName(name));
             }
             name.make_ascii_lowercase();
+            if name == "target_session_attrs" {
+                req.target = Some(
+                    crate::config::replicas::TargetSessionAttrs::parse(&value)
+                        .ok_or(ParamError::BadTarget(value))?,
+                );
+                continue;
+            }
             req.params.retain(|(n, _)| *n != name);
             req.params.push((name, value));
         }
@@ -234,6 +246,35 @@ mod tests {
             ]
         );
         assert_eq!(r.unrecognized, vec!["_pq_.compression".to_string()]);
+    }
+
+    #[test]
+    fn target_session_attrs_is_taken_out_and_checked() {
+        use crate::config::replicas::TargetSessionAttrs;
+        let r = StartupRequest::from_startup(msg(&[
+            ("user", "u"),
+            (
+                "options",
+                "-c target_session_attrs=prefer-standby -c search_path=x",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(r.target, Some(TargetSessionAttrs::PreferStandby));
+        assert_eq!(r.params, vec![("search_path".into(), "x".into())]);
+        let r = StartupRequest::from_startup(msg(&[
+            ("user", "u"),
+            ("target_session_attrs", "standby"),
+        ]))
+        .unwrap();
+        assert_eq!(r.target, Some(TargetSessionAttrs::Standby));
+        assert!(r.params.is_empty());
+        assert_eq!(
+            StartupRequest::from_startup(msg(&[
+                ("user", "u"),
+                ("target_session_attrs", "replica")
+            ])),
+            Err(ParamError::BadTarget("replica".into()))
+        );
     }
 
     #[test]

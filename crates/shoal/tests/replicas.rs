@@ -657,3 +657,56 @@ async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_session_attrs_chooses_per_client() {
+    let db = unique_db("target");
+    let r = cluster(&db);
+    // Replicas listed, reads left on the primary: only clients that ask use them.
+    let s = shoal(&r, &db, "");
+    let with = |attrs: &str| {
+        format!(
+            "{} options='-c target_session_attrs={attrs}'",
+            s.conninfo("app", APP_PASSWORD, &db)
+        )
+    };
+    let plain = s.connect(&db).await;
+    let standby = s.try_connect(&with("standby")).await.unwrap();
+    let prefer = s.try_connect(&with("prefer-standby")).await.unwrap();
+    until_reads_reach_replicas(&r, &standby).await;
+    for _ in 0..10 {
+        assert_eq!(port_of(&plain).await, r.primary.port);
+        assert_ne!(port_of(&standby).await, r.primary.port);
+        assert_ne!(port_of(&prefer).await, r.primary.port);
+    }
+    // A standby client's write reaches a standby, which refuses it.
+    let e = standby
+        .execute("INSERT INTO t (v) VALUES (1)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "25006");
+    plain
+        .execute("INSERT INTO t (v) VALUES (1)", &[])
+        .await
+        .unwrap();
+    // A bad value is refused at login, with the values that would do.
+    let e = s
+        .try_connect(&with("replica"))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(code(&e), "22023", "{e:?}");
+    // Without replicas: prefer-standby reads on the primary, standby gets an error.
+    for p in &r.replicas {
+        p.stop();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while standby.simple_query("SELECT 1").await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "standby reads still served"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(port_of(&prefer).await, r.primary.port);
+}

@@ -31,6 +31,53 @@ pub enum ReplicaFallback {
     Error,
 }
 
+/// What a client asks of its server with the `target_session_attrs` startup parameter
+/// (libpq's names): it overrides the database's `read_routing` for that client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TargetSessionAttrs {
+    /// The database's `read_routing`.
+    Any,
+    /// Every transaction on the primary.
+    ReadWrite,
+    Primary,
+    /// Every transaction on a replica; an error when none is usable.
+    ReadOnly,
+    Standby,
+    /// Every transaction on a replica; the primary when none is usable.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    pub fn parse(value: &str) -> Option<TargetSessionAttrs> {
+        Some(match value {
+            "any" => TargetSessionAttrs::Any,
+            "read-write" => TargetSessionAttrs::ReadWrite,
+            "primary" => TargetSessionAttrs::Primary,
+            "read-only" => TargetSessionAttrs::ReadOnly,
+            "standby" => TargetSessionAttrs::Standby,
+            "prefer-standby" => TargetSessionAttrs::PreferStandby,
+            _ => return None,
+        })
+    }
+
+    /// The routing and fallback this asks for (`None`: the database's).
+    pub fn routing(self) -> Option<(ReadRouting, ReplicaFallback)> {
+        match self {
+            TargetSessionAttrs::Any => None,
+            TargetSessionAttrs::ReadWrite | TargetSessionAttrs::Primary => {
+                Some((ReadRouting::Primary, ReplicaFallback::Primary))
+            }
+            TargetSessionAttrs::ReadOnly | TargetSessionAttrs::Standby => {
+                Some((ReadRouting::Replicas, ReplicaFallback::Error))
+            }
+            TargetSessionAttrs::PreferStandby => {
+                Some((ReadRouting::Replicas, ReplicaFallback::Primary))
+            }
+        }
+    }
+}
+
 /// One replica as written: `{ host = "...", port = N, weight = W, zone = "..." }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

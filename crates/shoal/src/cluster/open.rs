@@ -15,6 +15,9 @@ pub struct RelayOpen {
     /// The client's startup parameters (lower-cased, sorted).
     pub params: Vec<(String, String)>,
     pub reference: Option<String>,
+    /// `target_session_attrs`, when the client gave one.
+    #[serde(default)]
+    pub target: Option<crate::config::replicas::TargetSessionAttrs>,
     /// The TLS server name the client connected with (routes tenants by SNI).
     pub server_name: Option<String>,
     pub peer: Option<std::net::SocketAddr>,

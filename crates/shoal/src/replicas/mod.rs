@@ -308,10 +308,10 @@ impl ReplicaSet {
 
     /// The replica a read should go to: the usable one with the fewest transactions
     /// running per unit of weight, preferring `prefer_zone`; `NoReplica` or `Primary`
-    /// (by `replica_fallback`) when none is usable. A client that committed a write at
+    /// (by `fallback`) when none is usable. A client that committed a write at
     /// `wrote_at` ([`clock::now_ms`]; 0: never) reads only where that commit is visible,
     /// else on the primary.
-    pub fn choose(&self, primary: &Pool, wrote_at: u64) -> Target<'_> {
+    pub fn choose(&self, primary: &Pool, wrote_at: u64, fallback: ReplicaFallback) -> Target<'_> {
         let now = clock::now_ms();
         let n = self.members.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -353,7 +353,7 @@ impl ReplicaSet {
             // Replicas are up but have not shown the client's last write yet: the primary
             // has it.
             None if stale => Target::Primary,
-            None if self.config.fallback == ReplicaFallback::Error => Target::NoReplica,
+            None if fallback == ReplicaFallback::Error => Target::NoReplica,
             None => Target::Primary,
         }
     }

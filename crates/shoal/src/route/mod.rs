@@ -351,7 +351,7 @@ impl Registry {
                 dial: self.dial.get().cloned(),
             },
         );
-        if db.replicas.in_use() {
+        if !db.replicas.hosts.is_empty() {
             pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, db.replicas.clone()));
         }
         if let Some(t) = routed.tenant() {
@@ -640,7 +640,7 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.password == u.server_password
         && pool.upstream.family == d.family
         && pool.upstream.tls_settings == crate::config::upstream_tls_for(d, u)
-        && pool.replica_config() == d.replicas.in_use().then_some(&d.replicas)
+        && pool.replica_config() == (!d.replicas.hosts.is_empty()).then_some(&d.replicas)
 }
 
 fn without_size(s: &PoolSettings) -> PoolSettings {

@@ -96,6 +96,7 @@ impl Session {
             pending: self.cbuf.to_vec(),
             cancel_key: (self.cancel.process_id(), self.cancel.secret_key()),
             skip_until_sync: self.skip_until_sync,
+            target: self.extras.as_ref().and_then(|x| x.target),
             peer: self
                 .cancel
                 .slot
@@ -162,6 +163,7 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
             cancel,
             lease: None,
             peer: image.peer,
+            target: image.target,
         };
         let (mut session, _) = Session::new(&app, id, guard, stream, logged_in);
         session.restore(image);
@@ -193,6 +195,9 @@ impl Session {
         }
         self.cbuf = BytesMut::from(&image.pending[..]);
         self.skip_until_sync = image.skip_until_sync;
+        if image.target.is_some() {
+            Extras::get(&mut self.extras).target = image.target;
+        }
     }
 }
 

@@ -142,6 +142,8 @@ pub(super) struct LoggedIn {
     /// The client's address, for the login's log line: carried here rather than kept by
     /// the login's future across its awaits, which would grow every login in flight.
     pub(super) peer: Option<std::net::SocketAddr>,
+    /// `target_session_attrs`, when the client gave one.
+    pub(super) target: Option<crate::config::replicas::TargetSessionAttrs>,
 }
 
 /// What a client asks for, and what is known of it before it proves who it is.
@@ -219,6 +221,9 @@ async fn request(
         let (kind, code) = match e {
             crate::params::ParamError::NoUser => {
                 (ErrorKind::Routing, sqlstate::INVALID_AUTHORIZATION)
+            }
+            crate::params::ParamError::BadTarget(_) => {
+                (ErrorKind::ClientProtocol, sqlstate::INVALID_PARAMETER_VALUE)
             }
             _ => (ErrorKind::ClientProtocol, sqlstate::PROTOCOL_VIOLATION),
         };
@@ -476,6 +481,7 @@ async fn placed(
         database: req.startup.database.clone(),
         params: req.startup.params.clone(),
         reference: req.startup.reference.clone(),
+        target: req.startup.target,
         server_name: req.server_name.clone(),
         peer: req.peer,
         client_key,
@@ -589,6 +595,7 @@ pub(super) async fn enter_pool(
         cancel,
         lease,
         peer: req.peer,
+        target: req.startup.target,
     }))
 }
 

@@ -187,6 +187,8 @@ pub struct Extras {
     /// When the client's last transaction on the primary ended ([`crate::clock::now_ms`]),
     /// in a pool with replicas: its reads go where that commit is visible.
     pub wrote_at: u64,
+    /// The client's `target_session_attrs` (overrides the pool's `read_routing`).
+    pub target: Option<crate::config::replicas::TargetSessionAttrs>,
 }
 
 impl Extras {
@@ -222,6 +224,7 @@ impl Session {
             cancel,
             lease,
             peer: _,
+            target,
         } = done;
         // The session takes over the client count (released in `Drop`).
         client.into_session();
@@ -230,7 +233,7 @@ impl Session {
             app.lifecycle.client_fds.insert(fd);
             pool.client_fds.insert(fd);
         }
-        let session = Session {
+        let mut session = Session {
             id,
             active: false,
             app: app.clone(),
@@ -244,6 +247,9 @@ impl Session {
             statements: None,
             pool,
         };
+        if target.is_some_and(|t| t != crate::config::replicas::TargetSessionAttrs::Any) {
+            Extras::get(&mut session.extras).target = target;
+        }
         (session, lease.map(Box::new))
     }
 
@@ -588,7 +594,7 @@ impl Session {
     /// `None` when the failure was reported to the client instead.
     async fn attach(&mut self) -> Result<Option<Lease>, SessionError> {
         if let Some(set) = self.pool.replicas() {
-            if set.routing() != crate::config::replicas::ReadRouting::Primary && !set.checked() {
+            if self.routing().0 != crate::config::replicas::ReadRouting::Primary && !set.checked() {
                 set.start(&self.pool);
                 let limit = self.pool.settings.connect_timeout;
                 Box::pin(set.first_check(limit)).await;

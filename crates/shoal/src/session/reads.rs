@@ -17,7 +17,7 @@ use shoal_wire::sqlstate;
 use super::flow::Flow;
 use super::outbound::Outbound;
 use super::Session;
-use crate::config::replicas::ReadRouting;
+use crate::config::replicas::{ReadRouting, ReplicaFallback};
 use crate::error::ErrorKind;
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
@@ -46,7 +46,8 @@ impl Session {
             return Backend::Primary;
         };
         set.start(&self.pool);
-        let read = match set.routing() {
+        let (routing, fallback) = self.routing();
+        let read = match routing {
             ReadRouting::Primary => false,
             ReadRouting::Replicas => true,
             ReadRouting::Split => matches!(
@@ -56,7 +57,7 @@ impl Session {
         };
         if read {
             let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
-            match set.choose(&self.pool, wrote_at) {
+            match set.choose(&self.pool, wrote_at, fallback) {
                 Target::Replica(m) => return Backend::Replica(m.pool.clone()),
                 Target::NoReplica => return Backend::NoReplica,
                 Target::Primary => {}
@@ -69,6 +70,19 @@ impl Session {
                 None => Backend::Primary,
             },
             Writer::Nowhere => Backend::NoPrimary,
+        }
+    }
+
+    /// Where this client's transactions go: its `target_session_attrs`, else its pool's
+    /// `read_routing` and `replica_fallback`.
+    pub(super) fn routing(&self) -> (ReadRouting, ReplicaFallback) {
+        let target = self.extras.as_ref().and_then(|x| x.target);
+        if let Some(r) = target.and_then(|t| t.routing()) {
+            return r;
+        }
+        match self.pool.replicas() {
+            Some(set) => (set.routing(), set.config.fallback),
+            None => (ReadRouting::Primary, ReplicaFallback::Primary),
         }
     }
 

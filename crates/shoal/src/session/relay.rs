@@ -519,10 +519,8 @@ impl Session {
         // this transaction's claim (see `crate::notify::Hub::claim`).
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
         if policy.per_transaction()
-            && self
-                .pool
-                .replicas()
-                .is_some_and(|r| r.routing() == ReadRouting::Split)
+            && self.pool.replicas().is_some()
+            && self.routing().0 == ReadRouting::Split
         {
             if self.takes_writes(lease.pool()) {
                 out.track_writes = true;

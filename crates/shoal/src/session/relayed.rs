@@ -220,6 +220,7 @@ async fn log_in(
             params: open.params,
             unrecognized: Vec::new(),
             reference: open.reference,
+            target: open.target,
         },
         server_name: open.server_name,
         peer: open.peer,
@@ -321,6 +322,7 @@ fn resumed(
             cancel,
             lease: None,
             peer: req.peer,
+            target: req.startup.target,
         }),
         image,
     ))
