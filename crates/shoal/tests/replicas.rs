@@ -690,11 +690,9 @@ async fn target_session_attrs_chooses_per_client() {
         .await
         .unwrap();
     // A bad value is refused at login, with the values that would do.
-    let e = s
-        .try_connect(&with("replica"))
-        .await
-        .err()
-        .expect("refused");
+    let Err(e) = s.try_connect(&with("replica")).await else {
+        panic!("a bad target_session_attrs was accepted");
+    };
     assert_eq!(code(&e), "22023", "{e:?}");
     // Without replicas: prefer-standby reads on the primary, standby gets an error.
     for p in &r.replicas {
