@@ -47,7 +47,8 @@ fn pool_labels(pool: &crate::pool::Pool) -> Labels {
 impl Collector for ShoalCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let app = &self.app;
-        let pools = app.routes.pools();
+        // Replicas' pools too: their servers, checkouts (reads) and errors are theirs.
+        let pools = crate::replicas::status::with_replica_pools(app.routes.pools());
         let rows = |f: &dyn Fn(&crate::pool::Pool) -> i64| -> Vec<(Labels, i64)> {
             pools.iter().map(|p| (pool_labels(p), f(p))).collect()
         };
@@ -298,6 +299,7 @@ impl Collector for ShoalCollector {
         if let Some(node) = app.cluster.get() {
             crate::cluster::status::encode(node, &mut e)?;
         }
+        crate::replicas::status::encode(&app.routes.pools(), &mut e)?;
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

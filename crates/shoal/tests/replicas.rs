@@ -17,12 +17,17 @@ use common::*;
 /// Shoal in front of `r`'s primary for `db`, with its replicas and `keys` in the database's
 /// section.
 fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
+    shoal_with(r, db, keys, "")
+}
+
+/// [`shoal`], with `extra` sections in the configuration.
+fn shoal_with(r: &Replicated, db: &str, keys: &str, extra: &str) -> Shoal {
     let replicas: Vec<String> = r
         .replicas
         .iter()
         .map(|p| format!("{{ host = \"127.0.0.1\", port = {} }}", p.port))
         .collect();
-    let base = base_config(&r.primary, &[db], "");
+    let base = base_config(&r.primary, &[db], extra);
     let section = format!("port = {}\n", r.primary.port);
     let interval = if keys.contains("replica_check_interval") {
         ""
@@ -707,4 +712,97 @@ async fn target_session_attrs_chooses_per_client() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(port_of(&prefer).await, r.primary.port);
+}
+
+/// A console query's rows as (column names, rows).
+async fn console(s: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let c = s.connect_as("admin", "admin-secret", "pgbouncer").await;
+    let mut cols = Vec::new();
+    let mut rows = Vec::new();
+    for m in c.simple_query(q).await.unwrap() {
+        match m {
+            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_owned()).collect()
+            }
+            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("").to_owned())
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    (cols, rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_metrics_show_each_backend() {
+    let db = unique_db("show");
+    let r = cluster(&db);
+    let s = shoal_with(
+        &r,
+        &db,
+        "read_routing = \"split\"\nmax_replica_lag = \"300ms\"",
+        "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    spread(&c, 20).await;
+    r.replicas[0].psql_admin("SELECT pg_wal_replay_pause()");
+    c.execute("INSERT INTO t (v) VALUES (1)", &[])
+        .await
+        .unwrap();
+    eventually("the paused replica lags", Duration::from_secs(10), || {
+        s.log_contains("replica lags past max_replica_lag")
+    })
+    .await;
+    let (cols, rows) = console(&s, "SHOW REPLICAS").await;
+    let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let by_port = |port: u16| {
+        rows.iter()
+            .find(|row| row[col("port")] == port.to_string())
+            .unwrap_or_else(|| panic!("no row for {port}: {rows:?}"))
+    };
+    let primary = by_port(r.primary.port);
+    assert_eq!(primary[col("role")], "primary");
+    assert_eq!(primary[col("writer")], "yes");
+    let paused = by_port(r.replicas[0].port);
+    assert_eq!(paused[col("role")], "replica");
+    assert_eq!(paused[col("state")], "lagging", "{rows:?}");
+    assert!(
+        paused[col("lag_ms")].parse::<u64>().unwrap() > 300,
+        "{rows:?}"
+    );
+    let live = by_port(r.replicas[1].port);
+    assert_eq!(live[col("state")], "ok", "{rows:?}");
+    let reads: u64 = [paused, live]
+        .iter()
+        .map(|row| row[col("reads")].parse::<u64>().unwrap())
+        .sum();
+    assert!(reads >= 20, "{rows:?}");
+    // SHOW POOLS lists the replicas' pools beside the primary's.
+    let (_, pools) = console(&s, "SHOW POOLS").await;
+    let names: Vec<&str> = pools.iter().map(|row| row[0].as_str()).collect();
+    for p in &r.replicas {
+        let replica_db = format!("{db}@127.0.0.1:{}", p.port);
+        assert!(names.contains(&replica_db.as_str()), "{names:?}");
+    }
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", s.metrics.unwrap())])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let backend = format!("backend=\"127.0.0.1:{}\"", r.replicas[0].port);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("shoal_replica_backend_info")
+                && l.contains(&backend)
+                && l.contains("state=\"lagging\"")),
+        "{text}"
+    );
+    assert!(text.contains("shoal_replica_lag_milliseconds"), "{text}");
+    assert!(text.contains("shoal_replica_reads_total"), "{text}");
+    r.replicas[0].psql_admin("SELECT pg_wal_replay_resume()");
 }

@@ -4,6 +4,7 @@
 //! `[admin] stats_users` may only run `SHOW`.
 
 pub mod command;
+mod replicas;
 pub mod show;
 
 use std::sync::atomic::Ordering;

@@ -22,24 +22,24 @@ pub struct ResultSet {
 }
 
 impl ResultSet {
-    fn new(columns: &[(&'static str, Kind)]) -> ResultSet {
+    pub(super) fn new(columns: &[(&'static str, Kind)]) -> ResultSet {
         ResultSet {
             columns: columns.to_vec(),
             rows: Vec::new(),
         }
     }
 
-    fn row(&mut self, values: Vec<Option<String>>) {
+    pub(super) fn row(&mut self, values: Vec<Option<String>>) {
         debug_assert_eq!(values.len(), self.columns.len());
         self.rows.push(values);
     }
 }
 
-fn t(s: impl Into<String>) -> Option<String> {
+pub(super) fn t(s: impl Into<String>) -> Option<String> {
     Some(s.into())
 }
 
-fn n(v: impl std::fmt::Display) -> Option<String> {
+pub(super) fn n(v: impl std::fmt::Display) -> Option<String> {
     Some(v.to_string())
 }
 
@@ -53,8 +53,9 @@ fn mode(p: &Pool) -> &'static str {
     }
 }
 
+/// Every pool with servers: routing's, and their replicas' (`database@host:port`).
 fn sorted_pools(app: &App) -> Vec<Arc<Pool>> {
-    let mut pools = app.routes.pools();
+    let mut pools = crate::replicas::status::with_replica_pools(app.routes.pools());
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     pools
 }
@@ -582,7 +583,7 @@ pub fn version() -> ResultSet {
 pub fn help() -> ResultSet {
     let mut r = ResultSet::new(&[("command", Text)]);
     for c in [
-        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|HELP",
+        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|HELP",
         "PAUSE [db]",
         "RESUME [db]",
         "SUSPEND",
@@ -610,6 +611,7 @@ pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
         "VERSION" => version(),
         "HELP" => help(),
         "NODES" => nodes(app)?,
+        "REPLICAS" => super::replicas::show(app),
         other => {
             return Err(format!(
                 "SHOW {other} is not known: SHOW HELP lists what can be shown"

@@ -9,6 +9,7 @@
 //! ones the session uses, whichever backend runs a transaction.
 
 mod health;
+pub mod status;
 pub mod verdicts;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};

@@ -1,0 +1,42 @@
+//! The console's `SHOW REPLICAS`.
+
+use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
+use crate::app::App;
+
+/// `SHOW REPLICAS`: every backend of each pool with replicas, its role and state as last
+/// checked, its lag and the reads routed to it.
+pub fn show(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("pool", Text),
+        ("host", Text),
+        ("port", Int),
+        ("role", Text),
+        ("state", Text),
+        ("writer", Text),
+        ("lag_ms", Int),
+        ("lag_bytes", Int),
+        ("reads", Int),
+        ("bans", Int),
+        ("servers", Int),
+        ("in_use", Int),
+    ]);
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    for b in crate::replicas::status::rows(&pools) {
+        r.row(vec![
+            t(b.pool),
+            t(b.host),
+            n(b.port),
+            t(b.role),
+            t(b.state),
+            t(if b.writer { "yes" } else { "no" }),
+            b.lag_ms.and_then(n),
+            b.lag_bytes.and_then(n),
+            n(b.reads),
+            n(b.bans),
+            n(b.servers),
+            n(b.in_use),
+        ]);
+    }
+    r
+}
