@@ -667,8 +667,17 @@ async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
 async fn target_session_attrs_chooses_per_client() {
     let db = unique_db("target");
     let r = cluster(&db);
-    // Replicas listed, reads left on the primary: only clients that ask use them.
-    let s = shoal(&r, &db, "");
+    // Replicas listed, reads left on the primary: only clients that ask use them, and the
+    // user whose own read_routing says so.
+    let s = shoal_with(
+        &r,
+        &db,
+        "",
+        &format!(
+            "[users.reader]\npassword = \"reader-secret\"\nserver_user = \"app\"\n\
+             server_password = \"{APP_PASSWORD}\"\nread_routing = \"split\"\n"
+        ),
+    );
     let with = |attrs: &str| {
         format!(
             "{} options='-c target_session_attrs={attrs}'",
@@ -678,9 +687,12 @@ async fn target_session_attrs_chooses_per_client() {
     let plain = s.connect(&db).await;
     let standby = s.try_connect(&with("standby")).await.unwrap();
     let prefer = s.try_connect(&with("prefer-standby")).await.unwrap();
+    let reader = s.connect_as("reader", "reader-secret", &db).await;
     until_reads_reach_replicas(&r, &standby).await;
+    until_reads_reach_replicas(&r, &reader).await;
     for _ in 0..10 {
         assert_eq!(port_of(&plain).await, r.primary.port);
+        assert_ne!(port_of(&reader).await, r.primary.port);
         assert_ne!(port_of(&standby).await, r.primary.port);
         assert_ne!(port_of(&prefer).await, r.primary.port);
     }

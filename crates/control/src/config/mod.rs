@@ -92,6 +92,8 @@ pub struct User {
     pub server_password: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    /// Overrides the database's `read_routing` (where it lists replicas).
+    pub read_routing: Option<replicas::ReadRouting>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
@@ -114,6 +116,7 @@ impl User {
             server_password: None,
             pool_mode: None,
             pool_size: None,
+            read_routing: None,
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
@@ -612,6 +615,7 @@ fn resolve_user(
         max_client_conn: None,
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
+        read_routing: u.read_routing,
     })
 }
 

@@ -267,6 +267,8 @@ pub struct UserSection {
     pub server_password_env: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    /// Overrides the database's `read_routing` for this user's pools.
+    pub read_routing: Option<super::replicas::ReadRouting>,
     pub client_tls: Option<ClientTls>,
     /// A client certificate and key for this user's server logins (overrides the
     /// database's), and the key's password if it is encrypted.

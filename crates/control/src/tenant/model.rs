@@ -152,6 +152,9 @@ pub struct TenantUser {
     /// The user that runs `auth_query`.
     #[serde(default)]
     pub is_manager: bool,
+    /// Shoal: overrides the tenant's `read_routing` for this user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_routing: Option<ReadRouting>,
 }
 
 impl std::fmt::Debug for TenantUser {

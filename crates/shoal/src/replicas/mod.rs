@@ -110,8 +110,6 @@ impl Member {
 pub struct ReplicaSet {
     pub config: Replicas,
     pub members: Box<[Member]>,
-    /// Rotates the starting point among equally loaded replicas.
-    next: AtomicUsize,
     /// Proofs that statement texts only read, and the functions the database knows as
     /// non-volatile.
     pub verdicts: verdicts::Verdicts,
@@ -201,7 +199,6 @@ impl ReplicaSet {
         ReplicaSet {
             config,
             members,
-            next: AtomicUsize::new(0),
             verdicts: verdicts::Verdicts::default(),
             checker: OnceLock::new(),
             writer: AtomicUsize::new(0),
@@ -314,18 +311,16 @@ impl ReplicaSet {
     /// else on the primary.
     pub fn choose(&self, primary: &Pool, wrote_at: u64, fallback: ReplicaFallback) -> Target<'_> {
         let now = clock::now_ms();
-        let n = self.members.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut best: Option<(bool, u64, &Member)> = None;
         let mut stale = false;
-        for i in 0..n {
-            let m = &self.members[(start + i) % n];
+        // (outside `prefer_zone`, transactions running per unit of weight), for a replica
+        // that may take the read.
+        let key = |m: &Member, stale: &mut bool| -> Option<(bool, u64)> {
             if !m.usable(now) {
-                continue;
+                return None;
             }
             if wrote_at != 0 && m.fresh_as_of.load(Ordering::Relaxed) <= wrote_at {
-                stale = true;
-                continue;
+                *stale = true;
+                return None;
             }
             if !m.pool.fence.may_open() {
                 // A cluster node uses a pool's replicas where it owns the pool.
@@ -333,7 +328,7 @@ impl ReplicaSet {
                     m.pool.fence.own();
                 }
                 if !m.pool.fence.may_open() {
-                    continue;
+                    return None;
                 }
             }
             let away = self
@@ -341,13 +336,28 @@ impl ReplicaSet {
                 .zone
                 .as_ref()
                 .is_some_and(|z| m.host.zone.as_ref() != Some(z));
-            let load = (m.pool.in_use() as u64 + 1) * 1_000_000 / m.host.weight as u64;
-            if best.is_none_or(|(b_away, b_load, _)| (away, load) < (b_away, b_load)) {
-                best = Some((away, load, m));
-            }
+            Some((
+                away,
+                m.pool.in_use() as u64 * 1_000_000 / m.host.weight as u64,
+            ))
+        };
+        // On the stack for any usual number of replicas: this runs for every read.
+        let n = self.members.len();
+        let mut small = [None; 16];
+        let mut large = Vec::new();
+        let keys: &mut [Option<(bool, u64)>] = if n <= small.len() {
+            &mut small[..n]
+        } else {
+            large.resize(n, None);
+            &mut large
+        };
+        for (k, m) in keys.iter_mut().zip(self.members.iter()) {
+            *k = key(m, &mut stale);
         }
-        match best {
-            Some((_, _, m)) => {
+        let chosen = pick(keys, |i| self.members[i].host.weight, rand::random::<u64>());
+        match chosen {
+            Some(i) => {
+                let m = &self.members[i];
                 m.reads.fetch_add(1, Ordering::Relaxed);
                 Target::Replica(m)
             }
@@ -371,5 +381,67 @@ impl ReplicaSet {
             m.pool.server_fds.shut_reads();
             m.pool.close_idle().await;
         }
+    }
+}
+
+/// Of candidates keyed `(outside the preferred zone, load per unit of weight)` (`None`: not
+/// a candidate), one of the lowest key, drawn in proportion to `weight` with the random
+/// number `r`: equally loaded replicas share reads by weight, and a busier one gets fewer.
+fn pick(keys: &[Option<(bool, u64)>], weight: impl Fn(usize) -> u32, r: u64) -> Option<usize> {
+    let best = keys.iter().flatten().min()?;
+    let tied = || {
+        keys.iter()
+            .enumerate()
+            .filter(move |(_, k)| k.as_ref() == Some(best))
+            .map(|(i, _)| i)
+    };
+    let total: u64 = tied().map(|i| u64::from(weight(i))).sum();
+    let mut at = r % total.max(1);
+    for i in tied() {
+        let w = u64::from(weight(i));
+        if at < w {
+            return Some(i);
+        }
+        at -= w;
+    }
+    tied().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick;
+
+    #[test]
+    fn reads_go_to_the_least_loaded_and_share_by_weight() {
+        let weights = [1u32, 3, 1];
+        let w = |i: usize| weights[i];
+        // All idle: shared 1:3:1 over the draws.
+        let mut counts = [0; 3];
+        for r in 0..500 {
+            counts[pick(
+                &[Some((false, 0)), Some((false, 0)), Some((false, 0))],
+                w,
+                r,
+            )
+            .unwrap()] += 1;
+        }
+        assert_eq!(counts, [100, 300, 100]);
+        // The busier one is left out while another is less loaded.
+        for r in 0..50 {
+            assert_eq!(
+                pick(
+                    &[Some((false, 2)), Some((false, 5)), Some((false, 1))],
+                    w,
+                    r
+                ),
+                Some(2)
+            );
+        }
+        // The preferred zone first, however loaded.
+        assert_eq!(
+            pick(&[Some((true, 0)), Some((false, 9)), None], w, 7),
+            Some(1)
+        );
+        assert_eq!(pick(&[None, None, None], w, 1), None);
     }
 }

@@ -351,8 +351,8 @@ impl Registry {
                 dial: self.dial.get().cloned(),
             },
         );
-        if !db.replicas.hosts.is_empty() {
-            pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, db.replicas.clone()));
+        if let Some(replicas) = replicas_for(db, user) {
+            pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, replicas));
         }
         if let Some(t) = routed.tenant() {
             // A tenant's `default_parameter_status` answers logins without startup
@@ -640,7 +640,19 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.password == u.server_password
         && pool.upstream.family == d.family
         && pool.upstream.tls_settings == crate::config::upstream_tls_for(d, u)
-        && pool.replica_config() == (!d.replicas.hosts.is_empty()).then_some(&d.replicas)
+        && pool.replica_config() == replicas_for(d, u).as_ref()
+}
+
+/// The replicas of `d` as `u`'s pools use them (`u`'s `read_routing` wins), if it has any.
+fn replicas_for(d: &Database, u: &User) -> Option<crate::config::replicas::Replicas> {
+    if d.replicas.hosts.is_empty() {
+        return None;
+    }
+    let mut r = d.replicas.clone();
+    if let Some(routing) = u.read_routing {
+        r.routing = routing;
+    }
+    Some(r)
 }
 
 fn without_size(s: &PoolSettings) -> PoolSettings {

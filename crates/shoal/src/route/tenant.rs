@@ -145,6 +145,7 @@ impl TenantRoute {
                     server_password: Some(password),
                     pool_mode: Some(u.mode_type.into()),
                     pool_size: u.pool_size,
+                    read_routing: u.read_routing,
                     client_tls: None,
                     passthrough: None,
                     max_client_conn: u.max_clients,
