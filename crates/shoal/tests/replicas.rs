@@ -818,3 +818,92 @@ async fn the_console_and_metrics_show_each_backend() {
     assert!(text.contains("shoal_replica_reads_total"), "{text}");
     r.replicas[0].psql_admin("SELECT pg_wal_replay_resume()");
 }
+
+/// The mixed script: every statement kind that writes or might, beside reads, in one
+/// transaction script, so several clients interleave them.
+const MIXED: &str = r#"\set id random(1, 1000)
+SELECT v FROM t WHERE id = :id;
+INSERT INTO t (v) VALUES (:id);
+UPDATE t SET v = v + 1 WHERE id = :id;
+SELECT count(*) FROM t WHERE v > :id;
+SELECT * FROM t WHERE id = :id FOR UPDATE;
+WITH d AS (DELETE FROM t WHERE id = :id - 500 RETURNING id) SELECT count(*) FROM d;
+SELECT nextval('s');
+SELECT pg_advisory_xact_lock(:id);
+SELECT now(), length('x'), abs(-1);
+BEGIN;
+SELECT count(*) FROM t;
+INSERT INTO t (v) VALUES (:id * -1);
+COMMIT;
+BEGIN READ ONLY;
+SELECT max(id) FROM t;
+COMMIT;
+SELECT 1; INSERT INTO t (v) VALUES (0);
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_write_reaches_a_replica_under_a_mixed_load() {
+    let db = unique_db("mixed");
+    let r = cluster(&db);
+    let s = shoal_with(
+        &r,
+        &db,
+        "read_routing = \"split\"",
+        "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n",
+    );
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    let script = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(script.path(), MIXED).unwrap();
+    for mode in ["simple", "extended", "prepared"] {
+        // pgbench ends a client at its first error (a replica's 25006 among them) and
+        // exits non-zero.
+        let out = std::process::Command::new("timeout")
+            .args(["--kill-after=5", "120"])
+            .arg(r.primary.bin("pgbench"))
+            .env("PGPASSWORD", APP_PASSWORD)
+            .args([
+                "-n",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "app",
+                "-c",
+                "6",
+                "-j",
+                "2",
+                "-t",
+                "60",
+            ])
+            .args(["-M", mode, "-f"])
+            .arg(script.path())
+            .arg("-p")
+            .arg(s.port().to_string())
+            .arg(&db)
+            .output()
+            .expect("pgbench runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{mode}: {text}");
+        assert!(
+            !text.contains("25006") && !text.contains("read-only"),
+            "{mode}: {text}"
+        );
+        assert!(
+            text.contains("number of transactions actually processed: 360/360"),
+            "{mode}: {text}"
+        );
+    }
+    // Reads reached replicas: few in this script, whose clients write all the time (a
+    // client's reads follow its writes to the primary until the replicas show them).
+    let (cols, rows) = console(&s, "SHOW REPLICAS").await;
+    let reads = cols.iter().position(|c| c == "reads").unwrap();
+    let total: u64 = rows
+        .iter()
+        .map(|row| row[reads].parse::<u64>().unwrap())
+        .sum();
+    assert!(total > 0, "{rows:?}");
+}
