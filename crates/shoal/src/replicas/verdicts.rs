@@ -12,6 +12,8 @@ use shoal_wire::readonly::{self, Reads};
 /// Statement texts remembered; past it the memory starts over (a workload with more
 /// distinct texts than this is parsed more often, never wrongly).
 const REMEMBERED: usize = 8192;
+/// Parse messages one unit may hold and still go to a replica.
+const PARSES_PER_UNIT: usize = 16;
 /// Texts longer than this are parsed each time rather than kept.
 const LONGEST_KEPT: usize = 16 * 1024;
 
@@ -99,8 +101,10 @@ impl Verdicts {
     /// the text of a statement prepared before (by client name; `""` is the unnamed one).
     pub fn unit<'s>(&self, buf: &[u8], statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>) -> Unit {
         // Statements parsed inside this unit, by name: a Bind may use one before the
-        // client's statement list has it.
-        let mut parsed: Vec<(&[u8], bool)> = Vec::new();
+        // client's statement list has it. Kept on the stack (this runs for every unit); a
+        // unit parsing more statements than this is sent to the primary.
+        let mut parsed: [(&[u8], bool); PARSES_PER_UNIT] = [(&[], false); PARSES_PER_UNIT];
+        let mut n_parsed = 0;
         let mut at = 0;
         let mut messages = 0u32;
         let mut reads = true;
@@ -127,14 +131,18 @@ impl Verdicts {
                 fe::PARSE => {
                     let (name, rest) = cstr(body);
                     let ok = self.reads(cstr(rest).0);
-                    parsed.retain(|(n, _)| *n != name);
-                    parsed.push((name, ok));
+                    if n_parsed == PARSES_PER_UNIT {
+                        return Unit::Writes;
+                    }
+                    parsed[n_parsed] = (name, ok);
+                    n_parsed += 1;
                     reads &= ok;
                 }
                 fe::BIND => {
                     let (_portal, rest) = cstr(body);
                     let name = cstr(rest).0;
-                    let ok = match parsed.iter().rev().find(|(n, _)| *n == name) {
+                    // The latest Parse of that name in this unit, else the client's.
+                    let ok = match parsed[..n_parsed].iter().rev().find(|(n, _)| *n == name) {
                         Some((_, ok)) => *ok,
                         None => statement_text(name).is_some_and(|t| self.reads(t)),
                     };
