@@ -593,28 +593,16 @@ impl Session {
     /// A server that fails before anything of the client's reached it is replaced once.
     /// `None` when the failure was reported to the client instead.
     async fn attach(&mut self) -> Result<Option<Lease>, SessionError> {
-        if let Some(set) = self.pool.replicas() {
-            if self.routing().0 != crate::config::replicas::ReadRouting::Primary && !set.checked() {
-                set.start(&self.pool);
-                let limit = self.pool.settings.connect_timeout;
-                Box::pin(set.first_check(limit)).await;
-            }
-        }
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (other, replica) = match self.backend() {
-                reads::Backend::Primary => (None, false),
-                reads::Backend::Replica(pool) => (Some(pool), true),
-                reads::Backend::Writer(pool) => (Some(pool), false),
-                reads::Backend::NoReplica => {
-                    self.refuse_read().await?;
-                    return Ok(None);
-                }
-                reads::Backend::NoPrimary => {
-                    self.refuse_write().await?;
-                    return Ok(None);
-                }
+            // Another pool than the client's when a replica reads, or a promoted one writes.
+            let (other, replica) = match self.pool.replicas() {
+                None => (None, false),
+                Some(_) => match Box::pin(self.next_backend()).await? {
+                    Some(b) => b,
+                    None => return Ok(None),
+                },
             };
             let pool = other.as_ref().unwrap_or(&self.pool);
             let sets = self.extras.as_ref().map(|x| &x.sets);

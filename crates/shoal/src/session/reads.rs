@@ -28,7 +28,7 @@ use crate::replicas::{Target, Writer};
 const UNTIL_UNIT_END: u32 = u32::MAX;
 
 /// Where the client's next transaction runs.
-pub(super) enum Backend {
+enum Backend {
     Primary,
     Replica(Arc<Pool>),
     /// The replica promoted in place of the configured primary (failover).
@@ -40,8 +40,35 @@ pub(super) enum Backend {
 }
 
 impl Session {
+    /// The pool for the client's next unit when it is not the client's own (a replica's,
+    /// with `true`, or a promoted replica's), or `None` when the client was told there is
+    /// none. The first transactions after a start wait for the first check of the replicas.
+    pub(super) async fn next_backend(
+        &mut self,
+    ) -> Result<Option<(Option<Arc<Pool>>, bool)>, super::SessionError> {
+        if let Some(set) = self.pool.replicas() {
+            if self.routing().0 != ReadRouting::Primary && !set.checked() {
+                set.start(&self.pool);
+                set.first_check(self.pool.settings.connect_timeout).await;
+            }
+        }
+        Ok(Some(match self.backend() {
+            Backend::Primary => (None, false),
+            Backend::Replica(pool) => (Some(pool), true),
+            Backend::Writer(pool) => (Some(pool), false),
+            Backend::NoReplica => {
+                self.refuse_read().await?;
+                return Ok(None);
+            }
+            Backend::NoPrimary => {
+                self.refuse_write().await?;
+                return Ok(None);
+            }
+        }))
+    }
+
     /// The backend for the unit at the head of the client's buffer.
-    pub(super) fn backend(&self) -> Backend {
+    fn backend(&self) -> Backend {
         let Some(set) = self.pool.replicas() else {
             return Backend::Primary;
         };
