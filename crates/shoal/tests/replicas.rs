@@ -907,3 +907,27 @@ async fn no_write_reaches_a_replica_under_a_mixed_load() {
         .sum();
     assert!(total > 0, "{rows:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_mode_client_keeps_a_replica_for_its_session() {
+    let db = unique_db("session");
+    let r = cluster(&db);
+    let s = shoal(
+        &r,
+        &db,
+        "pool_mode = \"session\"\nread_routing = \"replicas\"",
+    );
+    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..12 {
+        let c = s.connect(&db).await;
+        let port = port_of(&c).await;
+        assert!(replica_ports.contains(&port), "session on {port}");
+        // One server for the whole session.
+        for _ in 0..5 {
+            assert_eq!(port_of(&c).await, port);
+        }
+        seen.insert(port);
+    }
+    assert_eq!(seen.len(), 2, "sessions spread over both replicas");
+}

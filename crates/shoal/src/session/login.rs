@@ -572,7 +572,15 @@ pub(super) async fn enter_pool(
             ),
         ));
     }
-    let (reported, lease) = reported_params(&pool, &req.startup.params).await?;
+    // A session-mode client keeps one server: a replica's for a client whose reads all go
+    // to replicas, the promoted replica's after a failover.
+    let server_pool = match pool.replicas() {
+        Some(_) if pool.settings.mode == PoolMode::Session => {
+            Box::pin(super::reads::session_backend(&pool, req.startup.target)).await?
+        }
+        _ => pool.clone(),
+    };
+    let (reported, lease) = reported_params(&pool, &server_pool, &req.startup.params).await?;
     let cancel = app.cancels.register(
         lease.as_ref().map(|l: &Lease| l.process_id),
         crate::cancel::ClientInfo {
@@ -603,6 +611,7 @@ pub(super) async fn enter_pool(
 /// mode the client's server (prepared for them).
 async fn reported_params(
     pool: &Arc<Pool>,
+    server_pool: &Arc<Pool>,
     params: &[(String, String)],
 ) -> Result<(crate::params::SharedParams, Option<Lease>), SessionError> {
     let session_mode = pool.settings.mode == PoolMode::Session;
@@ -623,7 +632,7 @@ async fn reported_params(
         Some(learning)
     };
     // Boxed: only a login with parameters not seen before gets here.
-    let l = Box::pin(pool.prepared_server(0, params, None, &crate::pool::NoCancel))
+    let l = Box::pin(server_pool.prepared_server(0, params, None, &crate::pool::NoCancel))
         .await
         .map_err(|e| match e {
             // PostgreSQL's own verdict on the client's startup parameters.

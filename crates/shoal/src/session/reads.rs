@@ -199,3 +199,51 @@ pub(super) fn replica_may_take(
     }
     true
 }
+
+/// The pool a session-mode client of `pool` takes its one server from: a replica's when
+/// all its reads go to replicas (`read_routing = "replicas"`, or its
+/// `target_session_attrs`), else the one that takes writes. A session cannot be split:
+/// `"split"` keeps it on the primary.
+pub(super) async fn session_backend(
+    pool: &Arc<Pool>,
+    target: Option<crate::config::replicas::TargetSessionAttrs>,
+) -> Result<Arc<Pool>, super::SessionError> {
+    let Some(set) = pool.replicas() else {
+        return Ok(pool.clone());
+    };
+    set.start(pool);
+    let (routing, fallback) = target
+        .and_then(|t| t.routing())
+        .unwrap_or((set.routing(), set.config.fallback));
+    if !set.checked() {
+        set.first_check(pool.settings.connect_timeout).await;
+    }
+    if routing == ReadRouting::Replicas {
+        match set.choose(pool, 0, fallback) {
+            Target::Replica(m) => return Ok(m.pool.clone()),
+            Target::NoReplica => {
+                return Err(super::SessionError::fatal(
+                    ErrorKind::ServerUnavailable,
+                    sqlstate::CONNECTION_FAILURE,
+                    format!(
+                        "pool \"{}\": no read replica is usable now (all down, banned or lagging past max_replica_lag)",
+                        pool.name
+                    ),
+                ))
+            }
+            Target::Primary => {}
+        }
+    }
+    match set.writer() {
+        Writer::Member(_) => Ok(set.writer_pool().cloned().unwrap_or_else(|| pool.clone())),
+        Writer::Nowhere => Err(super::SessionError::fatal(
+            ErrorKind::ServerUnavailable,
+            sqlstate::CONNECTION_FAILURE,
+            format!(
+                "pool \"{}\": no primary: the configured primary is in recovery and no replica was promoted",
+                pool.name
+            ),
+        )),
+        Writer::Configured => Ok(pool.clone()),
+    }
+}
