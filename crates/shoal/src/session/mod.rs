@@ -453,7 +453,7 @@ impl Session {
             // Its notifications now wait for the transaction's end.
             sub.mailbox.busy();
         }
-        let Some(mut lease) = self.attach().await? else {
+        let Some((mut lease, proven)) = self.attach().await? else {
             self.cancel.slot.not_busy();
             return Ok(false);
         };
@@ -470,7 +470,9 @@ impl Session {
         }
         self.set_active(true);
         let mut flow = Flow::default();
-        let end = self.relay(&mut lease, &mut flow, Policy::Transaction).await;
+        let end = self
+            .relay(&mut lease, &mut flow, Policy::Transaction, proven)
+            .await;
         self.end_claim(lease.process_id);
         self.cancel.slot.clear().await;
         self.set_active(false);
@@ -558,7 +560,7 @@ impl Session {
         let _named = self.cancel.slot.set(lease.cancel_target());
         self.set_active(true);
         let mut flow = Flow::default();
-        let end = self.relay(&mut lease, &mut flow, Policy::Session).await;
+        let end = self.relay(&mut lease, &mut flow, Policy::Session, 0).await;
         self.cancel.slot.clear().await;
         match end {
             Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {
@@ -592,13 +594,15 @@ impl Session {
     /// client ends a wait, as it would end the query on a direct connection) and prepared.
     /// A server that fails before anything of the client's reached it is replaced once.
     /// `None` when the failure was reported to the client instead.
-    async fn attach(&mut self) -> Result<Option<Lease>, SessionError> {
+    /// With the lease, how many messages at the head of the client's buffer were proven to
+    /// read (for a replica's server; see [`reads`]).
+    async fn attach(&mut self) -> Result<Option<(Lease, u32)>, SessionError> {
         let mut attempts = 0;
         loop {
             attempts += 1;
             // Another pool than the client's when a replica reads, or a promoted one writes.
             let (other, replica) = match self.pool.replicas() {
-                None => (None, false),
+                None => (None, None),
                 Some(_) => match Box::pin(self.next_backend()).await? {
                     Some(b) => b,
                     None => return Ok(None),
@@ -610,10 +614,10 @@ impl Session {
                 .prepared_server(self.id, &self.params, sets, &*self.cancel.slot)
                 .await;
             let e = match r {
-                Ok(lease) => return Ok(Some(lease)),
+                Ok(lease) => return Ok(Some((lease, replica.unwrap_or(0)))),
                 Err(e) => ClientError::wait(&pool.name, &e),
             };
-            if let Some(failed) = other.as_ref().filter(|_| replica) {
+            if let Some(failed) = other.as_ref().filter(|_| replica.is_some()) {
                 if e.kind == crate::error::ErrorKind::ServerUnavailable && attempts <= 3 {
                     // A replica that cannot be reached gets no traffic for a while; the
                     // unit goes to another backend (nothing of it reached this one).

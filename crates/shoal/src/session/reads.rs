@@ -30,7 +30,9 @@ const UNTIL_UNIT_END: u32 = u32::MAX;
 /// Where the client's next transaction runs.
 enum Backend {
     Primary,
-    Replica(Arc<Pool>),
+    /// A replica's pool, and how many messages at the head of the client's buffer were
+    /// proven to read.
+    Replica(Arc<Pool>, u32),
     /// The replica promoted in place of the configured primary (failover).
     Writer(Arc<Pool>),
     /// A read with no replica usable, and `replica_fallback = "error"`.
@@ -41,11 +43,12 @@ enum Backend {
 
 impl Session {
     /// The pool for the client's next unit when it is not the client's own (a replica's,
-    /// with `true`, or a promoted replica's), or `None` when the client was told there is
-    /// none. The first transactions after a start wait for the first check of the replicas.
+    /// with the number of messages proven to read, or a promoted replica's), or `None` when
+    /// the client was told there is none. The first transactions after a start wait for the
+    /// first check of the replicas.
     pub(super) async fn next_backend(
         &mut self,
-    ) -> Result<Option<(Option<Arc<Pool>>, bool)>, super::SessionError> {
+    ) -> Result<Option<(Option<Arc<Pool>>, Option<u32>)>, super::SessionError> {
         if let Some(set) = self.pool.replicas() {
             if self.routing().0 != ReadRouting::Primary && !set.checked() {
                 set.start(&self.pool);
@@ -53,9 +56,9 @@ impl Session {
             }
         }
         Ok(Some(match self.backend() {
-            Backend::Primary => (None, false),
-            Backend::Replica(pool) => (Some(pool), true),
-            Backend::Writer(pool) => (Some(pool), false),
+            Backend::Primary => (None, None),
+            Backend::Replica(pool, proven) => (Some(pool), Some(proven)),
+            Backend::Writer(pool) => (Some(pool), None),
             Backend::NoReplica => {
                 self.refuse_read().await?;
                 return Ok(None);
@@ -75,17 +78,17 @@ impl Session {
         set.start(&self.pool);
         let (routing, fallback) = self.routing();
         let read = match routing {
-            ReadRouting::Primary => false,
-            ReadRouting::Replicas => true,
-            ReadRouting::Split => matches!(
-                unit(&self.pool, &self.cbuf, self.statements.as_deref()),
-                Unit::Reads { .. }
-            ),
+            ReadRouting::Primary => None,
+            ReadRouting::Replicas => Some(0),
+            ReadRouting::Split => match unit(&self.pool, &self.cbuf, self.statements.as_deref()) {
+                Unit::Reads { messages } => Some(messages),
+                Unit::Writes | Unit::Incomplete => None,
+            },
         };
-        if read {
+        if let Some(proven) = read {
             let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
             match set.choose(&self.pool, wrote_at, fallback) {
-                Target::Replica(m) => return Backend::Replica(m.pool.clone()),
+                Target::Replica(m) => return Backend::Replica(m.pool.clone(), proven),
                 Target::NoReplica => return Backend::NoReplica,
                 Target::Primary => {}
             }

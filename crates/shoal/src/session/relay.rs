@@ -507,12 +507,14 @@ impl Session {
     /// Relays until the transaction boundary (transaction mode), the client leaves, or
     /// the server fails. Leftover client bytes (a partial message) stay in `self.cbuf`; when
     /// the server fails, client messages already taken for it are dropped with it (the client
-    /// gets an error for them instead of seeing them run twice).
+    /// gets an error for them instead of seeing them run twice). `proven`: messages at the
+    /// head of the client's buffer already proven to read, when the server is a replica's.
     pub(super) async fn relay(
         &mut self,
         lease: &mut Lease,
         flow: &mut Flow,
         policy: Policy,
+        proven: u32,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound::new();
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
@@ -526,6 +528,8 @@ impl Session {
                 out.track_writes = true;
             } else {
                 out.reads_only = true;
+                // Proven when the replica was chosen: not parsed or looked up again.
+                out.cleared = proven;
             }
         }
         let server: &mut ServerConn = lease;
