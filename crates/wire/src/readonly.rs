@@ -29,6 +29,27 @@ pub struct Reads {
 /// `Some` when every statement of `sql` (one or several) only reads, given that the
 /// functions named are non-volatile; `None` when it writes, might, or cannot be parsed.
 pub fn classify(sql: &str) -> Option<Reads> {
+    let bound = nesting_bound(sql.as_bytes());
+    if bound > MAX_NESTING {
+        return None;
+    }
+    if bound > INLINE_NESTING {
+        // Parsed on a stack of its own (see `MAX_NESTING`); a thread that cannot be had
+        // leaves the text unproven.
+        return std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("shoal-sql-parse".into())
+                .stack_size(DEEP_STACK)
+                .spawn_scoped(s, || classify_here(sql))
+                .ok()?
+                .join()
+                .ok()?
+        });
+    }
+    classify_here(sql)
+}
+
+fn classify_here(sql: &str) -> Option<Reads> {
     let parsed = pg_query::parse(sql).ok()?;
     let mut reads = Reads::default();
     if parsed.protobuf.stmts.is_empty() {
@@ -41,6 +62,36 @@ pub fn classify(sql: &str) -> Option<Reads> {
     reads.functions.sort();
     reads.functions.dedup();
     Some(reads)
+}
+
+/// libpg_query parses and turns its tree into protobuf by recursion, on the caller's stack:
+/// a client's `SELECT 1+1+...+1` a few thousand deep would overflow a thread's 2 MiB and
+/// abort the process. Texts that could nest deeper than `INLINE_NESTING` are parsed on a
+/// thread with `DEEP_STACK`; deeper than `MAX_NESTING`, not at all (they go to the
+/// primary). A tree that deep could not be proven anyway: the protobuf decoder gives up
+/// past 100 levels.
+const INLINE_NESTING: usize = 200;
+const MAX_NESTING: usize = 20_000;
+/// Virtual memory; only the pages a parse touches are used.
+const DEEP_STACK: usize = 64 << 20;
+
+/// An upper bound on how deep `sql`'s parse tree can nest: every level needs an operator
+/// character, an opening parenthesis or a word (a keyword or a name; not a number). Counted
+/// over the whole text, strings and comments included, so it only ever overcounts.
+fn nesting_bound(sql: &[u8]) -> usize {
+    let mut n = 0;
+    let mut in_word = false;
+    for &b in sql {
+        let word = b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80;
+        if word && !in_word && !b.is_ascii_digit() {
+            n += 1;
+        }
+        in_word = word;
+        if b"+-*/<>=~!@#%^&|`?(:".contains(&b) {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// One top-level statement.
@@ -429,6 +480,51 @@ fn skip_string(sql: &[u8], mut i: usize, escapes: bool) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trees_too_deep_to_prove_are_not_parsed() {
+        // Each would overflow a 2 MiB stack inside libpg_query: refused before parsing,
+        // on a small stack to prove it.
+        let deep = [
+            format!("SELECT {}1", "1+".repeat(100_000)),
+            format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000)),
+            format!("SELECT {}true", "NOT ".repeat(100_000)),
+            format!("SELECT 1{}", " IS NULL".repeat(50_000)),
+        ];
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                for sql in &deep {
+                    assert_eq!(classify(sql), None);
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        // The deepest texts within each bound parse without overflowing: inline ones on a
+        // thread's usual 2 MiB, deeper ones on their own stack (and fail to prove: deeper
+        // than the decoder goes).
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(|| {
+                for depth in [INLINE_NESTING - 2, MAX_NESTING - 2] {
+                    for sql in [
+                        format!("SELECT {}1", "1+".repeat(depth)),
+                        format!("SELECT {}true", "NOT ".repeat(depth)),
+                        format!("SELECT {}1{}", "(".repeat(depth / 2), ")".repeat(depth / 2)),
+                    ] {
+                        assert!(nesting_bound(sql.as_bytes()) <= depth + 2);
+                        let _ = classify(&sql);
+                    }
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        // Long but flat reads are still proven.
+        let ids: Vec<String> = (0..5000).map(|i| i.to_string()).collect();
+        assert!(classify(&format!("SELECT * FROM t WHERE id IN ({})", ids.join(", "))).is_some());
+    }
 
     #[test]
     fn values_comments_and_case_are_taken_out() {
