@@ -188,8 +188,8 @@ async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
 async fn a_client_always_reads_its_own_writes() {
     let db = unique_db("ryw");
     let r = cluster(&db);
-    // No lag limit: a replica whose replay is paused stays in use, so only read-your-writes
-    // keeps a writer's reads away from it.
+    // 2,000 writes, each read back at once. No lag limit: a replica whose replay is paused
+    // stays in use, so only read-your-writes keeps a writer's reads away from it.
     let s = shoal(
         &r,
         &db,
@@ -200,7 +200,7 @@ async fn a_client_always_reads_its_own_writes() {
     let stale = &r.replicas[0];
     stale.psql_admin("SELECT pg_wal_replay_pause()");
     let mut tasks = Vec::new();
-    for k in 0..3 {
+    for k in 0..4 {
         let c = s.connect(&db).await;
         let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
         tasks.push(tokio::spawn(async move {
@@ -209,7 +209,7 @@ async fn a_client_always_reads_its_own_writes() {
                 .await
                 .unwrap();
             let mut on_replica = 0;
-            for i in 0..300 {
+            for i in 0..500 {
                 let id: i32 = c
                     .query_one(
                         "INSERT INTO t (v) VALUES ($1) RETURNING id",
@@ -232,7 +232,7 @@ async fn a_client_always_reads_its_own_writes() {
                         on_replica += 1;
                         break;
                     }
-                    if i % 10 != 0 {
+                    if i % 50 != 0 {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
