@@ -13,10 +13,12 @@
 //! - [`sqlstate`]: the error codes Shoal uses.
 //! - [`scram`]: server-side SCRAM-SHA-256 (RFC 5802 / 7677) and verifier parsing.
 //! - [`md5`]: PostgreSQL's MD5 password scheme.
+//! - [`facts`]: what SQL runs and calls (every node of its parse tree), for query rules.
 //! - [`readonly`]: whether SQL only reads (parsed by PostgreSQL's grammar), for replicas.
 //! - [`sql`]: a SQL lexer and classifier: what a query leaves behind in its session.
 
 pub mod backend;
+pub mod facts;
 pub mod frame;
 pub mod frontend;
 pub mod md5;

@@ -29,24 +29,30 @@ pub struct Reads {
 /// `Some` when every statement of `sql` (one or several) only reads, given that the
 /// functions named are non-volatile; `None` when it writes, might, or cannot be parsed.
 pub fn classify(sql: &str) -> Option<Reads> {
+    on_parse_stack(sql, || classify_here(sql)).flatten()
+}
+
+/// Runs `parse` (which parses `sql` with libpg_query) where the parse cannot overflow the
+/// stack: here for shallow texts, on a thread of its own for deep ones (see
+/// `MAX_NESTING`); `None` for texts too deep to parse at all, or when no thread could be
+/// had.
+pub(crate) fn on_parse_stack<R: Send>(sql: &str, parse: impl FnOnce() -> R + Send) -> Option<R> {
     let bound = nesting_bound(sql.as_bytes());
     if bound > MAX_NESTING {
         return None;
     }
-    if bound > INLINE_NESTING {
-        // Parsed on a stack of its own (see `MAX_NESTING`); a thread that cannot be had
-        // leaves the text unproven.
-        return std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .name("shoal-sql-parse".into())
-                .stack_size(DEEP_STACK)
-                .spawn_scoped(s, || classify_here(sql))
-                .ok()?
-                .join()
-                .ok()?
-        });
+    if bound <= INLINE_NESTING {
+        return Some(parse());
     }
-    classify_here(sql)
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("shoal-sql-parse".into())
+            .stack_size(DEEP_STACK)
+            .spawn_scoped(s, parse)
+            .ok()?
+            .join()
+            .ok()
+    })
 }
 
 fn classify_here(sql: &str) -> Option<Reads> {

@@ -1,0 +1,263 @@
+//! What SQL does, in the terms query rules are written in: the kinds of statement it runs
+//! (nested ones included: a `DELETE` inside a `WITH`, an `INSERT` under `EXPLAIN ANALYZE`,
+//! a `DROP` inside `PREPARE`), the functions it calls, the settings it sets, the SQL-level
+//! prepared statements it executes, and each statement's fingerprint.
+//!
+//! Rules guard what a tenant may run, so the walk must miss nothing: the parse tree
+//! (PostgreSQL's own grammar, through libpg_query) is turned into a generic tree and every
+//! node of every type is visited. Case, comments, quoting and dollar quotes are gone by then;
+//! they cannot hide a statement or a call.
+
+use serde_json::Value;
+
+/// What one text (one or several statements) does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// Statement kinds, upper case: `SELECT`, `INSERT`, `DROP`, `ALTER SYSTEM`, `COPY`,
+    /// `COPY PROGRAM`, `SET`, `TRUNCATE`, ..., and `DDL` for any statement that changes the
+    /// schema or roles.
+    pub kinds: Vec<String>,
+    /// Functions called, lower case, as written (`pg_catalog.now` or `now`).
+    pub functions: Vec<String>,
+    /// Parameters set (`SET name`, `RESET name`, `SET LOCAL name`), lower case.
+    pub settings: Vec<String>,
+    /// SQL-level prepared statements run (`EXECUTE name`).
+    pub executes: Vec<String>,
+    /// Each statement's fingerprint (pg_query's: literals and formatting do not count), hex.
+    pub fingerprints: Vec<String>,
+}
+
+/// Why a text has no facts.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FactsError {
+    #[error("the statement does not parse: {0}")]
+    Parse(String),
+    #[error("the statement nests too deep to be checked")]
+    TooDeep,
+}
+
+/// The facts of `sql`.
+pub fn facts(sql: &str) -> Result<Facts, FactsError> {
+    crate::readonly::on_parse_stack(sql, || facts_here(sql)).unwrap_or(Err(FactsError::TooDeep))
+}
+
+fn facts_here(sql: &str) -> Result<Facts, FactsError> {
+    let parsed = pg_query::parse(sql).map_err(|e| FactsError::Parse(e.to_string()))?;
+    let tree =
+        serde_json::to_value(&parsed.protobuf).map_err(|e| FactsError::Parse(e.to_string()))?;
+    let mut f = Facts::default();
+    walk(&tree, &mut f);
+    for raw in &parsed.protobuf.stmts {
+        let start = raw.stmt_location.max(0) as usize;
+        let text = match raw.stmt_len {
+            0 => sql.get(start..),
+            n => sql.get(start..start + n as usize),
+        };
+        if let Some(fp) = text.and_then(|t| pg_query::fingerprint(t).ok()) {
+            f.fingerprints.push(fp.hex);
+        }
+    }
+    for v in [
+        &mut f.kinds,
+        &mut f.functions,
+        &mut f.settings,
+        &mut f.executes,
+    ] {
+        v.sort();
+        v.dedup();
+    }
+    Ok(f)
+}
+
+/// Every node of the generic tree: a node is an object with one key naming its type.
+fn walk(v: &Value, f: &mut Facts) {
+    match v {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                if let Some(kind) = key.strip_suffix("Stmt") {
+                    note_statement(kind, inner, f);
+                } else if key == "FuncCall" {
+                    if let Some(name) = func_name(inner) {
+                        f.functions.push(name);
+                    }
+                }
+                walk(inner, f);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| walk(i, f)),
+        _ => {}
+    }
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key)?.as_str()
+}
+
+/// `funcname` parts joined by `.`, lower case (the parser folded unquoted names already).
+fn func_name(call: &Value) -> Option<String> {
+    let parts: Vec<&str> = call
+        .get("funcname")?
+        .as_array()?
+        .iter()
+        .filter_map(|p| p.get("node")?.get("String")?.get("sval")?.as_str())
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(".").to_lowercase())
+}
+
+/// Records one statement node (`kind` is its type without `Stmt`).
+fn note_statement(kind: &str, node: &Value, f: &mut Facts) {
+    let mut add = |k: &str| f.kinds.push(k.to_owned());
+    match kind {
+        "Select" | "SetOperation" => add("SELECT"),
+        "Insert" => add("INSERT"),
+        "Update" => add("UPDATE"),
+        "Delete" => add("DELETE"),
+        "Merge" => add("MERGE"),
+        "Truncate" => add("TRUNCATE"),
+        "Copy" => {
+            add("COPY");
+            if node.get("is_program").and_then(Value::as_bool) == Some(true) {
+                add("COPY PROGRAM");
+            }
+        }
+        "VariableSet" => {
+            add("SET");
+            if let Some(name) = str_field(node, "name") {
+                f.settings.push(name.to_lowercase());
+            }
+        }
+        "VariableShow" => add("SHOW"),
+        "AlterSystem" => {
+            add("ALTER SYSTEM");
+            add("DDL");
+        }
+        "Execute" => {
+            add("EXECUTE");
+            if let Some(name) = str_field(node, "name") {
+                f.executes.push(name.to_owned());
+            }
+        }
+        "Transaction" => add("TRANSACTION"),
+        "Explain" => add("EXPLAIN"),
+        "Prepare" => add("PREPARE"),
+        "Deallocate" => add("DEALLOCATE"),
+        "Listen" => add("LISTEN"),
+        "Unlisten" => add("UNLISTEN"),
+        "Notify" => add("NOTIFY"),
+        "Lock" => add("LOCK"),
+        "Do" => add("DO"),
+        "Call" => add("CALL"),
+        "Vacuum" => add("VACUUM"),
+        "Cluster" => add("CLUSTER"),
+        "Reindex" => add("REINDEX"),
+        "CheckPoint" => add("CHECKPOINT"),
+        "Load" => add("LOAD"),
+        "Discard" => add("DISCARD"),
+        "DeclareCursor" => add("DECLARE"),
+        "Fetch" => add("FETCH"),
+        "ClosePortal" => add("CLOSE"),
+        "Grant" | "GrantRole" => {
+            add("GRANT");
+            add("DDL");
+        }
+        "Drop" | "Dropdb" | "DropRole" | "DropOwned" | "DropTableSpace" | "DropSubscription"
+        | "DropUserMapping" => {
+            add("DROP");
+            add("DDL");
+        }
+        "CreateTableAs" => {
+            add("CREATE");
+            add("DDL");
+        }
+        other if other.starts_with("Create") || other.starts_with("Define") => {
+            add("CREATE");
+            add("DDL");
+        }
+        other if other.starts_with("Alter") || other == "Rename" => {
+            add("ALTER");
+            add("DDL");
+        }
+        "Comment"
+        | "SecLabel"
+        | "Index"
+        | "View"
+        | "Rule"
+        | "CompositeType"
+        | "ReassignOwned"
+        | "ImportForeignSchema"
+        | "RefreshMatView" => add("DDL"),
+        // A node named "...Stmt" this list does not know yet: still a statement, under its
+        // own name, so a rule can name it.
+        other => add(&other.to_uppercase()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(sql: &str) -> Vec<String> {
+        facts(sql).unwrap().kinds
+    }
+
+    #[test]
+    fn statements_are_found_wherever_they_are() {
+        assert_eq!(kinds("SELECT 1"), ["SELECT"]);
+        assert_eq!(kinds("drop TABLE t"), ["DDL", "DROP"]);
+        assert!(
+            kinds("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d")
+                .contains(&"DELETE".into())
+        );
+        assert!(kinds("EXPLAIN ANALYZE INSERT INTO t VALUES (1)").contains(&"INSERT".into()));
+        assert!(kinds("PREPARE p AS DELETE FROM t").contains(&"DELETE".into()));
+        assert!(kinds("SELECT 1; /* x */ TRUNCATE t").contains(&"TRUNCATE".into()));
+        assert!(kinds("ALTER SYSTEM SET work_mem = '1GB'").contains(&"ALTER SYSTEM".into()));
+        assert!(kinds("COPY t FROM PROGRAM 'curl x'").contains(&"COPY PROGRAM".into()));
+        assert!(!kinds("COPY t FROM STDIN").contains(&"COPY PROGRAM".into()));
+        assert!(kinds("CREATE TABLE x (a int)").contains(&"DDL".into()));
+        assert!(kinds("ALTER TABLE t ADD COLUMN b int").contains(&"ALTER".into()));
+        assert!(kinds("GRANT SELECT ON t TO bob").contains(&"GRANT".into()));
+    }
+
+    #[test]
+    fn calls_settings_and_executes_are_named() {
+        let f =
+            facts("SELECT PG_TERMINATE_BACKEND(pid) FROM pg_stat_activity WHERE f(x) > 0").unwrap();
+        assert_eq!(f.functions, ["f", "pg_terminate_backend"]);
+        let f = facts("SELECT * FROM dblink('host=x', 'select 1') AS t(a int)").unwrap();
+        assert_eq!(f.functions, ["dblink"]);
+        let f = facts("SELECT \"pg_catalog\".\"pg_terminate_backend\"(1)").unwrap();
+        assert_eq!(f.functions, ["pg_catalog.pg_terminate_backend"]);
+        let f = facts("DO $$ BEGIN PERFORM 1; END $$").unwrap();
+        assert_eq!(f.kinds, ["DO"]);
+        let f = facts("SET LOCAL statement_timeout = 0; RESET Work_Mem").unwrap();
+        assert_eq!(f.settings, ["statement_timeout", "work_mem"]);
+        let f = facts("EXECUTE q(1)").unwrap();
+        assert_eq!(f.executes, ["q"]);
+        // Calls inside anything: a DML's RETURNING, a default, a subquery in DDL.
+        let f = facts("UPDATE t SET a = g(1) RETURNING h(a)").unwrap();
+        assert_eq!(f.functions, ["g", "h"]);
+    }
+
+    #[test]
+    fn fingerprints_ignore_values_and_formatting() {
+        let a = facts("SELECT * FROM t WHERE id = 1").unwrap().fingerprints;
+        let b = facts("select *  from t /* c */ where id = 42")
+            .unwrap()
+            .fingerprints;
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 1);
+        let two = facts("SELECT 1; SELECT * FROM t WHERE id = 7")
+            .unwrap()
+            .fingerprints;
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1], a[0]);
+    }
+
+    #[test]
+    fn unparseable_and_too_deep_are_errors() {
+        assert!(matches!(facts("SELEC 1"), Err(FactsError::Parse(_))));
+        let deep = format!("SELECT {}1", "1+".repeat(50_000));
+        assert_eq!(facts(&deep), Err(FactsError::TooDeep));
+    }
+}
