@@ -166,27 +166,6 @@ fn http_get(url: &str) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-/// A console query's rows as (column names, rows).
-async fn console(n: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let c = n.connect_as("admin", "admin-secret", "pgbouncer").await;
-    let mut cols = Vec::new();
-    let mut rows = Vec::new();
-    for m in c.simple_query(q).await.unwrap() {
-        match m {
-            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
-                cols = d.iter().map(|c| c.name().to_owned()).collect()
-            }
-            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("").to_owned())
-                    .collect(),
-            ),
-            _ => {}
-        }
-    }
-    (cols, rows)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_metrics_and_api_describe_the_cluster() {
     let etcd = Etcd::start();
@@ -206,7 +185,7 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
     let (owner, relay) = owner_and_relay(&a, &b);
     let owner_id = if std::ptr::eq(owner, &a) { "a" } else { "b" };
     // SHOW NODES: both nodes, this one marked, the owner holding the one pool.
-    let (cols, rows) = console(relay, "SHOW NODES").await;
+    let (cols, rows) = console_rows(relay, "SHOW NODES").await;
     let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     let ids: Vec<&str> = rows.iter().map(|r| r[col("node")].as_str()).collect();
@@ -219,7 +198,7 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
     let relay_id = if owner_id == "a" { "b" } else { "a" };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (cols, rows) = console(owner, "SHOW NODES").await;
+        let (cols, rows) = console_rows(owner, "SHOW NODES").await;
         let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
         let row = rows.iter().find(|r| r[col("node")] == relay_id).unwrap();
         if row[col("clients")].parse::<u64>().unwrap() >= 1 {
@@ -229,7 +208,7 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // SHOW POOLS on the relaying node names the owner.
-    let (cols, rows) = console(relay, "SHOW POOLS").await;
+    let (cols, rows) = console_rows(relay, "SHOW POOLS").await;
     let owner_col = cols
         .iter()
         .position(|c| c == "owner")

@@ -726,27 +726,6 @@ async fn target_session_attrs_chooses_per_client() {
     assert_eq!(port_of(&prefer).await, r.primary.port);
 }
 
-/// A console query's rows as (column names, rows).
-async fn console(s: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let c = s.connect_as("admin", "admin-secret", "pgbouncer").await;
-    let mut cols = Vec::new();
-    let mut rows = Vec::new();
-    for m in c.simple_query(q).await.unwrap() {
-        match m {
-            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
-                cols = d.iter().map(|c| c.name().to_owned()).collect()
-            }
-            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("").to_owned())
-                    .collect(),
-            ),
-            _ => {}
-        }
-    }
-    (cols, rows)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_and_metrics_show_each_backend() {
     let db = unique_db("show");
@@ -769,7 +748,7 @@ async fn the_console_and_metrics_show_each_backend() {
         s.log_contains("replica lags past max_replica_lag")
     })
     .await;
-    let (cols, rows) = console(&s, "SHOW REPLICAS").await;
+    let (cols, rows) = console_rows(&s, "SHOW REPLICAS").await;
     let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
     assert_eq!(rows.len(), 3, "{rows:?}");
     let by_port = |port: u16| {
@@ -795,7 +774,7 @@ async fn the_console_and_metrics_show_each_backend() {
         .sum();
     assert!(reads >= 20, "{rows:?}");
     // SHOW POOLS lists the replicas' pools beside the primary's.
-    let (_, pools) = console(&s, "SHOW POOLS").await;
+    let (_, pools) = console_rows(&s, "SHOW POOLS").await;
     let names: Vec<&str> = pools.iter().map(|row| row[0].as_str()).collect();
     for p in &r.replicas {
         let replica_db = format!("{db}@127.0.0.1:{}", p.port);
@@ -899,7 +878,7 @@ async fn no_write_reaches_a_replica_under_a_mixed_load() {
     }
     // Reads reached replicas: few in this script, whose clients write all the time (a
     // client's reads follow its writes to the primary until the replicas show them).
-    let (cols, rows) = console(&s, "SHOW REPLICAS").await;
+    let (cols, rows) = console_rows(&s, "SHOW REPLICAS").await;
     let reads = cols.iter().position(|c| c == "reads").unwrap();
     let total: u64 = rows
         .iter()

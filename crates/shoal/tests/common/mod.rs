@@ -58,6 +58,24 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// A directory under /tmp that the PostgreSQL programs may write (owned by `postgres` when
+/// we are root); kept after the test (the exit hook removes the clusters in it).
+fn postgres_dir(prefix: &str) -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .expect("temp dir")
+        .keep();
+    if is_root() {
+        Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .expect("chown");
+    }
+    dir
+}
+
 /// Runs a PostgreSQL program, as the `postgres` user when we are root.
 fn pg_command(program: &Path) -> Command {
     if is_root() {
@@ -125,18 +143,7 @@ impl Pg {
     /// server's options.
     pub fn start_with(port: u16, files: &[(&str, &str)], extra_opts: &str) -> Pg {
         let bin = pg_bindir();
-        let dir = tempfile::Builder::new()
-            .prefix("shoal-test-pg")
-            .tempdir_in("/tmp")
-            .expect("temp dir")
-            .keep();
-        if is_root() {
-            Command::new("chown")
-                .args(["postgres:postgres"])
-                .arg(&dir)
-                .status()
-                .expect("chown");
-        }
+        let dir = postgres_dir("shoal-test-pg");
         let pwfile = dir.join("pw");
         std::fs::write(&pwfile, "postgres\n").unwrap();
         if is_root() {
@@ -628,4 +635,26 @@ pub fn ca_and_server_cert() -> (String, String, String) {
     let key = rcgen::KeyPair::generate().unwrap();
     let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
     (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// A console query's rows through `s` as the console user `admin` (password
+/// `admin-secret`): (column names, rows as text).
+pub async fn console_rows(s: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let c = s.connect_as("admin", "admin-secret", "pgbouncer").await;
+    let mut cols = Vec::new();
+    let mut rows = Vec::new();
+    for m in c.simple_query(q).await.unwrap() {
+        match m {
+            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_owned()).collect()
+            }
+            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("").to_owned())
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    (cols, rows)
 }

@@ -1,10 +1,9 @@
 //! A primary with streaming replicas on loopback, made as an operator would: `initdb` for the
 //! primary, `pg_basebackup -R` for each standby.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{free_port, is_root, pg_command, Pg, CLUSTERS};
+use super::{free_port, pg_command, postgres_dir, Pg, CLUSTERS};
 
 /// Server options a primary needs to stream to standbys.
 const PRIMARY_OPTS: &str =
@@ -55,18 +54,7 @@ pub fn wait_replayed(replica: &Pg, lsn: &str) {
 
 /// A hot standby of `primary`, streaming from it.
 fn standby_of(primary: &Pg) -> Pg {
-    let dir = tempfile::Builder::new()
-        .prefix("shoal-test-replica")
-        .tempdir_in("/tmp")
-        .expect("temp dir")
-        .keep();
-    if is_root() {
-        Command::new("chown")
-            .args(["postgres:postgres"])
-            .arg(&dir)
-            .status()
-            .expect("chown");
-    }
+    let dir = postgres_dir("shoal-test-replica");
     let out = pg_command(&primary.bin("pg_basebackup"))
         .arg("-d")
         .arg(format!(
