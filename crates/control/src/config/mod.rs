@@ -13,6 +13,7 @@ use shoal_wire::{md5, scram::Verifier};
 
 mod cluster;
 pub mod replicas;
+pub mod rules;
 mod sections;
 mod service;
 pub use cluster::{Cluster, ClusterSection, ClusterTls};
