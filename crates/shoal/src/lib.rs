@@ -67,6 +67,7 @@ pub mod notify;
 pub mod params;
 pub mod pool;
 pub mod prepared;
+pub mod query_rules;
 pub mod replicas;
 pub mod reuseport;
 pub mod route;

@@ -95,6 +95,8 @@ pub struct User {
     pub pool_size: Option<usize>,
     /// Overrides the database's `read_routing` (where it lists replicas).
     pub read_routing: Option<replicas::ReadRouting>,
+    /// Query rules for this user, beside its database's.
+    pub rules: Vec<rules::Rule>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
@@ -118,6 +120,7 @@ impl User {
             pool_mode: None,
             pool_size: None,
             read_routing: None,
+            rules: Vec::new(),
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
@@ -157,6 +160,8 @@ pub struct Database {
     pub server_reset: Option<ServerReset>,
     /// Read replicas, and which reads go to them.
     pub replicas: replicas::Replicas,
+    /// Query rules for every client of this database.
+    pub rules: Vec<rules::Rule>,
 }
 
 /// Which of a host name's addresses Shoal connects to.
@@ -343,6 +348,7 @@ impl Config {
                 .map_err(|m| invalid(&section, m))?;
             let replicas = replicas::validate(&section, &d.replica_keys())
                 .map_err(|m| invalid(&section, m))?;
+            let rules = rules::validate(&section, &d.rules).map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -373,6 +379,7 @@ impl Config {
                     max_client_conn: d.max_client_conn,
                     server_reset: d.server_reset,
                     replicas,
+                    rules,
                 },
             );
         }
@@ -617,6 +624,7 @@ fn resolve_user(
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
         read_routing: u.read_routing,
+        rules: rules::validate(&format!("users.{name}"), &u.rules)?,
     })
 }
 

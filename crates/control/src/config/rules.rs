@@ -1,6 +1,5 @@
 //! Query rules: what a database's (or a user's) clients may run. Each rule has one matcher
-//! and an action. (Not yet read from the configuration: rules are enforced by the session
-//! before they can be configured, so that no rule can be written that does nothing.)
+//! and an action; see `docs/rules.md`.
 
 use serde::Deserialize;
 use shoal_wire::facts::Facts;

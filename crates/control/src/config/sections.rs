@@ -193,6 +193,9 @@ pub struct DatabaseSection {
     pub replica_check_interval: Option<f64>,
     pub replica_ban_time: Option<f64>,
     pub prefer_zone: Option<String>,
+    /// Query rules (`[[databases.NAME.rules]]`).
+    #[serde(default)]
+    pub rules: Vec<super::rules::RuleSection>,
 }
 
 /// TLS to PostgreSQL, with libpq's meanings.
@@ -269,6 +272,9 @@ pub struct UserSection {
     pub pool_size: Option<usize>,
     /// Overrides the database's `read_routing` for this user's pools.
     pub read_routing: Option<super::replicas::ReadRouting>,
+    /// Query rules (`[[users.NAME.rules]]`).
+    #[serde(default)]
+    pub rules: Vec<super::rules::RuleSection>,
     pub client_tls: Option<ClientTls>,
     /// A client certificate and key for this user's server logins (overrides the
     /// database's), and the key's password if it is encrypted.

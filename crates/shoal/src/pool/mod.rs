@@ -176,6 +176,10 @@ pub struct Pool {
     pub fence: Fence,
     /// Read replicas of the pool's database, when reads may go to them.
     replicas: std::sync::OnceLock<Arc<crate::replicas::ReplicaSet>>,
+    /// Query rules in force (its database's and its user's), replaced live on reloads;
+    /// `has_rules` spares the lock for pools without any.
+    rules: std::sync::RwLock<Option<Arc<crate::query_rules::QueryRules>>>,
+    has_rules: std::sync::atomic::AtomicBool,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -253,6 +257,8 @@ impl Pool {
             notify: Default::default(),
             fence: Fence::new(),
             replicas: std::sync::OnceLock::new(),
+            rules: std::sync::RwLock::new(None),
+            has_rules: std::sync::atomic::AtomicBool::new(false),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -268,6 +274,27 @@ impl Pool {
         // Upkeep runs on the control runtime, not on the shard whose login made the pool.
         crate::control::spawn(reap(Arc::downgrade(&pool)));
         pool
+    }
+
+    /// The query rules in force, if any.
+    #[inline]
+    pub fn rules(&self) -> Option<Arc<crate::query_rules::QueryRules>> {
+        if !self.has_rules.load(Ordering::Acquire) {
+            return None;
+        }
+        self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `rules` in force for the pool's clients from their next message on (unchanged
+    /// rules keep what they remember).
+    pub fn set_rules(&self, rules: Vec<crate::config::rules::Rule>) {
+        let mut current = self.rules.write().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().map_or(&[][..], |r| r.rules()) == rules.as_slice() {
+            return;
+        }
+        let new = crate::query_rules::QueryRules::new(rules).map(Arc::new);
+        self.has_rules.store(new.is_some(), Ordering::Release);
+        *current = new;
     }
 
     /// Gives the pool its replicas (once, as it is made).

@@ -111,6 +111,24 @@ impl Translator<'_> {
         }
     }
 
+    /// Refuses the client message with type `tag` instead of passing it on: the server is
+    /// made to fail in its place (so a transaction it is in fails, and later messages up to
+    /// the Sync are skipped, as PostgreSQL does for an error), and the client gets `code`
+    /// and `message`. A Query or FunctionCall is answered with ReadyForQuery too.
+    pub fn refuse(
+        &mut self,
+        tag: u8,
+        code: &'static str,
+        message: String,
+        out: &mut impl ToServer,
+    ) {
+        self.fail(code, message, out.buf());
+        if matches!(tag, fe::QUERY | fe::FUNCTION_CALL) {
+            shoal_wire::frontend::sync(out.buf());
+            self.queue.push_back(Expect::Sync);
+        }
+    }
+
     /// Makes the server fail here with `code` and `message` (see [`Expect::Fail`]).
     fn fail(&mut self, code: &'static str, message: String, out: &mut BytesMut) {
         // A syntax error: it is raised before the name is looked at, and has no effect.

@@ -351,6 +351,7 @@ impl Registry {
                 dial: self.dial.get().cloned(),
             },
         );
+        pool.set_rules(rules_for(db, user));
         if let Some(replicas) = replicas_for(db, user) {
             pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, replicas));
         }
@@ -433,6 +434,8 @@ impl Registry {
                 continue;
             };
             let settings = config.pool_settings(d, u);
+            // Rules change in place: clients already on the pool are held to the new ones.
+            pool.set_rules(rules_for(d, u));
             if !same_upstream(pool, d, u) || without_size(&settings) != without_size(&pool.settings)
             {
                 stale.push((db.clone(), user.clone()));
@@ -641,6 +644,11 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
         && pool.upstream.family == d.family
         && pool.upstream.tls_settings == crate::config::upstream_tls_for(d, u)
         && pool.replica_config() == replicas_for(d, u).as_ref()
+}
+
+/// The query rules of `u`'s pools of `d`: the database's, then the user's.
+fn rules_for(d: &Database, u: &User) -> Vec<crate::config::rules::Rule> {
+    d.rules.iter().chain(u.rules.iter()).cloned().collect()
 }
 
 /// The replicas of `d` as `u`'s pools use them (`u`'s `read_routing` wins), if it has any.

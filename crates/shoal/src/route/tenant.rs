@@ -94,6 +94,8 @@ impl TenantRoute {
             server_reset: tenant.server_reset,
             // Validated when the tenant was stored.
             replicas: tenant.replicas().unwrap_or_default(),
+            // Tenants' rules come with the API's `query_rules` field.
+            rules: Vec::new(),
         };
         let allow_list = tenant
             .allow_list
@@ -146,6 +148,7 @@ impl TenantRoute {
                     pool_mode: Some(u.mode_type.into()),
                     pool_size: u.pool_size,
                     read_routing: u.read_routing,
+                    rules: Vec::new(),
                     client_tls: None,
                     passthrough: None,
                     max_client_conn: u.max_clients,

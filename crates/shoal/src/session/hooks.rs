@@ -32,6 +32,9 @@ pub(super) struct HookCx<'a> {
     pub(super) pending: &'a mut u32,
     /// The client's transaction status now.
     pub(super) status: u8,
+    /// The pool's query rules, when it has any, and its name (for their log lines).
+    pub(super) rules: Option<&'a crate::query_rules::QueryRules>,
+    pub(super) pool_name: &'a str,
 }
 
 pub(super) trait Hooks {
@@ -112,8 +115,12 @@ impl Hooks for Prepared {
         msg: &[u8],
         sink: &mut ClientSink<'_>,
     ) -> Result<(), FrameError> {
+        let refusal = match cx.rules {
+            Some(rules) => rules.refusal(msg, cx.statements.as_deref(), cx.pool_name),
+            None => None,
+        };
         let (statements, queue, dirty) = cx.server.translation();
-        Translator {
+        let mut t = Translator {
             registry: cx.registry,
             params: cx.params,
             client_id: cx.client_id,
@@ -123,8 +130,19 @@ impl Hooks for Prepared {
             max_per_server: cx.max_prepared,
             dirty,
             aborted: cx.status == b'E',
+        };
+        match refusal {
+            Some(message) => {
+                t.refuse(
+                    msg[0],
+                    shoal_wire::sqlstate::INSUFFICIENT_PRIVILEGE,
+                    message,
+                    sink,
+                );
+                Ok(())
+            }
+            None => t.client_message(msg, sink),
         }
-        .client_message(msg, sink)
     }
 
     #[inline]

@@ -562,6 +562,17 @@ pub(super) async fn enter_pool(
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
+    if pool.settings.mode == PoolMode::Session && pool.rules().is_some() {
+        // Rules are enforced where Shoal follows each statement's replies: transaction mode.
+        return Err(SessionError::fatal(
+            ErrorKind::Routing,
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            format!(
+                "pool \"{}\" has query rules, which are enforced in transaction mode only: set pool_mode = \"transaction\" for it",
+                pool.name
+            ),
+        ));
+    }
     if per_pool > 0 && n > per_pool {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,

@@ -661,6 +661,10 @@ impl Session {
                 fe::PARSE
                     if !self.skip_until_sync
                         && self.pool.settings.mode == PoolMode::Transaction
+                        && self.pool.rules().is_none_or(|r| {
+                            r.refusal(&self.cbuf[..n], self.statements.as_deref(), &self.pool.name)
+                                .is_none()
+                        })
                         && prepared::parse_without_server(
                             &self.pool.statements,
                             &self.params,

@@ -463,6 +463,8 @@ fn take_server<H: Hooks>(
 /// The client's side of the session, lent to hooks while messages pass.
 struct ClientSide<'a> {
     registry: &'a crate::prepared::StatementRegistry,
+    rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+    pool_name: &'a str,
     params: &'a [(String, String)],
     client_id: u64,
     statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
@@ -478,6 +480,8 @@ impl<'a> ClientSide<'a> {
     ) -> Self {
         ClientSide {
             registry: &pool.statements,
+            rules: pool.rules(),
+            pool_name: &pool.name,
             params,
             client_id,
             statements,
@@ -499,6 +503,8 @@ impl<'a> ClientSide<'a> {
             max_prepared: self.max_prepared,
             pending: &mut flow.pending,
             status: flow.status,
+            rules: self.rules.as_deref(),
+            pool_name: self.pool_name,
         }
     }
 }

@@ -1,0 +1,199 @@
+//! Query rules in force for a pool (its database's and its user's), and their verdict on
+//! each client message that carries SQL: a Query, a Parse, a Bind (judged by the text of the
+//! statement it binds, so a statement prepared before a rule existed is held to it), a
+//! FunctionCall, and the statements an SQL `EXECUTE` runs. The session refuses what a `deny`
+//! rule matches (see `session::hooks`); `log` rules are logged and let through.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use shoal_control::config::rules::{Action, Matcher, Rule};
+use shoal_wire::facts::FactsError;
+use shoal_wire::frame::HEADER_LEN;
+use shoal_wire::frontend::tag as fe;
+
+use crate::prepared::ClientStatements;
+
+/// Statement texts whose verdict is remembered; past it the memory starts over.
+const REMEMBERED: usize = 8192;
+
+/// What the rules say of one text: the first deny rule it matches, else the log rules it
+/// matches (indexes into the rules); `Unchecked` for a text too deep to take apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Pass,
+    Log(Vec<usize>),
+    Deny(usize),
+    Unchecked,
+}
+
+/// A verdict and the SQL-level statements the text EXECUTEs.
+type Known = HashMap<Box<[u8]>, (Verdict, Vec<String>), foldhash::fast::RandomState>;
+
+pub struct QueryRules {
+    rules: Vec<Rule>,
+    /// A function rule is in force: a FunctionCall message (which names its function by
+    /// OID) is refused, since it could not be checked.
+    functions: bool,
+    known: Mutex<Known>,
+}
+
+impl QueryRules {
+    /// `None` when there are no rules.
+    pub fn new(rules: Vec<Rule>) -> Option<QueryRules> {
+        if rules.is_empty() {
+            return None;
+        }
+        let functions = rules
+            .iter()
+            .any(|r| matches!(r.matcher, Matcher::Function(_)));
+        Some(QueryRules {
+            rules,
+            functions,
+            known: Mutex::new(HashMap::default()),
+        })
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The message an ErrorResponse carries when `msg` (a whole client frame) is refused, or
+    /// `None` when it may pass. `pool` names the pool in log lines.
+    pub fn refusal(
+        &self,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        pool: &str,
+    ) -> Option<String> {
+        let body = &msg[HEADER_LEN..];
+        let text = match msg[0] {
+            fe::QUERY => cstr(body),
+            fe::PARSE => cstr(cstr_rest(body)),
+            fe::BIND => {
+                let name = cstr(cstr_rest(body));
+                match statements.and_then(|s| s.text_of(name)) {
+                    Some(t) => t,
+                    // A statement Shoal does not know: the server will say it does not
+                    // exist.
+                    None => return None,
+                }
+            }
+            fe::FUNCTION_CALL if self.functions => return Some(
+                "FunctionCall messages are refused while a query rule names a function: use SQL"
+                    .into(),
+            ),
+            _ => return None,
+        };
+        self.judge_text(text, statements, pool, 0)
+    }
+
+    fn judge_text(
+        &self,
+        text: &[u8],
+        statements: Option<&ClientStatements>,
+        pool: &str,
+        depth: u8,
+    ) -> Option<String> {
+        let (verdict, executes) = self.verdict(text);
+        match verdict {
+            Verdict::Deny(i) => return Some(self.denied(i)),
+            Verdict::Unchecked => {
+                return Some(
+                    "permission denied: the statement nests too deep for the query rules to check"
+                        .into(),
+                )
+            }
+            Verdict::Log(ref matched) => {
+                for &i in matched {
+                    tracing::warn!(pool = %pool, rule = %self.rules[i].name, "query rule matched (action log)");
+                }
+            }
+            Verdict::Pass => {}
+        }
+        // `EXECUTE name`: the statement it runs is held to the rules too.
+        if depth == 0 {
+            for name in executes {
+                if let Some(t) = statements.and_then(|s| s.text_of(name.as_bytes())) {
+                    if let Some(r) = self.judge_text(t, statements, pool, 1) {
+                        return Some(r);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn denied(&self, i: usize) -> String {
+        format!(
+            "permission denied: the statement is refused by query rule \"{}\"",
+            self.rules[i].name
+        )
+    }
+
+    /// The verdict on `text`, and the SQL-level statements it EXECUTEs.
+    fn verdict(&self, text: &[u8]) -> (Verdict, Vec<String>) {
+        if let Some(v) = self.lock().get(text) {
+            return v.clone();
+        }
+        let s = String::from_utf8_lossy(text);
+        let judged = match shoal_wire::facts::facts(&s) {
+            Ok(f) => {
+                let mut logs = Vec::new();
+                let mut deny = None;
+                for (i, r) in self.rules.iter().enumerate() {
+                    if r.matches(&f, &s) {
+                        match r.action {
+                            Action::Deny => {
+                                deny = Some(i);
+                                break;
+                            }
+                            Action::Log => logs.push(i),
+                        }
+                    }
+                }
+                let v = match deny {
+                    Some(i) => Verdict::Deny(i),
+                    None if logs.is_empty() => Verdict::Pass,
+                    None => Verdict::Log(logs),
+                };
+                (v, f.executes)
+            }
+            // PostgreSQL cannot parse it either, and runs none of it; regular expressions
+            // still apply to the text.
+            Err(FactsError::Parse(_)) => {
+                let deny = self.rules.iter().position(|r| {
+                    r.action == Action::Deny
+                        && matches!(r.matcher, Matcher::Regex(_))
+                        && r.matches(&Default::default(), &s)
+                });
+                (deny.map_or(Verdict::Pass, Verdict::Deny), Vec::new())
+            }
+            // Cannot be shown harmless.
+            Err(FactsError::TooDeep) => (Verdict::Unchecked, Vec::new()),
+        };
+        let mut known = self.lock();
+        if known.len() >= REMEMBERED {
+            known.clear();
+        }
+        known.insert(text.into(), judged.clone());
+        judged
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A NUL-terminated string at the head of `b`.
+fn cstr(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
+}
+
+/// What follows the NUL-terminated string at the head of `b`.
+fn cstr_rest(b: &[u8]) -> &[u8] {
+    match b.iter().position(|&c| c == 0) {
+        Some(i) => &b[i + 1..],
+        None => &[],
+    }
+}
