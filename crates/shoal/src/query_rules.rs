@@ -72,12 +72,8 @@ impl QueryRules {
             fe::PARSE => cstr(cstr_rest(body)),
             fe::BIND => {
                 let name = cstr(cstr_rest(body));
-                match statements.and_then(|s| s.text_of(name)) {
-                    Some(t) => t,
-                    // A statement Shoal does not know: the server will say it does not
-                    // exist.
-                    None => return None,
-                }
+                // A statement Shoal does not know: the server will say it does not exist.
+                statements.and_then(|s| s.text_of(name))?
             }
             fe::FUNCTION_CALL if self.functions => return Some(
                 "FunctionCall messages are refused while a query rule names a function: use SQL"
