@@ -5,7 +5,8 @@
 //! rule matches (see `session::hooks`); `log` rules are logged and let through.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use shoal_control::config::rules::{Action, Matcher, Rule};
 use shoal_wire::facts::FactsError;
@@ -32,6 +33,8 @@ type Known = HashMap<Box<[u8]>, (Verdict, Vec<String>), foldhash::fast::RandomSt
 
 pub struct QueryRules {
     rules: Vec<Rule>,
+    /// Statements each rule matched (refused or logged) since this rule set took effect.
+    matched: Vec<AtomicU64>,
     /// A function rule is in force: a FunctionCall message (which names its function by
     /// OID) is refused, since it could not be checked.
     functions: bool,
@@ -48,6 +51,7 @@ impl QueryRules {
             .iter()
             .any(|r| matches!(r.matcher, Matcher::Function(_)));
         Some(QueryRules {
+            matched: rules.iter().map(|_| AtomicU64::new(0)).collect(),
             rules,
             functions,
             known: Mutex::new(HashMap::default()),
@@ -56,6 +60,13 @@ impl QueryRules {
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// Each rule with the statements it matched.
+    pub fn counts(&self) -> impl Iterator<Item = (&Rule, u64)> {
+        self.rules
+            .iter()
+            .zip(self.matched.iter().map(|m| m.load(Ordering::Relaxed)))
     }
 
     /// The message an ErrorResponse carries when `msg` (a whole client frame) is refused, or
@@ -93,7 +104,10 @@ impl QueryRules {
     ) -> Option<String> {
         let (verdict, executes) = self.verdict(text);
         match verdict {
-            Verdict::Deny(i) => return Some(self.denied(i)),
+            Verdict::Deny(i) => {
+                self.matched[i].fetch_add(1, Ordering::Relaxed);
+                return Some(self.denied(i));
+            }
             Verdict::Unchecked => {
                 return Some(
                     "permission denied: the statement nests too deep for the query rules to check"
@@ -102,6 +116,7 @@ impl QueryRules {
             }
             Verdict::Log(ref matched) => {
                 for &i in matched {
+                    self.matched[i].fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(pool = %pool, rule = %self.rules[i].name, "query rule matched (action log)");
                 }
             }
@@ -192,4 +207,39 @@ fn cstr_rest(b: &[u8]) -> &[u8] {
         Some(i) => &b[i + 1..],
         None => &[],
     }
+}
+
+/// The `shoal_rule_matches` metric family: statements each rule of each pool matched.
+pub fn encode(
+    pools: &[Arc<crate::pool::Pool>],
+    e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    use crate::metrics::LabelValue;
+    let mut rows = Vec::new();
+    for p in pools {
+        let Some(rules) = p.rules() else { continue };
+        for (rule, n) in rules.counts() {
+            let action = match rule.action {
+                Action::Deny => "deny",
+                Action::Log => "log",
+            };
+            rows.push((
+                vec![
+                    ("pool", LabelValue::new(&p.name)),
+                    ("rule", LabelValue::new(&rule.name)),
+                    ("action", LabelValue::new(action)),
+                ],
+                n,
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    shoal_control::metrics::counter(
+        e,
+        "shoal_rule_matches",
+        "Statements a query rule matched (refused for deny, logged for log) since its rule set took effect",
+        &rows,
+    )
 }

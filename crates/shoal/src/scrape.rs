@@ -299,7 +299,9 @@ impl Collector for ShoalCollector {
         if let Some(node) = app.cluster.get() {
             crate::cluster::status::encode(node, &mut e)?;
         }
-        crate::replicas::status::encode(&app.routes.pools(), &mut e)?;
+        let routed = app.routes.pools();
+        crate::replicas::status::encode(&routed, &mut e)?;
+        crate::query_rules::encode(&routed, &mut e)?;
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

@@ -554,28 +554,6 @@ async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
     }
 }
 
-/// `curl` to Shoal's API with a static token; (status, JSON body).
-fn api(s: &Shoal, method: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-    let out = std::process::Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method])
-        .arg(format!("http://{}{path}", s.api.expect("the API listens")))
-        .args(["-H", "Authorization: Bearer replica-test-token"])
-        .args([
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            &body.to_string(),
-        ])
-        .output()
-        .expect("curl runs");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (
-        code.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
     let db = unique_db("tenant");
@@ -592,7 +570,7 @@ async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
     let s = Shoal::start_with_env(
         &config,
         &[
-            ("SHOAL_API_TOKEN", "replica-test-token"),
+            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
             ("API_JWT_SECRET", "unused-secret-0123456789"),
         ],
     );

@@ -201,3 +201,116 @@ async fn a_session_mode_pool_with_rules_is_refused_with_the_reason() {
     };
     assert_eq!(code(&e), "0A000", "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_and_metrics_count_each_rules_matches() {
+    let db = fresh_db("rules_show");
+    let extra = "[admin]\nusers = [\"admin\"]\n[users.admin]\npassword = \"admin-secret\"\n\
+                 [metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let config = base_config(pg(), &[&db], extra)
+        + &rules(
+            &db,
+            &[
+                "name = \"no-drop\"\nstatement = \"DROP\"\naction = \"deny\"",
+                "name = \"watch\"\nfunction = \"now\"\naction = \"log\"",
+            ],
+        );
+    let s = Shoal::start(&config);
+    let c = s.connect(&db).await;
+    for _ in 0..3 {
+        refused(&c, "DROP TABLE IF EXISTS x", "no-drop").await;
+    }
+    c.simple_query("SELECT now()").await.unwrap();
+    let (cols, rows) = console_rows(&s, "SHOW RULES").await;
+    let col = |name: &str| cols.iter().position(|c| c == name).unwrap();
+    let row = |rule: &str| {
+        rows.iter()
+            .find(|r| r[col("rule")] == rule)
+            .unwrap_or_else(|| panic!("{rule}: {rows:?}"))
+            .clone()
+    };
+    assert_eq!(row("no-drop")[col("matched")], "3");
+    assert_eq!(row("no-drop")[col("matches")], "statement DROP");
+    assert_eq!(row("watch")[col("action")], "log");
+    assert_eq!(row("watch")[col("matched")], "1");
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", s.metrics.unwrap())])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("shoal_rule_matches_total")
+                && l.contains("rule=\"no-drop\"")
+                && l.ends_with(" 3")),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_rules_are_set_and_changed_through_the_api() {
+    let db = fresh_db("rules_tenant");
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        pg(),
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
+            data.path().display()
+        ),
+    );
+    let s = Shoal::start_with_env(
+        &config,
+        &[
+            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
+            ("API_JWT_SECRET", "unused-secret-0123456789"),
+        ],
+    );
+    let tenant = |rules: serde_json::Value| {
+        serde_json::json!({"tenant": {
+            "db_host": "127.0.0.1",
+            "db_port": pg().port,
+            "db_database": db,
+            "require_user": true,
+            "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 2}],
+            "query_rules": rules,
+        }})
+    };
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!([{"statement": "DORP", "action": "deny"}])),
+    );
+    assert_eq!(code_, 422, "{body}");
+    assert!(body.to_string().contains("query_rules"), "{body}");
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(
+            serde_json::json!([{"name": "no-truncate", "statement": "TRUNCATE", "action": "deny"}]),
+        ),
+    );
+    assert_eq!(code_, 201, "{body}");
+    let c = s
+        .try_connect(&format!(
+            "host=127.0.0.1 port={} user=app.acme password={APP_PASSWORD} dbname=x",
+            s.port()
+        ))
+        .await
+        .unwrap();
+    c.simple_query("CREATE TABLE IF NOT EXISTS t (a int)")
+        .await
+        .unwrap();
+    refused(&c, "TRUNCATE t", "no-truncate").await;
+    // Lifted live: the same client may now.
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!([])),
+    );
+    assert_eq!(code_, 200, "{body}");
+    c.simple_query("TRUNCATE t").await.unwrap();
+}

@@ -348,7 +348,8 @@ impl Config {
                 .map_err(|m| invalid(&section, m))?;
             let replicas = replicas::validate(&section, &d.replica_keys())
                 .map_err(|m| invalid(&section, m))?;
-            let rules = rules::validate(&section, &d.rules).map_err(|m| invalid(&section, m))?;
+            let rules = rules::validate(&format!("{section}.rules"), &d.rules)
+                .map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -624,7 +625,7 @@ fn resolve_user(
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
         read_routing: u.read_routing,
-        rules: rules::validate(&format!("users.{name}"), &u.rules)?,
+        rules: rules::validate(&format!("users.{name}.rules"), &u.rules)?,
     })
 }
 

@@ -1,23 +1,28 @@
 //! Query rules: what a database's (or a user's) clients may run. Each rule has one matcher
 //! and an action; see `docs/rules.md`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use shoal_wire::facts::Facts;
 
 /// A rule as written (`[[databases.NAME.rules]]`, `[[users.NAME.rules]]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuleSection {
     /// Shown in errors and logs (default: what it matches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub statement: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regex: Option<String>,
     pub action: Action,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Refused with SQLSTATE 42501.
@@ -99,6 +104,17 @@ pub const STATEMENT_KINDS: &[&str] = &[
 ];
 
 impl Rule {
+    /// What the rule matches, as the console shows it (`statement DROP`, `function f`, ...).
+    pub fn matcher_text(&self) -> String {
+        match &self.matcher {
+            Matcher::Statement(k) => format!("statement {k}"),
+            Matcher::Setting(p) => format!("statement SET {p}"),
+            Matcher::Function(f) => format!("function {f}"),
+            Matcher::Fingerprint(f) => format!("fingerprint {f}"),
+            Matcher::Regex(r) => format!("regex {}", r.as_str()),
+        }
+    }
+
     /// Validates one rule; `at` names it in messages (`databases.app.rules[2]`).
     pub fn from_section(at: &str, s: &RuleSection) -> Result<Rule, String> {
         let given = [
@@ -178,12 +194,12 @@ impl Rule {
     }
 }
 
-/// A list of rules as written, validated.
+/// A list of rules as written (`at`: where, e.g. `databases.app.rules`), validated.
 pub fn validate(at: &str, sections: &[RuleSection]) -> Result<Vec<Rule>, String> {
     sections
         .iter()
         .enumerate()
-        .map(|(i, s)| Rule::from_section(&format!("{at}.rules[{i}]"), s))
+        .map(|(i, s)| Rule::from_section(&format!("{at}[{i}]"), s))
         .collect()
 }
 

@@ -93,6 +93,9 @@ pub struct Tenant {
     /// Shoal: `primary` (default) or `error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_fallback: Option<ReplicaFallback>,
+    /// Shoal: query rules for every client of the tenant (as `[[databases.NAME.rules]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_rules: Vec<crate::config::rules::RuleSection>,
 }
 
 /// A read replica of a tenant's database.
@@ -372,6 +375,9 @@ impl Tenant {
         }
         if let Err(e) = self.replicas() {
             add("replicas", e.trim_start_matches("tenant."));
+        }
+        if let Err(e) = crate::config::rules::validate("query_rules", &self.query_rules) {
+            add("query_rules", &e);
         }
         if errors.is_empty() {
             Ok(())

@@ -1,4 +1,4 @@
-//! The console's `SHOW REPLICAS`.
+//! The console's `SHOW REPLICAS` and `SHOW RULES`: the feature layers' state, per pool.
 
 use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
 use crate::app::App;
@@ -37,6 +37,35 @@ pub fn show(app: &App) -> ResultSet {
             n(b.servers),
             n(b.in_use),
         ]);
+    }
+    r
+}
+
+/// `SHOW RULES`: every query rule of every pool, with the statements it matched.
+pub fn show_rules(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("pool", Text),
+        ("rule", Text),
+        ("matches", Text),
+        ("action", Text),
+        ("matched", Int),
+    ]);
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in pools {
+        let Some(rules) = p.rules() else { continue };
+        for (rule, matched) in rules.counts() {
+            r.row(vec![
+                t(p.name.clone()),
+                t(rule.name.clone()),
+                t(rule.matcher_text()),
+                t(match rule.action {
+                    crate::config::rules::Action::Deny => "deny",
+                    crate::config::rules::Action::Log => "log",
+                }),
+                n(matched),
+            ]);
+        }
     }
     r
 }

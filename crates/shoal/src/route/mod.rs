@@ -486,6 +486,12 @@ impl Registry {
             };
             match keep_settings {
                 Some(s) if without_size(s) == without_size(&pool.settings) => {
+                    // Rules change in place, for clients already on the pool too.
+                    if let Some(u) = listed {
+                        pool.set_rules(rules_for(&database, u));
+                    } else {
+                        pool.set_rules(database.rules.clone());
+                    }
                     if s.size != pool.size() {
                         pool.resize(s.size).await;
                     }

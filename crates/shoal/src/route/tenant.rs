@@ -94,8 +94,9 @@ impl TenantRoute {
             server_reset: tenant.server_reset,
             // Validated when the tenant was stored.
             replicas: tenant.replicas().unwrap_or_default(),
-            // Tenants' rules come with the API's `query_rules` field.
-            rules: Vec::new(),
+            // Validated when the tenant was stored.
+            rules: shoal_control::config::rules::validate("query_rules", &tenant.query_rules)
+                .unwrap_or_default(),
         };
         let allow_list = tenant
             .allow_list

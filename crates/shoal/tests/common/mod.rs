@@ -658,3 +658,34 @@ pub async fn console_rows(s: &Shoal, q: &str) -> (Vec<String>, Vec<Vec<String>>)
     }
     (cols, rows)
 }
+
+/// The API token of [`api`]'s requests.
+pub const API_TEST_TOKEN: &str = "shoal-test-api-token";
+
+/// `curl` to Shoal's API with the static token [`API_TEST_TOKEN`] (a Shoal started with it
+/// in `SHOAL_API_TOKEN` and `token_env = "SHOAL_API_TOKEN"`); (status, JSON body).
+pub fn api(
+    s: &Shoal,
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method])
+        .arg(format!("http://{}{path}", s.api.expect("the API listens")))
+        .args(["-H", &format!("Authorization: Bearer {API_TEST_TOKEN}")])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
