@@ -95,8 +95,9 @@ pub struct User {
     pub pool_size: Option<usize>,
     /// Overrides the database's `read_routing` (where it lists replicas).
     pub read_routing: Option<replicas::ReadRouting>,
-    /// Query rules for this user, beside its database's.
-    pub rules: Vec<rules::Rule>,
+    /// Query rules for this user, beside its database's (shared: a login carries a `User`,
+    /// and few have rules).
+    pub rules: Option<std::sync::Arc<Vec<rules::Rule>>>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
@@ -120,7 +121,7 @@ impl User {
             pool_mode: None,
             pool_size: None,
             read_routing: None,
-            rules: Vec::new(),
+            rules: None,
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
@@ -625,7 +626,9 @@ fn resolve_user(
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
         read_routing: u.read_routing,
-        rules: rules::validate(&format!("users.{name}.rules"), &u.rules)?,
+        rules: Some(rules::validate(&format!("users.{name}.rules"), &u.rules)?)
+            .filter(|r| !r.is_empty())
+            .map(std::sync::Arc::new),
     })
 }
 

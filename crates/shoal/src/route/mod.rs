@@ -654,7 +654,11 @@ fn same_upstream(pool: &Pool, d: &Database, u: &User) -> bool {
 
 /// The query rules of `u`'s pools of `d`: the database's, then the user's.
 fn rules_for(d: &Database, u: &User) -> Vec<crate::config::rules::Rule> {
-    d.rules.iter().chain(u.rules.iter()).cloned().collect()
+    d.rules
+        .iter()
+        .chain(u.rules.iter().flat_map(|r| r.iter()))
+        .cloned()
+        .collect()
 }
 
 /// The replicas of `d` as `u`'s pools use them (`u`'s `read_routing` wins), if it has any.

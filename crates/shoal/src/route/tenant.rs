@@ -149,7 +149,7 @@ impl TenantRoute {
                     pool_mode: Some(u.mode_type.into()),
                     pool_size: u.pool_size,
                     read_routing: u.read_routing,
-                    rules: Vec::new(),
+                    rules: None,
                     client_tls: None,
                     passthrough: None,
                     max_client_conn: u.max_clients,

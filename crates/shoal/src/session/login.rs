@@ -562,17 +562,7 @@ pub(super) async fn enter_pool(
     let per_pool = pool.settings.max_client_conn;
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
-    if pool.settings.mode == PoolMode::Session && pool.rules().is_some() {
-        // Rules are enforced where Shoal follows each statement's replies: transaction mode.
-        return Err(SessionError::fatal(
-            ErrorKind::Routing,
-            sqlstate::FEATURE_NOT_SUPPORTED,
-            format!(
-                "pool \"{}\" has query rules, which are enforced in transaction mode only: set pool_mode = \"transaction\" for it",
-                pool.name
-            ),
-        ));
-    }
+    rules_allow_mode(&pool)?;
     if per_pool > 0 && n > per_pool {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,
@@ -616,6 +606,24 @@ pub(super) async fn enter_pool(
         peer: req.peer,
         target: req.startup.target,
     }))
+}
+
+/// Refuses a session-mode pool with query rules: rules are enforced where Shoal follows each
+/// statement's replies, in transaction mode. (Not inlined: it would grow every login's
+/// future.)
+#[inline(never)]
+fn rules_allow_mode(pool: &Pool) -> Result<(), SessionError> {
+    if pool.settings.mode != PoolMode::Session || pool.rules().is_none() {
+        return Ok(());
+    }
+    Err(SessionError::fatal(
+        ErrorKind::Routing,
+        sqlstate::FEATURE_NOT_SUPPORTED,
+        format!(
+            "pool \"{}\" has query rules, which are enforced in transaction mode only: set pool_mode = \"transaction\" for it",
+            pool.name
+        ),
+    ))
 }
 
 /// The ParameterStatus values a login with these startup parameters reports, and in session
