@@ -558,22 +558,7 @@ async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
 async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
     let db = unique_db("tenant");
     let r = cluster(&db);
-    let data = tempfile::tempdir().unwrap();
-    let config = base_config(
-        &r.primary,
-        &[],
-        &format!(
-            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
-            data.path().display()
-        ),
-    );
-    let s = Shoal::start_with_env(
-        &config,
-        &[
-            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
-            ("API_JWT_SECRET", "unused-secret-0123456789"),
-        ],
-    );
+    let (s, _data) = shoal_with_token_api(&r.primary);
     let tenant = |replicas: serde_json::Value| {
         serde_json::json!({"tenant": {
             "db_host": "127.0.0.1",

@@ -250,22 +250,7 @@ async fn the_console_and_metrics_count_each_rules_matches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_rules_are_set_and_changed_through_the_api() {
     let db = fresh_db("rules_tenant");
-    let data = tempfile::tempdir().unwrap();
-    let config = base_config(
-        pg(),
-        &[],
-        &format!(
-            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
-            data.path().display()
-        ),
-    );
-    let s = Shoal::start_with_env(
-        &config,
-        &[
-            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
-            ("API_JWT_SECRET", "unused-secret-0123456789"),
-        ],
-    );
+    let (s, _data) = shoal_with_token_api(pg());
     let tenant = |rules: serde_json::Value| {
         serde_json::json!({"tenant": {
             "db_host": "127.0.0.1",

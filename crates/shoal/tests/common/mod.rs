@@ -689,3 +689,25 @@ pub fn api(
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// Shoal in front of `pg` with no databases of its own, its API taking [`API_TEST_TOKEN`]
+/// (see [`api`]) and an embedded tenant store in the returned directory (keep it alive).
+pub fn shoal_with_token_api(pg: &Pg) -> (Shoal, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        pg,
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
+            data.path().display()
+        ),
+    );
+    let s = Shoal::start_with_env(
+        &config,
+        &[
+            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
+            ("API_JWT_SECRET", "unused-secret-0123456789"),
+        ],
+    );
+    (s, data)
+}
