@@ -285,7 +285,7 @@ impl Pool {
         self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Puts `rules` in force for the pool's clients from their next message on (unchanged
+    /// Puts `rules` in force for the pool's clients from their next transaction on (unchanged
     /// rules keep what they remember).
     pub fn set_rules(&self, rules: Vec<crate::config::rules::Rule>) {
         let mut current = self.rules.write().unwrap_or_else(|e| e.into_inner());

@@ -58,6 +58,9 @@ pub(super) struct Outbound {
     pub(super) track_writes: bool,
     /// A unit not proven to read was passed on (see `track_writes`).
     pub(super) wrote: bool,
+    /// The pool's query rules as the transaction began (client messages only: replies need
+    /// none).
+    pub(super) rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
 }
 
 impl Outbound {
@@ -83,6 +86,7 @@ impl Outbound {
             held: false,
             track_writes: false,
             wrote: false,
+            rules: None,
         }
     }
 

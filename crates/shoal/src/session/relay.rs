@@ -87,7 +87,16 @@ impl Session {
         out: &mut Outbound,
     ) -> Result<bool, SessionError> {
         let max = self.app.config.server.max_packet_size;
-        let mut side = ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+        // Taken from the outbound state (read from the pool once per transaction), not from
+        // the pool's lock for every batch of messages.
+        let rules = out.rules.clone();
+        let mut side = ClientSide::of(
+            &self.pool,
+            &self.params,
+            self.id,
+            &mut self.statements,
+            rules,
+        );
         loop {
             if out.client_rest > 0 {
                 stream_some(&mut self.cbuf, &mut out.to_server, &mut out.client_rest);
@@ -477,10 +486,11 @@ impl<'a> ClientSide<'a> {
         params: &'a [(String, String)],
         client_id: u64,
         statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
+        rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
     ) -> Self {
         ClientSide {
             registry: &pool.statements,
-            rules: pool.rules(),
+            rules,
             pool_name: &pool.name,
             params,
             client_id,
@@ -526,6 +536,10 @@ impl Session {
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
         // this transaction's claim (see `crate::notify::Hub::claim`).
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
+        // In force for the whole transaction (a change applies from the next one).
+        if policy.per_transaction() {
+            out.rules = self.pool.rules();
+        }
         if policy.per_transaction()
             && self.pool.replicas().is_some()
             && self.routing().0 == ReadRouting::Split
@@ -699,8 +713,13 @@ impl Session {
                 Step::FromServer(Ok(_)) => {
                     // Transaction mode keeps the client and reports an ERROR once the
                     // replies before the FATAL are out; session mode passes it on.
-                    let mut side =
-                        ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+                    let mut side = ClientSide::of(
+                        &self.pool,
+                        &self.params,
+                        self.id,
+                        &mut self.statements,
+                        None,
+                    );
                     fatal = take_server(
                         hooks,
                         &mut side,
@@ -766,7 +785,13 @@ impl Session {
         let mut fatal = None;
         while let Some(due) = out.listener_due.take() {
             self.sync_listener(due, server.process_id).await;
-            let mut side = ClientSide::of(&self.pool, &self.params, self.id, &mut self.statements);
+            let mut side = ClientSide::of(
+                &self.pool,
+                &self.params,
+                self.id,
+                &mut self.statements,
+                None,
+            );
             fatal = take_server(
                 hooks,
                 &mut side,
