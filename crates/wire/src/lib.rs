@@ -15,6 +15,7 @@
 //! - [`md5`]: PostgreSQL's MD5 password scheme.
 //! - [`facts`]: what SQL runs and calls (every node of its parse tree), for query rules.
 //! - [`readonly`]: whether SQL only reads (parsed by PostgreSQL's grammar), for replicas.
+//! - [`pgoutput`]: logical replication's stream and the `pgoutput` plugin's messages.
 //! - [`sql`]: a SQL lexer and classifier: what a query leaves behind in its session.
 
 pub mod backend;
@@ -22,6 +23,7 @@ pub mod facts;
 pub mod frame;
 pub mod frontend;
 pub mod md5;
+pub mod pgoutput;
 pub mod readonly;
 pub mod scram;
 pub mod sql;

@@ -24,6 +24,26 @@ pub struct Reads {
     /// The text opens a transaction block declared `READ ONLY`: the statements that follow
     /// it until its end are the client's promise, enforced by PostgreSQL.
     pub opens_read_only: bool,
+    /// The relations it reads, as written (a `WITH` query's own names left out), sorted:
+    /// what a cached result of it depends on.
+    pub relations: Vec<Relation>,
+    /// It reads the clock (`CURRENT_DATE`, `CURRENT_TIMESTAMP`, `LOCALTIME`, ...): its
+    /// result changes with time alone.
+    pub clock: bool,
+    /// Every statement is a plain query (`SELECT`, `VALUES`, `TABLE`, set operations), and
+    /// how many there are: only such texts have a result worth keeping.
+    pub only_queries: bool,
+    pub statements: usize,
+    /// Names a `WITH` defines (dropped from `relations` when the walk ends).
+    ctes: Vec<String>,
+}
+
+/// A relation a query reads: its schema when written, and its name (the parser folded
+/// unquoted names to lower case).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Relation {
+    pub schema: Option<String>,
+    pub name: String,
 }
 
 /// `Some` when every statement of `sql` (one or several) only reads, given that the
@@ -57,16 +77,30 @@ pub(crate) fn on_parse_stack<R: Send>(sql: &str, parse: impl FnOnce() -> R + Sen
 
 fn classify_here(sql: &str) -> Option<Reads> {
     let parsed = pg_query::parse(sql).ok()?;
-    let mut reads = Reads::default();
+    let mut reads = Reads {
+        only_queries: true,
+        ..Reads::default()
+    };
     if parsed.protobuf.stmts.is_empty() {
+        reads.only_queries = false;
         return Some(reads);
     }
     for raw in &parsed.protobuf.stmts {
         let node = raw.stmt.as_ref()?.node.as_ref()?;
+        if !matches!(node, N::SelectStmt(_)) {
+            reads.only_queries = false;
+        }
+        reads.statements += 1;
         statement(node, &mut reads)?;
     }
     reads.functions.sort();
     reads.functions.dedup();
+    let ctes = std::mem::take(&mut reads.ctes);
+    reads
+        .relations
+        .retain(|r| r.schema.is_some() || !ctes.contains(&r.name));
+    reads.relations.sort();
+    reads.relations.dedup();
     Some(reads)
 }
 
@@ -222,9 +256,29 @@ fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
         | N::AConst(_)
         | N::AStar(_)
         | N::ParamRef(_)
-        | N::ColumnRef(_)
-        | N::SqlvalueFunction(_) => Some(()),
-        N::RangeVar(_) => Some(()),
+        | N::ColumnRef(_) => Some(()),
+        N::SqlvalueFunction(f) => {
+            use protobuf::SqlValueFunctionOp as Op;
+            if !matches!(
+                Op::try_from(f.op),
+                Ok(Op::SvfopCurrentRole
+                    | Op::SvfopCurrentUser
+                    | Op::SvfopUser
+                    | Op::SvfopSessionUser
+                    | Op::SvfopCurrentCatalog
+                    | Op::SvfopCurrentSchema)
+            ) {
+                r.clock = true;
+            }
+            Some(())
+        }
+        N::RangeVar(v) => {
+            r.relations.push(Relation {
+                schema: (!v.schemaname.is_empty()).then(|| v.schemaname.clone()),
+                name: v.relname.clone(),
+            });
+            Some(())
+        }
         N::List(l) => list(&l.items, r),
         N::ResTarget(t) => {
             list(&t.indirection, r)?;
@@ -285,6 +339,7 @@ fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
             if c.search_clause.is_some() || c.cycle_clause.is_some() {
                 return None;
             }
+            r.ctes.push(c.ctename.clone());
             opt(&c.ctequery, r)
         }
         N::CaseExpr(c) => {
@@ -629,6 +684,36 @@ mod tests {
         ] {
             classify(sql).unwrap_or_else(|| panic!("{sql:?} should be proven read-only"));
         }
+    }
+
+    #[test]
+    fn relations_read_are_named_for_a_cache() {
+        let rel = |schema: Option<&str>, name: &str| Relation {
+            schema: schema.map(str::to_owned),
+            name: name.to_owned(),
+        };
+        let r = classify(
+            "WITH c AS (SELECT * FROM Base) SELECT * FROM c JOIN app.\"Odd\" o ON true \
+             WHERE EXISTS (SELECT 1 FROM sub) AND x IN (SELECT y FROM app.c)",
+        )
+        .unwrap();
+        assert_eq!(
+            r.relations,
+            vec![
+                rel(None, "base"),
+                rel(None, "sub"),
+                rel(Some("app"), "Odd"),
+                rel(Some("app"), "c"),
+            ]
+        );
+        assert!(r.only_queries && r.statements == 1 && !r.clock);
+        assert!(classify("SELECT CURRENT_DATE").unwrap().clock);
+        assert!(classify("SELECT LOCALTIMESTAMP(2)").unwrap().clock);
+        assert!(!classify("SELECT CURRENT_USER, current_schema").unwrap().clock);
+        assert!(!classify("SHOW search_path").unwrap().only_queries);
+        assert!(!classify("BEGIN READ ONLY; SELECT 1").unwrap().only_queries);
+        assert!(!classify("").unwrap().only_queries);
+        assert_eq!(classify("SELECT 1; SELECT 2").unwrap().statements, 2);
     }
 
     #[test]
