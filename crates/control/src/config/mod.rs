@@ -12,6 +12,7 @@ use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
 mod cluster;
+pub mod cache;
 pub mod replicas;
 pub mod rules;
 mod sections;
@@ -98,6 +99,8 @@ pub struct User {
     /// Query rules for this user, beside its database's (shared: a login carries a `User`,
     /// and few have rules).
     pub rules: Option<std::sync::Arc<Vec<rules::Rule>>>,
+    /// Turns the database's result cache off (or on) for this user.
+    pub cache: Option<bool>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
@@ -122,6 +125,7 @@ impl User {
             pool_size: None,
             read_routing: None,
             rules: None,
+            cache: None,
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
@@ -163,6 +167,8 @@ pub struct Database {
     pub replicas: replicas::Replicas,
     /// Query rules for every client of this database.
     pub rules: Vec<rules::Rule>,
+    /// The result cache of its pools.
+    pub cache: cache::Cache,
 }
 
 /// Which of a host name's addresses Shoal connects to.
@@ -351,6 +357,8 @@ impl Config {
                 .map_err(|m| invalid(&section, m))?;
             let rules = rules::validate(&format!("{section}.rules"), &d.rules)
                 .map_err(|m| invalid(&section, m))?;
+            let cache =
+                cache::validate(&section, &d.cache_keys()).map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -382,6 +390,7 @@ impl Config {
                     server_reset: d.server_reset,
                     replicas,
                     rules,
+                    cache,
                 },
             );
         }
@@ -626,6 +635,7 @@ fn resolve_user(
         pool_mode: u.pool_mode,
         pool_size: u.pool_size,
         read_routing: u.read_routing,
+        cache: u.cache,
         rules: Some(rules::validate(&format!("users.{name}.rules"), &u.rules)?)
             .filter(|r| !r.is_empty())
             .map(std::sync::Arc::new),

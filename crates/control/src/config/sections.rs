@@ -196,6 +196,25 @@ pub struct DatabaseSection {
     /// Query rules (`[[databases.NAME.rules]]`).
     #[serde(default)]
     pub rules: Vec<super::rules::RuleSection>,
+    /// The result cache (see `cache`).
+    pub cache: Option<bool>,
+    pub cache_ttl: Option<String>,
+    pub cache_all_reads: Option<bool>,
+    #[serde(default)]
+    pub cache_fingerprints: Vec<String>,
+    pub cache_max_memory: Option<String>,
+}
+
+impl DatabaseSection {
+    pub fn cache_keys(&self) -> super::cache::CacheKeys<'_> {
+        super::cache::CacheKeys {
+            cache: self.cache,
+            cache_ttl: self.cache_ttl.as_deref(),
+            cache_all_reads: self.cache_all_reads,
+            cache_fingerprints: &self.cache_fingerprints,
+            cache_max_memory: self.cache_max_memory.as_deref(),
+        }
+    }
 }
 
 /// TLS to PostgreSQL, with libpq's meanings.
@@ -275,6 +294,8 @@ pub struct UserSection {
     /// Query rules (`[[users.NAME.rules]]`).
     #[serde(default)]
     pub rules: Vec<super::rules::RuleSection>,
+    /// Turns the database's result cache off (or on) for this user's pools.
+    pub cache: Option<bool>,
     pub client_tls: Option<ClientTls>,
     /// A client certificate and key for this user's server logins (overrides the
     /// database's), and the key's password if it is encrypted.

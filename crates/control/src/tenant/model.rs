@@ -96,6 +96,33 @@ pub struct Tenant {
     /// Shoal: query rules for every client of the tenant (as `[[databases.NAME.rules]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub query_rules: Vec<crate::config::rules::RuleSection>,
+    /// Shoal: the result cache, as `[databases.NAME] cache` and its keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_ttl: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_all_reads: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cache_fingerprints: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_max_memory: Option<String>,
+}
+
+impl Tenant {
+    /// The tenant's result cache, validated as a config database's is.
+    pub fn cache(&self) -> Result<crate::config::cache::Cache, String> {
+        crate::config::cache::validate(
+            "tenant",
+            &crate::config::cache::CacheKeys {
+                cache: self.cache,
+                cache_ttl: self.cache_ttl.as_deref(),
+                cache_all_reads: self.cache_all_reads,
+                cache_fingerprints: &self.cache_fingerprints,
+                cache_max_memory: self.cache_max_memory.as_deref(),
+            },
+        )
+    }
 }
 
 /// A read replica of a tenant's database.
@@ -378,6 +405,11 @@ impl Tenant {
         }
         if let Err(e) = crate::config::rules::validate("query_rules", &self.query_rules) {
             add("query_rules", &e);
+        }
+        if let Err(e) = self.cache() {
+            let e = e.trim_start_matches("tenant.");
+            let field = e.split(':').next().unwrap_or("cache");
+            add(field, e.split_once(": ").map_or(e, |(_, m)| m));
         }
         if errors.is_empty() {
             Ok(())

@@ -97,6 +97,8 @@ impl TenantRoute {
             // Validated when the tenant was stored.
             rules: shoal_control::config::rules::validate("query_rules", &tenant.query_rules)
                 .unwrap_or_default(),
+            // Validated when the tenant was stored.
+            cache: tenant.cache().unwrap_or_default(),
         };
         let allow_list = tenant
             .allow_list
@@ -150,6 +152,7 @@ impl TenantRoute {
                     pool_size: u.pool_size,
                     read_routing: u.read_routing,
                     rules: None,
+                    cache: None,
                     client_tls: None,
                     passthrough: None,
                     max_client_conn: u.max_clients,
