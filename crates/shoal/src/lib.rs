@@ -51,6 +51,7 @@ pub mod api;
 pub mod app;
 pub mod auth_query;
 pub mod bufpool;
+pub mod cache;
 pub mod cancel;
 pub mod clock;
 pub mod cluster;

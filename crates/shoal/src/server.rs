@@ -277,6 +277,16 @@ async fn open(up: &Upstream, addr_text: &str) -> Result<(Stream, SocketAddr), Se
 
 impl ServerConn {
     pub async fn connect(up: &Upstream, timeout: Duration) -> Result<ServerConn, ServerError> {
+        Self::connect_with(up, timeout, &[]).await
+    }
+
+    /// [`ServerConn::connect`] with more startup parameters (`replication`, for the cache's
+    /// change stream).
+    pub async fn connect_with(
+        up: &Upstream,
+        timeout: Duration,
+        extra: &[(&str, &str)],
+    ) -> Result<ServerConn, ServerError> {
         let addr_text = format!("{}:{}", up.host, up.port);
         let (stream, addr) = match crate::timer::timeout(timeout, open(up, &addr_text)).await {
             Err(_) => return Err(ServerError::ConnectTimeout(addr_text)),
@@ -297,15 +307,17 @@ impl ServerConn {
             tracker: None,
             shard: crate::shard::reactor(),
         };
-        match crate::timer::timeout(timeout, conn.login(up)).await {
+        match crate::timer::timeout(timeout, conn.login(up, extra)).await {
             Err(_) => Err(ServerError::ConnectTimeout(addr_text)),
             Ok(r) => r.map(|_| conn),
         }
     }
 
-    async fn login(&mut self, up: &Upstream) -> Result<(), ServerError> {
+    async fn login(&mut self, up: &Upstream, extra: &[(&str, &str)]) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
-        frontend::startup(&mut out, &[("user", &up.user), ("database", &up.dbname)]);
+        let mut params = vec![("user", up.user.as_str()), ("database", up.dbname.as_str())];
+        params.extend_from_slice(extra);
+        frontend::startup(&mut out, &params);
         self.stream.write_all(&out).await?;
         let mut scram: Option<ScramSha256> = None;
         // SCRAM passthrough: the exchange, then the server signature it must answer with.

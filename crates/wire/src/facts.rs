@@ -25,6 +25,8 @@ pub struct Facts {
     pub executes: Vec<String>,
     /// Each statement's fingerprint (pg_query's: literals and formatting do not count), hex.
     pub fingerprints: Vec<String>,
+    /// Relations named anywhere (read or written), by name without schema.
+    pub relations: Vec<String>,
 }
 
 /// Why a text has no facts.
@@ -62,6 +64,7 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
         &mut f.functions,
         &mut f.settings,
         &mut f.executes,
+        &mut f.relations,
     ] {
         v.sort();
         v.dedup();
@@ -73,6 +76,13 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
 fn walk(v: &Value, f: &mut Facts) {
     match v {
         Value::Object(map) => {
+            // A RangeVar: named as a node in lists, but held bare in fields such as an
+            // INSERT's `relation`; known by its fields either way.
+            if map.contains_key("relpersistence") {
+                if let Some(name) = map.get("relname").and_then(Value::as_str) {
+                    f.relations.push(name.to_owned());
+                }
+            }
             for (key, inner) in map {
                 if let Some(kind) = key.strip_suffix("Stmt") {
                     note_statement(kind, inner, f);
@@ -237,6 +247,9 @@ mod tests {
         // Calls inside anything: a DML's RETURNING, a default, a subquery in DDL.
         let f = facts("UPDATE t SET a = g(1) RETURNING h(a)").unwrap();
         assert_eq!(f.functions, ["g", "h"]);
+        let f = facts("WITH d AS (DELETE FROM a.t RETURNING *) INSERT INTO u SELECT * FROM d")
+            .unwrap();
+        assert_eq!(f.relations, ["d", "t", "u"]);
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub struct Pool {
     /// `has_rules` spares the lock for pools without any.
     rules: std::sync::RwLock<Option<Arc<crate::query_rules::QueryRules>>>,
     has_rules: std::sync::atomic::AtomicBool,
+    /// The result cache, when the pool has one (replaced live when its settings change).
+    cache: std::sync::RwLock<Option<Arc<crate::cache::QueryCache>>>,
+    has_cache: std::sync::atomic::AtomicBool,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -259,6 +262,8 @@ impl Pool {
             replicas: std::sync::OnceLock::new(),
             rules: std::sync::RwLock::new(None),
             has_rules: std::sync::atomic::AtomicBool::new(false),
+            cache: std::sync::RwLock::new(None),
+            has_cache: std::sync::atomic::AtomicBool::new(false),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -294,6 +299,34 @@ impl Pool {
         }
         let new = crate::query_rules::QueryRules::new(rules).map(Arc::new);
         self.has_rules.store(new.is_some(), Ordering::Release);
+        *current = new;
+    }
+
+    /// The result cache, if the pool has one.
+    #[inline]
+    pub fn cache(&self) -> Option<Arc<crate::cache::QueryCache>> {
+        if !self.has_cache.load(Ordering::Acquire) {
+            return None;
+        }
+        self.cache.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a cache with `config` in place (`None`: none), keeping the present one when its
+    /// settings are unchanged; `freshness` gives a new one its database's versions.
+    pub fn set_cache(
+        &self,
+        config: Option<crate::config::cache::Cache>,
+        freshness: impl FnOnce() -> Arc<crate::cache::freshness::Freshness>,
+    ) {
+        let mut current = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().map(|c| &c.config) == config.as_ref() {
+            return;
+        }
+        let new = config.map(|c| Arc::new(crate::cache::QueryCache::new(c, freshness())));
+        if let Some(c) = &new {
+            c.freshness.start();
+        }
+        self.has_cache.store(new.is_some(), Ordering::Release);
         *current = new;
     }
 

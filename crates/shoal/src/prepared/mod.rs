@@ -249,6 +249,15 @@ impl ClientStatements {
         self.named.get(name).map(|d| parse_text(&d.body))
     }
 
+    /// The Parse body (after the name: text and parameter types) of the client's statement
+    /// `name` (`""`: its unnamed one).
+    pub fn body_of(&self, name: &[u8]) -> Option<&[u8]> {
+        if name.is_empty() {
+            return self.unnamed.as_ref().map(|u| u.body.as_slice());
+        }
+        self.named.get(name).map(|d| &d.body[..])
+    }
+
     /// `DISCARD ALL` / `DEALLOCATE ALL`: PostgreSQL drops every statement of the session.
     pub fn forget_all(&mut self) {
         self.named.clear();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use shoal_wire::sqlstate;
 
-use crate::config::{Config, Database, PoolSettings, User};
+use crate::config::{ClientAuth, Config, Database, PoolMode, PoolSettings, User};
 use crate::pool::Pool;
 use crate::server::Upstream;
 pub mod tenant;
@@ -152,6 +152,8 @@ pub struct Registry {
     retired: Mutex<Vec<std::sync::Weak<Pool>>>,
     /// A schema counter per database (host, port, name), shared by its pools.
     schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
+    /// Each database's cache freshness, while a pool caches its results.
+    freshness: Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
     /// How pools made from now on reach their servers, when not by host and port.
     dial: std::sync::OnceLock<Arc<dyn crate::server::Dial>>,
 }
@@ -165,6 +167,7 @@ impl Registry {
             paused: Mutex::new(Default::default()),
             retired: Mutex::new(Vec::new()),
             schemas: Mutex::new(HashMap::new()),
+            freshness: Mutex::new(HashMap::new()),
             dial: std::sync::OnceLock::new(),
         }
     }
@@ -352,6 +355,7 @@ impl Registry {
             },
         );
         pool.set_rules(rules_for(db, user));
+        self.set_cache(&pool, db, user);
         if let Some(replicas) = replicas_for(db, user) {
             pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, replicas));
         }
@@ -386,6 +390,26 @@ impl Registry {
             .entry((db.host.clone(), db.port, db.dbname.clone()))
             .or_default()
             .clone()
+    }
+
+    /// Gives `pool` the result cache `d` and `u` call for (transaction mode only: a
+    /// session-mode client's server keeps its own state), sharing its database's freshness.
+    fn set_cache(&self, pool: &Pool, d: &Database, u: &User) {
+        let on = u.cache.unwrap_or(d.cache.enabled) && pool.settings.mode == PoolMode::Transaction;
+        pool.set_cache(on.then(|| d.cache.clone()), || {
+            let key = (d.host.clone(), d.port, d.dbname.clone());
+            let mut all = self.freshness.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(f) = all.get(&key).and_then(std::sync::Weak::upgrade) {
+                return f;
+            }
+            all.retain(|_, w| w.strong_count() > 0);
+            let f = crate::cache::freshness::Freshness::new(
+                format!("{}:{}/{}", d.host, d.port, d.dbname),
+                pool.upstream.clone(),
+            );
+            all.insert(key, Arc::downgrade(&f));
+            f
+        });
     }
 
     /// Every pool routing can reach.
@@ -436,6 +460,7 @@ impl Registry {
             let settings = config.pool_settings(d, u);
             // Rules change in place: clients already on the pool are held to the new ones.
             pool.set_rules(rules_for(d, u));
+            self.set_cache(pool, d, u);
             if !same_upstream(pool, d, u) || without_size(&settings) != without_size(&pool.settings)
             {
                 stale.push((db.clone(), user.clone()));
@@ -489,8 +514,10 @@ impl Registry {
                     // Rules change in place, for clients already on the pool too.
                     if let Some(u) = listed {
                         pool.set_rules(rules_for(&database, u));
+                        self.set_cache(&pool, &database, u);
                     } else {
                         pool.set_rules(database.rules.clone());
+                        self.set_cache(&pool, &database, &User::named(&user, ClientAuth::Trust));
                     }
                     if s.size != pool.size() {
                         pool.resize(s.size).await;

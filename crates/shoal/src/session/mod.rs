@@ -7,6 +7,7 @@
 
 mod auth;
 mod budget;
+mod cached;
 mod ending;
 mod error;
 mod flow;
@@ -189,6 +190,8 @@ pub struct Extras {
     pub wrote_at: u64,
     /// The client's `target_session_attrs` (overrides the pool's `read_routing`).
     pub target: Option<crate::config::replicas::TargetSessionAttrs>,
+    /// The reply of the unit about to run is to be kept by the pool's cache.
+    pub capture: Option<Box<crate::cache::Capture>>,
 }
 
 impl Extras {
@@ -435,6 +438,9 @@ impl Session {
         loop {
             match self.handle_idle_messages().await? {
                 Idle::NeedServer => {
+                    if self.pool.cache().is_some() && self.answer_from_cache().await? {
+                        continue;
+                    }
                     if self.run_transaction().await? {
                         return Ok(Gone::Yes);
                     }
@@ -453,7 +459,10 @@ impl Session {
             // Its notifications now wait for the transaction's end.
             sub.mailbox.busy();
         }
-        let Some((mut lease, proven)) = self.attach().await? else {
+        let attached = self.attach().await;
+        // A fill runs only on the server just found (see `cached`).
+        let capture = self.extras.as_mut().and_then(|x| x.capture.take());
+        let Some((mut lease, proven)) = attached? else {
             self.cancel.slot.not_busy();
             return Ok(false);
         };
@@ -471,7 +480,7 @@ impl Session {
         self.set_active(true);
         let mut flow = Flow::default();
         let end = self
-            .relay(&mut lease, &mut flow, Policy::Transaction, proven)
+            .relay(&mut lease, &mut flow, Policy::Transaction, proven, capture)
             .await;
         self.end_claim(lease.process_id);
         self.cancel.slot.clear().await;
@@ -560,7 +569,9 @@ impl Session {
         let _named = self.cancel.slot.set(lease.cancel_target());
         self.set_active(true);
         let mut flow = Flow::default();
-        let end = self.relay(&mut lease, &mut flow, Policy::Session, 0).await;
+        let end = self
+            .relay(&mut lease, &mut flow, Policy::Session, 0, None)
+            .await;
         self.cancel.slot.clear().await;
         match end {
             Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {

@@ -61,6 +61,12 @@ pub(super) struct Outbound {
     /// The pool's query rules as the transaction began (client messages only: replies need
     /// none).
     pub(super) rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+    /// The reply being kept for the pool's cache (see `super::cached`).
+    pub(super) capture: Option<Box<crate::cache::Capture>>,
+    /// The pool's cache, on its primary: what each statement may write is noted in
+    /// `touched`, and applied before the client hears its transaction ended.
+    pub(super) cache: Option<std::sync::Arc<crate::cache::QueryCache>>,
+    pub(super) touched: crate::cache::Touched,
 }
 
 impl Outbound {
@@ -87,6 +93,9 @@ impl Outbound {
             track_writes: false,
             wrote: false,
             rules: None,
+            capture: None,
+            cache: None,
+            touched: Default::default(),
         }
     }
 

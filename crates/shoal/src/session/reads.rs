@@ -77,7 +77,10 @@ impl Session {
         };
         set.start(&self.pool);
         let (routing, fallback) = self.routing();
+        // A fill for the cache reads where the versions it records are true: the primary.
+        let filling = self.extras.as_ref().is_some_and(|x| x.capture.is_some());
         let read = match routing {
+            _ if filling => None,
             ReadRouting::Primary => None,
             ReadRouting::Replicas => Some(0),
             ReadRouting::Split => match unit(&self.pool, &self.cbuf, self.statements.as_deref()) {

@@ -167,6 +167,9 @@ impl Session {
             }
             let (head, rest) = self.cbuf.split_at(at);
             let msg = &rest[..n];
+            if let Some(cache) = &out.cache {
+                super::cached::note_writes(cache, msg, side.statements.as_deref(), &mut out.touched);
+            }
             match tag {
                 fe::QUERY => super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]),
                 fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
@@ -456,6 +459,12 @@ fn take_server<H: Hooks>(
                     x.sets.ready(flow.status);
                 }
             }
+            if flow.status == b'I' && !out.touched.is_nothing() {
+                // Before the client reads that its transaction ended.
+                if let Some(cache) = &out.cache {
+                    out.touched.apply(&cache.freshness);
+                }
+            }
             if flow.status == b'I' && std::mem::take(&mut flow.schema_changed) {
                 // Committed DDL: statements parsed from now on must see it.
                 registry.schema_changed();
@@ -531,14 +540,19 @@ impl Session {
         flow: &mut Flow,
         policy: Policy,
         proven: u32,
+        capture: Option<Box<crate::cache::Capture>>,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound::new();
+        out.capture = capture;
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
         // this transaction's claim (see `crate::notify::Hub::claim`).
         out.notify_active = policy.per_transaction() && self.pool.notify.active();
         // In force for the whole transaction (a change applies from the next one).
         if policy.per_transaction() {
             out.rules = self.pool.rules();
+            if self.takes_writes(lease.pool()) {
+                out.cache = self.pool.cache();
+            }
         }
         if policy.per_transaction()
             && self.pool.replicas().is_some()
@@ -579,6 +593,14 @@ impl Session {
             ));
         }
         out.flush_counts(&self.pool);
+        if let Some(cache) = &out.cache {
+            // Ended without its ReadyForQuery (a lost server): what it sent may have
+            // committed.
+            out.touched.apply(&cache.freshness);
+        }
+        if let Some(capture) = out.capture.take() {
+            capture.finish();
+        }
         if out.wrote {
             // Its next reads go only where this transaction's commit is visible.
             super::Extras::get(&mut self.extras).wrote_at = crate::clock::now_ms();
@@ -699,6 +721,12 @@ impl Session {
                 Step::ToServer(Err(_)) => return Ok(RelayEnd::ServerLost(fatal)),
                 Step::ToClient(Ok(n)) => {
                     out.counts.bytes_out += n as u64;
+                    if let Some(c) = out.capture.as_mut() {
+                        c.feed(match out.direct {
+                            0 => &out.to_client[..n],
+                            _ => &server.buf[..n],
+                        });
+                    }
                     if out.direct > 0 {
                         server.buf.advance(n);
                         out.direct -= n;

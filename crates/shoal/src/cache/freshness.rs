@@ -1,0 +1,306 @@
+//! How fresh cached results of one database are: a version per table, bumped whenever the
+//! table may have changed, and an epoch bumped when anything may have changed unseen.
+//!
+//! An entry records the versions of the tables it read (and the epoch) as they were before
+//! its statement was sent; it is served only while they are all unchanged. So a change
+//! seen at any time after the fill began makes the entry useless, whenever the fill ends:
+//! no lock orders fills against invalidations, and an invalidation costs one atomic add.
+//!
+//! Who bumps: a write relayed through Shoal, before its commit reaches the client (see
+//! `session::relay`), and the database's change stream (see [`super::stream`]) for every
+//! committed change from anywhere. A table is *covered* once the stream is known to carry
+//! its changes; only covered tables' results are kept. When the stream is lost, nothing is
+//! covered and the epoch moves on.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::server::Upstream;
+
+/// One table name's state (by name without schema: a change to `a.t` counts for `b.t`
+/// too, which only costs a refill).
+#[derive(Debug)]
+pub struct Table {
+    pub name: String,
+    version: AtomicU64,
+    /// The change stream carries this table's changes.
+    covered: AtomicBool,
+    /// A result reading it was wanted: the stream task is to cover it.
+    pub(super) wanted: AtomicBool,
+    /// Covering it failed for good (no privilege to add it to the publication).
+    pub(super) refused: AtomicBool,
+}
+
+impl Table {
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn covered(&self) -> bool {
+        self.covered.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_covered(&self, covered: bool) {
+        self.covered.store(covered, Ordering::Release);
+    }
+
+    pub fn bump(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// What the database's catalogue says of the names statements use, as last read.
+#[derive(Debug, Default)]
+pub struct Catalogue {
+    pub loaded: bool,
+    /// Function names whose every overload is IMMUTABLE: a result calling only these
+    /// depends on nothing but its inputs.
+    pub immutable: HashSet<String>,
+    /// Function names whose every overload is STABLE or IMMUTABLE: a statement calling
+    /// only these writes nothing through them.
+    pub non_volatile: HashSet<String>,
+    pub relations: HashMap<String, Relation>,
+}
+
+/// Every relation of one name (in any schema), as one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Relation {
+    /// Plain, permanent, logged tables without inheritance children, whose row security
+    /// (if on) depends on nothing but the row and the session: results reading them may be
+    /// kept, and the stream sees every change to them.
+    pub cacheable: bool,
+    /// Plain tables without triggers or rules: a write to them changes only them.
+    pub plain_writes: bool,
+    /// `schema.name`, quoted, for the publication.
+    pub qualified: Vec<String>,
+}
+
+/// Why the stream is not covering tables, for SHOW CACHE.
+#[derive(Debug, Clone, Default)]
+pub struct StreamState {
+    pub connected: bool,
+    pub last_error: Option<String>,
+    /// Position confirmed to the server.
+    pub confirmed_lsn: u64,
+    pub slot: Option<String>,
+}
+
+pub struct Freshness {
+    /// `host:port/dbname`, for logs and SHOW CACHE.
+    pub label: String,
+    pub upstream: Upstream,
+    epoch: AtomicU64,
+    tables: RwLock<HashMap<String, Arc<Table>, foldhash::fast::RandomState>>,
+    catalogue: RwLock<Arc<Catalogue>>,
+    /// Wakes the stream task: a table to cover, a catalogue to read again.
+    pub(super) wake: tokio::sync::Notify,
+    pub(super) catalogue_wanted: AtomicBool,
+    pub(super) state: Mutex<StreamState>,
+    /// Changes the stream saw, by cause (`stream`, `truncate`).
+    pub(super) invalidations: [AtomicU64; 3],
+    started: std::sync::Once,
+}
+
+/// Indexes into [`Freshness::invalidations`].
+pub const BY_WRITE: usize = 0;
+pub const BY_STREAM: usize = 1;
+pub const BY_RESET: usize = 2;
+
+impl Freshness {
+    pub fn new(label: String, upstream: Upstream) -> Arc<Freshness> {
+        Arc::new(Freshness {
+            label,
+            upstream,
+            epoch: AtomicU64::new(1),
+            tables: RwLock::default(),
+            catalogue: RwLock::default(),
+            wake: tokio::sync::Notify::new(),
+            catalogue_wanted: AtomicBool::new(true),
+            state: Mutex::default(),
+            invalidations: Default::default(),
+            started: std::sync::Once::new(),
+        })
+    }
+
+    /// Starts the database's stream task (once).
+    pub fn start(self: &Arc<Self>) {
+        self.started.call_once(|| {
+            crate::control::spawn(super::stream::run(Arc::downgrade(self)));
+        });
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Everything may have changed: no entry made before now is served (`cause`: a write
+    /// through Shoal that could touch anything, or [`BY_RESET`]: the stream was lost).
+    pub fn reset(&self, cause: usize) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.invalidations[cause].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The state of table `name`, made on first use.
+    pub fn table(&self, name: &str) -> Arc<Table> {
+        if let Some(t) = self.read_tables().get(name) {
+            return t.clone();
+        }
+        let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        tables
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Table {
+                    name: name.to_owned(),
+                    version: AtomicU64::new(1),
+                    covered: AtomicBool::new(false),
+                    wanted: AtomicBool::new(false),
+                    refused: AtomicBool::new(false),
+                })
+            })
+            .clone()
+    }
+
+    /// The table `name`, if any result or change named it.
+    pub fn known_table(&self, name: &str) -> Option<Arc<Table>> {
+        self.read_tables().get(name).cloned()
+    }
+
+    pub fn tables(&self) -> Vec<Arc<Table>> {
+        self.read_tables().values().cloned().collect()
+    }
+
+    fn read_tables(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Table>, foldhash::fast::RandomState>>
+    {
+        self.tables.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A change to table `name` was seen (`cause`: [`BY_WRITE`] or [`BY_STREAM`]).
+    pub fn changed(&self, name: &str, cause: usize) {
+        if let Some(t) = self.known_table(name) {
+            t.bump();
+        }
+        self.invalidations[cause].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Asks the stream task to cover `table`.
+    pub fn want(&self, table: &Table) {
+        if !table.wanted.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        self.catalogue
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(super) fn set_catalogue(&self, c: Catalogue) {
+        *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+    }
+
+    /// Asks for the catalogue to be read again (a statement named a relation it lacks).
+    pub fn want_catalogue(&self) {
+        if !self.catalogue_wanted.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+
+    pub fn stream_state(&self) -> StreamState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn invalidations(&self, cause: usize) -> u64 {
+        self.invalidations[cause].load(Ordering::Relaxed)
+    }
+}
+
+/// The versions an entry's statement read, taken before it was sent.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub epoch: u64,
+    pub tables: Box<[(Arc<Table>, u64)]>,
+}
+
+impl Snapshot {
+    /// The versions of `tables` now, or `None` when one is not covered.
+    pub fn take(freshness: &Freshness, tables: &[Arc<Table>]) -> Option<Snapshot> {
+        let epoch = freshness.epoch();
+        let mut taken = Vec::with_capacity(tables.len());
+        for t in tables {
+            if !t.covered() {
+                return None;
+            }
+            taken.push((t.clone(), t.version()));
+        }
+        Some(Snapshot {
+            epoch,
+            tables: taken.into(),
+        })
+    }
+
+    /// Whether nothing it depends on changed since it was taken.
+    pub fn current(&self, freshness: &Freshness) -> bool {
+        self.epoch == freshness.epoch()
+            && self
+                .tables
+                .iter()
+                .all(|(t, v)| t.covered() && t.version() == *v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn freshness() -> Arc<Freshness> {
+        Freshness::new(
+            "test".into(),
+            Upstream {
+                host: "127.0.0.1".into(),
+                port: 1,
+                family: Default::default(),
+                dbname: "d".into(),
+                user: "u".into(),
+                password: None,
+                tls: None,
+                tls_settings: crate::config::UpstreamTlsSettings {
+                    mode: Default::default(),
+                    rootcert: None,
+                    cert: None,
+                    key: None,
+                    key_password: None,
+                    sni: false,
+                },
+                passthrough: None,
+                dial: None,
+            },
+        )
+    }
+
+    #[test]
+    fn a_change_after_the_snapshot_makes_it_stale_whenever_it_ends() {
+        let f = freshness();
+        let t = f.table("items");
+        let u = f.table("users");
+        assert!(Snapshot::take(&f, &[t.clone()]).is_none(), "not covered yet");
+        t.set_covered(true);
+        u.set_covered(true);
+        let s = Snapshot::take(&f, &[t.clone(), u.clone()]).unwrap();
+        assert!(s.current(&f));
+        f.changed("other", BY_STREAM);
+        assert!(s.current(&f), "another table changed");
+        f.changed("users", BY_WRITE);
+        assert!(!s.current(&f));
+        let s = Snapshot::take(&f, &[t.clone()]).unwrap();
+        f.reset(BY_RESET);
+        assert!(!s.current(&f), "the epoch moved");
+        let s = Snapshot::take(&f, &[t.clone()]).unwrap();
+        t.set_covered(false);
+        assert!(!s.current(&f), "the stream no longer covers it");
+    }
+}
