@@ -302,6 +302,7 @@ impl Collector for ShoalCollector {
         let routed = app.routes.pools();
         crate::replicas::status::encode(&routed, &mut e)?;
         crate::query_rules::encode(&routed, &mut e)?;
+        crate::cache::status::encode(&routed, &mut e)?;
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

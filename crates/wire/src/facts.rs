@@ -247,8 +247,8 @@ mod tests {
         // Calls inside anything: a DML's RETURNING, a default, a subquery in DDL.
         let f = facts("UPDATE t SET a = g(1) RETURNING h(a)").unwrap();
         assert_eq!(f.functions, ["g", "h"]);
-        let f = facts("WITH d AS (DELETE FROM a.t RETURNING *) INSERT INTO u SELECT * FROM d")
-            .unwrap();
+        let f =
+            facts("WITH d AS (DELETE FROM a.t RETURNING *) INSERT INTO u SELECT * FROM d").unwrap();
         assert_eq!(f.relations, ["d", "t", "u"]);
     }
 

@@ -709,7 +709,11 @@ mod tests {
         assert!(r.only_queries && r.statements == 1 && !r.clock);
         assert!(classify("SELECT CURRENT_DATE").unwrap().clock);
         assert!(classify("SELECT LOCALTIMESTAMP(2)").unwrap().clock);
-        assert!(!classify("SELECT CURRENT_USER, current_schema").unwrap().clock);
+        assert!(
+            !classify("SELECT CURRENT_USER, current_schema")
+                .unwrap()
+                .clock
+        );
         assert!(!classify("SHOW search_path").unwrap().only_queries);
         assert!(!classify("BEGIN READ ONLY; SELECT 1").unwrap().only_queries);
         assert!(!classify("").unwrap().only_queries);

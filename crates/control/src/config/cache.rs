@@ -150,6 +150,9 @@ mod tests {
             ..Default::default()
         })
         .contains("not a fingerprint"));
-        assert_eq!(validate("d", &CacheKeys::default()).unwrap(), Cache::default());
+        assert_eq!(
+            validate("d", &CacheKeys::default()).unwrap(),
+            Cache::default()
+        );
     }
 }

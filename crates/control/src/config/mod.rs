@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use shoal_wire::{md5, scram::Verifier};
 
-mod cluster;
 pub mod cache;
+mod cluster;
 pub mod replicas;
 pub mod rules;
 mod sections;

@@ -1,4 +1,5 @@
-//! The console's `SHOW REPLICAS` and `SHOW RULES`: the feature layers' state, per pool.
+//! The console's `SHOW REPLICAS`, `SHOW RULES` and `SHOW CACHE`: the feature layers'
+//! state, per pool.
 
 use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
 use crate::app::App;
@@ -66,6 +67,56 @@ pub fn show_rules(app: &App) -> ResultSet {
                 n(matched),
             ]);
         }
+    }
+    r
+}
+
+/// `SHOW CACHE`: each pool's result cache, what it holds and did, and its database's
+/// change stream.
+pub fn show_cache(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("pool", Text),
+        ("database", Text),
+        ("entries", Int),
+        ("bytes", Int),
+        ("max_bytes", Int),
+        ("hits", Int),
+        ("misses", Int),
+        ("fills", Int),
+        ("waits", Int),
+        ("stale", Int),
+        ("not_cached", Int),
+        ("unkept", Int),
+        ("evictions", Int),
+        ("stream", Text),
+        ("covered_tables", Int),
+        ("invalidated_by_writes", Int),
+        ("invalidated_by_stream", Int),
+        ("resets", Int),
+    ]);
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    for c in crate::cache::status::rows(&pools) {
+        r.row(vec![
+            t(c.pool),
+            t(c.database),
+            n(c.entries),
+            n(c.bytes),
+            n(c.max_bytes),
+            n(c.hits),
+            n(c.misses),
+            n(c.fills),
+            n(c.waits),
+            n(c.stale),
+            n(c.passed),
+            n(c.unkept),
+            n(c.evictions),
+            t(c.stream),
+            n(c.covered),
+            n(c.invalidations[0]),
+            n(c.invalidations[1]),
+            n(c.invalidations[2]),
+        ]);
     }
     r
 }

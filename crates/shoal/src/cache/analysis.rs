@@ -102,7 +102,11 @@ impl Parsed {
         if r.clock {
             return Err(NotKept::Volatile);
         }
-        if !r.functions.iter().all(|f| c.immutable.contains(unqualified(f))) {
+        if !r
+            .functions
+            .iter()
+            .all(|f| c.immutable.contains(unqualified(f)))
+        {
             return Err(NotKept::Volatile);
         }
         let mut tables = Vec::with_capacity(r.relations.len());

@@ -106,8 +106,7 @@ impl Capture {
         if self.state == State::Complete {
             if let Some(snapshot) = self.snapshot.take() {
                 let reply = Bytes::from(std::mem::take(&mut self.buf));
-                self.cache
-                    .keep(self.key.clone(), reply, snapshot, self.ttl);
+                self.cache.keep(self.key.clone(), reply, snapshot, self.ttl);
             }
         }
     }

@@ -287,7 +287,10 @@ mod tests {
         let f = freshness();
         let t = f.table("items");
         let u = f.table("users");
-        assert!(Snapshot::take(&f, &[t.clone()]).is_none(), "not covered yet");
+        assert!(
+            Snapshot::take(&f, std::slice::from_ref(&t)).is_none(),
+            "not covered yet"
+        );
         t.set_covered(true);
         u.set_covered(true);
         let s = Snapshot::take(&f, &[t.clone(), u.clone()]).unwrap();
@@ -296,10 +299,10 @@ mod tests {
         assert!(s.current(&f), "another table changed");
         f.changed("users", BY_WRITE);
         assert!(!s.current(&f));
-        let s = Snapshot::take(&f, &[t.clone()]).unwrap();
+        let s = Snapshot::take(&f, std::slice::from_ref(&t)).unwrap();
         f.reset(BY_RESET);
         assert!(!s.current(&f), "the epoch moved");
-        let s = Snapshot::take(&f, &[t.clone()]).unwrap();
+        let s = Snapshot::take(&f, std::slice::from_ref(&t)).unwrap();
         t.set_covered(false);
         assert!(!s.current(&f), "the stream no longer covers it");
     }

@@ -76,6 +76,12 @@ pub struct QueryCache {
     pub max_entry: usize,
 }
 
+/// An entry's weight: its key, its reply, and what moka and the entry keep beside them.
+#[allow(clippy::borrowed_box)]
+fn weigh(key: &Box<[u8]>, entry: &Arc<Entry>) -> u32 {
+    (key.len() + entry.reply.len() + 160).min(u32::MAX as usize) as u32
+}
+
 struct ByTtl;
 
 impl moka::Expiry<Box<[u8]>, Arc<Entry>> for ByTtl {
@@ -114,9 +120,7 @@ impl QueryCache {
         let counted = evictions.clone();
         let store = moka::sync::Cache::builder()
             .max_capacity(config.max_memory)
-            .weigher(|k: &Box<[u8]>, v: &Arc<Entry>| {
-                (k.len() + v.reply.len() + 160).min(u32::MAX as usize) as u32
-            })
+            .weigher(weigh)
             .expire_after(ByTtl)
             .eviction_listener(move |_, _, cause| {
                 if cause == moka::notification::RemovalCause::Size {

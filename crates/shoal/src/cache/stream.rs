@@ -131,9 +131,8 @@ impl Stream {
         let mut replication =
             ServerConn::connect_with(&f.upstream, TIMEOUT, &[("replication", "database")]).await?;
         let slot = format!("shoal_cache_{:016x}", rand::random::<u64>());
-        let sql = format!(
-            "CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
-        );
+        let sql =
+            format!("CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT");
         crate::timer::timeout(TIMEOUT, replication.simple_query(&sql))
             .await
             .map_err(|_| StreamError::Protocol("creating the slot timed out".into()))??;
@@ -145,7 +144,11 @@ impl Stream {
                  (proto_version '1', publication_names '{PUBLICATION}', messages 'true')"
             ),
         );
-        replication.stream.write_all(&out).await.map_err(ServerError::Io)?;
+        replication
+            .stream
+            .write_all(&out)
+            .await
+            .map_err(ServerError::Io)?;
         loop {
             let frame = replication.read_frame().await?;
             match frame.tag() {
@@ -311,7 +314,10 @@ impl Stream {
             .await
             .map_err(ServerError::Io)?;
         self.status_sent = crate::clock::now_ms();
-        f.state.lock().unwrap_or_else(|e| e.into_inner()).confirmed_lsn = self.read_lsn;
+        f.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .confirmed_lsn = self.read_lsn;
         Ok(())
     }
 
@@ -370,7 +376,9 @@ impl Stream {
                         break;
                     }
                     Ok(Err(e)) => return Err(e.into()),
-                    Err(_) => return Err(StreamError::Protocol("ALTER PUBLICATION timed out".into())),
+                    Err(_) => {
+                        return Err(StreamError::Protocol("ALTER PUBLICATION timed out".into()))
+                    }
                 }
             }
             if ok {

@@ -204,7 +204,10 @@ mod tests {
         assert_eq!(len, a.len());
         let (k2, _) = key_of(&extended("", "SELECT $1", "2"), None).unwrap();
         assert_ne!(k1, k2, "values are in the key");
-        assert!(key_of(&a[..a.len() - 1], None).is_none(), "not all buffered");
+        assert!(
+            key_of(&a[..a.len() - 1], None).is_none(),
+            "not all buffered"
+        );
         // Named Parses change the client's state: never answered from the cache.
         assert!(key_of(&extended("s1", "SELECT $1", "1"), None).is_none());
         let mut limited = a.clone();
@@ -228,7 +231,10 @@ mod tests {
         let (ka, _) = key_of(&unit("a"), Some(&one)).unwrap();
         let (kb, _) = key_of(&unit("b"), Some(&two)).unwrap();
         assert_eq!(ka, kb);
-        assert!(key_of(&unit("zz"), Some(&one)).is_none(), "unknown statement");
+        assert!(
+            key_of(&unit("zz"), Some(&one)).is_none(),
+            "unknown statement"
+        );
     }
 
     #[test]

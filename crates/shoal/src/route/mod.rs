@@ -153,7 +153,8 @@ pub struct Registry {
     /// A schema counter per database (host, port, name), shared by its pools.
     schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
     /// Each database's cache freshness, while a pool caches its results.
-    freshness: Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
+    freshness:
+        Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
     /// How pools made from now on reach their servers, when not by host and port.
     dial: std::sync::OnceLock<Arc<dyn crate::server::Dial>>,
 }

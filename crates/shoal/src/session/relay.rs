@@ -168,7 +168,12 @@ impl Session {
             let (head, rest) = self.cbuf.split_at(at);
             let msg = &rest[..n];
             if let Some(cache) = &out.cache {
-                super::cached::note_writes(cache, msg, side.statements.as_deref(), &mut out.touched);
+                super::cached::note_writes(
+                    cache,
+                    msg,
+                    side.statements.as_deref(),
+                    &mut out.touched,
+                );
             }
             match tag {
                 fe::QUERY => super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]),

@@ -22,7 +22,7 @@ pub struct Raw {
     pub key: (i32, i32),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Msg {
     pub tag: char,
     pub body: Vec<u8>,
