@@ -421,7 +421,11 @@ async fn readers_beside_writers_never_read_the_past() {
         "CREATE TABLE counters (id int PRIMARY KEY, v bigint NOT NULL);
          INSERT INTO counters SELECT g, 0 FROM generate_series(0, 3) g;",
     );
-    let s = cached_shoal(&db, "cache = true\ncache_all_reads = true\npool_size = 4", "");
+    let s = cached_shoal(
+        &db,
+        "cache = true\ncache_all_reads = true\npool_size = 4",
+        "",
+    );
     let warm = s.connect(&db).await;
     until_hit(&s, &warm, "SELECT v FROM counters WHERE id = 1").await;
     let run_for = Duration::from_secs(60);
@@ -485,7 +489,12 @@ async fn readers_beside_writers_never_read_the_past() {
             .simple_query(&format!("UPDATE counters SET v = {v} WHERE id = 0"))
             .await
             .unwrap();
-        let shown = until_rows(&watcher, "SELECT v FROM counters WHERE id = 0", &[&v.to_string()]).await;
+        let shown = until_rows(
+            &watcher,
+            "SELECT v FROM counters WHERE id = 0",
+            &[&v.to_string()],
+        )
+        .await;
         delays.push(shown);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -497,7 +506,94 @@ async fn readers_beside_writers_never_read_the_past() {
     }
     delays.sort();
     let p99 = delays[delays.len() * 99 / 100];
-    assert!(p99 < Duration::from_secs(1), "p99 {p99:?} over {} writes", delays.len());
+    assert!(
+        p99 < Duration::from_secs(1),
+        "p99 {p99:?} over {} writes",
+        delays.len()
+    );
     let row = cache_row(&s).await;
     assert!(row["hits"].parse::<u64>().unwrap() > 100, "{row:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_turns_its_cache_on_and_off_and_purges_it_through_the_api() {
+    let db = fresh_db("cache_tenant", ITEMS);
+    let (s, _data) = shoal_with_token_api(logical_pg());
+    let tenant = |extra: serde_json::Value| {
+        let mut t = serde_json::json!({
+            "db_host": "127.0.0.1",
+            "db_port": logical_pg().port,
+            "db_database": db,
+            "require_user": true,
+            "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 2}],
+        });
+        t.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::json!({ "tenant": t })
+    };
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!({"cache": true, "cache_ttl": "a while"})),
+    );
+    assert_eq!(code_, 422, "{body}");
+    assert!(body.to_string().contains("cache_ttl"), "{body}");
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!({"cache": true, "cache_all_reads": true, "cache_ttl": "1h"})),
+    );
+    assert_eq!(code_, 201, "{body}");
+    let c = s
+        .try_connect(&format!(
+            "host=127.0.0.1 port={} user=app.acme password={APP_PASSWORD} dbname=x",
+            s.port()
+        ))
+        .await
+        .unwrap();
+    let sql = "SELECT name FROM items WHERE id = 2";
+    let purge = || {
+        api(
+            &s,
+            "DELETE",
+            "/api/tenants/acme/cache",
+            &serde_json::json!({}),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert_eq!(simple_rows(&c, sql).await, ["item 2"]);
+        let (code_, body) = api(&s, "GET", "/api/tenants/acme/pools", &serde_json::json!({}));
+        assert_eq!(code_, 200, "{body}");
+        // Kept once the stream covers the table.
+        let (_, again) = purge();
+        if again["entries"].as_u64() > Some(0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never kept: {again}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(purge().1["entries"], 0, "purged");
+    // Off, live: nothing is kept.
+    let (code_, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant(serde_json::json!({})),
+    );
+    assert_eq!(code_, 200, "{body}");
+    for _ in 0..3 {
+        assert_eq!(simple_rows(&c, sql).await, ["item 2"]);
+    }
+    assert_eq!(purge().1["entries"], 0);
+    let (code_, _) = api(
+        &s,
+        "DELETE",
+        "/api/tenants/nobody/cache",
+        &serde_json::json!({}),
+    );
+    assert_eq!(code_, 404);
 }

@@ -35,6 +35,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/tenants/{id}"),
     ("get", "/api/tenants/{id}/terminate"),
     ("get", "/api/tenants/{id}/pools"),
+    ("delete", "/api/tenants/{id}/cache"),
 ];
 
 struct Api {
@@ -59,6 +60,10 @@ pub fn router(service: Arc<TenantService>, auth: auth::ApiAuth) -> Router {
         )
         .route("/api/tenants/{id}/terminate", get(terminate))
         .route("/api/tenants/{id}/pools", get(pools))
+        .route(
+            "/api/tenants/{id}/cache",
+            axum::routing::delete(purge_cache),
+        )
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .with_state(api)
 }
@@ -312,6 +317,25 @@ async fn terminate(State(api): Shared, headers: HeaderMap, Path(id): Path<String
         Ok(n) => Json(json!({ "result": "success", "clients": n })).into_response(),
         Err(e) => service_error(e),
     }
+}
+
+/// Drops every reply the tenant's pools keep (after a migration, say: schema changes made
+/// outside Shoal are not seen by the cache until its entries expire).
+async fn purge_cache(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = authorized(&api, &headers) {
+        return *r;
+    }
+    if api.service.routes.tenants.get(&id).is_none() {
+        return error(StatusCode::NOT_FOUND, "tenant not found");
+    }
+    let mut entries = 0;
+    for p in api.service.routes.tenant_pools(&id) {
+        if let Some(c) = p.cache() {
+            entries += c.entries();
+            c.purge();
+        }
+    }
+    Json(json!({ "result": "success", "entries": entries })).into_response()
 }
 
 async fn pools(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
