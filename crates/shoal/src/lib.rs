@@ -59,6 +59,7 @@ pub mod disposition;
 pub mod error;
 pub mod fdpass;
 pub mod handoff;
+pub mod limits;
 pub mod listener;
 pub mod login_failures;
 pub mod memory;

@@ -12,6 +12,7 @@ pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 pub const CONFIG_FILE_ERROR: &str = "F0000";
 pub const INVALID_CATALOG_NAME: &str = "3D000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
+pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";
 pub const QUERY_CANCELED: &str = "57014";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";

@@ -13,6 +13,7 @@ use shoal_wire::{md5, scram::Verifier};
 
 pub mod cache;
 mod cluster;
+pub mod limits;
 pub mod replicas;
 pub mod rules;
 mod sections;
@@ -101,6 +102,8 @@ pub struct User {
     pub rules: Option<std::sync::Arc<Vec<rules::Rule>>>,
     /// Turns the database's result cache off (or on) for this user.
     pub cache: Option<bool>,
+    /// The user's own rate and concurrency limits (shared: a login carries a `User`).
+    pub limits: Option<std::sync::Arc<limits::Limits>>,
     /// Overrides the database's and `[tls] client_tls` for this user.
     pub client_tls: Option<ClientTls>,
     /// Upstream login without a password (users found by auth_query).
@@ -126,6 +129,7 @@ impl User {
             read_routing: None,
             rules: None,
             cache: None,
+            limits: None,
             client_tls: None,
             passthrough: None,
             max_client_conn: None,
@@ -169,6 +173,8 @@ pub struct Database {
     pub rules: Vec<rules::Rule>,
     /// The result cache of its pools.
     pub cache: cache::Cache,
+    /// Limits on all its clients together.
+    pub limits: limits::Limits,
 }
 
 /// Which of a host name's addresses Shoal connects to.
@@ -226,6 +232,9 @@ pub struct PoolSettings {
     pub client_idle_timeout: Duration,
     /// Queries slower than this are logged (rate-limited); zero: none.
     pub slow_query: Duration,
+    /// The database's (or tenant's) `max_statement_timeout`: servers start with it, and a
+    /// request running past it is cancelled.
+    pub statement_timeout: Option<Duration>,
 }
 
 /// The `[databases."*"]` entry: where a database name no other entry lists goes, with the
@@ -359,6 +368,8 @@ impl Config {
                 .map_err(|m| invalid(&section, m))?;
             let cache =
                 cache::validate(&section, &d.cache_keys()).map_err(|m| invalid(&section, m))?;
+            let limits =
+                limits::validate(&section, &d.limit_keys()).map_err(|m| invalid(&section, m))?;
             databases.insert(
                 name.clone(),
                 Database {
@@ -391,6 +402,7 @@ impl Config {
                     replicas,
                     rules,
                     cache,
+                    limits,
                 },
             );
         }
@@ -499,6 +511,7 @@ impl Config {
             stats_period: p.stats_period,
             client_idle_timeout: secs(p.client_idle_timeout),
             slow_query: secs(p.slow_query_threshold),
+            statement_timeout: db.limits.statement_timeout,
         }
     }
 }
@@ -636,10 +649,30 @@ fn resolve_user(
         pool_size: u.pool_size,
         read_routing: u.read_routing,
         cache: u.cache,
+        limits: user_limits(&section, u.rate_limit, u.rate_burst, u.max_concurrency)?,
         rules: Some(rules::validate(&format!("users.{name}.rules"), &u.rules)?)
             .filter(|r| !r.is_empty())
             .map(std::sync::Arc::new),
     })
+}
+
+/// A user's own limits (`None` when it has none).
+pub fn user_limits(
+    section: &str,
+    rate_limit: Option<f64>,
+    rate_burst: Option<f64>,
+    max_concurrency: Option<usize>,
+) -> Result<Option<std::sync::Arc<limits::Limits>>, String> {
+    let l = limits::validate(
+        section,
+        &limits::LimitKeys {
+            rate_limit,
+            rate_burst,
+            max_concurrency,
+            ..Default::default()
+        },
+    )?;
+    Ok(l.any().then(|| std::sync::Arc::new(l)))
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {

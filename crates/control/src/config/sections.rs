@@ -203,9 +203,25 @@ pub struct DatabaseSection {
     #[serde(default)]
     pub cache_fingerprints: Vec<String>,
     pub cache_max_memory: Option<String>,
+    /// Limits (see `limits`).
+    pub max_statement_timeout: Option<String>,
+    pub rate_limit: Option<f64>,
+    pub rate_burst: Option<f64>,
+    pub max_concurrency: Option<usize>,
+    pub limit_wait: Option<String>,
 }
 
 impl DatabaseSection {
+    pub fn limit_keys(&self) -> super::limits::LimitKeys<'_> {
+        super::limits::LimitKeys {
+            max_statement_timeout: self.max_statement_timeout.as_deref(),
+            rate_limit: self.rate_limit,
+            rate_burst: self.rate_burst,
+            max_concurrency: self.max_concurrency,
+            limit_wait: self.limit_wait.as_deref(),
+        }
+    }
+
     pub fn cache_keys(&self) -> super::cache::CacheKeys<'_> {
         super::cache::CacheKeys {
             cache: self.cache,
@@ -296,6 +312,10 @@ pub struct UserSection {
     pub rules: Vec<super::rules::RuleSection>,
     /// Turns the database's result cache off (or on) for this user's pools.
     pub cache: Option<bool>,
+    /// This user's own limits (beside its database's).
+    pub rate_limit: Option<f64>,
+    pub rate_burst: Option<f64>,
+    pub max_concurrency: Option<usize>,
     pub client_tls: Option<ClientTls>,
     /// A client certificate and key for this user's server logins (overrides the
     /// database's), and the key's password if it is encrypted.

@@ -107,9 +107,34 @@ pub struct Tenant {
     pub cache_fingerprints: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_max_memory: Option<String>,
+    /// Shoal: limits on all the tenant's clients together (as `[databases.NAME]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_statement_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_burst: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_wait: Option<String>,
 }
 
 impl Tenant {
+    /// The tenant's limits, validated as a config database's are.
+    pub fn limits(&self) -> Result<crate::config::limits::Limits, String> {
+        crate::config::limits::validate(
+            "tenant",
+            &crate::config::limits::LimitKeys {
+                max_statement_timeout: self.max_statement_timeout.as_deref(),
+                rate_limit: self.rate_limit,
+                rate_burst: self.rate_burst,
+                max_concurrency: self.max_concurrency,
+                limit_wait: self.limit_wait.as_deref(),
+            },
+        )
+    }
+
     /// The tenant's result cache, validated as a config database's is.
     pub fn cache(&self) -> Result<crate::config::cache::Cache, String> {
         crate::config::cache::validate(
@@ -185,6 +210,13 @@ pub struct TenantUser {
     /// Shoal: overrides the tenant's `read_routing` for this user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_routing: Option<ReadRouting>,
+    /// Shoal: this user's own limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_burst: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
 }
 
 impl std::fmt::Debug for TenantUser {
@@ -405,6 +437,28 @@ impl Tenant {
         }
         if let Err(e) = crate::config::rules::validate("query_rules", &self.query_rules) {
             add("query_rules", &e);
+        }
+        for (field, e) in
+            [("limits", self.limits().err())]
+                .into_iter()
+                .chain(self.users.iter().map(|u| {
+                    (
+                        "users",
+                        crate::config::user_limits(
+                            "users",
+                            u.rate_limit,
+                            u.rate_burst,
+                            u.max_concurrency,
+                        )
+                        .err(),
+                    )
+                }))
+        {
+            if let Some(e) = e {
+                let e = e.trim_start_matches("tenant.");
+                let key = e.split(':').next().unwrap_or(field);
+                add(key, e.split_once(": ").map_or(e, |(_, m)| m));
+            }
         }
         if let Err(e) = self.cache() {
             let e = e.trim_start_matches("tenant.");

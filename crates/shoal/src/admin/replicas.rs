@@ -1,5 +1,5 @@
-//! The console's `SHOW REPLICAS`, `SHOW RULES` and `SHOW CACHE`: the feature layers'
-//! state, per pool.
+//! The console's `SHOW REPLICAS`, `SHOW RULES`, `SHOW CACHE` and `SHOW LIMITS`: the
+//! feature layers' state, per pool.
 
 use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
 use crate::app::App;
@@ -117,6 +117,58 @@ pub fn show_cache(app: &App) -> ResultSet {
             n(c.invalidations[1]),
             n(c.invalidations[2]),
         ]);
+    }
+    r
+}
+
+/// `SHOW LIMITS`: each pool's limits, one row per scope (its database's or tenant's, its
+/// user's), with the tokens left and the transactions running and waiting.
+pub fn show_limits(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("pool", Text),
+        ("scope", Text),
+        ("max_statement_timeout_ms", Int),
+        ("rate_limit", Text),
+        ("rate_burst", Text),
+        ("tokens", Text),
+        ("max_concurrency", Int),
+        ("running", Int),
+        ("waiting", Int),
+    ]);
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in pools {
+        let cap = p.settings.statement_timeout.map(|d| d.as_millis() as u64);
+        let Some(limits) = p.limits() else {
+            if let Some(ms) = cap {
+                r.row(vec![
+                    t(p.name.clone()),
+                    t("database"),
+                    n(ms),
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                ]);
+            }
+            continue;
+        };
+        for l in limits.database.iter().chain(limits.user.iter()) {
+            let rate = l.config.rate;
+            r.row(vec![
+                t(p.name.clone()),
+                t(l.label.clone()),
+                cap.and_then(n),
+                rate.and_then(|r| t(r.per_second.to_string())),
+                rate.and_then(|r| t(r.burst.to_string())),
+                l.tokens().and_then(|v| t(format!("{v:.1}"))),
+                l.config.concurrency.and_then(n),
+                n(l.running()),
+                n(l.waiting()),
+            ]);
+        }
     }
     r
 }

@@ -583,7 +583,7 @@ pub fn version() -> ResultSet {
 pub fn help() -> ResultSet {
     let mut r = ResultSet::new(&[("command", Text)]);
     for c in [
-        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|HELP",
+        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|LIMITS|HELP",
         "PAUSE [db]",
         "RESUME [db]",
         "SUSPEND",
@@ -614,6 +614,7 @@ pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
         "REPLICAS" => super::replicas::show(app),
         "RULES" => super::replicas::show_rules(app),
         "CACHE" => super::replicas::show_cache(app),
+        "LIMITS" => super::replicas::show_limits(app),
         other => {
             return Err(format!(
                 "SHOW {other} is not known: SHOW HELP lists what can be shown"

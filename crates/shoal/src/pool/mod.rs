@@ -183,6 +183,9 @@ pub struct Pool {
     /// The result cache, when the pool has one (replaced live when its settings change).
     cache: std::sync::RwLock<Option<Arc<crate::cache::QueryCache>>>,
     has_cache: std::sync::atomic::AtomicBool,
+    /// Rate and concurrency limits, when the pool's database or user has any.
+    limits: std::sync::RwLock<Option<Arc<crate::limits::PoolLimits>>>,
+    has_limits: std::sync::atomic::AtomicBool,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -264,6 +267,8 @@ impl Pool {
             has_rules: std::sync::atomic::AtomicBool::new(false),
             cache: std::sync::RwLock::new(None),
             has_cache: std::sync::atomic::AtomicBool::new(false),
+            limits: std::sync::RwLock::new(None),
+            has_limits: std::sync::atomic::AtomicBool::new(false),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             settings,
@@ -300,6 +305,39 @@ impl Pool {
         let new = crate::query_rules::QueryRules::new(rules).map(Arc::new);
         self.has_rules.store(new.is_some(), Ordering::Release);
         *current = new;
+    }
+
+    /// The rate and concurrency limits its clients are held to, if any.
+    #[inline]
+    pub fn limits(&self) -> Option<Arc<crate::limits::PoolLimits>> {
+        if !self.has_limits.load(Ordering::Acquire) {
+            return None;
+        }
+        self.limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts `limits` in force from the clients' next transaction (the same limiters as now
+    /// keep their state).
+    pub fn set_limits(&self, limits: Option<crate::limits::PoolLimits>) {
+        let mut current = self.limits.write().unwrap_or_else(|e| e.into_inner());
+        let same = |a: &Option<Arc<crate::limits::Limiter>>,
+                    b: &Option<Arc<crate::limits::Limiter>>| {
+            match (a, b) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+        };
+        if let (Some(c), Some(n)) = (current.as_ref(), limits.as_ref()) {
+            if same(&c.database, &n.database) && same(&c.user, &n.user) && c.wait == n.wait {
+                return;
+            }
+        }
+        self.has_limits.store(limits.is_some(), Ordering::Release);
+        *current = limits.map(Arc::new);
     }
 
     /// The result cache, if the pool has one.
@@ -608,7 +646,18 @@ impl Pool {
         }
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
-        let r = ServerConn::connect(&self.upstream, self.settings.connect_timeout).await;
+        // A capped statement_timeout is the server's own default: PostgreSQL ends a
+        // statement past it with its usual error (Shoal's cancel is the backstop).
+        let cap = self
+            .settings
+            .statement_timeout
+            .map(|d| format!("-c statement_timeout={}", d.as_millis().max(1)));
+        let extra: &[(&str, &str)] = match &cap {
+            Some(o) => &[("options", o.as_str())],
+            None => &[],
+        };
+        let r =
+            ServerConn::connect_with(&self.upstream, self.settings.connect_timeout, extra).await;
         self.metrics.connecting.fetch_sub(1, Ordering::Relaxed);
         match r {
             Ok(mut conn) => {

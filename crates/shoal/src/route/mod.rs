@@ -152,6 +152,9 @@ pub struct Registry {
     retired: Mutex<Vec<std::sync::Weak<Pool>>>,
     /// A schema counter per database (host, port, name), shared by its pools.
     schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
+    /// Rate and concurrency limiters, by scope (`db:NAME`, `user:NAME/USER`), kept while
+    /// their limits stay the same.
+    limiters: Mutex<HashMap<String, Arc<crate::limits::Limiter>>>,
     /// Each database's cache freshness, while a pool caches its results.
     freshness:
         Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
@@ -169,6 +172,7 @@ impl Registry {
             retired: Mutex::new(Vec::new()),
             schemas: Mutex::new(HashMap::new()),
             freshness: Mutex::new(HashMap::new()),
+            limiters: Mutex::new(HashMap::new()),
             dial: std::sync::OnceLock::new(),
         }
     }
@@ -357,6 +361,7 @@ impl Registry {
         );
         pool.set_rules(rules_for(db, user));
         self.set_cache(&pool, db, user);
+        self.set_limits(&pool, db, user);
         if let Some(replicas) = replicas_for(db, user) {
             pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, replicas));
         }
@@ -413,6 +418,48 @@ impl Registry {
         });
     }
 
+    /// Gives `pool` the rate and concurrency limits of `d` (shared by its pools) and `u`.
+    fn set_limits(&self, pool: &Pool, d: &Database, u: &User) {
+        use crate::config::limits::Limits;
+        let mut all = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut limiter = |key: String, config: Limits, label: String| {
+            let config = Limits {
+                statement_timeout: None,
+                wait: Default::default(),
+                ..config
+            };
+            if !config.any() {
+                all.remove(&key);
+                return None;
+            }
+            if let Some(l) = all.get(&key).filter(|l| l.config == config) {
+                return Some(l.clone());
+            }
+            let l = Arc::new(crate::limits::Limiter::new(config, label));
+            all.insert(key, l.clone());
+            Some(l)
+        };
+        let scope = match d.name.strip_prefix(DB_PREFIX) {
+            Some(tenant) => format!("tenant \"{tenant}\""),
+            None => format!("database \"{}\"", d.name),
+        };
+        let database = limiter(format!("db:{}", d.name), d.limits.clone(), scope);
+        let user = u.limits.as_deref().and_then(|l| {
+            limiter(
+                format!("user:{}/{}", d.name, u.name),
+                l.clone(),
+                format!("user \"{}\"", u.name),
+            )
+        });
+        drop(all);
+        let limits = (database.is_some() || user.is_some()).then_some(crate::limits::PoolLimits {
+            database,
+            user,
+            wait: d.limits.wait,
+        });
+        pool.set_limits(limits);
+    }
+
     /// Every pool routing can reach.
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         self.lock_pools().values().cloned().collect()
@@ -462,6 +509,7 @@ impl Registry {
             // Rules change in place: clients already on the pool are held to the new ones.
             pool.set_rules(rules_for(d, u));
             self.set_cache(pool, d, u);
+            self.set_limits(pool, d, u);
             if !same_upstream(pool, d, u) || without_size(&settings) != without_size(&pool.settings)
             {
                 stale.push((db.clone(), user.clone()));
@@ -516,9 +564,12 @@ impl Registry {
                     if let Some(u) = listed {
                         pool.set_rules(rules_for(&database, u));
                         self.set_cache(&pool, &database, u);
+                        self.set_limits(&pool, &database, u);
                     } else {
                         pool.set_rules(database.rules.clone());
-                        self.set_cache(&pool, &database, &User::named(&user, ClientAuth::Trust));
+                        let named = User::named(&user, ClientAuth::Trust);
+                        self.set_cache(&pool, &database, &named);
+                        self.set_limits(&pool, &database, &named);
                     }
                     if s.size != pool.size() {
                         pool.resize(s.size).await;

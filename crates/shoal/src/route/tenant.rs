@@ -99,6 +99,8 @@ impl TenantRoute {
                 .unwrap_or_default(),
             // Validated when the tenant was stored.
             cache: tenant.cache().unwrap_or_default(),
+            // Validated when the tenant was stored.
+            limits: tenant.limits().unwrap_or_default(),
         };
         let allow_list = tenant
             .allow_list
@@ -153,6 +155,15 @@ impl TenantRoute {
                     read_routing: u.read_routing,
                     rules: None,
                     cache: None,
+                    // Validated when the tenant was stored.
+                    limits: shoal_control::config::user_limits(
+                        "users",
+                        u.rate_limit,
+                        u.rate_burst,
+                        u.max_concurrency,
+                    )
+                    .ok()
+                    .flatten(),
                     client_tls: None,
                     passthrough: None,
                     max_client_conn: u.max_clients,

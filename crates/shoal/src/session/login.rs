@@ -563,6 +563,7 @@ pub(super) async fn enter_pool(
     let n = pool.stats.clients.fetch_add(1, Ordering::Relaxed) + 1;
     let pool_client = PoolClient(pool.clone());
     rules_allow_mode(&pool)?;
+    cap_statement_timeout(&pool, &mut req.startup.params);
     if per_pool > 0 && n > per_pool {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,
@@ -606,6 +607,25 @@ pub(super) async fn enter_pool(
         peer: req.peer,
         target: req.startup.target,
     }))
+}
+
+/// Holds a client's startup `statement_timeout` to its pool's `max_statement_timeout`: a
+/// value above it (or 0, none at all) becomes the cap. (Not inlined: it would grow every
+/// login's future.)
+#[inline(never)]
+fn cap_statement_timeout(pool: &Pool, params: &mut [(String, String)]) {
+    let Some(cap) = pool.settings.statement_timeout else {
+        return;
+    };
+    let cap_ms = cap.as_millis().max(1) as f64;
+    for (k, v) in params.iter_mut() {
+        if k == "statement_timeout" {
+            let asked = crate::limits::pg_duration_ms(v).unwrap_or(0.0);
+            if asked <= 0.0 || asked > cap_ms {
+                *v = format!("{}", cap_ms as u64);
+            }
+        }
+    }
 }
 
 /// Refuses a session-mode pool with query rules: rules are enforced where Shoal follows each

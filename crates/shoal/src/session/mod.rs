@@ -438,10 +438,32 @@ impl Session {
         loop {
             match self.handle_idle_messages().await? {
                 Idle::NeedServer => {
+                    let limits = self.pool.limits();
+                    if let Some(l) = limits.as_ref().filter(|l| l.has_rate()) {
+                        if let Err(r) = l.admit_query().await {
+                            self.refuse_over_limit(r).await?;
+                            continue;
+                        }
+                    }
                     if self.pool.cache().is_some() && self.answer_from_cache().await? {
                         continue;
                     }
-                    if self.run_transaction().await? {
+                    let running = match limits.as_ref().filter(|l| l.has_concurrency()) {
+                        Some(l) => match l.admit_transaction().await {
+                            Ok(r) => Some(r),
+                            Err(r) => {
+                                if let Some(x) = self.extras.as_mut() {
+                                    x.capture = None;
+                                }
+                                self.refuse_over_limit(r).await?;
+                                continue;
+                            }
+                        },
+                        None => None,
+                    };
+                    let gone = self.run_transaction().await?;
+                    drop(running);
+                    if gone {
                         return Ok(Gone::Yes);
                     }
                 }
@@ -695,6 +717,14 @@ impl Session {
             self.stream.write_all(&out).await?;
         }
         Ok(result)
+    }
+
+    /// Tells a client over a rate or concurrency limit that its unit was refused.
+    async fn refuse_over_limit(&mut self, r: crate::limits::Refusal) -> Result<(), SessionError> {
+        self.app.metrics.rejected(ErrorKind::ClientLimit);
+        tracing::debug!(conn = self.id, pool = %self.pool.name, reason = %r.0, "over a limit");
+        self.fail_unit(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, &r.0)
+            .await
     }
 
     /// Reports an error for the client's current unit of work (a Query, or an extended batch

@@ -597,6 +597,11 @@ impl Session {
                 "connection lost in the middle of a streamed message".into(),
             ));
         }
+        if policy.per_transaction() {
+            if let Some(l) = self.pool.limits() {
+                l.charge(out.counts.queries);
+            }
+        }
         out.flush_counts(&self.pool);
         if let Some(cache) = &out.cache {
             // Ended without its ReadyForQuery (a lost server): what it sent may have
@@ -632,6 +637,7 @@ impl Session {
             out.query_start = Some(out.txn_start);
         }
         let mut fatal: Option<ErrorFields> = None;
+        let mut overdue = Overdue::new(self.pool.settings.statement_timeout);
         // Shutdown closed the client's read side while requests were in flight: their
         // replies still go out (a forwarded COMMIT's outcome reaches the client), then the
         // client is told why it is closed.
@@ -660,6 +666,7 @@ impl Session {
                     out.flush_counts(&self.pool);
                 }
             }
+            overdue.arm(out.query_start, flow.pending > 0);
             let read_server = out.to_client.len() + out.direct < HIGH_WATER && fatal.is_none();
             let read_client = out.to_server.len() + out.direct_to_server < HIGH_WATER
                 && !terminate
@@ -709,6 +716,9 @@ impl Session {
                     if let Poll::Ready(r) = self.stream.poll_read_buf(cx, &mut self.cbuf) {
                         return Poll::Ready(Step::FromClient(r));
                     }
+                }
+                if overdue.poll(cx) {
+                    return Poll::Ready(Step::Overdue);
                 }
                 Poll::Pending
             })
@@ -787,6 +797,10 @@ impl Session {
                 Step::FromClient(Ok(0)) | Step::FromClient(Err(_)) => {
                     return Ok(RelayEnd::ClientGone)
                 }
+                Step::Overdue => {
+                    tracing::warn!(conn = self.id, pool = %self.pool.name, "a request ran past max_statement_timeout; cancelling it");
+                    tokio::spawn(crate::server::forward(server.cancel_target()));
+                }
                 Step::FromClient(Ok(_)) => {
                     // Messages passed in place stay where they are, ahead of what just
                     // arrived: `take_client` reads on from behind them. (A streamed message
@@ -839,8 +853,64 @@ impl Session {
     }
 }
 
+/// The backstop of `max_statement_timeout`: PostgreSQL ends a statement past it itself
+/// (servers start with it as their `statement_timeout`), but a client may raise its own
+/// setting (`SET`, `set_config`, a function's `SET` clause). A request (a Query, or extended
+/// messages up to Sync) still running [`OVERDUE_GRACE`] past the cap is cancelled by Shoal.
+struct Overdue {
+    limit: Option<std::time::Duration>,
+    /// The request it times (its start), and the timer.
+    timer: Option<(u64, Pin<Box<crate::timer::Sleep>>)>,
+    /// The request already cancelled.
+    fired: Option<u64>,
+}
+
+/// How long past the cap Shoal waits for PostgreSQL's own timeout before it cancels.
+const OVERDUE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Overdue {
+    fn new(cap: Option<std::time::Duration>) -> Overdue {
+        Overdue {
+            limit: cap.map(|c| c + OVERDUE_GRACE),
+            timer: None,
+            fired: None,
+        }
+    }
+
+    /// Times the request that started at `start` while one is running.
+    fn arm(&mut self, start: Option<u64>, running: bool) {
+        let Some(limit) = self.limit else { return };
+        match start {
+            Some(t) if running && self.fired != Some(t) => {
+                if self.timer.as_ref().map(|w| w.0) != Some(t) {
+                    let elapsed =
+                        std::time::Duration::from_micros(crate::clock::mono_us().saturating_sub(t));
+                    let left = limit.saturating_sub(elapsed);
+                    self.timer = Some((t, Box::pin(crate::timer::sleep(left))));
+                }
+            }
+            _ => self.timer = None,
+        }
+    }
+
+    /// Whether the running request just passed the limit.
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let Some((t, sleep)) = self.timer.as_mut() else {
+            return false;
+        };
+        if std::future::Future::poll(sleep.as_mut(), cx).is_pending() {
+            return false;
+        }
+        self.fired = Some(*t);
+        self.timer = None;
+        true
+    }
+}
+
 /// What one poll of the relay achieved.
 enum Step {
+    /// The request running passed `max_statement_timeout` (see [`Overdue`]).
+    Overdue,
     ToServer(std::io::Result<usize>),
     ToClient(std::io::Result<usize>),
     FromServer(std::io::Result<usize>),
