@@ -109,7 +109,7 @@ class Workdir:
 class Postgres:
     """A throwaway cluster tuned for benchmarking (durability off)."""
 
-    def __init__(self, work, max_connections=1200):
+    def __init__(self, work, max_connections=1200, extra_opts=""):
         self.bin = pg_bindir()
         self.port = free_port()
         self.data = os.path.join(work.path, "pg")
@@ -120,7 +120,7 @@ class Postgres:
         opts = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
                 f"-c unix_socket_directories={work.path} -c max_connections={max_connections} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                "-c shared_buffers=512MB")
+                f"-c shared_buffers=512MB {extra_opts}")
         subprocess.run(as_pg([f"{self.bin}/pg_ctl", "-D", self.data, "-o", opts, "-l",
                               os.path.join(work.path, "pg.log"), "-w", "start"]),
                        check=True, stdout=subprocess.DEVNULL)
