@@ -69,17 +69,7 @@ fn cached_shoal(db: &str, keys: &str, extra: &str) -> Shoal {
 }
 
 async fn direct_to(db: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
-            logical_pg().port
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    client
+    direct_on(logical_pg(), db).await
 }
 
 /// The first pool's SHOW CACHE row, by column.
@@ -519,19 +509,7 @@ async fn readers_beside_writers_never_read_the_past() {
 async fn a_tenant_turns_its_cache_on_and_off_and_purges_it_through_the_api() {
     let db = fresh_db("cache_tenant", ITEMS);
     let (s, _data) = shoal_with_token_api(logical_pg());
-    let tenant = |extra: serde_json::Value| {
-        let mut t = serde_json::json!({
-            "db_host": "127.0.0.1",
-            "db_port": logical_pg().port,
-            "db_database": db,
-            "require_user": true,
-            "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 2}],
-        });
-        t.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        serde_json::json!({ "tenant": t })
-    };
+    let tenant = |extra: serde_json::Value| tenant_body(logical_pg(), &db, extra);
     let (code_, body) = api(
         &s,
         "PUT",

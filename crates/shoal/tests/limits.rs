@@ -170,19 +170,7 @@ async fn user_limits_apply_beside_the_databases_and_tenants_get_theirs_through_t
     let (s, _data) = shoal_with_token_api(pg());
     let db = unique_db("limit_tenant");
     pg().create_database(&db);
-    let tenant = |extra: serde_json::Value| {
-        let mut t = serde_json::json!({
-            "db_host": "127.0.0.1",
-            "db_port": pg().port,
-            "db_database": db,
-            "require_user": true,
-            "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 3}],
-        });
-        t.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        serde_json::json!({ "tenant": t })
-    };
+    let tenant = |extra: serde_json::Value| tenant_body(pg(), &db, extra);
     let (status, body) = api(
         &s,
         "PUT",

@@ -535,10 +535,15 @@ fn strip_ansi(s: &str) -> String {
 
 /// Direct connection to the test cluster as `app`.
 pub async fn direct(db: &str) -> tokio_postgres::Client {
+    direct_on(pg(), db).await
+}
+
+/// Direct connection to `pg` as `app`.
+pub async fn direct_on(pg: &Pg, db: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(
         &format!(
             "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
-            pg().port
+            pg.port
         ),
         tokio_postgres::NoTls,
     )
@@ -546,6 +551,22 @@ pub async fn direct(db: &str) -> tokio_postgres::Client {
     .expect("direct connection");
     tokio::spawn(conn);
     client
+}
+
+/// A tenant's API body: database `db` on `pg`, user `app` (pool size 2), and the fields of
+/// `extra` (an object).
+pub fn tenant_body(pg: &Pg, db: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut t = serde_json::json!({
+        "db_host": "127.0.0.1",
+        "db_port": pg.port,
+        "db_database": db,
+        "require_user": true,
+        "users": [{"db_user": "app", "db_password": APP_PASSWORD, "pool_size": 2}],
+    });
+    if let (Some(t), Some(extra)) = (t.as_object_mut(), extra.as_object()) {
+        t.extend(extra.clone());
+    }
+    serde_json::json!({ "tenant": t })
 }
 
 /// SQLSTATE of a tokio-postgres error, or a description if it has none.
