@@ -166,6 +166,53 @@ async fn a_hit_is_the_reply_postgres_sent_and_reaches_no_server() {
     assert_eq!(r.until_ready().await, replies[0]);
     assert_eq!(counter(&s, "hits").await, hits + 1);
 
+    // An unnamed statement answered from the cache is still the client's unnamed
+    // statement: a Bind of it alone (no Parse) runs that text.
+    let unnamed = |parse: Option<&str>, id: &str| {
+        let mut b = BytesMut::new();
+        if let Some(sql) = parse {
+            raw::parse(&mut b, "", sql);
+        }
+        raw::bind(&mut b, "", "", &[id]);
+        raw::execute(&mut b, "");
+        raw::sync(&mut b);
+        b
+    };
+    let name = Some("SELECT name FROM items WHERE id = $1::int");
+    r.send(&unnamed(name, "3")).await;
+    let first = r.until_ready().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let hits = counter(&s, "hits").await;
+        r.send(&unnamed(name, "3")).await;
+        assert_eq!(r.until_ready().await, first);
+        if counter(&s, "hits").await > hits {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never a hit");
+    }
+    // Another text through a server, then the first again from the cache: the unnamed
+    // statement is the first text.
+    r.send(&unnamed(
+        Some("SELECT n FROM items WHERE id = $1::int"),
+        "3",
+    ))
+    .await;
+    r.until_ready().await;
+    let hits = counter(&s, "hits").await;
+    r.send(&unnamed(name, "3")).await;
+    assert_eq!(r.until_ready().await, first);
+    assert_eq!(counter(&s, "hits").await, hits + 1);
+    r.send(&unnamed(None, "4")).await;
+    let rows: Vec<String> = r
+        .until_ready()
+        .await
+        .iter()
+        .filter(|m| m.tag == 'D')
+        .map(raw::first_column)
+        .collect();
+    assert_eq!(rows, ["item 4"]);
+
     // The extended protocol with parameters, text and binary results (tokio-postgres asks
     // for binary), and no server used: every server of the pool is busy elsewhere.
     let stmt = c

@@ -100,6 +100,8 @@ impl moka::Expiry<Box<[u8]>, Arc<Entry>> for ByTtl {
 pub struct Candidate {
     pub key: Vec<u8>,
     pub len: usize,
+    /// The unit's unnamed Parse body (see [`unit::Unit::unnamed_parse`]).
+    pub unnamed_parse: Option<std::ops::Range<usize>>,
     tables: Vec<Arc<Table>>,
     ttl: Duration,
 }
@@ -180,6 +182,7 @@ impl QueryCache {
         Some(Candidate {
             key,
             len: u.len,
+            unnamed_parse: u.unnamed_parse,
             tables,
             ttl: hint.flatten().unwrap_or(self.config.ttl),
         })

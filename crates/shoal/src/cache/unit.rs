@@ -25,6 +25,9 @@ pub struct Unit<'a> {
     pub text: &'a [u8],
     /// A text parameter value holds a date/time word (see `analysis::has_time_word`).
     pub time_word: bool,
+    /// Where the body (after the name) of the unit's unnamed Parse lies in the buffer: a
+    /// reply from the cache leaves it as the client's unnamed statement.
+    pub unnamed_parse: Option<std::ops::Range<usize>>,
 }
 
 /// Reads the unit at the head of `buf` (whole messages, already validated), writing its
@@ -44,10 +47,12 @@ pub fn read<'a>(
             len: n,
             text,
             time_word: false,
+            unnamed_parse: None,
         });
     }
     let mut at = 0;
     let mut parse: Option<&[u8]> = None;
+    let mut parse_at = None;
     let mut text = None;
     let mut time_word = false;
     let mut bound = false;
@@ -62,6 +67,9 @@ pub fn read<'a>(
                     return None;
                 }
                 parse = Some(rest);
+                // The body's place: after the header and the name's NUL.
+                let start = at - n + shoal_wire::frame::HEADER_LEN + 1;
+                parse_at = Some(start..start + rest.len());
                 key.push(b'P');
                 key.extend_from_slice(rest);
             }
@@ -106,6 +114,7 @@ pub fn read<'a>(
                     len: at,
                     text: text?,
                     time_word,
+                    unnamed_parse: parse_at,
                 });
             }
             _ => return None,
@@ -235,6 +244,15 @@ mod tests {
             key_of(&unit("zz"), Some(&one)).is_none(),
             "unknown statement"
         );
+    }
+
+    #[test]
+    fn an_unnamed_parse_is_placed_in_the_buffer() {
+        let buf = extended("", "SELECT $1", "1");
+        let mut key = Vec::new();
+        let u = read(&buf, None, &mut key).unwrap();
+        let body = &buf[u.unnamed_parse.unwrap()];
+        assert_eq!(body, b"SELECT $1\0\0\0");
     }
 
     #[test]

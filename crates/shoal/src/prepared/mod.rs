@@ -258,6 +258,21 @@ impl ClientStatements {
         self.named.get(name).map(|d| &d.body[..])
     }
 
+    /// An unnamed Parse the client's unit carried was answered without a server (a reply
+    /// from the result cache): its text is the client's unnamed statement now, parsed on
+    /// whichever server runs the client's next use of it.
+    pub fn unnamed_parsed_without_server(&mut self, body: &[u8]) {
+        self.unnamed_seq += 1;
+        let text = parse_text(body);
+        self.unnamed = Some(Unnamed {
+            seq: self.unnamed_seq,
+            set_op: set_of(text),
+            dirty: sql::classify(text).dirty,
+            depends: None,
+            body: body.to_vec(),
+        });
+    }
+
     /// `DISCARD ALL` / `DEALLOCATE ALL`: PostgreSQL drops every statement of the session.
     pub fn forget_all(&mut self) {
         self.named.clear();

@@ -40,6 +40,12 @@ impl Session {
         for attempt in 0..=WAITS {
             if let Some(reply) = cache.lookup(&candidate.key) {
                 cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+                if let Some(body) = candidate.unnamed_parse.clone() {
+                    // As if the Parse had reached a server: the client's unnamed statement.
+                    self.statements
+                        .get_or_insert_with(Default::default)
+                        .unnamed_parsed_without_server(&self.cbuf[body]);
+                }
                 self.stream.write_all(&reply).await?;
                 bytes::Buf::advance(&mut self.cbuf, candidate.len);
                 return Ok(true);
