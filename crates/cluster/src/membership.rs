@@ -247,7 +247,7 @@ impl Drop for Membership {
     }
 }
 
-/// Renews the lease four times per TTL. Gives up (and says so) when a renewal has not been
+/// Renews the lease four times per TTL (after a failure, every [`RETRY`]). Gives up (and says so) when a renewal has not been
 /// confirmed for two thirds of the TTL: the lease may expire before the next could land.
 async fn keep_alive(
     mut client: Client,
@@ -306,9 +306,20 @@ async fn keep_alive(
             );
             let _ = alive.send(false);
         }
-        tokio::time::sleep(period.saturating_sub(Duration::from_millis(10))).await;
+        // After a failure, again soon: once etcd is back, the peers that reach it first stop
+        // vouching for this node, which then has only a quarter TTL to renew before it
+        // fences its pools (see the pooler's `cluster::lease`).
+        let pause = if renewed {
+            period.saturating_sub(Duration::from_millis(10))
+        } else {
+            RETRY.min(period)
+        };
+        tokio::time::sleep(pause).await;
     }
 }
+
+/// How soon a failed renewal is tried again.
+const RETRY: Duration = Duration::from_millis(100);
 
 /// Puts `key` under `lease` only if no such key exists (in one transaction); whether it did.
 async fn create_under_lease(
