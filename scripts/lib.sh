@@ -33,6 +33,9 @@ ensure_packages() {
 ensure_test_packages() {
   local missing=()
   command -v etcd >/dev/null || missing+=(etcd-server)
+  # The realtime tests drive Supabase's realtime-js (tests/clients/realtime) on Node.js.
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   if [ "${#missing[@]}" -gt 0 ]; then
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
@@ -112,5 +115,9 @@ ensure_client_libs() {
   fi
   if command -v npm >/dev/null && [ ! -d "$root/tests/clients/node/node_modules/pg" ]; then
     (cd "$root/tests/clients/node" && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+  if command -v npm >/dev/null \
+    && [ ! -d "$root/tests/clients/realtime/node_modules/@supabase/realtime-js" ]; then
+    (cd "$root/tests/clients/realtime" && npm install --silent --no-audit --no-fund >/dev/null)
   fi
 }

@@ -8,4 +8,17 @@
 //!   JSON arrays, and 2.0 binary frames for user broadcasts. Payloads stay the bytes they
 //!   came in, so a message fanned out to many subscribers is never parsed again.
 
+//! - [`hub`]: a tenant's channels: subscriptions per topic, and broadcasts encoded once per
+//!   form and queued to every subscriber, with bounded queues per socket.
+
+//! - [`socket`]: one socket's side of the protocol (heartbeats, joins, leaves, broadcasts
+//!   and their replies), apart from its transport.
+
+//! - [`edge`]: the WebSocket endpoint: tenant, version and JWT checked before the upgrade,
+//!   then one task per socket; [`jwt`] verifies tenants' tokens.
+
+pub mod edge;
+pub mod hub;
+pub mod jwt;
 pub mod protocol;
+pub mod socket;

@@ -70,6 +70,7 @@ pub mod params;
 pub mod pool;
 pub mod prepared;
 pub mod query_rules;
+pub mod realtime;
 pub mod replicas;
 pub mod reuseport;
 pub mod route;

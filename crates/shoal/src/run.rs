@@ -243,6 +243,9 @@ async fn serve_with(
         ready.push_str(&format!("api {api}\n"));
         sockets.push((Role::Api, fd));
     }
+    if let Some(addr) = crate::realtime::start(&app).await? {
+        ready.push_str(&format!("realtime {addr}\n"));
+    }
     if let Some(addr) = app.config.metrics.listen {
         let listener = match listeners.metrics {
             Some(l) => l,

@@ -64,6 +64,7 @@ struct RawConfig {
     #[serde(default)]
     users: BTreeMap<String, UserSection>,
     api: Option<ApiSection>,
+    realtime: Option<service::RealtimeSection>,
     store: Option<StoreSection>,
     #[serde(default)]
     tenants: TenantsSection,
@@ -195,6 +196,8 @@ pub struct Config {
     pub databases: BTreeMap<String, Database>,
     pub users: BTreeMap<String, User>,
     pub api: Option<ApiSection>,
+    /// The realtime WebSocket service (`None`: off).
+    pub realtime: Option<service::RealtimeSection>,
     pub store: Option<StoreSection>,
     pub tenants: TenantsSection,
     pub metrics: MetricsSection,
@@ -479,6 +482,7 @@ impl Config {
             databases,
             users,
             api: raw.api,
+            realtime: raw.realtime,
             store,
             tenants: raw.tenants,
             metrics: raw.metrics,

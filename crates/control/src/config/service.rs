@@ -144,3 +144,19 @@ pub struct AdminSection {
     #[serde(default)]
     pub stats_users: Vec<String>,
 }
+
+/// `[realtime]`: the WebSocket service (Phoenix channels) beside the pooler. Present: on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RealtimeSection {
+    #[serde(default = "default_realtime_listen")]
+    pub listen: SocketAddr,
+    /// A request header naming the tenant, for deployments without a wildcard DNS name per
+    /// tenant (default: the first label of `Host`; a `/t/TENANT/...` path prefix always
+    /// works).
+    pub tenant_header: Option<String>,
+}
+
+fn default_realtime_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 4001))
+}

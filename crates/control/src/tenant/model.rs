@@ -118,6 +118,17 @@ pub struct Tenant {
     pub max_concurrency: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_wait: Option<String>,
+    /// Realtime: the secret the tenant's JWTs are signed with (HS256/384/512); realtime is
+    /// on for the tenant when it has one. Write-only: never serialized back out of the API
+    /// (the store seals it at rest).
+    #[serde(default, skip_serializing)]
+    pub jwt_secret: Option<String>,
+    /// Realtime: channels one socket may join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_channels_per_client: Option<usize>,
+    /// Realtime: the largest broadcast payload, in KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_payload_size_in_kb: Option<usize>,
 }
 
 impl Tenant {

@@ -116,6 +116,12 @@ impl Store {
 
     fn to_stored(&self, t: &Tenant) -> Result<String, StoreError> {
         let mut v = serde_json::to_value(t)?;
+        if let (Some(obj), Some(s)) = (v.as_object_mut(), &t.jwt_secret) {
+            obj.insert(
+                "jwt_secret".into(),
+                serde_json::Value::String(self.sealer.seal(s)),
+            );
+        }
         if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
             for (u, src) in users.iter_mut().zip(&t.users) {
                 if let (Some(obj), Some(p)) = (u.as_object_mut(), &src.db_password) {
@@ -131,6 +137,12 @@ impl Store {
 
     fn read_stored(&self, id: &str, body: &str) -> Result<Tenant, StoreError> {
         let mut v: serde_json::Value = serde_json::from_str(body)?;
+        if let Some(obj) = v.as_object_mut() {
+            if let Some(serde_json::Value::String(s)) = obj.get("jwt_secret") {
+                let plain = self.sealer.open(s)?;
+                obj.insert("jwt_secret".into(), serde_json::Value::String(plain));
+            }
+        }
         if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
             for u in users {
                 if let Some(obj) = u.as_object_mut() {
@@ -468,7 +480,8 @@ mod tests {
         let store = Store::open(&section).await.unwrap();
         let mut t: Tenant = serde_json::from_value(serde_json::json!({
             "db_host": "h", "db_database": "d", "require_user": true,
-            "users": [{"db_user": "u", "db_password": "s3cret-pw"}]
+            "users": [{"db_user": "u", "db_password": "s3cret-pw"}],
+            "jwt_secret": "jwt-s3cret-pw"
         }))
         .unwrap();
         t.external_id = "acme".into();
@@ -480,7 +493,7 @@ mod tests {
             let raw = std::fs::read(f.unwrap().path()).unwrap();
             assert!(
                 !raw.windows(9).any(|w| w == b"s3cret-pw"),
-                "no plaintext password in the store's files"
+                "no plaintext password or JWT secret in the store's files"
             );
         }
         let key = dir.path().join("encryption.key");

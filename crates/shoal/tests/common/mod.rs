@@ -308,6 +308,8 @@ pub struct Shoal {
     pub api: Option<SocketAddr>,
     /// The `[metrics] listen` address, when configured.
     pub metrics: Option<SocketAddr>,
+    /// The `[realtime] listen` address, when configured.
+    pub realtime: Option<SocketAddr>,
     pub log: Arc<Mutex<Vec<String>>>,
     pub config_dir: tempfile::TempDir,
 }
@@ -398,7 +400,13 @@ impl Shoal {
         }
         // Shoal writes the ready file once every listener is bound.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let (addr, api, metrics): (SocketAddr, Option<SocketAddr>, Option<SocketAddr>) = loop {
+        type Addrs = (
+            SocketAddr,
+            Option<SocketAddr>,
+            Option<SocketAddr>,
+            Option<SocketAddr>,
+        );
+        let (addr, api, metrics, realtime): Addrs = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let tcp = text.lines().find_map(|l| l.strip_prefix("tcp "));
                 let find = |prefix: &str| {
@@ -410,6 +418,7 @@ impl Shoal {
                     tcp.and_then(|a| a.parse().ok()).expect("a TCP listener"),
                     find("api "),
                     find("metrics "),
+                    find("realtime "),
                 );
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -427,6 +436,7 @@ impl Shoal {
             addr,
             api,
             metrics,
+            realtime,
             log,
             config_dir,
         }
@@ -714,12 +724,17 @@ pub fn api(
 /// Shoal in front of `pg` with no databases of its own, its API taking [`API_TEST_TOKEN`]
 /// (see [`api`]) and an embedded tenant store in the returned directory (keep it alive).
 pub fn shoal_with_token_api(pg: &Pg) -> (Shoal, tempfile::TempDir) {
+    shoal_with_token_api_and(pg, "")
+}
+
+/// [`shoal_with_token_api`] with `extra` configuration (whole sections).
+pub fn shoal_with_token_api_and(pg: &Pg, extra: &str) -> (Shoal, tempfile::TempDir) {
     let data = tempfile::tempdir().unwrap();
     let config = base_config(
         pg,
         &[],
         &format!(
-            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n{extra}",
             data.path().display()
         ),
     );

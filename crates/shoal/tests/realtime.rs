@@ -1,0 +1,144 @@
+//! The realtime service through Supabase's official client, realtime-js 2.119.1 on Node.js
+//! with the `ws` transport (`tests/clients/realtime`): two clients subscribe to a channel
+//! and one broadcasts to both, in protocol 2.0 and across 2.0 and 1.0; a request with a
+//! bad, expired or missing token, or for an unknown tenant, is refused before the upgrade.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use common::*;
+
+const SECRET: &str = "acme-realtime-jwt-secret-0123456789";
+
+fn token(secret: &str, exp_in: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({"role": "authenticated", "exp": now + exp_in}),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn realtime_shoal() -> (Shoal, tempfile::TempDir, SocketAddr) {
+    let (s, data) = shoal_with_token_api_and(pg(), "[realtime]\nlisten = \"127.0.0.1:0\"\n");
+    let (status, body) = api(
+        &s,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant_body(pg(), "app", serde_json::json!({ "jwt_secret": SECRET })),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        body.get("jwt_secret").is_none(),
+        "the secret is never given back: {body}"
+    );
+    let rt = s.realtime.expect("realtime listens");
+    (s, data, rt)
+}
+
+/// Runs the realtime-js script; its one line of JSON.
+fn run_js(rt: SocketAddr, token: &str, vsn: &str) -> serde_json::Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/clients/realtime/broadcast.mjs"
+    );
+    let out = Command::new("node")
+        .arg(script)
+        .env("RT_URL", format!("ws://{rt}/t/acme/realtime/v1"))
+        .env("RT_TOKEN", token)
+        .env("RT_VSN", vsn)
+        .output()
+        .expect("node runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!(
+            "no JSON from realtime-js ({e}): {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_js_clients_subscribe_and_broadcast_in_both_versions() {
+    let (_s, _data, rt) = realtime_shoal();
+    for vsn in ["2.0.0", "1.0.0"] {
+        let r = run_js(rt, &token(SECRET, 3600), vsn);
+        assert_eq!(r["ack"], "ok", "{vsn}: {r}");
+        let payload = serde_json::json!({"text": "héllo", "n": 1});
+        for who in ["seenByA", "seenByB"] {
+            let m = &r[who][0];
+            assert_eq!(m["event"], "greeting", "{vsn} {who}: {r}");
+            assert_eq!(m["payload"], payload, "{vsn} {who}: {r}");
+        }
+    }
+}
+
+/// The HTTP status and body of a WebSocket upgrade request to `path`.
+fn upgrade(rt: SocketAddr, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "5"])
+        .args(["-H", "Connection: Upgrade", "-H", "Upgrade: websocket"])
+        .args(["-H", "Sec-WebSocket-Version: 13"])
+        .args(["-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="])
+        .arg(format!("http://{rt}{path}"))
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
+    let (_s, _data, rt) = realtime_shoal();
+    let good = token(SECRET, 3600);
+    let (code_, _) = upgrade(
+        rt,
+        &format!("/t/acme/realtime/v1/websocket?vsn=2.0.0&apikey={good}"),
+    );
+    assert_eq!(code_, 101, "a good token upgrades");
+    for (path, want, says) in [
+        (
+            "/t/acme/realtime/v1/websocket?vsn=2.0.0".to_owned(),
+            401,
+            "apikey is missing",
+        ),
+        (
+            format!(
+                "/t/acme/realtime/v1/websocket?vsn=2.0.0&apikey={}",
+                token("wrong", 3600)
+            ),
+            401,
+            "Invalid JWT",
+        ),
+        (
+            format!(
+                "/t/acme/realtime/v1/websocket?vsn=2.0.0&apikey={}",
+                token(SECRET, -60)
+            ),
+            401,
+            "Token has expired",
+        ),
+        (
+            format!("/t/nobody/socket/websocket?vsn=2.0.0&apikey={good}"),
+            403,
+            "Tenant not found",
+        ),
+        (
+            format!("/t/acme/socket/websocket?vsn=3.0.0&apikey={good}"),
+            400,
+            "vsn",
+        ),
+    ] {
+        let (got, body) = upgrade(rt, &path);
+        assert_eq!(got, want, "{path}: {body}");
+        assert!(body.contains(says), "{path}: {body}");
+    }
+}
