@@ -1,5 +1,7 @@
-//! Channels of one tenant: which sockets are subscribed to which topic, and delivering a
-//! broadcast to all of them.
+//! Channels of one tenant: which sockets are subscribed to which topic, delivering a
+//! broadcast to all of them, and who is present on each (Presence: `presence_state` to a
+//! joining socket, `presence_diff` with joins and leaves to every socket that wants
+//! presence).
 //!
 //! A broadcast is encoded once per form a subscriber needs (a 1.0 text frame, a 2.0 binary
 //! frame), on first need, and the same bytes are queued for every subscriber. Each socket
@@ -69,7 +71,24 @@ pub struct Subscriber {
     pub vsn: Vsn,
     /// `broadcast.self`: the socket gets its own broadcasts.
     pub receive_own: bool,
+    /// `presence.enabled`: the socket gets presence state and diffs.
+    pub presence: bool,
     pub out: Outbox,
+}
+
+/// One socket's presence on a topic: its key and what it tracked (a JSON object with its
+/// `phx_ref` in it).
+#[derive(Debug, Clone)]
+struct Presence {
+    socket: SocketId,
+    key: String,
+    meta: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Default)]
+struct Topic {
+    subs: Vec<Subscriber>,
+    presences: Vec<Presence>,
 }
 
 /// What a broadcast came to.
@@ -84,40 +103,93 @@ pub struct Delivery {
 
 #[derive(Default)]
 pub struct Hub {
-    topics: Mutex<HashMap<String, Vec<Subscriber>>>,
+    topics: Mutex<HashMap<String, Topic>>,
+    /// Presence refs handed out.
+    next_ref: std::sync::atomic::AtomicU64,
 }
 
 impl Hub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Subscriber>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Topic>> {
         self.topics.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Subscribes `sub` to `topic`, in place of the same socket's earlier subscription to
-    /// it (a re-join).
+    /// it (a re-join). A socket that wants presence is sent the topic's presence state.
     pub fn join(&self, topic: &str, sub: Subscriber) {
         let mut topics = self.lock();
-        let subs = topics.entry(topic.to_owned()).or_default();
-        subs.retain(|s| s.socket != sub.socket);
-        subs.push(sub);
+        let t = topics.entry(topic.to_owned()).or_default();
+        t.subs.retain(|s| s.socket != sub.socket);
+        if sub.presence {
+            let state = presence_map(t.presences.iter());
+            if let Some(f) = presence_frame(sub.vsn, topic, "presence_state", state) {
+                sub.out.push(f);
+            }
+        }
+        t.subs.push(sub);
     }
 
-    /// Ends `socket`'s subscription to `topic`; whether it had one.
+    /// Ends `socket`'s subscription to `topic` (and its presence there); whether it had one.
     pub fn leave(&self, topic: &str, socket: SocketId) -> bool {
         let mut topics = self.lock();
-        let Some(subs) = topics.get_mut(topic) else {
+        let Some(t) = topics.get_mut(topic) else {
             return false;
         };
-        let before = subs.len();
-        subs.retain(|s| s.socket != socket);
-        let left = subs.len() < before;
-        if subs.is_empty() {
+        untrack_in(t, topic, socket);
+        let before = t.subs.len();
+        t.subs.retain(|s| s.socket != socket);
+        let left = t.subs.len() < before;
+        if t.subs.is_empty() {
             topics.remove(topic);
         }
         left
     }
 
+    /// `socket` is present on `topic` under `key` with `meta` (a JSON object), in place of
+    /// what it tracked before; every socket that wants presence hears of the change.
+    pub fn track(
+        &self,
+        topic: &str,
+        socket: SocketId,
+        key: &str,
+        mut meta: serde_json::Map<String, serde_json::Value>,
+    ) {
+        let n = self
+            .next_ref
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        meta.insert("phx_ref".into(), format!("F{n:x}").into());
+        let mut topics = self.lock();
+        let Some(t) = topics.get_mut(topic) else {
+            return;
+        };
+        let old: Vec<Presence> = t
+            .presences
+            .iter()
+            .filter(|p| p.socket == socket)
+            .cloned()
+            .collect();
+        t.presences.retain(|p| p.socket != socket);
+        let new = Presence {
+            socket,
+            key: key.to_owned(),
+            meta,
+        };
+        t.presences.push(new.clone());
+        send_diff(t, topic, std::iter::once(&new), old.iter());
+    }
+
+    /// `socket` is no longer present on `topic`.
+    pub fn untrack(&self, topic: &str, socket: SocketId) {
+        if let Some(t) = self.lock().get_mut(topic) {
+            untrack_in(t, topic, socket);
+        }
+    }
+
     pub fn subscribers(&self, topic: &str) -> usize {
-        self.lock().get(topic).map_or(0, Vec::len)
+        self.lock().get(topic).map_or(0, |t| t.subs.len())
+    }
+
+    pub fn present(&self, topic: &str) -> usize {
+        self.lock().get(topic).map_or(0, |t| t.presences.len())
     }
 
     pub fn topics(&self) -> usize {
@@ -132,10 +204,10 @@ impl Hub {
         let binary: OnceLock<Option<Frame>> = OnceLock::new();
         let mut d = Delivery::default();
         let topics = self.lock();
-        let Some(subs) = topics.get(&b.topic) else {
+        let Some(t) = topics.get(&b.topic) else {
             return d;
         };
-        for s in subs {
+        for s in &t.subs {
             if Some(s.socket) == from && !s.receive_own {
                 continue;
             }
@@ -168,6 +240,65 @@ impl Hub {
     }
 }
 
+fn untrack_in(t: &mut Topic, topic: &str, socket: SocketId) {
+    let gone: Vec<Presence> = t
+        .presences
+        .iter()
+        .filter(|p| p.socket == socket)
+        .cloned()
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    t.presences.retain(|p| p.socket != socket);
+    send_diff(t, topic, std::iter::empty(), gone.iter());
+}
+
+/// Presences by key, as Phoenix sends them: `{key: {"metas": [meta, ...]}}`.
+fn presence_map<'a>(presences: impl Iterator<Item = &'a Presence>) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for p in presences {
+        let entry = map
+            .entry(p.key.clone())
+            .or_insert_with(|| serde_json::json!({ "metas": [] }));
+        if let Some(metas) = entry.get_mut("metas").and_then(|m| m.as_array_mut()) {
+            metas.push(serde_json::Value::Object(p.meta.clone()));
+        }
+    }
+    serde_json::Value::Object(map)
+}
+
+/// Sends `presence_diff` with `joins` and `leaves` to every socket of `t` that wants
+/// presence, encoded once per version.
+fn send_diff<'a>(
+    t: &Topic,
+    topic: &str,
+    joins: impl Iterator<Item = &'a Presence>,
+    leaves: impl Iterator<Item = &'a Presence>,
+) {
+    let diff = serde_json::json!({ "joins": presence_map(joins), "leaves": presence_map(leaves) });
+    let mut frames: [Option<Option<Frame>>; 2] = [None, None];
+    for s in t.subs.iter().filter(|s| s.presence) {
+        let i = usize::from(s.vsn == Vsn::V2);
+        let f = frames[i]
+            .get_or_insert_with(|| presence_frame(s.vsn, topic, "presence_diff", diff.clone()));
+        if let Some(f) = f {
+            s.out.push(f.clone());
+        }
+    }
+}
+
+fn presence_frame(vsn: Vsn, topic: &str, event: &str, payload: serde_json::Value) -> Option<Frame> {
+    let m = protocol::Message {
+        join_ref: None,
+        msg_ref: None,
+        topic: topic.to_owned(),
+        event: event.to_owned(),
+        payload: protocol::Payload::Json(payload.to_string().into()),
+    };
+    protocol::encode_text(vsn, &m).map(|t| Frame::Text(t.into()))
+}
+
 fn text(vsn: Vsn, b: &UserBroadcast) -> Option<Frame> {
     let m = protocol::broadcast_message(b)?;
     protocol::encode_text(vsn, &m).map(|t| Frame::Text(t.into()))
@@ -192,6 +323,7 @@ mod tests {
                 join_ref: Some("1".into()),
                 vsn,
                 receive_own,
+                presence: false,
                 out,
             },
             rx,
@@ -256,6 +388,58 @@ mod tests {
         assert!(slow_out.is_slow());
         assert_eq!(rf.try_recv().ok().map(|_| ()), Some(()));
         assert_eq!(rf.try_recv().ok().map(|_| ()), Some(()));
+    }
+
+    #[test]
+    fn presence_state_on_join_and_diffs_on_track_and_leave() {
+        let hub = Hub::default();
+        let (mut a, mut ra) = sub(1, Vsn::V2, false, 8);
+        let (mut b, mut rb) = sub(2, Vsn::V1, false, 8);
+        a.presence = true;
+        b.presence = true;
+        hub.join("t", a);
+        let first = ra.try_recv().unwrap();
+        assert_eq!(
+            first,
+            Frame::Text(r#"[null,null,"t","presence_state",{}]"#.into())
+        );
+        let meta = |v: serde_json::Value| v.as_object().unwrap().clone();
+        hub.track("t", 1, "alice", meta(serde_json::json!({"online_at": 1})));
+        let Frame::Text(diff) = ra.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(
+            diff.contains(r#""presence_diff""#) && diff.contains(r#""alice":{"metas":[{"#),
+            "{diff}"
+        );
+        hub.join("t", b);
+        let Frame::Text(state) = rb.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(
+            state.contains(r#""event":"presence_state""#) && state.contains("alice"),
+            "{state}"
+        );
+        // A second track replaces the first: one join, one leave.
+        hub.track("t", 1, "alice", meta(serde_json::json!({"online_at": 2})));
+        let Frame::Text(diff) = rb.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(
+            diff.contains(r#""leaves":{"alice""#) && diff.contains(r#""online_at":2"#),
+            "{diff}"
+        );
+        assert_eq!(hub.present("t"), 1);
+        // Leaving takes the presence with it.
+        assert!(hub.leave("t", 1));
+        let Frame::Text(diff) = rb.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(
+            diff.contains(r#""joins":{}"#) && diff.contains(r#""leaves":{"alice""#),
+            "{diff}"
+        );
+        assert_eq!(hub.present("t"), 0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One socket's side of the Phoenix protocol, apart from its transport: heartbeats, joins
 //! (a re-join of a joined topic replacing the old one), leaves, broadcasts with `self` and
-//! `ack`, and the replies each gets, written to the socket's own queue.
+//! `ack`, presence `track` and `untrack`, and the replies each gets, written to the
+//! socket's own queue.
 //!
 //! Errors use Realtime's `{"reason": ...}` replies where clients match on them; a frame
 //! that is not a Phoenix message is an error for the transport to close the socket with.
@@ -33,6 +34,8 @@ pub struct Socket {
 struct Joined {
     join_ref: Option<String>,
     ack: bool,
+    /// The key this socket's presence is tracked under (`presence.key`, or one made up).
+    presence_key: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -45,6 +48,24 @@ struct JoinPayload {
 struct JoinConfig {
     #[serde(default)]
     broadcast: BroadcastConfig,
+    #[serde(default)]
+    presence: PresenceConfig,
+}
+
+#[derive(Deserialize, Default)]
+struct PresenceConfig {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    enabled: bool,
+}
+
+/// A `presence` push: `{"type": "presence", "event": "track" | "untrack", "payload": {...}}`.
+#[derive(Deserialize)]
+struct PresencePush {
+    event: String,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -130,6 +151,7 @@ impl Socket {
                 };
                 self.on_broadcast(hub, b);
             }
+            (_, "presence") => self.presence(hub, m),
             // The token is checked by the transport, which knows the tenant's keys.
             (_, "access_token") => {}
             _ => self.reply(&m, "error", r#"{"reason":"unknown event"}"#),
@@ -149,24 +171,68 @@ impl Socket {
             Payload::Binary(_) => JoinPayload::default(),
         }
         .config;
-        hub.join(
-            &m.topic,
-            Subscriber {
-                socket: self.id,
-                join_ref: m.join_ref.clone(),
-                vsn: self.vsn,
-                receive_own: config.broadcast.receive_own,
-                out: self.out.clone(),
-            },
-        );
+        let subscriber = Subscriber {
+            socket: self.id,
+            join_ref: m.join_ref.clone(),
+            vsn: self.vsn,
+            receive_own: config.broadcast.receive_own,
+            presence: config.presence.enabled,
+            out: self.out.clone(),
+        };
+        let presence_key = if config.presence.key.is_empty() {
+            made_up_key(self.id)
+        } else {
+            config.presence.key
+        };
         self.joined.insert(
             m.topic.clone(),
             Joined {
                 join_ref: m.join_ref.clone(),
                 ack: config.broadcast.ack,
+                presence_key,
             },
         );
+        // The reply first, then the subscription (which queues the presence state), as
+        // Phoenix orders them; nothing runs between the two.
         self.reply(&m, "ok", r#"{"postgres_changes":[]}"#);
+        hub.join(&m.topic, subscriber);
+    }
+
+    fn presence(&mut self, hub: &Hub, m: Message) {
+        let push = match &m.payload {
+            Payload::Json(p) => serde_json::from_slice::<PresencePush>(p).ok(),
+            Payload::Binary(_) => None,
+        };
+        let Some(push) = push else {
+            return self.reply(&m, "error", r#"{"reason":"malformed presence message"}"#);
+        };
+        let key = self
+            .joined
+            .get(&m.topic)
+            .map(|j| j.presence_key.clone())
+            .unwrap_or_default();
+        match push.event.as_str() {
+            "track" => {
+                let meta = match push.payload {
+                    None => serde_json::Map::new(),
+                    Some(serde_json::Value::Object(o)) => o,
+                    Some(_) => {
+                        return self.reply(
+                            &m,
+                            "error",
+                            r#"{"reason":"a presence payload is a JSON object"}"#,
+                        )
+                    }
+                };
+                hub.track(&m.topic, self.id, &key, meta);
+                self.reply(&m, "ok", "{}");
+            }
+            "untrack" => {
+                hub.untrack(&m.topic, self.id);
+                self.reply(&m, "ok", "{}");
+            }
+            _ => self.reply(&m, "error", r#"{"reason":"unknown presence event"}"#),
+        }
     }
 
     fn leave(&mut self, hub: &Hub, m: Message) {
@@ -251,6 +317,20 @@ impl Socket {
     pub fn join_ref(&self, topic: &str) -> Option<&str> {
         self.joined.get(topic)?.join_ref.as_deref()
     }
+}
+
+/// A presence key for a socket that named none: unique enough to tell sockets apart.
+fn made_up_key(socket: SocketId) -> String {
+    use std::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{:016x}{:016x}",
+        s.hash_one((socket, now)),
+        s.hash_one((now, socket, 1u8))
+    )
 }
 
 #[cfg(test)]

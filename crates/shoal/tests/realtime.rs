@@ -43,14 +43,11 @@ fn realtime_shoal() -> (Shoal, tempfile::TempDir, SocketAddr) {
     (s, data, rt)
 }
 
-/// Runs the realtime-js script; its one line of JSON.
-fn run_js(rt: SocketAddr, token: &str, vsn: &str) -> serde_json::Value {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/clients/realtime/broadcast.mjs"
-    );
+/// Runs a realtime-js script of `tests/clients/realtime`; its one line of JSON.
+fn run_js(script: &str, rt: SocketAddr, token: &str, vsn: &str) -> serde_json::Value {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/realtime/");
     let out = Command::new("node")
-        .arg(script)
+        .arg(format!("{dir}{script}"))
         .env("RT_URL", format!("ws://{rt}/t/acme/realtime/v1"))
         .env("RT_TOKEN", token)
         .env("RT_VSN", vsn)
@@ -69,7 +66,7 @@ fn run_js(rt: SocketAddr, token: &str, vsn: &str) -> serde_json::Value {
 async fn realtime_js_clients_subscribe_and_broadcast_in_both_versions() {
     let (_s, _data, rt) = realtime_shoal();
     for vsn in ["2.0.0", "1.0.0"] {
-        let r = run_js(rt, &token(SECRET, 3600), vsn);
+        let r = run_js("broadcast.mjs", rt, &token(SECRET, 3600), vsn);
         assert_eq!(r["ack"], "ok", "{vsn}: {r}");
         let payload = serde_json::json!({"text": "héllo", "n": 1});
         for who in ["seenByA", "seenByB"] {
@@ -77,6 +74,19 @@ async fn realtime_js_clients_subscribe_and_broadcast_in_both_versions() {
             assert_eq!(m["event"], "greeting", "{vsn} {who}: {r}");
             assert_eq!(m["payload"], payload, "{vsn} {who}: {r}");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_js_clients_see_each_other_present_and_leaving() {
+    let (_s, _data, rt) = realtime_shoal();
+    for vsn in ["2.0.0", "1.0.0"] {
+        let r = run_js("presence.mjs", rt, &token(SECRET, 3600), vsn);
+        assert_eq!(r["tracked"], serde_json::json!(["ok", "ok"]), "{vsn}: {r}");
+        assert_eq!(r["seenByB"]["alice"][0]["name"], "Alice", "{vsn}: {r}");
+        assert_eq!(r["seenByB"]["bob"][0]["name"], "Bob", "{vsn}: {r}");
+        assert_eq!(r["leftOfB"], serde_json::json!(["alice"]), "{vsn}: {r}");
+        assert_eq!(r["after"], serde_json::json!(["bob"]), "{vsn}: {r}");
     }
 }
 
