@@ -67,7 +67,35 @@ impl Service {
             .clone()
     }
 
-    fn tenant_of(&self, headers: &HeaderMap) -> Option<String> {
+    /// The tenant's keys, when `token` is one of its JWTs; else the refusal.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn authorize(
+        &self,
+        tenant: Option<String>,
+        token: Option<&str>,
+    ) -> Result<(String, TenantKeys), Response> {
+        let Some(tenant) = tenant else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "no tenant: the host name's first label (or the tenant header) names it",
+            ));
+        };
+        let Some(keys) = self.directory.tenant(&tenant) else {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                "Tenant not found or realtime is not enabled for it",
+            ));
+        };
+        let Some(token) = token else {
+            return Err(refuse(StatusCode::UNAUTHORIZED, "apikey is missing"));
+        };
+        if let Err(e) = crate::jwt::verify(token, &keys.jwt_secret) {
+            return Err(refuse(StatusCode::UNAUTHORIZED, &e.to_string()));
+        }
+        Ok((tenant, keys))
+    }
+
+    pub(crate) fn tenant_of(&self, headers: &HeaderMap) -> Option<String> {
         let value = match &self.tenant_header {
             Some(h) => headers.get(h.as_str())?.to_str().ok()?.to_owned(),
             None => {
@@ -91,10 +119,11 @@ pub fn router(service: Arc<Service>) -> axum::Router {
             "/t/{tenant}/realtime/v1/websocket",
             axum::routing::get(upgrade_named),
         )
+        .merge(crate::rest::routes())
         .with_state(service)
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
+pub(crate) fn refuse(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "message": message }))).into_response()
 }
 
@@ -125,31 +154,17 @@ fn accept(
     query: HashMap<String, String>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    let Some(tenant) = tenant else {
-        return refuse(
-            StatusCode::BAD_REQUEST,
-            "no tenant: the host name's first label (or the tenant header) names it",
-        );
-    };
-    let Some(keys) = svc.directory.tenant(&tenant) else {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "Tenant not found or realtime is not enabled for it",
-        );
-    };
-    let Some(vsn) = Vsn::parse(query.get("vsn").map(String::as_str)) else {
-        return refuse(StatusCode::BAD_REQUEST, "vsn must be 1.0.0 or 2.0.0");
-    };
     let token = query
         .get("apikey")
         .cloned()
         .or_else(|| headers.get("x-api-key")?.to_str().ok().map(str::to_owned));
-    let Some(token) = token else {
-        return refuse(StatusCode::UNAUTHORIZED, "apikey is missing");
+    let Some(vsn) = Vsn::parse(query.get("vsn").map(String::as_str)) else {
+        return refuse(StatusCode::BAD_REQUEST, "vsn must be 1.0.0 or 2.0.0");
     };
-    if let Err(e) = crate::jwt::verify(&token, &keys.jwt_secret) {
-        return refuse(StatusCode::UNAUTHORIZED, &e.to_string());
-    }
+    let (tenant, keys) = match svc.authorize(tenant, token.as_deref()) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
     let hub = svc.hub(&tenant);
     let id = svc.next_socket.fetch_add(1, Ordering::Relaxed);
     ws.on_upgrade(move |socket| run(socket, hub, Socket::new_queued(id, vsn, keys.limits)))

@@ -15,10 +15,12 @@
 //!   and their replies), apart from its transport.
 
 //! - [`edge`]: the WebSocket endpoint: tenant, version and JWT checked before the upgrade,
-//!   then one task per socket; [`jwt`] verifies tenants' tokens.
+//!   then one task per socket; [`jwt`] verifies tenants' tokens; [`rest`] takes
+//!   broadcasts over HTTP.
 
 pub mod edge;
 pub mod hub;
 pub mod jwt;
 pub mod protocol;
+pub mod rest;
 pub mod socket;

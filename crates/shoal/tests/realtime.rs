@@ -90,6 +90,59 @@ async fn realtime_js_clients_see_each_other_present_and_leaving() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcasts_over_http_reach_subscribers() {
+    let (_s, _data, rt) = realtime_shoal();
+    let r = run_js("rest.mjs", rt, &token(SECRET, 3600), "2.0.0");
+    assert_eq!(r["single"], serde_json::json!({"success": true}), "{r}");
+    assert_eq!(r["batch"], "ok", "{r}");
+    assert_eq!(
+        r["got"],
+        serde_json::json!([
+            {"event": "batch", "payload": {"m": 1}},
+            {"event": "poke", "payload": {"n": 7}},
+        ]),
+        "{r}"
+    );
+    // Refused without the tenant's token, or with a body that is not a batch.
+    let post = |auth: &str, body: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST"])
+            .args([
+                "-H",
+                auth,
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                body,
+            ])
+            .arg(format!("http://{rt}/t/acme/realtime/v1/api/broadcast"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.rsplit_once('\n')
+            .map(|(_, c)| c.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let good = format!("apikey: {}", token(SECRET, 3600));
+    assert_eq!(post("X-None: 1", r#"{"messages":[]}"#), "401");
+    assert_eq!(
+        post(
+            &format!("apikey: {}", token("wrong", 60)),
+            r#"{"messages":[]}"#
+        ),
+        "401"
+    );
+    assert_eq!(post(&good, r#"{"nope":1}"#), "422");
+    assert_eq!(
+        post(
+            &good,
+            r#"{"messages":[{"topic":"room","event":"e","payload":{}}]}"#
+        ),
+        "202"
+    );
+}
+
 /// The HTTP status and body of a WebSocket upgrade request to `path`.
 fn upgrade(rt: SocketAddr, path: &str) -> (u16, String) {
     let out = Command::new("curl")

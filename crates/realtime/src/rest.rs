@@ -1,0 +1,189 @@
+//! Broadcast over HTTP, as realtime-js's `httpSend()` and its REST fallback call it:
+//!
+//! - `POST …/api/broadcast` with `{"messages": [{"topic", "event", "payload", "private"}]}`;
+//! - `POST …/api/broadcast/{topic}/events/{event}` with the payload as the body (JSON, or
+//!   raw bytes as `application/octet-stream`).
+//!
+//! `…` is nothing, `/realtime/v1`, or `/t/TENANT[/realtime/v1]`, as for the socket. The
+//! tenant's JWT comes as `Authorization: Bearer`, else as the `apikey` header. Topics are
+//! the channel's name without its `realtime:` prefix. Accepted messages are delivered to
+//! the topic's subscribers at once and answered `202`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::edge::{refuse, Service};
+use crate::protocol::{Payload, UserBroadcast};
+
+pub(crate) fn routes() -> axum::Router<Arc<Service>> {
+    use axum::routing::post;
+    let mut r = axum::Router::new();
+    for prefix in ["", "/realtime/v1"] {
+        r = r
+            .route(&format!("{prefix}/api/broadcast"), post(batch))
+            .route(
+                &format!("{prefix}/api/broadcast/{{topic}}/events/{{event}}"),
+                post(one),
+            )
+            .route(
+                &format!("/t/{{tenant}}{prefix}/api/broadcast"),
+                post(batch_named),
+            )
+            .route(
+                &format!("/t/{{tenant}}{prefix}/api/broadcast/{{topic}}/events/{{event}}"),
+                post(one_named),
+            );
+    }
+    r
+}
+
+fn token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("apikey")?.to_str().ok())
+}
+
+#[derive(Deserialize)]
+struct Batch<'a> {
+    #[serde(borrow)]
+    messages: Vec<BatchMessage<'a>>,
+}
+
+#[derive(Deserialize)]
+struct BatchMessage<'a> {
+    topic: String,
+    event: String,
+    #[serde(borrow, default)]
+    payload: Option<&'a RawValue>,
+}
+
+async fn batch(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Response {
+    let tenant = svc.tenant_of(&headers);
+    deliver_batch(&svc, tenant, &headers, &body)
+}
+
+async fn batch_named(
+    State(svc): State<Arc<Service>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    deliver_batch(&svc, Some(tenant), &headers, &body)
+}
+
+async fn one(
+    State(svc): State<Arc<Service>>,
+    Path((topic, event)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let tenant = svc.tenant_of(&headers);
+    deliver_one(&svc, tenant, &headers, topic, event, body)
+}
+
+async fn one_named(
+    State(svc): State<Arc<Service>>,
+    Path((tenant, topic, event)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    deliver_one(&svc, Some(tenant), &headers, topic, event, body)
+}
+
+fn deliver_batch(
+    svc: &Service,
+    tenant: Option<String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let (tenant, keys) = match svc.authorize(tenant, token(headers)) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let batch: Batch<'_> = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!(
+                "the body is not {{\"messages\": [{{\"topic\", \"event\", \"payload\"}}]}}: {e}"
+            ),
+        ),
+    };
+    let hub = svc.hub(&tenant);
+    for m in &batch.messages {
+        let payload = m.payload.map_or("{}", |p| p.get());
+        if payload.len() > keys.limits.max_payload {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload too large: max_payload_size_in_kb exceeded",
+            );
+        }
+    }
+    for m in batch.messages {
+        let payload = m.payload.map_or("{}", |p| p.get());
+        hub.broadcast(
+            &UserBroadcast {
+                join_ref: None,
+                msg_ref: None,
+                topic: format!("realtime:{}", m.topic),
+                event: m.event,
+                meta: None,
+                payload: Payload::Json(bytes::Bytes::copy_from_slice(payload.as_bytes())),
+            },
+            None,
+        );
+    }
+    StatusCode::ACCEPTED.into_response()
+}
+
+fn deliver_one(
+    svc: &Service,
+    tenant: Option<String>,
+    headers: &HeaderMap,
+    topic: String,
+    event: String,
+    body: Bytes,
+) -> Response {
+    let (tenant, keys) = match svc.authorize(tenant, token(headers)) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    if body.len() > keys.limits.max_payload {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Payload too large: max_payload_size_in_kb exceeded",
+        );
+    }
+    let binary = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/octet-stream"));
+    let payload = if binary {
+        Payload::Binary(body)
+    } else {
+        match Payload::json(body) {
+            Ok(p) => p,
+            Err(e) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string()),
+        }
+    };
+    svc.hub(&tenant).broadcast(
+        &UserBroadcast {
+            join_ref: None,
+            msg_ref: None,
+            topic: format!("realtime:{topic}"),
+            event,
+            meta: None,
+            payload,
+        },
+        None,
+    );
+    StatusCode::ACCEPTED.into_response()
+}
