@@ -110,12 +110,10 @@ fn deliver_batch(
     };
     let batch: Batch<'_> = match serde_json::from_slice(body) {
         Ok(b) => b,
-        Err(e) => return refuse(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &format!(
-                "the body is not {{\"messages\": [{{\"topic\", \"event\", \"payload\"}}]}}: {e}"
-            ),
-        ),
+        Err(e) => {
+            let why = format!("the body is not a batch of messages (topic, event, payload): {e}");
+            return refuse(StatusCode::UNPROCESSABLE_ENTITY, &why);
+        }
     };
     let hub = svc.hub(&tenant);
     for m in &batch.messages {

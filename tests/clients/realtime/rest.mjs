@@ -2,14 +2,7 @@
 // sends to it with httpSend() (one message) and with send() (which falls back to the batch
 // endpoint); A must get both. Prints one JSON line. Run by crates/shoal/tests/realtime.rs
 // with RT_URL and RT_TOKEN.
-import { RealtimeClient } from '@supabase/realtime-js'
-import WebSocket from 'ws'
-
-const url = process.env.RT_URL
-const token = process.env.RT_TOKEN
-const timeout = (ms, what) =>
-  new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), ms))
-const client = () => new RealtimeClient(url, { params: { apikey: token }, transport: WebSocket })
+import { client, subscribe, timeout } from './lib.mjs'
 
 const a = client()
 const b = client()
@@ -21,15 +14,10 @@ const both = new Promise((resolve) => {
     if (got.length === 2) resolve()
   })
 })
-const origWarn = console.warn
+// send() warns that it falls back to REST: expected here.
 console.warn = () => {}
 try {
-  await Promise.race([
-    new Promise((resolve, reject) =>
-      chA.subscribe((s, e) => (s === 'SUBSCRIBED' ? resolve() : s !== 'CLOSED' && reject(new Error(`${s} ${e ?? ''}`))))
-    ),
-    timeout(10000, 'subscribe'),
-  ])
+  await subscribe(chA)
   const chB = b.channel('room')
   const single = await chB.httpSend('poke', { n: 7 })
   const batch = await chB.send({ type: 'broadcast', event: 'batch', payload: { m: 1 } })
@@ -39,7 +27,6 @@ try {
 } catch (e) {
   console.log(JSON.stringify({ error: String(e), got }))
 } finally {
-  console.warn = origWarn
   a.disconnect()
   b.disconnect()
   setTimeout(() => process.exit(0), 100)
