@@ -102,7 +102,7 @@ ensure_client_libs() {
   local root; root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   # pip only when the libraries are not installed yet.
   local req="$root/tests/clients/python/requirements.txt"
-  if ! python3 -c "import psycopg, asyncpg, prometheus_client, schemathesis" 2>/dev/null; then
+  if ! python3 -c "import psycopg, asyncpg, prometheus_client, schemathesis, realtime" 2>/dev/null; then
     python3 -m pip install -q --disable-pip-version-check -r "$req" 2>&1 \
       | grep -v "Running pip as the 'root' user" || true
   fi

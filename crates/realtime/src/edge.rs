@@ -3,13 +3,19 @@
 //! header, or from a path prefix (`/t/TENANT/socket/websocket`), `vsn=1.0.0|2.0.0`, and the tenant's JWT as `apikey` (query) or `x-api-key`
 //! (header). A refused request gets its HTTP status and a JSON body before any upgrade.
 //!
+//! Refusals carry Realtime's statuses and texts: 401 for a missing, malformed, expired or
+//! wrongly signed token, 404 for an unknown tenant, 403 for a banned one, 429 when the
+//! tenant has its most sockets connected.
+//!
 //! Each socket is one task: frames from the client go through its [`Socket`], frames for
 //! it come from its bounded queue (see [`crate::hub`]). A socket that does not keep up is
-//! closed with a reason rather than let its queue grow.
+//! closed with a reason rather than let its queue grow; one that sends nothing (not even
+//! a heartbeat) for the heartbeat timeout is closed, and its presences leave with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
@@ -19,39 +25,103 @@ use axum::Json;
 use futures_util::{SinkExt, StreamExt};
 
 use crate::hub::{Frame, Hub, Outbox};
+use crate::jwt::{Claims, JwtError, Verifier};
+use crate::limits::Limits;
 use crate::protocol::Vsn;
-use crate::socket::{Limits, Socket};
+use crate::socket::Socket;
 
 /// What the edge needs of a tenant.
 #[derive(Clone)]
 pub struct TenantKeys {
-    /// Verifies the tenant's JWTs (HS256, HS384 or HS512).
-    pub jwt_secret: String,
+    /// Verifies the tenant's JWTs (its secret and its JWKS).
+    pub verifier: Arc<Verifier>,
     pub limits: Limits,
+}
+
+/// A tenant as the edge finds it.
+pub enum Lookup {
+    Found(TenantKeys),
+    /// Banned, or realtime not set up (no secret or JWKS).
+    Disabled,
+    NotFound,
 }
 
 /// Where the edge finds tenants (the pooler's tenant store, in Shoal).
 pub trait Directory: Send + Sync + 'static {
-    /// Tenant `id`'s keys, when it exists and has realtime on.
-    fn tenant(&self, id: &str) -> Option<TenantKeys>;
+    fn tenant(&self, id: &str) -> Lookup;
+}
+
+/// How the edge behaves, apart from its tenants.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The header naming the tenant (`None`: the first label of `Host`).
+    pub tenant_header: Option<String>,
+    /// A socket that sends nothing for this long is closed (Phoenix's default: 60 s;
+    /// realtime-js sends a heartbeat every 25 s).
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            tenant_header: None,
+            heartbeat_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A request turned away: its status and Realtime's text.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// As the WebSocket endpoint answers: `{"error": ...}`.
+    pub fn upgrade_response(&self) -> Response {
+        let body = serde_json::json!({ "error": self.message });
+        (self.status, Json(body)).into_response()
+    }
+
+    /// As the HTTP API answers: `{"message": ...}`.
+    pub fn api_response(&self) -> Response {
+        refuse(self.status, &self.message)
+    }
+}
+
+/// A request the tenant's token lets through.
+pub(crate) struct Admitted {
+    pub hub: Arc<Hub>,
+    pub keys: TenantKeys,
+    pub claims: Claims,
 }
 
 /// Frames a socket may have queued before it counts as too slow.
 pub const SOCKET_QUEUE: usize = 1024;
 
+const TOO_SLOW: &str = "too slow: the socket's send queue is full";
+
 pub struct Service {
     directory: Arc<dyn Directory>,
-    /// The header naming the tenant (`None`: the first label of `Host`).
-    tenant_header: Option<String>,
+    options: Options,
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
     next_socket: AtomicU64,
 }
 
 impl Service {
-    pub fn new(directory: Arc<dyn Directory>, tenant_header: Option<String>) -> Arc<Service> {
+    pub fn new(directory: Arc<dyn Directory>, mut options: Options) -> Arc<Service> {
+        options.tenant_header = options.tenant_header.map(|h| h.to_ascii_lowercase());
         Arc::new(Service {
             directory,
-            tenant_header: tenant_header.map(|h| h.to_ascii_lowercase()),
+            options,
             hubs: Mutex::default(),
             next_socket: AtomicU64::new(1),
         })
@@ -67,36 +137,52 @@ impl Service {
             .clone()
     }
 
-    /// The tenant's keys, when `token` is one of its JWTs; else the refusal.
-    #[allow(clippy::result_large_err)]
+    /// The tenant's channels and keys, and the token's claims, when `token` is one of its
+    /// JWTs; else the refusal. The tenant's limits are brought up to date on the way.
     pub(crate) fn authorize(
         &self,
         tenant: Option<String>,
         token: Option<&str>,
-    ) -> Result<(String, TenantKeys), Response> {
+    ) -> Result<Admitted, Refusal> {
         let Some(tenant) = tenant else {
-            return Err(refuse(
+            return Err(Refusal::new(
                 StatusCode::BAD_REQUEST,
                 "no tenant: the host name's first label (or the tenant header) names it",
             ));
         };
-        let Some(keys) = self.directory.tenant(&tenant) else {
-            return Err(refuse(
-                StatusCode::FORBIDDEN,
-                "Tenant not found or realtime is not enabled for it",
-            ));
+        let keys = match self.directory.tenant(&tenant) {
+            Lookup::Found(keys) => keys,
+            Lookup::Disabled => {
+                return Err(Refusal::new(
+                    StatusCode::FORBIDDEN,
+                    "Realtime was disabled for this tenant",
+                ))
+            }
+            Lookup::NotFound => {
+                return Err(Refusal::new(StatusCode::NOT_FOUND, "Tenant not found"))
+            }
         };
-        let Some(token) = token else {
-            return Err(refuse(StatusCode::UNAUTHORIZED, "apikey is missing"));
+        let Some(token) = token.filter(|t| !t.trim().is_empty()) else {
+            return Err(Refusal::new(StatusCode::UNAUTHORIZED, "API key is missing"));
         };
-        if let Err(e) = crate::jwt::verify(token, &keys.jwt_secret) {
-            return Err(refuse(StatusCode::UNAUTHORIZED, &e.to_string()));
-        }
-        Ok((tenant, keys))
+        let claims = keys
+            .verifier
+            .verify(token, crate::jwt::now())
+            .map_err(|e| {
+                let message = match e {
+                    // Realtime says how long ago on a channel, not here.
+                    JwtError::Expired(_) => "Token has expired".to_owned(),
+                    e => e.to_string(),
+                };
+                Refusal::new(StatusCode::UNAUTHORIZED, message)
+            })?;
+        let hub = self.hub(&tenant);
+        hub.meter().set_limits(keys.limits);
+        Ok(Admitted { hub, keys, claims })
     }
 
     pub(crate) fn tenant_of(&self, headers: &HeaderMap) -> Option<String> {
-        let value = match &self.tenant_header {
+        let value = match &self.options.tenant_header {
             Some(h) => headers.get(h.as_str())?.to_str().ok()?.to_owned(),
             None => {
                 let host = headers.get("host")?.to_str().ok()?;
@@ -159,38 +245,72 @@ fn accept(
         .cloned()
         .or_else(|| headers.get("x-api-key")?.to_str().ok().map(str::to_owned));
     let Some(vsn) = Vsn::parse(query.get("vsn").map(String::as_str)) else {
-        return refuse(StatusCode::BAD_REQUEST, "vsn must be 1.0.0 or 2.0.0");
+        return Refusal::new(StatusCode::BAD_REQUEST, "vsn must be 1.0.0 or 2.0.0")
+            .upgrade_response();
     };
-    let (tenant, keys) = match svc.authorize(tenant, token.as_deref()) {
-        Ok(k) => k,
-        Err(r) => return r,
+    let admitted = match svc.authorize(tenant, token.as_deref()) {
+        Ok(a) => a,
+        Err(r) => return r.upgrade_response(),
     };
-    let hub = svc.hub(&tenant);
+    if let Err(over) = admitted.hub.meter().admit_user() {
+        return Refusal::new(StatusCode::TOO_MANY_REQUESTS, over.to_string()).upgrade_response();
+    }
+    // Counted out when the socket ends, or when the upgrade never happens.
+    let seat = Seat(admitted.hub.clone());
     let id = svc.next_socket.fetch_add(1, Ordering::Relaxed);
-    ws.on_upgrade(move |socket| run(socket, hub, Socket::new_queued(id, vsn, keys.limits)))
+    let (out, queue) = Outbox::new(SOCKET_QUEUE);
+    let socket = Socket::new(
+        id,
+        vsn,
+        out.clone(),
+        admitted.keys.verifier,
+        &admitted.claims,
+    );
+    let heartbeat = svc.options.heartbeat_timeout;
+    // A frame may carry the largest payload the tenant allows, and its envelope; a bigger
+    // one closes the socket (1009) before it is read whole.
+    let largest = admitted.keys.limits.max_payload.saturating_add(64 * 1024);
+    ws.max_message_size(largest)
+        .max_frame_size(largest)
+        .on_upgrade(move |ws| run(ws, seat, socket, queue, out, heartbeat))
 }
 
-impl Socket {
-    /// A socket and the reading end of its queue.
-    fn new_queued(
-        id: u64,
-        vsn: Vsn,
-        limits: Limits,
-    ) -> (Socket, tokio::sync::mpsc::Receiver<Frame>, Outbox) {
-        let (out, rx) = Outbox::new(SOCKET_QUEUE);
-        (Socket::new(id, vsn, out.clone(), limits), rx, out)
+/// A socket counted against its tenant's `max_concurrent_users`.
+struct Seat(Arc<Hub>);
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.meter().user_left();
     }
+}
+
+/// Sleeps until `exp` (seconds since the epoch), or forever.
+async fn until_epoch(exp: Option<i64>) {
+    let Some(exp) = exp else {
+        return std::future::pending().await;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let at = Duration::from_secs(exp.max(0) as u64);
+    tokio::time::sleep(at.saturating_sub(now)).await;
 }
 
 async fn run(
     ws: WebSocket,
-    hub: Arc<Hub>,
-    (mut socket, mut queue, out): (Socket, tokio::sync::mpsc::Receiver<Frame>, Outbox),
+    seat: Seat,
+    mut socket: Socket,
+    mut queue: tokio::sync::mpsc::Receiver<Frame>,
+    out: Outbox,
+    heartbeat: Duration,
 ) {
+    let hub = seat.0.clone();
     let (mut sink, mut stream) = ws.split();
+    let mut last_heard = tokio::time::Instant::now();
     let close = loop {
         tokio::select! {
             incoming = stream.next() => {
+                last_heard = tokio::time::Instant::now();
                 let result = match incoming {
                     Some(Ok(WsMessage::Text(t))) => socket.on_text(&hub, t.as_str()),
                     Some(Ok(WsMessage::Binary(b))) => socket.on_binary(&hub, &b),
@@ -208,23 +328,30 @@ async fn run(
                     Frame::Text(t) => WsMessage::Text(t.as_ref().into()),
                     Frame::Binary(b) => WsMessage::Binary(bytes::Bytes::copy_from_slice(&b)),
                 };
-                if sink.send(m).await.is_err() {
-                    break None;
+                // A client that stops reading must not hold its task here for good.
+                tokio::select! {
+                    sent = sink.send(m) => if sent.is_err() { break None },
+                    () = out.slowed() => break Some((1013, TOO_SLOW.into())),
                 }
+            }
+            () = until_epoch(socket.expiry()) => socket.expire(&hub, crate::jwt::now()),
+            () = tokio::time::sleep_until(last_heard + heartbeat) => {
+                break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));
             }
         }
         if out.is_slow() {
             // 1013: try again later.
-            break Some((1013, "too slow: the socket's send queue is full".into()));
+            break Some((1013, TOO_SLOW.into()));
         }
     };
     socket.close(&hub);
     if let Some((code, reason)) = close {
-        let _ = sink
-            .send(WsMessage::Close(Some(CloseFrame {
-                code,
-                reason: reason.into(),
-            })))
-            .await;
+        let frame = WsMessage::Close(Some(CloseFrame {
+            code,
+            reason: reason.into(),
+        }));
+        // Best effort: a client that does not read gets no goodbye.
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(frame)).await;
     }
+    drop(seat);
 }

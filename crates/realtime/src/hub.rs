@@ -28,7 +28,15 @@ pub enum Frame {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     tx: tokio::sync::mpsc::Sender<Frame>,
-    slow: Arc<AtomicBool>,
+    slow: Arc<Slow>,
+}
+
+/// Set once a frame could not be queued; wakes the socket's task even while it is stuck
+/// writing to a client that does not read.
+#[derive(Debug, Default)]
+struct Slow {
+    set: AtomicBool,
+    wake: tokio::sync::Notify,
 }
 
 impl Outbox {
@@ -50,7 +58,9 @@ impl Outbox {
         match self.tx.try_send(f) {
             Ok(()) => true,
             Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
-                self.slow.store(true, Ordering::Release);
+                if !self.slow.set.swap(true, Ordering::AcqRel) {
+                    self.slow.wake.notify_one();
+                }
                 false
             }
             Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => false,
@@ -59,7 +69,14 @@ impl Outbox {
 
     /// A frame could not be queued because the socket did not keep up.
     pub fn is_slow(&self) -> bool {
-        self.slow.load(Ordering::Acquire)
+        self.slow.set.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the socket has been found too slow.
+    pub async fn slowed(&self) {
+        if !self.is_slow() {
+            self.slow.wake.notified().await;
+        }
     }
 }
 
@@ -104,6 +121,7 @@ pub struct Delivery {
 #[derive(Default)]
 pub struct Hub {
     topics: Mutex<HashMap<String, Topic>>,
+    meter: crate::limits::Meter,
     /// Presence refs handed out.
     next_ref: std::sync::atomic::AtomicU64,
 }
@@ -111,6 +129,11 @@ pub struct Hub {
 impl Hub {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Topic>> {
         self.topics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The tenant's limits and the meters against them.
+    pub fn meter(&self) -> &crate::limits::Meter {
+        &self.meter
     }
 
     /// Subscribes `sub` to `topic`, in place of the same socket's earlier subscription to
@@ -161,6 +184,10 @@ impl Hub {
         let Some(t) = topics.get_mut(topic) else {
             return;
         };
+        // Tracking turns presence on for the socket, as in Realtime.
+        if let Some(s) = t.subs.iter_mut().find(|s| s.socket == socket) {
+            s.presence = true;
+        }
         let old: Vec<Presence> = t
             .presences
             .iter()

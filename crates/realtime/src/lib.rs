@@ -15,12 +15,13 @@
 //!   and their replies), apart from its transport.
 
 //! - [`edge`]: the WebSocket endpoint: tenant, version and JWT checked before the upgrade,
-//!   then one task per socket; [`jwt`] verifies tenants' tokens; [`rest`] takes
-//!   broadcasts over HTTP.
+//!   then one task per socket; [`jwt`] verifies tenants' tokens; [`limits`] meters each
+//!   tenant's sockets, joins, messages and bytes; [`rest`] takes broadcasts over HTTP.
 
 pub mod edge;
 pub mod hub;
 pub mod jwt;
+pub mod limits;
 pub mod protocol;
 pub mod rest;
 pub mod socket;

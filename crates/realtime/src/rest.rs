@@ -7,12 +7,14 @@
 //! `…` is nothing, `/realtime/v1`, or `/t/TENANT[/realtime/v1]`, as for the socket. The
 //! tenant's JWT comes as `Authorization: Bearer`, else as the `apikey` header. Topics are
 //! the channel's name without its `realtime:` prefix. Accepted messages are delivered to
-//! the topic's subscribers at once and answered `202`.
+//! the topic's subscribers at once and answered `202`. They count against the tenant's
+//! `max_events_per_second` and `max_bytes_per_second` (429 when over). Private messages
+//! are refused: no one may read a private channel until its policies are checked.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -63,6 +65,27 @@ struct BatchMessage<'a> {
     event: String,
     #[serde(borrow, default)]
     payload: Option<&'a RawValue>,
+    #[serde(default)]
+    private: bool,
+}
+
+fn too_large() -> Response {
+    refuse(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Payload too large: max_payload_size_in_kb exceeded",
+    )
+}
+
+fn over_rate(over: crate::limits::Over) -> Response {
+    let why = format!("You have exceeded your rate limit: {over}");
+    refuse(StatusCode::TOO_MANY_REQUESTS, &why)
+}
+
+fn private_refused() -> Response {
+    refuse(
+        StatusCode::FORBIDDEN,
+        "private channels are authorised by the tenant's policies on realtime.messages, which this Shoal does not check yet",
+    )
 }
 
 async fn batch(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -79,12 +102,23 @@ async fn batch_named(
     deliver_batch(&svc, Some(tenant), &headers, &body)
 }
 
+/// `?private=true`: the message is for the private channel of that name.
+#[derive(Deserialize)]
+struct OneQuery {
+    #[serde(default)]
+    private: bool,
+}
+
 async fn one(
     State(svc): State<Arc<Service>>,
     Path((topic, event)): Path<(String, String)>,
+    Query(q): Query<OneQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if q.private {
+        return private_refused();
+    }
     let tenant = svc.tenant_of(&headers);
     deliver_one(&svc, tenant, &headers, topic, event, body)
 }
@@ -92,9 +126,13 @@ async fn one(
 async fn one_named(
     State(svc): State<Arc<Service>>,
     Path((tenant, topic, event)): Path<(String, String, String)>,
+    Query(q): Query<OneQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if q.private {
+        return private_refused();
+    }
     deliver_one(&svc, Some(tenant), &headers, topic, event, body)
 }
 
@@ -104,9 +142,9 @@ fn deliver_batch(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let (tenant, keys) = match svc.authorize(tenant, token(headers)) {
-        Ok(k) => k,
-        Err(r) => return r,
+    let admitted = match svc.authorize(tenant, token(headers)) {
+        Ok(a) => a,
+        Err(r) => return r.api_response(),
     };
     let batch: Batch<'_> = match serde_json::from_slice(body) {
         Ok(b) => b,
@@ -115,15 +153,20 @@ fn deliver_batch(
             return refuse(StatusCode::UNPROCESSABLE_ENTITY, &why);
         }
     };
-    let hub = svc.hub(&tenant);
+    let hub = admitted.hub;
+    let mut bytes = 0;
     for m in &batch.messages {
         let payload = m.payload.map_or("{}", |p| p.get());
-        if payload.len() > keys.limits.max_payload {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Payload too large: max_payload_size_in_kb exceeded",
-            );
+        if payload.len() > admitted.keys.limits.max_payload {
+            return too_large();
         }
+        if m.private {
+            return private_refused();
+        }
+        bytes += payload.len();
+    }
+    if let Err(over) = hub.meter().events(batch.messages.len(), bytes) {
+        return over_rate(over);
     }
     for m in batch.messages {
         let payload = m.payload.map_or("{}", |p| p.get());
@@ -150,15 +193,15 @@ fn deliver_one(
     event: String,
     body: Bytes,
 ) -> Response {
-    let (tenant, keys) = match svc.authorize(tenant, token(headers)) {
-        Ok(k) => k,
-        Err(r) => return r,
+    let admitted = match svc.authorize(tenant, token(headers)) {
+        Ok(a) => a,
+        Err(r) => return r.api_response(),
     };
-    if body.len() > keys.limits.max_payload {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Payload too large: max_payload_size_in_kb exceeded",
-        );
+    if body.len() > admitted.keys.limits.max_payload {
+        return too_large();
+    }
+    if let Err(over) = admitted.hub.meter().event(body.len()) {
+        return over_rate(over);
     }
     let binary = headers
         .get("content-type")
@@ -172,7 +215,7 @@ fn deliver_one(
             Err(e) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string()),
         }
     };
-    svc.hub(&tenant).broadcast(
+    admitted.hub.broadcast(
         &UserBroadcast {
             join_ref: None,
             msg_ref: None,

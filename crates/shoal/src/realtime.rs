@@ -5,29 +5,37 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use shoal_realtime::edge::{Directory, Service, TenantKeys};
-use shoal_realtime::socket::Limits;
+use shoal_realtime::edge::{Directory, Lookup, Options, Service, TenantKeys};
+use shoal_realtime::jwt::Verifier;
+use shoal_realtime::limits::Limits;
 
 use crate::app::App;
-
-/// Supabase Realtime's defaults.
-const MAX_CHANNELS_PER_CLIENT: usize = 100;
-const MAX_PAYLOAD_SIZE_IN_KB: usize = 3000;
 
 struct Tenants(Arc<App>);
 
 impl Directory for Tenants {
-    fn tenant(&self, id: &str) -> Option<TenantKeys> {
-        let route = self.0.routes.tenants.get(id)?;
+    fn tenant(&self, id: &str) -> Lookup {
+        let Some(route) = self.0.routes.tenants.get(id) else {
+            return Lookup::NotFound;
+        };
         let t = &route.tenant;
-        if t.banned {
-            return None;
+        let verifier = Verifier::new(t.jwt_secret.as_deref(), t.jwt_jwks.as_ref());
+        if t.banned || verifier.is_empty() {
+            return Lookup::Disabled;
         }
-        Some(TenantKeys {
-            jwt_secret: t.jwt_secret.clone()?,
+        let defaults = Limits::default();
+        Lookup::Found(TenantKeys {
+            verifier: Arc::new(verifier),
             limits: Limits {
-                max_channels: t.max_channels_per_client.unwrap_or(MAX_CHANNELS_PER_CLIENT),
-                max_payload: t.max_payload_size_in_kb.unwrap_or(MAX_PAYLOAD_SIZE_IN_KB) * 1024,
+                max_channels: t.max_channels_per_client.unwrap_or(defaults.max_channels),
+                max_payload: t
+                    .max_payload_size_in_kb
+                    .map_or(defaults.max_payload, |kb| kb.saturating_mul(1024)),
+                max_concurrent_users: t.max_concurrent_users,
+                max_events_per_second: t.max_events_per_second,
+                max_joins_per_second: t.max_joins_per_second,
+                max_bytes_per_second: t.max_bytes_per_second,
+                private_only: t.private_only,
             },
         })
     }
@@ -47,7 +55,11 @@ pub async fn start(app: &Arc<App>) -> std::io::Result<Option<SocketAddr>> {
             )
         })?;
     let addr = listener.local_addr()?;
-    let service = Service::new(Arc::new(Tenants(app.clone())), section.tenant_header);
+    let options = Options {
+        tenant_header: section.tenant_header,
+        heartbeat_timeout: std::time::Duration::from_secs_f64(section.heartbeat_timeout),
+    };
+    let service = Service::new(Arc::new(Tenants(app.clone())), options);
     tracing::info!(%addr, "realtime listening");
     crate::control::spawn(crate::api::serve(
         listener,

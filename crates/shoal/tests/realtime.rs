@@ -1,7 +1,9 @@
-//! The realtime service through Supabase's official client, realtime-js 2.119.1 on Node.js
-//! with the `ws` transport (`tests/clients/realtime`): two clients subscribe to a channel
-//! and one broadcasts to both, in protocol 2.0 and across 2.0 and 1.0; a request with a
-//! bad, expired or missing token, or for an unknown tenant, is refused before the upgrade.
+//! The realtime service through Supabase's official clients (`tests/clients/realtime`):
+//! realtime-js 2.119.1 on Node.js with the `ws` transport, and `realtime` 2.34.1 for
+//! Python. Clients subscribe, broadcast (in protocol 2.0, 1.0 and across them), see each
+//! other's presence, broadcast over HTTP and refresh their tokens; a channel's token
+//! expiring or going bad shuts it with Realtime's message; a request with a bad, expired
+//! or missing token, or for an unknown tenant, is refused before the upgrade.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -13,18 +15,23 @@ use common::*;
 
 const SECRET: &str = "acme-realtime-jwt-secret-0123456789";
 
-fn token(secret: &str, exp_in: i64) -> String {
-    let now = std::time::SystemTime::now()
+fn now() -> i64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs() as i64;
+        .as_secs() as i64
+}
+
+fn token(secret: &str, exp_in: i64) -> String {
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &serde_json::json!({"role": "authenticated", "exp": now + exp_in}),
+        &serde_json::json!({"role": "authenticated", "exp": now() + exp_in}),
         &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
     )
     .unwrap()
 }
+
+const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/realtime/");
 
 fn realtime_shoal() -> (Shoal, tempfile::TempDir, SocketAddr) {
     let (s, data) = shoal_with_token_api_and(pg(), "[realtime]\nlisten = \"127.0.0.1:0\"\n");
@@ -45,14 +52,27 @@ fn realtime_shoal() -> (Shoal, tempfile::TempDir, SocketAddr) {
 
 /// Runs a realtime-js script of `tests/clients/realtime`; its one line of JSON.
 fn run_js(script: &str, rt: SocketAddr, token: &str, vsn: &str) -> serde_json::Value {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/realtime/");
-    let out = Command::new("node")
-        .arg(format!("{dir}{script}"))
+    run_client(
+        Command::new("node").arg(format!("{CLIENTS}{script}")),
+        rt,
+        token,
+        &[("RT_VSN", vsn)],
+    )
+}
+
+/// Runs a client script with the endpoint and token in its environment, and `env`.
+fn run_client(
+    cmd: &mut Command,
+    rt: SocketAddr,
+    token: &str,
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let out = cmd
         .env("RT_URL", format!("ws://{rt}/t/acme/realtime/v1"))
         .env("RT_TOKEN", token)
-        .env("RT_VSN", vsn)
+        .envs(env.iter().copied())
         .output()
-        .expect("node runs");
+        .expect("the client runs");
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|e| {
         panic!(
@@ -171,7 +191,7 @@ async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
         (
             "/t/acme/realtime/v1/websocket?vsn=2.0.0".to_owned(),
             401,
-            "apikey is missing",
+            r#"{"error":"API key is missing"}"#,
         ),
         (
             format!(
@@ -179,7 +199,12 @@ async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
                 token("wrong", 3600)
             ),
             401,
-            "Invalid JWT",
+            "Failed to validate JWT signature",
+        ),
+        (
+            "/t/acme/realtime/v1/websocket?vsn=2.0.0&apikey=not-a-jwt".to_owned(),
+            401,
+            "The token provided is not a valid JWT",
         ),
         (
             format!(
@@ -191,7 +216,7 @@ async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
         ),
         (
             format!("/t/nobody/socket/websocket?vsn=2.0.0&apikey={good}"),
-            403,
+            404,
             "Tenant not found",
         ),
         (
@@ -204,4 +229,80 @@ async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
         assert_eq!(got, want, "{path}: {body}");
         assert!(body.contains(says), "{path}: {body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_tokens_expire_refresh_and_are_refused_with_realtime_s_messages() {
+    let (_s, _data, rt) = realtime_shoal();
+    let short = token(SECRET, 3);
+    let other = token(SECRET, 7200);
+    let bad = token("not the tenant's secret", 3600);
+    let r = run_client(
+        Command::new("node").arg(format!("{CLIENTS}token.mjs")),
+        rt,
+        &token(SECRET, 3600),
+        &[
+            ("RT_SHORT_TOKEN", &short),
+            ("RT_OTHER_TOKEN", &other),
+            ("RT_BAD_TOKEN", &bad),
+        ],
+    );
+    let expired = &r["expired"];
+    assert_eq!(
+        expired["statuses"],
+        serde_json::json!(["SUBSCRIBED", "CLOSED"]),
+        "{r}"
+    );
+    let system = &expired["system"][0];
+    assert_eq!(system["status"], "error", "{r}");
+    assert_eq!(system["extension"], "system", "{r}");
+    assert_eq!(system["channel"], "expiring", "{r}");
+    let text = system["message"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("Token has expired ") && text.ends_with(" seconds ago"),
+        "{r}"
+    );
+    assert_eq!(r["ack"], "ok", "{r}");
+    let refused = &r["refused"];
+    assert_eq!(refused["got"], serde_json::json!([{"n": 1}]), "{r}");
+    assert_eq!(
+        refused["system"][0]["message"], "Failed to validate JWT signature",
+        "{r}"
+    );
+    assert_eq!(
+        refused["statuses"],
+        serde_json::json!(["SUBSCRIBED", "CLOSED"]),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_broadcasts_tracks_presence_and_refreshes_its_token() {
+    let (_s, _data, rt) = realtime_shoal();
+    let other = token(SECRET, 7200);
+    let bad = token("not the tenant's secret", 3600);
+    let r = run_client(
+        Command::new("python3").arg(format!("{CLIENTS}py_clients.py")),
+        rt,
+        &token(SECRET, 3600),
+        &[("RT_OTHER_TOKEN", &other), ("RT_BAD_TOKEN", &bad)],
+    );
+    assert_eq!(
+        r["subscribed"],
+        serde_json::json!(["SUBSCRIBED", "SUBSCRIBED"]),
+        "{r}"
+    );
+    let greeting = serde_json::json!([{"text": "héllo", "n": 1}]);
+    assert_eq!(r["seenByA"], greeting, "self: {r}");
+    assert_eq!(r["seenByB"], greeting, "{r}");
+    assert_eq!(r["presentToB"], serde_json::json!(["alice"]), "{r}");
+    assert_eq!(r["leaves"], serde_json::json!(["alice"]), "{r}");
+    assert_eq!(r["pokes"], serde_json::json!([{"n": 7}, {"n": 8}]), "{r}");
+    assert!(
+        r["errors"]
+            .to_string()
+            .contains("Failed to validate JWT signature"),
+        "{r}"
+    );
+    assert_eq!(r["statusesOfB"][0], "SUBSCRIBED", "{r}");
 }

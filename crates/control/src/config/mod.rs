@@ -471,6 +471,16 @@ impl Config {
             ),
             None => None,
         };
+        if let Some(rt) = &raw.realtime {
+            if !(rt.heartbeat_timeout.is_finite()
+                && (1.0..=86_400.0).contains(&rt.heartbeat_timeout))
+            {
+                return Err(invalid(
+                    "realtime",
+                    "realtime.heartbeat_timeout must be between 1 and 86400 seconds".into(),
+                ));
+            }
+        }
         // The API needs a store; a store alone serves the tenants it holds.
         let store = raw
             .store

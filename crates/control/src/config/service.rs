@@ -155,6 +155,14 @@ pub struct RealtimeSection {
     /// tenant (default: the first label of `Host`; a `/t/TENANT/...` path prefix always
     /// works).
     pub tenant_header: Option<String>,
+    /// Seconds a socket may stay silent (no heartbeat, no message) before it is closed
+    /// and its presences leave.
+    #[serde(default = "default_heartbeat_timeout")]
+    pub heartbeat_timeout: f64,
+}
+
+fn default_heartbeat_timeout() -> f64 {
+    60.0
 }
 
 fn default_realtime_listen() -> SocketAddr {

@@ -123,12 +123,56 @@ pub struct Tenant {
     /// (the store seals it at rest).
     #[serde(default, skip_serializing)]
     pub jwt_secret: Option<String>,
+    /// Realtime: a JWK set whose keys (picked by a token's `kid`) verify the tenant's
+    /// RS/PS/ES/EdDSA tokens, or HS ones with `oct` keys. Write-only and sealed at rest,
+    /// like `jwt_secret` (an `oct` key is a secret).
+    #[serde(default, skip_serializing)]
+    pub jwt_jwks: Option<serde_json::Value>,
     /// Realtime: channels one socket may join.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_channels_per_client: Option<usize>,
     /// Realtime: the largest broadcast payload, in KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_payload_size_in_kb: Option<usize>,
+    /// Realtime: sockets connected at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_users: Option<usize>,
+    /// Realtime: messages from clients per second, all sockets together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_events_per_second: Option<u32>,
+    /// Realtime: channel joins per second, all sockets together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_joins_per_second: Option<u32>,
+    /// Realtime: bytes of broadcast payloads from clients per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_second: Option<u64>,
+    /// Realtime: only private channels may be joined.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub private_only: bool,
+}
+
+/// Checks that `jwks` is a JWK set of keys with a `kid` each that tokens can be verified
+/// with; the reason when it is not.
+pub fn check_jwks(jwks: &serde_json::Value) -> Result<(), String> {
+    use jsonwebtoken::jwk::Jwk;
+    let keys = jwks
+        .get("keys")
+        .and_then(|k| k.as_array())
+        .ok_or("must be a JWK set: {\"keys\": [...]}")?;
+    if keys.is_empty() {
+        return Err("has no keys".into());
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let jwk = serde_json::from_value::<Jwk>(k.clone())
+            .map_err(|e| format!("keys[{i}] is not a JWK Shoal can use: {e}"))?;
+        if jwk.common.key_id.is_none() {
+            return Err(format!(
+                "keys[{i}] has no kid (tokens pick their key by kid)"
+            ));
+        }
+        jsonwebtoken::DecodingKey::from_jwk(&jwk).map_err(|e| format!("keys[{i}]: {e}"))?;
+    }
+    Ok(())
 }
 
 impl Tenant {
@@ -398,6 +442,39 @@ impl Tenant {
                 add("sni_hostname", "is not a host name");
             }
         }
+        if let Some(jwks) = &self.jwt_jwks {
+            if let Err(why) = check_jwks(jwks) {
+                add("jwt_jwks", &why);
+            }
+        }
+        if self
+            .jwt_secret
+            .as_ref()
+            .is_some_and(|s| s.is_empty() || s.len() > 4096)
+        {
+            add("jwt_secret", "must be 1-4096 characters");
+        }
+        for (field, zero) in [
+            (
+                "max_channels_per_client",
+                self.max_channels_per_client == Some(0),
+            ),
+            (
+                "max_payload_size_in_kb",
+                self.max_payload_size_in_kb == Some(0),
+            ),
+            ("max_concurrent_users", self.max_concurrent_users == Some(0)),
+            (
+                "max_events_per_second",
+                self.max_events_per_second == Some(0),
+            ),
+            ("max_joins_per_second", self.max_joins_per_second == Some(0)),
+            ("max_bytes_per_second", self.max_bytes_per_second == Some(0)),
+        ] {
+            if zero {
+                add(field, "must be at least 1 (leave it out for no limit)");
+            }
+        }
         if self.allow_list.is_empty() {
             add(
                 "allow_list",
@@ -528,6 +605,31 @@ mod tests {
                 }]
             }
         })
+    }
+
+    #[test]
+    fn jwks_and_realtime_limits_are_validated_by_field() {
+        let good = serde_json::json!({"keys": [
+            {"kty": "oct", "kid": "hs-1", "k": "b2N0LWtleQ"},
+            {"kty": "OKP", "kid": "ed-1", "crv": "Ed25519", "x": "Ng01_0fvoL2H-CNiW8rphGP5gZ5egUQL841i_x1kGvE"}
+        ]});
+        check_jwks(&good).unwrap();
+        for bad in [
+            serde_json::json!([]),
+            serde_json::json!({"keys": []}),
+            serde_json::json!({"keys": [{"kty": "EC"}]}),
+            serde_json::json!({"keys": [{"kty": "oct", "k": "YQ"}]}),
+        ] {
+            assert!(check_jwks(&bad).is_err(), "{bad}");
+        }
+        let mut t: Tenant = serde_json::from_value(supavisor_json()["tenant"].clone()).unwrap();
+        t.external_id = "acme".into();
+        t.jwt_jwks = Some(serde_json::json!({"keys": []}));
+        t.max_events_per_second = Some(0);
+        let errors = t.validate().unwrap_err();
+        assert!(errors.contains_key("jwt_jwks") && errors.contains_key("max_events_per_second"));
+        let out = serde_json::to_value(&t).unwrap();
+        assert!(out.get("jwt_jwks").is_none(), "write-only: {out}");
     }
 
     #[test]

@@ -122,6 +122,12 @@ impl Store {
                 serde_json::Value::String(self.sealer.seal(s)),
             );
         }
+        if let (Some(obj), Some(j)) = (v.as_object_mut(), &t.jwt_jwks) {
+            obj.insert(
+                "jwt_jwks".into(),
+                serde_json::Value::String(self.sealer.seal(&j.to_string())),
+            );
+        }
         if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
             for (u, src) in users.iter_mut().zip(&t.users) {
                 if let (Some(obj), Some(p)) = (u.as_object_mut(), &src.db_password) {
@@ -141,6 +147,10 @@ impl Store {
             if let Some(serde_json::Value::String(s)) = obj.get("jwt_secret") {
                 let plain = self.sealer.open(s)?;
                 obj.insert("jwt_secret".into(), serde_json::Value::String(plain));
+            }
+            if let Some(serde_json::Value::String(s)) = obj.get("jwt_jwks") {
+                let plain: serde_json::Value = serde_json::from_str(&self.sealer.open(s)?)?;
+                obj.insert("jwt_jwks".into(), plain);
             }
         }
         if let Some(users) = v.get_mut("users").and_then(|u| u.as_array_mut()) {
@@ -481,7 +491,8 @@ mod tests {
         let mut t: Tenant = serde_json::from_value(serde_json::json!({
             "db_host": "h", "db_database": "d", "require_user": true,
             "users": [{"db_user": "u", "db_password": "s3cret-pw"}],
-            "jwt_secret": "jwt-s3cret-pw"
+            "jwt_secret": "jwt-s3cret-pw",
+            "jwt_jwks": {"keys": [{"kty": "oct", "kid": "k1", "k": "s3cret-pw-oct"}]}
         }))
         .unwrap();
         t.external_id = "acme".into();

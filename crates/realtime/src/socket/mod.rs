@@ -3,31 +3,33 @@
 //! `ack`, presence `track` and `untrack`, and the replies each gets, written to the
 //! socket's own queue.
 //!
+//! Each channel runs on a token: the one its join carried (`access_token`), else the
+//! socket's. A token update is verified again; a bad one, or the token's expiry, shuts the
+//! channel down with a `system` message saying why and a `phx_close`, as Realtime does.
+//! The tenant's limits are checked on every join and every message from the client.
+//!
 //! Errors use Realtime's `{"reason": ...}` replies where clients match on them; a frame
 //! that is not a Phoenix message is an error for the transport to close the socket with.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::hub::{Frame, Hub, Outbox, SocketId, Subscriber};
+use crate::jwt::{Claims, JwtError, Verifier};
+pub use crate::limits::Limits;
 use crate::protocol::{self, Inbound, Message, Payload, ProtocolError, UserBroadcast, Vsn};
-
-/// The limits a socket is held to.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_channels: usize,
-    /// Bytes of a broadcast's payload.
-    pub max_payload: usize,
-}
 
 pub struct Socket {
     pub id: SocketId,
     pub vsn: Vsn,
     out: Outbox,
-    limits: Limits,
+    verifier: Arc<Verifier>,
+    /// Expiry of the token the socket connected with (seconds since the epoch).
+    socket_exp: i64,
     joined: HashMap<String, Joined>,
 }
 
@@ -36,27 +38,48 @@ struct Joined {
     ack: bool,
     /// The key this socket's presence is tracked under (`presence.key`, or one made up).
     presence_key: String,
+    /// When the channel's token expires (seconds since the epoch).
+    exp: i64,
+}
+
+/// A join config field that is null (as the Python client sends an unset `broadcast`)
+/// reads as its default.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Deserialize, Default)]
 struct JoinPayload {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     config: JoinConfig,
+    #[serde(default, deserialize_with = "null_as_default")]
+    access_token: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 struct JoinConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     broadcast: BroadcastConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     presence: PresenceConfig,
+    #[serde(default, deserialize_with = "null_as_default")]
+    private: bool,
+}
+
+#[derive(Deserialize)]
+struct TokenUpdate {
+    access_token: String,
 }
 
 #[derive(Deserialize, Default)]
 struct PresenceConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     enabled: bool,
 }
 
@@ -70,9 +93,9 @@ struct PresencePush {
 
 #[derive(Deserialize, Default)]
 struct BroadcastConfig {
-    #[serde(rename = "self", default)]
+    #[serde(rename = "self", default, deserialize_with = "null_as_default")]
     receive_own: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     ack: bool,
 }
 
@@ -85,13 +108,39 @@ struct TextBroadcast<'a> {
 }
 
 impl Socket {
-    pub fn new(id: SocketId, vsn: Vsn, out: Outbox, limits: Limits) -> Socket {
+    /// A socket that connected with a token `verifier` accepted, carrying `claims`.
+    pub fn new(
+        id: SocketId,
+        vsn: Vsn,
+        out: Outbox,
+        verifier: Arc<Verifier>,
+        claims: &Claims,
+    ) -> Socket {
         Socket {
             id,
             vsn,
             out,
-            limits,
+            verifier,
+            socket_exp: claims.exp,
             joined: HashMap::new(),
+        }
+    }
+
+    /// When the first of the socket's channels' tokens expires, if it has channels.
+    pub fn expiry(&self) -> Option<i64> {
+        self.joined.values().map(|j| j.exp).min()
+    }
+
+    /// Shuts down every channel whose token has expired by `now`.
+    pub fn expire(&mut self, hub: &Hub, now: i64) {
+        let due: Vec<(String, i64)> = self
+            .joined
+            .iter()
+            .filter(|(_, j)| j.exp <= now)
+            .map(|(t, j)| (t.clone(), j.exp))
+            .collect();
+        for (topic, exp) in due {
+            self.shut_down(hub, &topic, &JwtError::Expired(now - exp).to_string());
         }
     }
 
@@ -151,26 +200,30 @@ impl Socket {
                 };
                 self.on_broadcast(hub, b);
             }
-            (_, "presence") => self.presence(hub, m),
-            // The token is checked by the transport, which knows the tenant's keys.
-            (_, "access_token") => {}
+            (_, "presence") => {
+                if self.metered(hub, &m.topic, 0) {
+                    self.presence(hub, m)
+                }
+            }
+            (_, "access_token") => {
+                if self.metered(hub, &m.topic, 0) {
+                    self.token_update(hub, m)
+                }
+            }
             _ => self.reply(&m, "error", r#"{"reason":"unknown event"}"#),
         }
     }
 
     fn join(&mut self, hub: &Hub, m: Message) {
-        if !self.joined.contains_key(&m.topic) && self.joined.len() >= self.limits.max_channels {
-            return self.reply(
-                &m,
-                "error",
-                r#"{"reason":"Too many channels: max_channels_per_client reached"}"#,
-            );
-        }
-        let config = match &m.payload {
+        let join = match &m.payload {
             Payload::Json(p) => serde_json::from_slice::<JoinPayload>(p).unwrap_or_default(),
             Payload::Binary(_) => JoinPayload::default(),
-        }
-        .config;
+        };
+        let exp = match self.admit(hub, &m.topic, &join) {
+            Ok(exp) => exp,
+            Err(reason) => return self.reply(&m, "error", &reason_json(&reason)),
+        };
+        let config = join.config;
         let subscriber = Subscriber {
             socket: self.id,
             join_ref: m.join_ref.clone(),
@@ -190,6 +243,7 @@ impl Socket {
                 join_ref: m.join_ref.clone(),
                 ack: config.broadcast.ack,
                 presence_key,
+                exp,
             },
         );
         // The reply first, then the subscription (which queues the presence state), as
@@ -241,7 +295,7 @@ impl Socket {
         }
         hub.leave(&m.topic, self.id);
         self.reply(&m, "ok", "{}");
-        self.send(Message {
+        self.send(&Message {
             join_ref: m.join_ref,
             msg_ref: m.msg_ref,
             topic: m.topic,
@@ -264,7 +318,10 @@ impl Socket {
         let size = match &b.payload {
             Payload::Json(p) | Payload::Binary(p) => p.len(),
         };
-        if size > self.limits.max_payload {
+        if !self.metered(hub, &b.topic, size) {
+            return;
+        }
+        if size > hub.meter().limits().max_payload {
             return self.reply_to(
                 &b.topic,
                 b.join_ref,
@@ -298,7 +355,7 @@ impl Socket {
         response: &str,
     ) {
         let payload = format!("{{\"status\":\"{status}\",\"response\":{response}}}");
-        self.send(Message {
+        self.send(&Message {
             join_ref,
             msg_ref,
             topic: topic.to_owned(),
@@ -307,8 +364,8 @@ impl Socket {
         });
     }
 
-    fn send(&self, m: Message) {
-        if let Some(t) = protocol::encode_text(self.vsn, &m) {
+    fn send(&self, m: &Message) {
+        if let Some(t) = protocol::encode_text(self.vsn, m) {
             self.out.push(Frame::Text(t.into()));
         }
     }
@@ -333,131 +390,8 @@ fn made_up_key(socket: SocketId) -> String {
     )
 }
 
+mod checks;
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests;
 
-    const LIMITS: Limits = Limits {
-        max_channels: 2,
-        max_payload: 64,
-    };
-
-    fn socket(id: SocketId, vsn: Vsn) -> (Socket, tokio::sync::mpsc::Receiver<Frame>) {
-        let (out, rx) = Outbox::new(16);
-        (Socket::new(id, vsn, out, LIMITS), rx)
-    }
-
-    fn texts(rx: &mut tokio::sync::mpsc::Receiver<Frame>) -> Vec<String> {
-        let mut v = Vec::new();
-        while let Ok(f) = rx.try_recv() {
-            v.push(match f {
-                Frame::Text(t) => t.to_string(),
-                Frame::Binary(b) => format!("binary {:?}", &b[..]),
-            });
-        }
-        v
-    }
-
-    #[test]
-    fn heartbeats_joins_and_leaves_get_their_replies() {
-        let hub = Hub::default();
-        let (mut s, mut rx) = socket(1, Vsn::V2);
-        s.on_text(&hub, r#"[null,"1","phoenix","heartbeat",{}]"#)
-            .unwrap();
-        s.on_text(
-            &hub,
-            r#"["2","2","realtime:room","phx_join",{"config":{"broadcast":{"self":true,"ack":true}},"access_token":"x"}]"#,
-        )
-        .unwrap();
-        assert_eq!(hub.subscribers("realtime:room"), 1);
-        s.on_text(&hub, r#"["2","3","realtime:nope","broadcast",{"type":"broadcast","event":"e","payload":{}}]"#)
-            .unwrap();
-        s.on_text(&hub, r#"["2","4","realtime:room","phx_leave",{}]"#)
-            .unwrap();
-        assert_eq!(
-            texts(&mut rx),
-            vec![
-                r#"[null,"1","phoenix","phx_reply",{"status":"ok","response":{}}]"#,
-                r#"["2","2","realtime:room","phx_reply",{"status":"ok","response":{"postgres_changes":[]}}]"#,
-                r#"["2","3","realtime:nope","phx_reply",{"status":"error","response":{"reason":"unmatched topic"}}]"#,
-                r#"["2","4","realtime:room","phx_reply",{"status":"ok","response":{}}]"#,
-                r#"["2","4","realtime:room","phx_close",{}]"#,
-            ]
-        );
-        assert_eq!(hub.subscribers("realtime:room"), 0);
-        assert!(s.on_text(&hub, "not a frame").is_err());
-    }
-
-    #[test]
-    fn broadcasts_go_to_the_others_with_self_and_ack_as_asked() {
-        let hub = Hub::default();
-        let (mut a, mut ra) = socket(1, Vsn::V1);
-        let (mut b, mut rb) = socket(2, Vsn::V2);
-        a.on_text(
-            &hub,
-            r#"{"topic":"realtime:room","event":"phx_join","payload":{"config":{"broadcast":{"ack":true}}},"ref":"1","join_ref":"1"}"#,
-        )
-        .unwrap();
-        b.on_text(
-            &hub,
-            r#"["1","1","realtime:room","phx_join",{"config":{"broadcast":{"self":true}}}]"#,
-        )
-        .unwrap();
-        texts(&mut ra);
-        texts(&mut rb);
-        a.on_text(
-            &hub,
-            r#"{"topic":"realtime:room","event":"broadcast","payload":{"type":"broadcast","event":"hi","payload":{"x":1}},"ref":"2","join_ref":"1"}"#,
-        )
-        .unwrap();
-        // `a` did not ask for its own, but asked for an ack.
-        assert_eq!(
-            texts(&mut ra),
-            vec![
-                r#"{"topic":"realtime:room","event":"phx_reply","payload":{"status":"ok","response":{}},"ref":"2","join_ref":"1"}"#
-            ]
-        );
-        let got = texts(&mut rb);
-        assert_eq!(got.len(), 1);
-        assert!(got[0].starts_with("binary [4, 13, 2, 0, 1"), "{got:?}");
-        // A 2.0 binary push from `b` reaches `a` as 1.0 text, and `b` itself (`self`).
-        let mut push = vec![3, 1, 1, 13, 2, 0, 1];
-        push.extend_from_slice(b"12realtime:roomyo");
-        push.extend_from_slice(br#"{"y":2}"#);
-        b.on_binary(&hub, &push).unwrap();
-        assert_eq!(
-            texts(&mut ra),
-            vec![
-                r#"{"topic":"realtime:room","event":"broadcast","payload":{"type":"broadcast","event":"yo","payload":{"y":2}},"ref":null,"join_ref":null}"#
-            ]
-        );
-        assert_eq!(texts(&mut rb).len(), 1);
-    }
-
-    #[test]
-    fn limits_refuse_with_a_reason() {
-        let hub = Hub::default();
-        let (mut s, mut rx) = socket(1, Vsn::V2);
-        for t in ["a", "b", "c"] {
-            s.on_text(&hub, &format!(r#"["{t}","{t}","{t}","phx_join",{{}}]"#))
-                .unwrap();
-        }
-        assert_eq!(s.channels(), 2);
-        let big = "x".repeat(100);
-        s.on_text(
-            &hub,
-            &format!(
-                r#"["a","9","a","broadcast",{{"type":"broadcast","event":"e","payload":"{big}"}}]"#
-            ),
-        )
-        .unwrap();
-        let replies = texts(&mut rx);
-        assert!(
-            replies[2].contains("max_channels_per_client"),
-            "{replies:?}"
-        );
-        assert!(replies[3].contains("max_payload_size_in_kb"), "{replies:?}");
-        s.close(&hub);
-        assert_eq!(hub.topics(), 0);
-    }
-}
+use checks::reason_json;
