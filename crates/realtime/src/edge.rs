@@ -129,12 +129,7 @@ impl Service {
 
     /// Tenant `id`'s channels.
     pub fn hub(&self, id: &str) -> Arc<Hub> {
-        self.hubs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(id.to_owned())
-            .or_default()
-            .clone()
+        self.lock_hubs().entry(id.to_owned()).or_default().clone()
     }
 
     /// The tenant's channels and keys, and the token's claims, when `token` is one of its
@@ -179,6 +174,34 @@ impl Service {
         let hub = self.hub(&tenant);
         hub.meter().set_limits(keys.limits);
         Ok(Admitted { hub, keys, claims })
+    }
+
+    /// Tenant `id` changed: its limits apply to its sockets from now on, and if it is gone
+    /// or disabled, its sockets end.
+    pub fn tenant_changed(&self, id: &str) {
+        let Some(hub) = self.existing_hub(id) else {
+            return;
+        };
+        match self.directory.tenant(id) {
+            Lookup::Found(keys) => hub.meter().set_limits(keys.limits),
+            Lookup::Disabled | Lookup::NotFound => hub.end_sockets(),
+        }
+    }
+
+    /// Tenant `id`'s clients were ended (a ban, an operator's terminate): so are its
+    /// sockets.
+    pub fn tenant_ended(&self, id: &str) {
+        if let Some(hub) = self.existing_hub(id) {
+            hub.end_sockets();
+        }
+    }
+
+    fn lock_hubs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Hub>>> {
+        self.hubs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn existing_hub(&self, id: &str) -> Option<Arc<Hub>> {
+        self.lock_hubs().get(id).cloned()
     }
 
     pub(crate) fn tenant_of(&self, headers: &HeaderMap) -> Option<String> {
@@ -305,6 +328,7 @@ async fn run(
     heartbeat: Duration,
 ) {
     let hub = seat.0.clone();
+    let mut ended = hub.ended();
     let (mut sink, mut stream) = ws.split();
     let mut last_heard = tokio::time::Instant::now();
     let close = loop {
@@ -335,6 +359,9 @@ async fn run(
                 }
             }
             () = until_epoch(socket.expiry()) => socket.expire(&hub, crate::jwt::now()),
+            _ = ended.changed() => {
+                break Some((1008, "the tenant was disabled, deleted or its clients terminated".into()));
+            }
             () = tokio::time::sleep_until(last_heard + heartbeat) => {
                 break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));
             }

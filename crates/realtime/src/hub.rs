@@ -122,6 +122,8 @@ pub struct Delivery {
 pub struct Hub {
     topics: Mutex<HashMap<String, Topic>>,
     meter: crate::limits::Meter,
+    /// Bumped when the tenant's sockets must all end (banned, deleted, terminated).
+    ended: tokio::sync::watch::Sender<u64>,
     /// Presence refs handed out.
     next_ref: std::sync::atomic::AtomicU64,
 }
@@ -129,6 +131,16 @@ pub struct Hub {
 impl Hub {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Topic>> {
         self.topics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends every socket of the tenant (each closes itself on hearing of it).
+    pub fn end_sockets(&self) {
+        self.ended.send_modify(|n| *n += 1);
+    }
+
+    /// Hears of [`Hub::end_sockets`] calls made from now on.
+    pub fn ended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ended.subscribe()
     }
 
     /// The tenant's limits and the meters against them.

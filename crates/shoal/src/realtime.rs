@@ -10,6 +10,7 @@ use shoal_realtime::jwt::Verifier;
 use shoal_realtime::limits::Limits;
 
 use crate::app::App;
+use crate::route::TenantEvent;
 
 struct Tenants(Arc<App>);
 
@@ -20,7 +21,7 @@ impl Directory for Tenants {
         };
         let t = &route.tenant;
         let verifier = Verifier::new(t.jwt_secret.as_deref(), t.jwt_jwks.as_ref());
-        if t.banned || verifier.is_empty() {
+        if t.banned_at(std::time::SystemTime::now()) || verifier.is_empty() {
             return Lookup::Disabled;
         }
         let defaults = Limits::default();
@@ -60,6 +61,18 @@ pub async fn start(app: &Arc<App>) -> std::io::Result<Option<SocketAddr>> {
         heartbeat_timeout: std::time::Duration::from_secs_f64(section.heartbeat_timeout),
     };
     let service = Service::new(Arc::new(Tenants(app.clone())), options);
+    // Tenant changes reach the service as the pooler applies them (weakly: the service
+    // holds the app).
+    let weak = Arc::downgrade(&service);
+    app.routes.on_tenant_event(move |e| {
+        let Some(service) = weak.upgrade() else {
+            return;
+        };
+        match e {
+            TenantEvent::Changed(id) => service.tenant_changed(id),
+            TenantEvent::Ended(id) => service.tenant_ended(id),
+        }
+    });
     tracing::info!(%addr, "realtime listening");
     crate::control::spawn(crate::api::serve(
         listener,

@@ -160,6 +160,18 @@ pub struct Registry {
         Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
     /// How pools made from now on reach their servers, when not by host and port.
     dial: std::sync::OnceLock<Arc<dyn crate::server::Dial>>,
+    /// Told of tenants changed or ended, for the services beside the pooler (realtime),
+    /// before the change is acknowledged.
+    tenant_listeners: RwLock<Vec<TenantListener>>,
+}
+
+type TenantListener = Box<dyn Fn(&TenantEvent) + Send + Sync>;
+
+/// A tenant changed (put, removed) or had its clients ended (ban, terminate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantEvent {
+    Changed(String),
+    Ended(String),
 }
 
 impl Registry {
@@ -167,6 +179,7 @@ impl Registry {
         Registry {
             config: RwLock::new(Arc::new(config)),
             tenants: Tenants::default(),
+            tenant_listeners: RwLock::default(),
             pools: Mutex::new(HashMap::new()),
             paused: Mutex::new(Default::default()),
             retired: Mutex::new(Vec::new()),
@@ -527,6 +540,26 @@ impl Registry {
         }
     }
 
+    /// Calls `f` on every tenant change from now on, synchronously (so a change is in
+    /// force everywhere when the API answers).
+    pub fn on_tenant_event(&self, f: impl Fn(&TenantEvent) + Send + Sync + 'static) {
+        self.tenant_listeners
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(f));
+    }
+
+    fn tenant_event(&self, e: &TenantEvent) {
+        for f in self
+            .tenant_listeners
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            f(e);
+        }
+    }
+
     /// Adds or replaces a tenant. Its pools whose upstream or credentials changed are
     /// replaced (attached clients stay on the old pool until they leave); pools whose only
     /// change is their size are resized in place; pools of users no longer listed end.
@@ -541,6 +574,7 @@ impl Registry {
             .collect();
         let auth_query = database.auth_query.is_some();
         self.tenants.insert(route);
+        self.tenant_event(&TenantEvent::Changed(id.clone()));
         for pool in self.tenant_pools(&id) {
             let user = pool_user(&pool);
             let listed = new_users.get(&user);
@@ -677,11 +711,13 @@ impl Registry {
     pub async fn remove_tenant(&self, id: &str, reason: &str) -> Option<usize> {
         let old = self.tenants.remove(id)?;
         drop(old);
+        self.tenant_event(&TenantEvent::Changed(id.to_owned()));
         Some(self.end_tenant_pools(id, reason).await)
     }
 
     /// Ends every pool of a tenant (ban, terminate); returns how many clients were told.
     pub async fn end_tenant_pools(&self, id: &str, reason: &str) -> usize {
+        self.tenant_event(&TenantEvent::Ended(id.to_owned()));
         let mut n = 0;
         for pool in self.tenant_pools(id) {
             n += self.end_pool(&pool, reason).await;

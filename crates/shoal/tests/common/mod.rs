@@ -8,6 +8,8 @@
 pub mod etcd;
 #[allow(dead_code)]
 pub mod fake_pg;
+#[allow(dead_code)]
+pub mod phoenix;
 pub mod raw;
 #[allow(dead_code)]
 pub mod replication;
