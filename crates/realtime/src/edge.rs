@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::{SinkExt, StreamExt};
 
-use crate::hub::{Frame, Hub, Outbox};
+use crate::hub::{Ending, Frame, Hub, Outbox};
 use crate::jwt::{Claims, JwtError, Verifier};
 use crate::limits::Limits;
 use crate::protocol::Vsn;
@@ -107,6 +107,9 @@ pub(crate) struct Admitted {
 /// Frames a socket may have queued before it counts as too slow.
 pub const SOCKET_QUEUE: usize = 1024;
 
+/// Bytes read from a socket at a time.
+const READ_BUFFER: usize = 1024;
+
 const TOO_SLOW: &str = "too slow: the socket's send queue is full";
 
 pub struct Service {
@@ -114,6 +117,7 @@ pub struct Service {
     options: Options,
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
     next_socket: AtomicU64,
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Service {
@@ -124,6 +128,7 @@ impl Service {
             options,
             hubs: Mutex::default(),
             next_socket: AtomicU64::new(1),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -184,7 +189,7 @@ impl Service {
         };
         match self.directory.tenant(id) {
             Lookup::Found(keys) => hub.meter().set_limits(keys.limits),
-            Lookup::Disabled | Lookup::NotFound => hub.end_sockets(),
+            Lookup::Disabled | Lookup::NotFound => hub.end_sockets(Ending::TENANT),
         }
     }
 
@@ -192,8 +197,23 @@ impl Service {
     /// sockets.
     pub fn tenant_ended(&self, id: &str) {
         if let Some(hub) = self.existing_hub(id) {
-            hub.end_sockets();
+            hub.end_sockets(Ending::TENANT);
         }
+    }
+
+    /// The service stops: every socket is closed with 1012 (service restart), and sockets
+    /// still being accepted are refused the same way.
+    pub fn shut_down(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let hubs: Vec<Arc<Hub>> = self.lock_hubs().values().cloned().collect();
+        for hub in hubs {
+            hub.end_sockets(Ending::RESTART);
+        }
+    }
+
+    /// Sockets connected, all tenants together.
+    pub fn sockets(&self) -> usize {
+        self.lock_hubs().values().map(|h| h.meter().users()).sum()
     }
 
     fn lock_hubs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Hub>>> {
@@ -271,6 +291,10 @@ fn accept(
         return Refusal::new(StatusCode::BAD_REQUEST, "vsn must be 1.0.0 or 2.0.0")
             .upgrade_response();
     };
+    if svc.stopping.load(Ordering::SeqCst) {
+        return Refusal::new(StatusCode::SERVICE_UNAVAILABLE, Ending::RESTART.reason)
+            .upgrade_response();
+    }
     let admitted = match svc.authorize(tenant, token.as_deref()) {
         Ok(a) => a,
         Err(r) => return r.upgrade_response(),
@@ -295,6 +319,11 @@ fn accept(
     let largest = admitted.keys.limits.max_payload.saturating_add(64 * 1024);
     ws.max_message_size(largest)
         .max_frame_size(largest)
+        // tungstenite allocates its read buffer up front (128 KiB by default): an idle
+        // socket should cost little, and a bigger frame grows it as it comes.
+        .read_buffer_size(READ_BUFFER)
+        // Frames are written as they come; the queue in front already batches nothing.
+        .write_buffer_size(0)
         .on_upgrade(move |ws| run(ws, seat, socket, queue, out, heartbeat))
 }
 
@@ -329,9 +358,14 @@ async fn run(
 ) {
     let hub = seat.0.clone();
     let mut ended = hub.ended();
+    // A restart announced while this socket was being upgraded.
+    let restarting = *ended.borrow() == Some(Ending::RESTART);
     let (mut sink, mut stream) = ws.split();
     let mut last_heard = tokio::time::Instant::now();
     let close = loop {
+        if restarting {
+            break Some((Ending::RESTART.code, Ending::RESTART.reason.into()));
+        }
         tokio::select! {
             incoming = stream.next() => {
                 last_heard = tokio::time::Instant::now();
@@ -360,7 +394,8 @@ async fn run(
             }
             () = until_epoch(socket.expiry()) => socket.expire(&hub, crate::jwt::now()),
             _ = ended.changed() => {
-                break Some((1008, "the tenant was disabled, deleted or its clients terminated".into()));
+                let why = (*ended.borrow()).unwrap_or(Ending::TENANT);
+                break Some((why.code, why.reason.into()));
             }
             () = tokio::time::sleep_until(last_heard + heartbeat) => {
                 break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));

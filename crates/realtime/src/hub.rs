@@ -17,6 +17,27 @@ use crate::protocol::{self, UserBroadcast, Vsn};
 
 pub type SocketId = u64;
 
+/// Why every socket of a tenant is closed: the WebSocket close code and reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ending {
+    pub code: u16,
+    pub reason: &'static str,
+}
+
+impl Ending {
+    /// The tenant was banned, deleted or its clients terminated (1008: policy violation).
+    pub const TENANT: Ending = Ending {
+        code: 1008,
+        reason: "the tenant was disabled, deleted or its clients terminated",
+    };
+    /// The service is stopping or handing over to a new process (1012: service restart;
+    /// the official clients reconnect).
+    pub const RESTART: Ending = Ending {
+        code: 1012,
+        reason: "Shoal is restarting: reconnect",
+    };
+}
+
 /// A frame ready to be written to a socket, shared by every socket it goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -122,8 +143,9 @@ pub struct Delivery {
 pub struct Hub {
     topics: Mutex<HashMap<String, Topic>>,
     meter: crate::limits::Meter,
-    /// Bumped when the tenant's sockets must all end (banned, deleted, terminated).
-    ended: tokio::sync::watch::Sender<u64>,
+    /// Set when the tenant's sockets must all end (banned, deleted, terminated, or the
+    /// service stopping): the close code and reason they end with.
+    ended: tokio::sync::watch::Sender<Option<Ending>>,
     /// Presence refs handed out.
     next_ref: std::sync::atomic::AtomicU64,
 }
@@ -134,12 +156,12 @@ impl Hub {
     }
 
     /// Ends every socket of the tenant (each closes itself on hearing of it).
-    pub fn end_sockets(&self) {
-        self.ended.send_modify(|n| *n += 1);
+    pub fn end_sockets(&self, why: Ending) {
+        self.ended.send_replace(Some(why));
     }
 
     /// Hears of [`Hub::end_sockets`] calls made from now on.
-    pub fn ended(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub fn ended(&self) -> tokio::sync::watch::Receiver<Option<Ending>> {
         self.ended.subscribe()
     }
 

@@ -42,20 +42,31 @@ impl Directory for Tenants {
     }
 }
 
-/// Starts the WebSocket service when `[realtime]` is configured; its address.
-pub async fn start(app: &Arc<App>) -> std::io::Result<Option<SocketAddr>> {
+/// Starts the WebSocket service when `[realtime]` is configured, on `inherited` (a
+/// previous process's socket) or its own; its address and socket. When Shoal shuts down
+/// (or hands over to a new process), every socket is closed with 1012 (service restart),
+/// which the official clients answer by reconnecting: to the new process, after an upgrade.
+pub async fn start(
+    app: &Arc<App>,
+    inherited: Option<tokio::net::TcpListener>,
+) -> std::io::Result<Option<(SocketAddr, std::os::fd::RawFd, Arc<Service>)>> {
+    use std::os::fd::AsRawFd;
     let Some(section) = app.config.realtime.clone() else {
         return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(section.listen)
-        .await
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen on {} (realtime.listen): {e}", section.listen),
-            )
-        })?;
+    let listener = match inherited {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind(section.listen)
+            .await
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {} (realtime.listen): {e}", section.listen),
+                )
+            })?,
+    };
     let addr = listener.local_addr()?;
+    let fd = listener.as_raw_fd();
     let options = Options {
         tenant_header: section.tenant_header,
         heartbeat_timeout: std::time::Duration::from_secs_f64(section.heartbeat_timeout),
@@ -74,9 +85,21 @@ pub async fn start(app: &Arc<App>) -> std::io::Result<Option<SocketAddr>> {
         }
     });
     tracing::info!(%addr, "realtime listening");
-    crate::control::spawn(crate::api::serve(
+    let mut shutdown = app.lifecycle.shutdown.clone();
+    let stopping = service.clone();
+    let serving = crate::control::spawn(crate::api::serve(
         listener,
-        shoal_realtime::edge::router(service),
+        shoal_realtime::edge::router(service.clone()),
     ));
-    Ok(Some(addr))
+    crate::control::spawn(async move {
+        while !*shutdown.borrow_and_update() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        // No new sockets here (the listener stays open for a process taking over).
+        serving.abort();
+        stopping.shut_down();
+    });
+    Ok(Some((addr, fd, service)))
 }

@@ -25,6 +25,7 @@ pub struct Listeners {
     /// (otherwise bound from `[api]` and `[metrics]`).
     pub api: Option<tokio::net::TcpListener>,
     pub metrics: Option<tokio::net::TcpListener>,
+    pub realtime: Option<tokio::net::TcpListener>,
     /// Listening sockets of the other shards (per-core data plane), by shard.
     pub shard_tcp: Vec<(usize, std::net::TcpListener)>,
 }
@@ -52,6 +53,7 @@ impl Listeners {
                 .push((tokio::net::UnixListener::from_std(l)?, path));
         }
         out.api = i.api.map(tcp).transpose()?;
+        out.realtime = i.realtime.map(tcp).transpose()?;
         out.metrics = i.metrics.map(tcp).transpose()?;
         Ok(out)
     }
@@ -243,8 +245,10 @@ async fn serve_with(
         ready.push_str(&format!("api {api}\n"));
         sockets.push((Role::Api, fd));
     }
-    if let Some(addr) = crate::realtime::start(&app).await? {
+    let realtime = crate::realtime::start(&app, listeners.realtime.take()).await?;
+    if let Some((addr, fd, _)) = &realtime {
         ready.push_str(&format!("realtime {addr}\n"));
+        sockets.push((Role::Realtime, *fd));
     }
     if let Some(addr) = app.config.metrics.listen {
         let listener = match listeners.metrics {
@@ -345,6 +349,14 @@ async fn serve_with(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tracing::info!(notified, "clients told of the shutdown");
+    if let Some((_, _, service)) = &realtime {
+        // Realtime sockets were told to reconnect (1012) when the shutdown began; their
+        // close frames go out before the process does.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while service.sockets() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     for pool in app.routes.pools() {
         pool.close_idle().await;
     }

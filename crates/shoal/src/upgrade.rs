@@ -2,7 +2,7 @@
 //! listening sockets through a Unix control socket (`--upgrade-socket PATH`).
 //!
 //! The running process listens on PATH. A new process started with the same flag connects,
-//! receives every listening socket (PostgreSQL, Unix, API, metrics) with `SCM_RIGHTS`, starts
+//! receives every listening socket (PostgreSQL, Unix, API, metrics, realtime) with `SCM_RIGHTS`, starts
 //! accepting on them, and answers `ok`; only then does the old process stop accepting. It
 //! then hands each transaction-mode client over at its next transaction boundary, socket and
 //! session state, on the same line (see [`crate::handoff`]); running transactions finish
@@ -33,6 +33,7 @@ pub enum Role {
     },
     Api,
     Metrics,
+    Realtime,
 }
 
 /// Sockets received from the previous process.
@@ -43,6 +44,7 @@ pub struct Inherited {
     pub unix: Vec<(std::os::unix::net::UnixListener, PathBuf)>,
     pub api: Option<std::net::TcpListener>,
     pub metrics: Option<std::net::TcpListener>,
+    pub realtime: Option<std::net::TcpListener>,
 }
 
 /// The new process's side of a takeover: the sockets, and the line to tell the old process
@@ -79,6 +81,7 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
             Role::Tcp { shard } => inherited.tcp.push((shard, std::net::TcpListener::from(fd))),
             Role::Api => inherited.api = Some(std::net::TcpListener::from(fd)),
             Role::Metrics => inherited.metrics = Some(std::net::TcpListener::from(fd)),
+            Role::Realtime => inherited.realtime = Some(std::net::TcpListener::from(fd)),
             Role::Unix { path } => inherited
                 .unix
                 .push((std::os::unix::net::UnixListener::from(fd), path)),
@@ -89,6 +92,7 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
         unix = inherited.unix.len(),
         api = inherited.api.is_some(),
         metrics = inherited.metrics.is_some(),
+        realtime = inherited.realtime.is_some(),
         "took over the listening sockets of the running process"
     );
     Ok(Some(Takeover { inherited, control }))

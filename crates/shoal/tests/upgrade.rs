@@ -345,3 +345,76 @@ async fn a_client_the_new_process_refuses_stays_served() {
         "leaves once its last client has"
     );
 }
+
+/// Realtime sockets through an upgrade: the new process takes the realtime listener, the
+/// old one closes its sockets with 1012 (service restart, which the official clients
+/// answer by reconnecting), and a socket opened again on the same address is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_sockets_are_told_to_reconnect_and_the_new_process_serves_them() {
+    use common::phoenix::{Ended, Phx};
+    let secret = "upgrade-realtime-jwt-secret-0123456789";
+    let data = tempfile::tempdir().unwrap();
+    let rt_port = free_port();
+    let config = base_config(
+        pg(),
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n[realtime]\nlisten = \"127.0.0.1:{rt_port}\"\n",
+            data.path().display()
+        ),
+    );
+    let env = [
+        ("SHOAL_API_TOKEN", API_TEST_TOKEN),
+        ("API_JWT_SECRET", "unused-secret-0123456789"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("upgrade.sock");
+    let control = control.to_str().unwrap().to_owned();
+    let mut old = Shoal::start_with_args(&config, &env, &["--upgrade-socket", &control]);
+    let (status, body) = api(
+        &old,
+        "PUT",
+        "/api/tenants/acme",
+        &tenant_body(pg(), "app", serde_json::json!({ "jwt_secret": secret })),
+    );
+    assert_eq!(status, 201, "{body}");
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &serde_json::json!({"role": "anon", "exp": exp}),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap();
+    let rt = old.realtime.expect("realtime listens");
+    let mut before = Phx::connect(rt, "acme", &token).await.unwrap();
+    assert_eq!(
+        before.join("realtime:room", serde_json::json!({})).await["status"],
+        "ok"
+    );
+
+    let new = Shoal::start_with_args(&config, &env, &["--upgrade-socket", &control]);
+    assert_eq!(new.realtime, Some(rt), "the same address");
+    match before.ended().await {
+        Ended::Closed(Some(f)) => assert_eq!(u16::from(f.code), 1012, "{f:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(old.wait(Duration::from_secs(30)), Some(true));
+    let mut a = Phx::connect(rt, "acme", &token).await.unwrap();
+    let mut b = Phx::connect(rt, "acme", &token).await.unwrap();
+    assert_eq!(
+        a.join("realtime:room", serde_json::json!({})).await["status"],
+        "ok"
+    );
+    assert_eq!(
+        b.join("realtime:room", serde_json::json!({})).await["status"],
+        "ok"
+    );
+    a.broadcast("realtime:room", "hello", serde_json::json!({"n": 1}))
+        .await;
+    let m = b.until(|m| m["event"] == "broadcast").await;
+    assert_eq!(m["payload"]["payload"]["n"], 1, "{m}");
+}

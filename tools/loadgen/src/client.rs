@@ -8,22 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use base64::Engine;
 use bytes::BytesMut;
-use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
 use hdrhistogram::Histogram;
+use loadgen::hist::encode_hist;
+use loadgen::net::bound_socket;
 
 use shoal_wire::backend::{self, AuthRequest};
 use shoal_wire::{frontend, md5, scram, Frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpSocket;
 use tokio_rustls::TlsConnector;
 
 use crate::{Args, Report};
-
-/// Connections per source address (each address has ~28k ephemeral ports towards one
-/// destination).
-const PER_SOURCE: usize = 10_000;
 
 /// SCRAM salted passwords by (salt, iterations): PBKDF2 runs once per distinct salt.
 type SaltedCache = HashMap<(Vec<u8>, u32), [u8; 32]>;
@@ -84,17 +79,6 @@ impl Stats {
     }
 }
 
-fn encode_hist(h: &Histogram<u64>) -> String {
-    let mut buf = Vec::new();
-    let _ = V2Serializer::new().serialize(h, &mut buf);
-    base64::engine::general_purpose::STANDARD.encode(buf)
-}
-
-pub fn decode_hist(s: &str) -> anyhow::Result<Histogram<u64>> {
-    let bytes = base64::engine::general_purpose::STANDARD.decode(s)?;
-    Ok(Deserializer::new().deserialize(&mut bytes.as_slice())?)
-}
-
 pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Result<()> {
     let mine = args.connections / workers + usize::from(index < args.connections % workers);
     let stats = Arc::new(Stats::default());
@@ -136,12 +120,7 @@ pub async fn run_worker(args: Args, index: usize, workers: usize) -> anyhow::Res
             let due = started + Duration::from_secs_f64(k as f64 / per_worker_rate);
             tokio::time::sleep_until(due.into()).await;
         }
-        let source = Ipv4Addr::new(
-            127,
-            args.source_octet,
-            (index + 1) as u8,
-            (k / PER_SOURCE + 1) as u8,
-        );
+        let source = loadgen::net::source_addr(args.source_octet, index, k);
         stats.attempted.fetch_add(1, Ordering::Relaxed);
         tasks.push(tokio::spawn(connection(
             args.clone(),
@@ -249,31 +228,6 @@ async fn start_tls(
     anyhow::ensure!(answer[0] == b'S', "server refused TLS");
     let name = rustls::pki_types::ServerName::try_from(args.tls_server_name.clone())?;
     Ok(connector.connect(name, stream).await?)
-}
-
-fn bound_socket(source: Ipv4Addr) -> std::io::Result<TcpSocket> {
-    let socket = TcpSocket::new_v4()?;
-    set_bind_no_port(&socket);
-    socket.bind(SocketAddr::new(source.into(), 0))?;
-    Ok(socket)
-}
-
-/// Lets the kernel choose the source port at connect time, per destination, instead of at
-/// bind time: many more connections per source address.
-#[allow(unsafe_code)]
-fn set_bind_no_port(socket: &TcpSocket) {
-    use std::os::fd::AsRawFd;
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt on a valid socket descriptor with a correctly sized int option.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
 }
 
 async fn connection(

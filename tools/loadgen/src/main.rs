@@ -226,7 +226,7 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     let mut errors = BTreeMap::new();
     for r in &latest {
         if let Some(h) = &r.hist {
-            hist.add(client::decode_hist(h)?)?;
+            hist.add(loadgen::hist::decode_hist(h)?)?;
         }
         for (k, v) in &r.errors {
             *errors.entry(k.clone()).or_insert(0) += v;
