@@ -70,6 +70,24 @@ impl Default for Options {
     }
 }
 
+/// One tenant's realtime numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantStats {
+    pub tenant: String,
+    pub sockets: u64,
+    /// Topics with at least one subscriber.
+    pub channels: u64,
+    /// Messages from clients (over sockets and HTTP).
+    pub messages: u64,
+    pub joins: u64,
+    /// Sockets, joins and messages refused for a tenant limit.
+    pub limited: u64,
+    /// Frames queued to subscribers by broadcasts.
+    pub delivered: u64,
+    /// Subscribers found too slow (then closed).
+    pub slow: u64,
+}
+
 /// A request turned away: its status and Realtime's text.
 #[derive(Debug)]
 pub struct Refusal {
@@ -209,6 +227,31 @@ impl Service {
         for hub in hubs {
             hub.end_sockets(Ending::RESTART);
         }
+    }
+
+    /// Each tenant's numbers, for metrics.
+    pub fn stats(&self) -> Vec<TenantStats> {
+        let hubs: Vec<(String, Arc<Hub>)> = self
+            .lock_hubs()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut rows: Vec<TenantStats> = hubs
+            .into_iter()
+            .map(|(tenant, h)| TenantStats {
+                sockets: h.meter().users() as u64,
+                channels: h.topics() as u64,
+                messages: load(&h.meter().messages),
+                joins: load(&h.meter().joins),
+                limited: load(&h.meter().limited),
+                delivered: load(&h.delivered),
+                slow: load(&h.slow),
+                tenant,
+            })
+            .collect();
+        rows.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        rows
     }
 
     /// Sockets connected, all tenants together.

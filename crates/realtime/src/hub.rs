@@ -148,6 +148,9 @@ pub struct Hub {
     ended: tokio::sync::watch::Sender<Option<Ending>>,
     /// Presence refs handed out.
     next_ref: std::sync::atomic::AtomicU64,
+    /// Frames queued to subscribers by broadcasts, and subscribers found too slow.
+    pub delivered: std::sync::atomic::AtomicU64,
+    pub slow: std::sync::atomic::AtomicU64,
 }
 
 impl Hub {
@@ -297,6 +300,10 @@ impl Hub {
                 d.slow.push(s.socket);
             }
         }
+        self.delivered
+            .fetch_add(d.delivered as u64, std::sync::atomic::Ordering::Relaxed);
+        self.slow
+            .fetch_add(d.slow.len() as u64, std::sync::atomic::Ordering::Relaxed);
         d
     }
 }

@@ -96,6 +96,10 @@ pub struct Meter {
     limits: Mutex<Limits>,
     users: AtomicUsize,
     buckets: Mutex<Buckets>,
+    /// Counts for metrics: messages from clients, joins, and refusals for a limit.
+    pub messages: std::sync::atomic::AtomicU64,
+    pub joins: std::sync::atomic::AtomicU64,
+    pub limited: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Meter {
@@ -109,6 +113,9 @@ impl Default for Meter {
                 events: Bucket::full(now),
                 bytes: Bucket::full(now),
             }),
+            messages: Default::default(),
+            joins: Default::default(),
+            limited: Default::default(),
         }
     }
 }
@@ -135,7 +142,12 @@ impl Meter {
                 (n < max).then_some(n + 1)
             })
             .map(|_| ())
-            .map_err(|_| Over::Users)
+            .map_err(|_| self.over(Over::Users))
+    }
+
+    fn over(&self, over: Over) -> Over {
+        self.limited.fetch_add(1, Ordering::Relaxed);
+        over
     }
 
     pub fn user_left(&self) {
@@ -143,6 +155,7 @@ impl Meter {
     }
 
     pub fn join(&self) -> Result<(), Over> {
+        self.joins.fetch_add(1, Ordering::Relaxed);
         let Some(rate) = self.limits().max_joins_per_second else {
             return Ok(());
         };
@@ -150,7 +163,7 @@ impl Meter {
         b.joins
             .take(1.0, f64::from(rate), Instant::now())
             .then_some(())
-            .ok_or(Over::Joins)
+            .ok_or_else(|| self.over(Over::Joins))
     }
 
     /// A message from a client carrying `bytes` of payload.
@@ -160,6 +173,7 @@ impl Meter {
 
     /// `count` messages carrying `bytes` of payload together (a REST batch).
     pub fn events(&self, count: usize, bytes: usize) -> Result<(), Over> {
+        self.messages.fetch_add(count as u64, Ordering::Relaxed);
         let l = self.limits();
         if l.max_events_per_second.is_none() && l.max_bytes_per_second.is_none() {
             return Ok(());
@@ -168,12 +182,12 @@ impl Meter {
         let mut b = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(rate) = l.max_events_per_second {
             if !b.events.take(count as f64, f64::from(rate), now) {
-                return Err(Over::Events);
+                return Err(self.over(Over::Events));
             }
         }
         if let Some(rate) = l.max_bytes_per_second {
             if !b.bytes.take(bytes as f64, rate as f64, now) {
-                return Err(Over::Bytes);
+                return Err(self.over(Over::Bytes));
             }
         }
         Ok(())

@@ -85,6 +85,7 @@ pub async fn start(
         }
     });
     tracing::info!(%addr, "realtime listening");
+    let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();
     let stopping = service.clone();
     let serving = crate::control::spawn(crate::api::serve(
@@ -102,4 +103,65 @@ pub async fn start(
         stopping.shut_down();
     });
     Ok(Some((addr, fd, service)))
+}
+
+/// The `shoal_realtime_*` metric families, by tenant.
+pub fn encode(
+    service: &Service,
+    e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    use crate::metrics::LabelValue;
+    use shoal_control::metrics::{counter, gauge};
+    use shoal_realtime::edge::TenantStats;
+    let rows = service.stats();
+    let by_tenant = |v: &dyn Fn(&TenantStats) -> u64| -> Vec<_> {
+        rows.iter()
+            .map(|r| (vec![("tenant", LabelValue::new(&r.tenant))], v(r)))
+            .collect()
+    };
+    let as_gauge = |v: Vec<(Vec<(&'static str, LabelValue)>, u64)>| -> Vec<_> {
+        v.into_iter().map(|(l, n)| (l, n as i64)).collect()
+    };
+    gauge(
+        e,
+        "shoal_realtime_sockets",
+        "Realtime sockets connected",
+        &as_gauge(by_tenant(&|r| r.sockets)),
+    )?;
+    gauge(
+        e,
+        "shoal_realtime_channels",
+        "Realtime channels with at least one subscriber",
+        &as_gauge(by_tenant(&|r| r.channels)),
+    )?;
+    for (name, help, value) in [
+        (
+            "shoal_realtime_messages",
+            "Messages from realtime clients (sockets and HTTP)",
+            &(|r: &TenantStats| r.messages) as &dyn Fn(&TenantStats) -> u64,
+        ),
+        (
+            "shoal_realtime_deliveries",
+            "Frames queued to subscribers by broadcasts",
+            &|r: &TenantStats| r.delivered,
+        ),
+        (
+            "shoal_realtime_joins",
+            "Channel joins",
+            &|r: &TenantStats| r.joins,
+        ),
+        (
+            "shoal_realtime_limited",
+            "Sockets, joins and messages refused for a tenant limit",
+            &|r: &TenantStats| r.limited,
+        ),
+        (
+            "shoal_realtime_slow_sockets",
+            "Sockets closed for not reading fast enough",
+            &|r: &TenantStats| r.slow,
+        ),
+    ] {
+        counter(e, name, help, &by_tenant(value))?;
+    }
+    Ok(())
 }

@@ -303,6 +303,9 @@ impl Collector for ShoalCollector {
         crate::replicas::status::encode(&routed, &mut e)?;
         crate::query_rules::encode(&routed, &mut e)?;
         crate::cache::status::encode(&routed, &mut e)?;
+        if let Some(rt) = app.realtime.get() {
+            crate::realtime::encode(rt, &mut e)?;
+        }
         let (fds, rss) = process_resources();
         gauge(
             &mut e,

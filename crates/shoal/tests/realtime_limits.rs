@@ -162,8 +162,8 @@ async fn tenant_limits_are_enforced_with_realtime_s_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_s_flood_is_cut_off_and_another_tenant_s_channel_misses_nothing() {
-    let (_s, _data, rt) = shoal_with(
-        "",
+    let (s, _data, rt) = shoal_with(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n",
         &[
             ("acme", serde_json::json!({"max_events_per_second": 20})),
             ("beta", serde_json::json!({})),
@@ -230,6 +230,27 @@ async fn one_tenant_s_flood_is_cut_off_and_another_tenant_s_channel_misses_nothi
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.ends_with("\n429"), "{text}");
     assert!(text.contains("You have exceeded your rate limit"), "{text}");
+    // The metrics tell the two tenants apart.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            &format!("http://{}/metrics", s.metrics.expect("metrics")),
+        ])
+        .output()
+        .unwrap();
+    let page = String::from_utf8_lossy(&out.stdout);
+    let value = |prefix: &str| -> f64 {
+        page.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in {page}"))
+    };
+    assert!(value(r#"shoal_realtime_limited_total{tenant="acme"}"#) >= 2.0);
+    assert_eq!(value(r#"shoal_realtime_limited_total{tenant="beta"}"#), 0.0);
+    assert!(value(r#"shoal_realtime_deliveries_total{tenant="beta"}"#) >= 200.0);
+    assert_eq!(value(r#"shoal_realtime_sockets{tenant="beta"}"#), 2.0);
+    assert_eq!(value(r#"shoal_realtime_channels{tenant="beta"}"#), 1.0);
+    assert!(value(r#"shoal_realtime_messages_total{tenant="beta"}"#) >= 200.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,6 +33,8 @@ pub struct App {
     pub secrets: crate::auth_query::SecretCache,
     /// This node's cluster, once joined (never, without `[cluster]`).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
+    /// The realtime service, once started (never, without `[realtime]`).
+    pub realtime: std::sync::OnceLock<Arc<shoal_realtime::edge::Service>>,
 }
 
 impl App {
@@ -52,6 +54,7 @@ impl App {
             config,
             cancels: Arc::new(CancelRegistry::default()),
             cluster: Default::default(),
+            realtime: Default::default(),
         }))
     }
 
