@@ -136,6 +136,8 @@ pub struct Service {
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
     next_socket: AtomicU64,
     stopping: std::sync::atomic::AtomicBool,
+    /// Where broadcasts go to reach other nodes, in a cluster.
+    relay: crate::hub::RelaySlot,
 }
 
 impl Service {
@@ -147,12 +149,29 @@ impl Service {
             hubs: Mutex::default(),
             next_socket: AtomicU64::new(1),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            relay: Arc::default(),
         })
     }
 
     /// Tenant `id`'s channels.
     pub fn hub(&self, id: &str) -> Arc<Hub> {
-        self.lock_hubs().entry(id.to_owned()).or_default().clone()
+        self.lock_hubs()
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(Hub::relayed(id, self.relay.clone())))
+            .clone()
+    }
+
+    /// In a cluster: broadcasts from this node's clients go to the other nodes through
+    /// `relay` from now on.
+    pub fn set_relay(&self, relay: Arc<dyn crate::fabric::Relay>) {
+        let _ = self.relay.set(relay);
+    }
+
+    /// A broadcast another node relayed: delivered to this node's subscribers, if any.
+    pub fn deliver_relayed(&self, tenant: &str, b: &crate::protocol::UserBroadcast) {
+        if let Some(hub) = self.existing_hub(tenant) {
+            hub.deliver(b, None);
+        }
     }
 
     /// The tenant's channels and keys, and the token's claims, when `token` is one of its

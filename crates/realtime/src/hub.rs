@@ -139,6 +139,9 @@ pub struct Delivery {
     pub skipped: usize,
 }
 
+/// The service's relay to other nodes, once it has one.
+pub type RelaySlot = Arc<OnceLock<Arc<dyn crate::fabric::Relay>>>;
+
 #[derive(Default)]
 pub struct Hub {
     topics: Mutex<HashMap<String, Topic>>,
@@ -151,6 +154,8 @@ pub struct Hub {
     /// Frames queued to subscribers by broadcasts, and subscribers found too slow.
     pub delivered: std::sync::atomic::AtomicU64,
     pub slow: std::sync::atomic::AtomicU64,
+    /// The tenant, and where its broadcasts go to reach other nodes (in a cluster).
+    relay: Option<(String, RelaySlot)>,
 }
 
 impl Hub {
@@ -260,9 +265,29 @@ impl Hub {
         self.lock().len()
     }
 
-    /// Delivers `b` to every subscriber of its topic (`from`, the sender's socket, only if
-    /// it asked for its own broadcasts).
+    /// Tenant `tenant`'s channels, whose broadcasts also go to `relay`'s nodes.
+    pub fn relayed(tenant: &str, relay: RelaySlot) -> Hub {
+        Hub {
+            relay: Some((tenant.to_owned(), relay)),
+            ..Hub::default()
+        }
+    }
+
+    /// A broadcast from a client of this node: delivered here (see [`Hub::deliver`]) and
+    /// relayed to the other nodes.
     pub fn broadcast(&self, b: &UserBroadcast, from: Option<SocketId>) -> Delivery {
+        let d = self.deliver(b, from);
+        if let Some((tenant, slot)) = &self.relay {
+            if let Some(relay) = slot.get() {
+                relay.publish(tenant, b);
+            }
+        }
+        d
+    }
+
+    /// Delivers `b` to every subscriber of its topic on this node (`from`, the sender's
+    /// socket, only if it asked for its own broadcasts).
+    pub fn deliver(&self, b: &UserBroadcast, from: Option<SocketId>) -> Delivery {
         let text_v1: OnceLock<Option<Frame>> = OnceLock::new();
         let text_v2: OnceLock<Option<Frame>> = OnceLock::new();
         let binary: OnceLock<Option<Frame>> = OnceLock::new();

@@ -14,11 +14,15 @@
 //! - [`socket`]: one socket's side of the protocol (heartbeats, joins, leaves, broadcasts
 //!   and their replies), apart from its transport.
 
+//! - [`fabric`]: broadcasts between the nodes of a cluster: their frames, and the relay
+//!   seam that Shoal's node links fill.
+//!
 //! - [`edge`]: the WebSocket endpoint: tenant, version and JWT checked before the upgrade,
 //!   then one task per socket; [`jwt`] verifies tenants' tokens; [`limits`] meters each
 //!   tenant's sockets, joins, messages and bytes; [`rest`] takes broadcasts over HTTP.
 
 pub mod edge;
+pub mod fabric;
 pub mod hub;
 pub mod jwt;
 pub mod limits;

@@ -115,6 +115,12 @@ impl Links {
         self.get_on(node, peer, crate::shard::current()).await
     }
 
+    /// The control runtime's link to `peer` (realtime broadcasts go there), opened if
+    /// there is none.
+    pub async fn control(&self, node: &Arc<Node>, peer: &str) -> Result<Link, NodeError> {
+        self.get_on(node, peer, CONTROL).await
+    }
+
     /// What `peer` said of itself in its last answer to a probe of the control link (and
     /// when).
     pub fn control_status(&self, peer: &str) -> Option<(u64, std::time::Instant)> {
@@ -240,6 +246,9 @@ async fn run(
         while let Some(inc) = incoming.recv().await {
             let Some(app) = &app else { continue };
             match inc {
+                Incoming::Stream(s, what) if &what[..] == crate::realtime::fabric::OPENING => {
+                    crate::control::spawn(crate::realtime::fabric::receive(app.clone(), s));
+                }
                 Incoming::Stream(s, what) => {
                     tokio::spawn(crate::session::serve_relayed(app.clone(), s, what));
                 }

@@ -9,6 +9,8 @@ use shoal_realtime::edge::{Directory, Lookup, Options, Service, TenantKeys};
 use shoal_realtime::jwt::Verifier;
 use shoal_realtime::limits::Limits;
 
+pub mod fabric;
+
 use crate::app::App;
 use crate::route::TenantEvent;
 
@@ -85,6 +87,9 @@ pub async fn start(
         }
     });
     tracing::info!(%addr, "realtime listening");
+    if let Some(node) = app.cluster.get() {
+        service.set_relay(Arc::new(fabric::NodeRelay::new(node.clone())));
+    }
     let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();
     let stopping = service.clone();
