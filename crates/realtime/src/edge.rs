@@ -138,6 +138,8 @@ pub struct Service {
     stopping: std::sync::atomic::AtomicBool,
     /// Where broadcasts go to reach other nodes, in a cluster.
     relay: crate::hub::RelaySlot,
+    /// Each other node's current stream generation (see [`Service::origin_starts`]).
+    origins: Mutex<HashMap<String, u64>>,
 }
 
 impl Service {
@@ -150,6 +152,7 @@ impl Service {
             next_socket: AtomicU64::new(1),
             stopping: std::sync::atomic::AtomicBool::new(false),
             relay: Arc::default(),
+            origins: Mutex::default(),
         })
     }
 
@@ -165,6 +168,63 @@ impl Service {
     /// `relay` from now on.
     pub fn set_relay(&self, relay: Arc<dyn crate::fabric::Relay>) {
         let _ = self.relay.set(relay);
+    }
+
+    /// A presence change node `origin` relayed for `tenant`.
+    pub fn presence_relayed(
+        &self,
+        origin: &str,
+        tenant: &str,
+        change: crate::fabric::PresenceChange,
+    ) {
+        self.hub(tenant).presence_relayed(origin, change);
+    }
+
+    /// Node `origin` starts telling its presences again from nothing (a new stream): what
+    /// it said before leaves. The generation returned ends them with
+    /// [`Service::origin_ends`].
+    pub fn origin_starts(&self, origin: &str) -> u64 {
+        let generation = {
+            let mut o = self.origins.lock().unwrap_or_else(|e| e.into_inner());
+            let g = o.entry(origin.to_owned()).or_default();
+            *g += 1;
+            *g
+        };
+        self.drop_origin(origin);
+        generation
+    }
+
+    /// Node `origin`'s stream of generation `generation` ended: its presences leave,
+    /// unless a newer stream from it has started since.
+    pub fn origin_ends(&self, origin: &str, generation: u64) {
+        let current = self
+            .origins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(origin)
+            .copied();
+        if current == Some(generation) {
+            self.drop_origin(origin);
+        }
+    }
+
+    fn drop_origin(&self, origin: &str) {
+        let hubs: Vec<Arc<Hub>> = self.lock_hubs().values().cloned().collect();
+        for hub in hubs {
+            hub.drop_origin(origin);
+        }
+    }
+
+    /// This node's own presences, by tenant (to tell a peer on a new stream).
+    pub fn local_presences(&self) -> Vec<(String, crate::fabric::PresenceChange)> {
+        let hubs: Vec<(String, Arc<Hub>)> = self
+            .lock_hubs()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        hubs.into_iter()
+            .flat_map(|(t, h)| h.local_presences().into_iter().map(move |c| (t.clone(), c)))
+            .collect()
     }
 
     /// A broadcast another node relayed: delivered to this node's subscribers, if any.

@@ -1,6 +1,7 @@
 //! Realtime across the nodes of a cluster (real etcd, two real Shoal processes): a
 //! broadcast from a client of either node, or over HTTP to either, reaches the subscribers
-//! of both, in order.
+//! of both, in order; presence tracked on one node is seen on the other, leaves with its
+//! socket or its node, and comes back whole to a node that restarts.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -136,4 +137,108 @@ async fn broadcasts_reach_subscribers_on_every_node_in_order() {
     let m = on_a.until(|m| m["payload"]["event"] == "rest").await;
     assert_eq!(m["payload"]["payload"]["n"], 7);
     drop(b);
+}
+
+/// The presence keys in a `presence_state` or a diff's `joins`/`leaves`.
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+fn with_presence(key: &str) -> serde_json::Value {
+    serde_json::json!({"presence": {"key": key, "enabled": true}})
+}
+
+async fn track(p: &mut Phx, name: &str) {
+    let r = p
+        .push(
+            "realtime:lobby",
+            "presence",
+            serde_json::json!({"event": "track", "payload": {"name": name}}),
+        )
+        .await;
+    assert_eq!(p.reply(&r).await["status"], "ok");
+}
+
+/// Joins the lobby on `rt` until its presence state holds `key` (a node learns of another
+/// node's presences over its stream, a moment after they happen); the socket.
+async fn join_seeing(rt: SocketAddr, key: &str) -> (Phx, Vec<String>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut p = Phx::connect(rt, "acme", &token()).await.unwrap();
+        assert_eq!(
+            p.join("realtime:lobby", with_presence("watcher")).await["status"],
+            "ok"
+        );
+        let state = p.until(|m| m["event"] == "presence_state").await;
+        let present = keys(&state["payload"]);
+        if present.iter().any(|k| k == key) {
+            return (p, present);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{key} never seen: {present:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_is_the_same_on_every_node_and_leaves_with_its_node() {
+    let etcd = Etcd::start();
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, rt_a) = node(&etcd, "a", &da);
+    let (b, rt_b) = node(&etcd, "b", &db);
+    let t = token();
+    // Ann is on node a.
+    let mut ann = Phx::connect(rt_a, "acme", &t).await.unwrap();
+    assert_eq!(
+        ann.join("realtime:lobby", with_presence("ann")).await["status"],
+        "ok"
+    );
+    track(&mut ann, "Ann").await;
+    // A watcher on node b sees her, in its state or as a join.
+    let (mut watcher, present) = join_seeing(rt_b, "ann").await;
+    assert_eq!(present, vec!["ann"]);
+    // Bob tracks on node b: ann's node sees him.
+    let mut bob = Phx::connect(rt_b, "acme", &t).await.unwrap();
+    assert_eq!(
+        bob.join("realtime:lobby", with_presence("bob")).await["status"],
+        "ok"
+    );
+    track(&mut bob, "Bob").await;
+    let diff = ann
+        .until(|m| m["event"] == "presence_diff" && keys(&m["payload"]["joins"]) == ["bob"])
+        .await;
+    assert_eq!(diff["payload"]["joins"]["bob"]["metas"][0]["name"], "Bob");
+    // Ann's socket closes: node b's watcher sees her leave.
+    drop(ann);
+    watcher
+        .until(|m| m["event"] == "presence_diff" && keys(&m["payload"]["leaves"]) == ["ann"])
+        .await;
+
+    // A node that joins later (b's successor) learns a's presences whole on its new stream.
+    let mut cat = Phx::connect(rt_a, "acme", &t).await.unwrap();
+    assert_eq!(
+        cat.join("realtime:lobby", with_presence("cat")).await["status"],
+        "ok"
+    );
+    track(&mut cat, "Cat").await;
+    drop((watcher, bob));
+    drop(b);
+    let (b2, rt_b2) = node(&etcd, "b2", &tempfile::tempdir().unwrap());
+    let (mut watcher, present) = join_seeing(rt_b2, "cat").await;
+    assert!(present.contains(&"cat".to_owned()), "{present:?}");
+    // Node a dies: its presences leave node b.
+    drop(a);
+    watcher
+        .until(|m| {
+            m["event"] == "presence_diff"
+                && keys(&m["payload"]["leaves"]).contains(&"cat".to_owned())
+        })
+        .await;
+    drop(b2);
 }

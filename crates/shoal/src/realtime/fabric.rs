@@ -1,7 +1,9 @@
-//! Realtime broadcasts between the nodes of a cluster, over Shoal's node links: each node
-//! keeps one stream to every other live node on its control link (the data plane's
-//! threads never carry them) and writes every broadcast of its own clients to it; the
-//! nodes that receive one deliver it to their own subscribers.
+//! Realtime between the nodes of a cluster, over Shoal's node links: each node keeps one
+//! stream to every other live node on its control link (the data plane's threads never
+//! carry them) and writes to it every broadcast and presence change of its own clients;
+//! the nodes that receive one deliver it to their own subscribers. Each new stream starts
+//! with a reset and this node's presences, so a peer's view of them is whole again after a
+//! lost stream; when a stream ends, its node's presences leave.
 //!
 //! A peer's queue is bounded: a broadcast that finds it full (a link that cannot keep up
 //! for 65,536 messages) is not relayed and is counted, as Phoenix's PubSub drops what a
@@ -13,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use shoal_realtime::fabric::{self, Relay};
+use shoal_realtime::edge::Service;
+use shoal_realtime::fabric::{self, PresenceChange, Relay, Relayed};
 use shoal_realtime::protocol::UserBroadcast;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,14 +31,17 @@ const QUEUE: usize = 65_536;
 
 pub struct NodeRelay {
     node: Arc<Node>,
+    /// The service whose clients' messages this relays (weak: the service holds this).
+    service: std::sync::Weak<Service>,
     peers: Mutex<HashMap<String, tokio::sync::mpsc::Sender<Bytes>>>,
     pub dropped: AtomicU64,
 }
 
 impl NodeRelay {
-    pub fn new(node: Arc<Node>) -> NodeRelay {
+    pub fn new(node: Arc<Node>, service: std::sync::Weak<Service>) -> NodeRelay {
         NodeRelay {
             node,
+            service,
             peers: Mutex::default(),
             dropped: AtomicU64::new(0),
         }
@@ -44,13 +50,47 @@ impl NodeRelay {
 
 impl Relay for NodeRelay {
     fn publish(&self, tenant: &str, b: &UserBroadcast) {
-        let frame = match fabric::encode(tenant, b) {
-            Ok(f) => Bytes::from(f),
-            Err(e) => {
-                tracing::warn!(tenant, error = %e, "broadcast not relayed to other nodes");
-                return;
+        match fabric::encode(tenant, b) {
+            Ok(f) => self.send(Bytes::from(f)),
+            Err(e) => tracing::warn!(tenant, error = %e, "broadcast not relayed to other nodes"),
+        }
+    }
+
+    fn presence(&self, tenant: &str, change: &PresenceChange) {
+        match fabric::encode_presence(tenant, change) {
+            Ok(f) => self.send(Bytes::from(f)),
+            Err(e) => tracing::warn!(tenant, error = %e, "presence not relayed to other nodes"),
+        }
+    }
+}
+
+impl NodeRelay {
+    /// Keeps a stream to every live peer (a node that joins learns this node's presences
+    /// at once, not at its next message), looking twice a second.
+    // Runs on the control runtime, which has tokio's time driver.
+    #[allow(clippy::disallowed_methods)]
+    pub fn keep_streams(self: &Arc<Self>) {
+        let relay = Arc::downgrade(self);
+        crate::control::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let Some(relay) = relay.upgrade() else {
+                    return;
+                };
+                relay.send_to_peers(None);
             }
-        };
+        });
+    }
+
+    /// Queues `frame` for every other live node.
+    fn send(&self, frame: Bytes) {
+        self.send_to_peers(Some(frame));
+    }
+
+    /// Queues `frame` (if any) for every other live node, starting a writer for each peer
+    /// that has none and ending those of peers gone from the view.
+    fn send_to_peers(&self, frame: Option<Bytes>) {
         let view = self.node.nodes();
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         // Peers gone from the view end their writers (their queue's sender is dropped).
@@ -58,9 +98,15 @@ impl Relay for NodeRelay {
         for id in view.keys().filter(|id| **id != self.node.id) {
             let tx = peers.entry(id.clone()).or_insert_with(|| {
                 let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-                crate::control::spawn(write_to(self.node.clone(), id.clone(), rx));
+                crate::control::spawn(write_to(
+                    self.node.clone(),
+                    self.service.clone(),
+                    id.clone(),
+                    rx,
+                ));
                 tx
             });
+            let Some(frame) = &frame else { continue };
             if tx.try_send(frame.clone()).is_err() {
                 let n = self.dropped.fetch_add(1, Ordering::Relaxed);
                 if n.is_power_of_two() {
@@ -75,7 +121,12 @@ impl Relay for NodeRelay {
 /// queue ends (the peer left the view).
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-async fn write_to(node: Arc<Node>, peer: String, mut queue: tokio::sync::mpsc::Receiver<Bytes>) {
+async fn write_to(
+    node: Arc<Node>,
+    service: std::sync::Weak<Service>,
+    peer: String,
+    mut queue: tokio::sync::mpsc::Receiver<Bytes>,
+) {
     loop {
         let opened = match node.links.control(&node, &peer).await {
             Ok(link) => link.open(OPENING).map_err(|e| e.to_string()),
@@ -92,6 +143,10 @@ async fn write_to(node: Arc<Node>, peer: String, mut queue: tokio::sync::mpsc::R
                 continue;
             }
         };
+        if let Err(e) = start_stream(&mut stream, &service).await {
+            tracing::warn!(peer = %peer, error = %e, "realtime stream to the peer failed");
+            continue;
+        }
         loop {
             let Some(frame) = queue.recv().await else {
                 return;
@@ -104,9 +159,42 @@ async fn write_to(node: Arc<Node>, peer: String, mut queue: tokio::sync::mpsc::R
     }
 }
 
-/// Reads broadcasts another node relays on `stream` and delivers them to this node's
-/// subscribers.
-pub async fn receive(app: Arc<App>, mut stream: shoal_cluster::link::LinkStream) {
+/// Starts a stream to a peer: a reset, then every presence of this node's sockets.
+async fn start_stream(
+    stream: &mut shoal_cluster::link::LinkStream,
+    service: &std::sync::Weak<Service>,
+) -> std::io::Result<()> {
+    stream.write_all(&fabric::encode_reset()).await?;
+    let Some(service) = service.upgrade() else {
+        return Ok(());
+    };
+    for (tenant, change) in service.local_presences() {
+        if let Ok(f) = fabric::encode_presence(&tenant, &change) {
+            stream.write_all(&f).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads what another node relays on `stream` and applies it here: broadcasts delivered
+/// to this node's subscribers, presences kept while the stream lasts.
+pub async fn receive(app: Arc<App>, stream: shoal_cluster::link::LinkStream) {
+    let peer = stream.peer().to_owned();
+    let Some(service) = app.realtime.get().cloned() else {
+        return;
+    };
+    let mut generation = None;
+    read_frames(&service, stream, &mut generation).await;
+    if let Some(g) = generation {
+        service.origin_ends(&peer, g);
+    }
+}
+
+async fn read_frames(
+    service: &Service,
+    mut stream: shoal_cluster::link::LinkStream,
+    generation: &mut Option<u64>,
+) {
     let peer = stream.peer().to_owned();
     loop {
         let mut prefix = [0u8; 4];
@@ -123,10 +211,13 @@ pub async fn receive(app: Arc<App>, mut stream: shoal_cluster::link::LinkStream)
             }
             Err(e) => Err(e),
         };
-        match (frame, app.realtime.get()) {
-            (Ok((tenant, b)), Some(service)) => service.deliver_relayed(&tenant, &b),
-            (Ok(_), None) => {}
-            (Err(e), _) => {
+        match frame {
+            Ok(Relayed::Broadcast(tenant, b)) => service.deliver_relayed(&tenant, &b),
+            Ok(Relayed::Presence(tenant, change)) => {
+                service.presence_relayed(&peer, &tenant, change)
+            }
+            Ok(Relayed::Reset) => *generation = Some(service.origin_starts(&peer)),
+            Err(e) => {
                 tracing::warn!(peer = %peer, error = %e, "realtime stream from the peer ended");
                 return;
             }

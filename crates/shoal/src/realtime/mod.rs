@@ -88,7 +88,12 @@ pub async fn start(
     });
     tracing::info!(%addr, "realtime listening");
     if let Some(node) = app.cluster.get() {
-        service.set_relay(Arc::new(fabric::NodeRelay::new(node.clone())));
+        let relay = Arc::new(fabric::NodeRelay::new(
+            node.clone(),
+            Arc::downgrade(&service),
+        ));
+        relay.keep_streams();
+        service.set_relay(relay);
     }
     let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();

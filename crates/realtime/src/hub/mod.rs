@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::protocol::{self, UserBroadcast, Vsn};
 
+mod presence;
+
 pub type SocketId = u64;
 
 /// Why every socket of a tenant is closed: the WebSocket close code and reason.
@@ -114,19 +116,17 @@ pub struct Subscriber {
     pub out: Outbox,
 }
 
-/// One socket's presence on a topic: its key and what it tracked (a JSON object with its
-/// `phx_ref` in it).
-#[derive(Debug, Clone)]
-struct Presence {
-    socket: SocketId,
-    key: String,
-    meta: serde_json::Map<String, serde_json::Value>,
-}
-
 #[derive(Default)]
 struct Topic {
     subs: Vec<Subscriber>,
-    presences: Vec<Presence>,
+    presences: Vec<presence::Presence>,
+}
+
+impl Topic {
+    /// Nothing left to keep it for: no subscriber here, no presence from anywhere.
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty() && self.presences.is_empty()
+    }
 }
 
 /// What a broadcast came to.
@@ -185,8 +185,8 @@ impl Hub {
         let t = topics.entry(topic.to_owned()).or_default();
         t.subs.retain(|s| s.socket != sub.socket);
         if sub.presence {
-            let state = presence_map(t.presences.iter());
-            if let Some(f) = presence_frame(sub.vsn, topic, "presence_state", state) {
+            let state = presence::map(t.presences.iter());
+            if let Some(f) = presence::frame(sub.vsn, topic, "presence_state", state) {
                 sub.out.push(f);
             }
         }
@@ -195,62 +195,24 @@ impl Hub {
 
     /// Ends `socket`'s subscription to `topic` (and its presence there); whether it had one.
     pub fn leave(&self, topic: &str, socket: SocketId) -> bool {
-        let mut topics = self.lock();
-        let Some(t) = topics.get_mut(topic) else {
-            return false;
+        let (left, untracked) = {
+            let mut topics = self.lock();
+            let Some(t) = topics.get_mut(topic) else {
+                return false;
+            };
+            let untracked = presence::untrack_in(t, topic, None, socket);
+            let before = t.subs.len();
+            t.subs.retain(|s| s.socket != socket);
+            let left = t.subs.len() < before;
+            if t.is_empty() {
+                topics.remove(topic);
+            }
+            (left, untracked)
         };
-        untrack_in(t, topic, socket);
-        let before = t.subs.len();
-        t.subs.retain(|s| s.socket != socket);
-        let left = t.subs.len() < before;
-        if t.subs.is_empty() {
-            topics.remove(topic);
+        if untracked {
+            self.relay_untrack(topic, socket);
         }
         left
-    }
-
-    /// `socket` is present on `topic` under `key` with `meta` (a JSON object), in place of
-    /// what it tracked before; every socket that wants presence hears of the change.
-    pub fn track(
-        &self,
-        topic: &str,
-        socket: SocketId,
-        key: &str,
-        mut meta: serde_json::Map<String, serde_json::Value>,
-    ) {
-        let n = self
-            .next_ref
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        meta.insert("phx_ref".into(), format!("F{n:x}").into());
-        let mut topics = self.lock();
-        let Some(t) = topics.get_mut(topic) else {
-            return;
-        };
-        // Tracking turns presence on for the socket, as in Realtime.
-        if let Some(s) = t.subs.iter_mut().find(|s| s.socket == socket) {
-            s.presence = true;
-        }
-        let old: Vec<Presence> = t
-            .presences
-            .iter()
-            .filter(|p| p.socket == socket)
-            .cloned()
-            .collect();
-        t.presences.retain(|p| p.socket != socket);
-        let new = Presence {
-            socket,
-            key: key.to_owned(),
-            meta,
-        };
-        t.presences.push(new.clone());
-        send_diff(t, topic, std::iter::once(&new), old.iter());
-    }
-
-    /// `socket` is no longer present on `topic`.
-    pub fn untrack(&self, topic: &str, socket: SocketId) {
-        if let Some(t) = self.lock().get_mut(topic) {
-            untrack_in(t, topic, socket);
-        }
     }
 
     pub fn subscribers(&self, topic: &str) -> usize {
@@ -331,65 +293,6 @@ impl Hub {
             .fetch_add(d.slow.len() as u64, std::sync::atomic::Ordering::Relaxed);
         d
     }
-}
-
-fn untrack_in(t: &mut Topic, topic: &str, socket: SocketId) {
-    let gone: Vec<Presence> = t
-        .presences
-        .iter()
-        .filter(|p| p.socket == socket)
-        .cloned()
-        .collect();
-    if gone.is_empty() {
-        return;
-    }
-    t.presences.retain(|p| p.socket != socket);
-    send_diff(t, topic, std::iter::empty(), gone.iter());
-}
-
-/// Presences by key, as Phoenix sends them: `{key: {"metas": [meta, ...]}}`.
-fn presence_map<'a>(presences: impl Iterator<Item = &'a Presence>) -> serde_json::Value {
-    let mut map = serde_json::Map::new();
-    for p in presences {
-        let entry = map
-            .entry(p.key.clone())
-            .or_insert_with(|| serde_json::json!({ "metas": [] }));
-        if let Some(metas) = entry.get_mut("metas").and_then(|m| m.as_array_mut()) {
-            metas.push(serde_json::Value::Object(p.meta.clone()));
-        }
-    }
-    serde_json::Value::Object(map)
-}
-
-/// Sends `presence_diff` with `joins` and `leaves` to every socket of `t` that wants
-/// presence, encoded once per version.
-fn send_diff<'a>(
-    t: &Topic,
-    topic: &str,
-    joins: impl Iterator<Item = &'a Presence>,
-    leaves: impl Iterator<Item = &'a Presence>,
-) {
-    let diff = serde_json::json!({ "joins": presence_map(joins), "leaves": presence_map(leaves) });
-    let mut frames: [Option<Option<Frame>>; 2] = [None, None];
-    for s in t.subs.iter().filter(|s| s.presence) {
-        let i = usize::from(s.vsn == Vsn::V2);
-        let f = frames[i]
-            .get_or_insert_with(|| presence_frame(s.vsn, topic, "presence_diff", diff.clone()));
-        if let Some(f) = f {
-            s.out.push(f.clone());
-        }
-    }
-}
-
-fn presence_frame(vsn: Vsn, topic: &str, event: &str, payload: serde_json::Value) -> Option<Frame> {
-    let m = protocol::Message {
-        join_ref: None,
-        msg_ref: None,
-        topic: topic.to_owned(),
-        event: event.to_owned(),
-        payload: protocol::Payload::Json(payload.to_string().into()),
-    };
-    protocol::encode_text(vsn, &m).map(|t| Frame::Text(t.into()))
 }
 
 fn text(vsn: Vsn, b: &UserBroadcast) -> Option<Frame> {
@@ -533,6 +436,65 @@ mod tests {
             "{diff}"
         );
         assert_eq!(hub.present("t"), 0);
+    }
+
+    #[test]
+    fn presences_of_other_nodes_join_leave_and_go_with_their_node() {
+        use crate::fabric::PresenceChange;
+        let hub = Hub::default();
+        let meta = |name: &str| {
+            serde_json::json!({ "name": name })
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        // Another node's presence arrives before anyone here watches the topic.
+        hub.presence_relayed(
+            "n2",
+            PresenceChange::Track {
+                topic: "t".into(),
+                socket: 1,
+                key: "ann".into(),
+                meta: meta("Ann"),
+            },
+        );
+        let (mut w, mut rw) = sub(1, Vsn::V1, false, 8);
+        w.presence = true;
+        hub.join("t", w);
+        let Frame::Text(state) = rw.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(
+            state.contains(r#""ann":{"metas":[{"name":"Ann"}]}"#),
+            "{state}"
+        );
+        // The same socket id from another node, and this node's own socket 1, are others.
+        hub.track("t", 1, "me", meta("Me"));
+        hub.presence_relayed(
+            "n3",
+            PresenceChange::Track {
+                topic: "t".into(),
+                socket: 1,
+                key: "bob".into(),
+                meta: meta("Bob"),
+            },
+        );
+        assert_eq!(hub.present("t"), 3);
+        assert_eq!(hub.local_presences().len(), 1, "only this node's own");
+        while rw.try_recv().is_ok() {}
+        hub.drop_origin("n2");
+        let Frame::Text(diff) = rw.try_recv().unwrap() else {
+            panic!()
+        };
+        assert!(diff.contains(r#""leaves":{"ann""#), "{diff}");
+        hub.presence_relayed(
+            "n3",
+            PresenceChange::Untrack {
+                topic: "t".into(),
+                socket: 1,
+            },
+        );
+        assert_eq!(hub.present("t"), 1);
     }
 
     #[test]
