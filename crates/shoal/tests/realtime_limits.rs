@@ -438,3 +438,41 @@ async fn tokens_are_verified_with_the_tenant_s_jwks() {
     assert_eq!(status, 422, "{body}");
     assert!(body.to_string().contains("jwt_jwks"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_per_client_and_bytes_per_second_are_enforced() {
+    let (_s, _data, rt) = shoal_with(
+        "",
+        &[(
+            "acme",
+            serde_json::json!({"max_channels_per_client": 2, "max_bytes_per_second": 1000}),
+        )],
+    );
+    let t = token(3600);
+    let mut p = Phx::connect(rt, "acme", &t).await.unwrap();
+    for topic in ["realtime:c1", "realtime:c2"] {
+        assert_eq!(p.join(topic, serde_json::json!({})).await["status"], "ok");
+    }
+    let reply = p.join("realtime:c3", serde_json::json!({})).await;
+    assert_eq!(reason(&reply), "ChannelRateLimitReached: Too many channels");
+    // A re-join of a joined channel is no new channel.
+    assert_eq!(
+        p.join("realtime:c1", serde_json::json!({})).await["status"],
+        "ok"
+    );
+    // 1000 bytes a second: the burst passes, then the channel is shut down.
+    for _ in 0..5 {
+        p.broadcast("realtime:c1", "b", "x".repeat(400).into())
+            .await;
+    }
+    let system = p.until(|m| m["event"] == "system").await;
+    assert_eq!(
+        system["payload"]["message"], "Too many bytes per second",
+        "{system}"
+    );
+    p.until(|m| m["event"] == "phx_close" && m["topic"] == "realtime:c1")
+        .await;
+    // The socket goes on.
+    let r = p.push("phoenix", "heartbeat", serde_json::json!({})).await;
+    assert_eq!(p.reply(&r).await["status"], "ok");
+}
