@@ -12,11 +12,9 @@ mod client;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use std::io::BufRead;
 
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
@@ -117,10 +115,7 @@ struct Summary {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(w) = args.worker.clone() {
-        let (i, n) = w
-            .split_once('/')
-            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-            .context("--worker I/N")?;
+        let (i, n) = loadgen::workers::parse_worker(&w)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -132,50 +127,13 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(coordinate(args))
 }
 
-/// Worker processes, killed if the coordinator stops early (an error, a panic).
-struct Workers(Vec<std::process::Child>);
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 async fn coordinate(args: Args) -> anyhow::Result<()> {
     let workers = if args.workers > 0 {
         args.workers
     } else {
         args.connections.div_ceil(15_000).max(1)
     };
-    let exe = std::env::current_exe()?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Report)>();
-    let mut children = Workers(Vec::new());
-    for i in 0..workers {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args(std::env::args_os().skip(1))
-            .arg("--worker")
-            .arg(format!("{i}/{workers}"))
-            .stdout(std::process::Stdio::piped())
-            .stdin(std::process::Stdio::piped());
-        let mut child = cmd.spawn().context("spawning a worker")?;
-        let stdout = child.stdout.take().context("worker stdout")?;
-        children.0.push(child);
-        let tx = tx.clone();
-        // A thread per worker reads its reports: a handful of workers, and the runtime stays
-        // free of tokio's process driver (which Shoal does without, see its Cargo.toml).
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(r) = serde_json::from_str::<Report>(&line) {
-                    let _ = tx.send((i, r));
-                }
-            }
-        });
-    }
-    drop(tx);
+    let (mut children, mut rx) = loadgen::workers::Workers::spawn::<Report>(workers)?;
     let started = std::time::Instant::now();
     let mut latest: Vec<Report> = vec![Report::default(); workers];
     // Told once every connection has been attempted (see `--steady-only`).
@@ -190,12 +148,7 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
             .sum();
         if !steady_told && attempted >= args.connections as u64 {
             steady_told = true;
-            for c in &mut children.0 {
-                if let Some(stdin) = c.stdin.as_mut() {
-                    use std::io::Write;
-                    let _ = writeln!(stdin, "steady");
-                }
-            }
+            children.tell("steady");
         }
         if last_print.elapsed() >= Duration::from_secs(1) || latest.iter().all(|r| r.done) {
             let sum = |f: fn(&Report) -> u64| latest.iter().map(f).sum::<u64>();

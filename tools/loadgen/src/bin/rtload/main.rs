@@ -12,11 +12,9 @@
 
 mod user;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
@@ -109,34 +107,10 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if let Some(w) = args.worker.clone() {
-        let (i, n) = w
-            .split_once('/')
-            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-            .context("--worker I/N")?;
+        let (i, n) = loadgen::workers::parse_worker(&w)?;
         return rt.block_on(user::run_worker(args, i, n));
     }
     rt.block_on(coordinate(args))
-}
-
-/// Worker processes, killed if the coordinator stops early.
-struct Workers(Vec<std::process::Child>);
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn tell(children: &mut Workers, line: &str) {
-    use std::io::Write;
-    for c in &mut children.0 {
-        if let Some(stdin) = c.stdin.as_mut() {
-            let _ = writeln!(stdin, "{line}");
-        }
-    }
 }
 
 async fn coordinate(args: Args) -> anyhow::Result<()> {
@@ -145,31 +119,7 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
     } else {
         args.users.div_ceil(12_000).max(1)
     };
-    let exe = std::env::current_exe()?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Report)>();
-    let mut children = Workers(Vec::new());
-    for i in 0..workers {
-        let mut child = std::process::Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .arg("--worker")
-            .arg(format!("{i}/{workers}"))
-            .stdout(std::process::Stdio::piped())
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .context("spawning a worker")?;
-        let stdout = child.stdout.take().context("worker stdout")?;
-        children.0.push(child);
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(r) = serde_json::from_str::<Report>(&line) {
-                    let _ = tx.send((i, r));
-                }
-            }
-        });
-    }
-    drop(tx);
+    let (mut children, mut rx) = loadgen::workers::Workers::spawn::<Report>(workers)?;
     let started = std::time::Instant::now();
     let mut latest = vec![Report::default(); workers];
     // Phases: joining, then warm-up, measuring, holding.
@@ -189,24 +139,24 @@ async fn coordinate(args: Args) -> anyhow::Result<()> {
         let settled = sum(|r| r.joined) + sum(|r| r.failed);
         if !told_start && settled >= args.users as u64 {
             told_start = true;
-            tell(&mut children, "send");
+            children.tell("send");
             let warmup = Duration::from_secs_f64(args.warmup);
             tokio::time::sleep(warmup).await;
-            tell(&mut children, "count");
+            children.tell("count");
             // Markers for a driving script (bench/realtime) to take the server's measure.
             eprintln!("\n## measuring");
             measuring_since = Some(std::time::Instant::now());
         }
         if let Some(since) = measuring_since {
             if since.elapsed().as_secs_f64() >= args.duration {
-                tell(&mut children, "stop");
+                children.tell("stop");
                 eprintln!("\n## measured");
                 measuring_since = None;
                 if args.hold > 0.0 {
                     eprintln!("## holding {} s", args.hold);
                     tokio::time::sleep(Duration::from_secs_f64(args.hold)).await;
                 }
-                tell(&mut children, "exit");
+                children.tell("exit");
             }
         }
         if last_print.elapsed() >= Duration::from_secs(1) {
