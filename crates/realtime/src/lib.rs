@@ -14,6 +14,9 @@
 //! - [`socket`]: one socket's side of the protocol (heartbeats, joins, leaves, broadcasts
 //!   and their replies), apart from its transport.
 
+//! - [`render`]: column values as Postgres Changes messages carry them (part 2's start),
+//!   pure.
+//!
 //! - [`fabric`]: broadcasts between the nodes of a cluster: their frames, and the relay
 //!   seam that Shoal's node links fill.
 //!
@@ -27,5 +30,6 @@ pub mod hub;
 pub mod jwt;
 pub mod limits;
 pub mod protocol;
+pub mod render;
 pub mod rest;
 pub mod socket;
