@@ -60,7 +60,7 @@ fn is_json_number(text: &str) -> bool {
 /// `2024-01-02 03:04:05.5+00` as `to_jsonb` writes it: `2024-01-02T03:04:05.5+00:00`.
 fn iso_timestamp(text: &str, zoned: bool) -> String {
     // `infinity`, `-infinity` and BC dates are left as PostgreSQL wrote them.
-    if !text.as_bytes().get(10).is_some_and(|b| *b == b' ') || text.ends_with(" BC") {
+    if text.as_bytes().get(10).is_none_or(|b| *b != b' ') || text.ends_with(" BC") {
         return text.to_owned();
     }
     let mut s = format!("{}T{}", &text[..10], &text[11..]);
