@@ -14,8 +14,8 @@
 //! - [`socket`]: one socket's side of the protocol (heartbeats, joins, leaves, broadcasts
 //!   and their replies), apart from its transport.
 
-//! - [`render`]: column values as Postgres Changes messages carry them (part 2's start),
-//!   pure.
+//! - [`render`] and [`filter`]: column values as Postgres Changes messages carry them, and
+//!   bindings' filters (part 2's start), pure.
 //!
 //! - [`fabric`]: broadcasts between the nodes of a cluster: their frames, and the relay
 //!   seam that Shoal's node links fill.
@@ -26,6 +26,7 @@
 
 pub mod edge;
 pub mod fabric;
+pub mod filter;
 pub mod hub;
 pub mod jwt;
 pub mod limits;
