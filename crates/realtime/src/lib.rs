@@ -14,8 +14,8 @@
 //! - [`socket`]: one socket's side of the protocol (heartbeats, joins, leaves, broadcasts
 //!   and their replies), apart from its transport.
 
-//! - [`render`] and [`filter`]: column values as Postgres Changes messages carry them, and
-//!   bindings' filters (part 2's start), pure.
+//! - [`changes`], [`render`] and [`filter`]: Postgres Changes messages, their column
+//!   values as `to_jsonb` renders them, and bindings' filters (part 2's start), pure.
 //!
 //! - [`fabric`]: broadcasts between the nodes of a cluster: their frames, and the relay
 //!   seam that Shoal's node links fill.
@@ -24,6 +24,7 @@
 //!   then one task per socket; [`jwt`] verifies tenants' tokens; [`limits`] meters each
 //!   tenant's sockets, joins, messages and bytes; [`rest`] takes broadcasts over HTTP.
 
+pub mod changes;
 pub mod edge;
 pub mod fabric;
 pub mod filter;

@@ -1,0 +1,254 @@
+//! A Postgres Changes message as realtime-js reads it: event `postgres_changes`, payload
+//! `{"ids": [binding ids], "data": {schema, table, commit_timestamp, type, columns, record,
+//! old_record, errors}}`, the values rendered by [`crate::render`] from a change's tuples.
+//!
+//! As Supabase Realtime: `record` for INSERT and UPDATE, `old_record` for UPDATE and DELETE
+//! (what the table's replica identity keeps: the primary key unless `REPLICA IDENTITY
+//! FULL`), and a column whose value the WAL left out (an unchanged TOASTed value) taken from
+//! the old tuple when it has it, else left out.
+//!
+//! Pure.
+
+use crate::render::render;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Insert,
+    Update,
+    Delete,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Insert => "INSERT",
+            Kind::Update => "UPDATE",
+            Kind::Delete => "DELETE",
+        }
+    }
+}
+
+/// A column of the changed table: its name and its type's name (`pg_type.typname`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub typname: String,
+}
+
+/// One value of a tuple, as `pgoutput` sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cell<'a> {
+    Null,
+    Text(&'a str),
+    /// A value the WAL does not carry: an unchanged TOASTed value, or a column outside the
+    /// key of a key-only old tuple.
+    Unchanged,
+}
+
+/// One change of one table.
+#[derive(Debug, Clone)]
+pub struct Change<'a> {
+    pub schema: &'a str,
+    pub table: &'a str,
+    pub kind: Kind,
+    /// The transaction's commit time, in microseconds since 2000-01-01 UTC (as `pgoutput`
+    /// sends it).
+    pub commit_time: i64,
+    pub columns: &'a [Column],
+    /// The new tuple (INSERT, UPDATE); empty for DELETE.
+    pub new: &'a [Cell<'a>],
+    /// The old tuple, or its key (UPDATE with an old tuple, DELETE); empty if none.
+    pub old: &'a [Cell<'a>],
+}
+
+/// The payload of the `postgres_changes` message for the bindings `ids`.
+pub fn payload(ids: &[u64], c: &Change<'_>) -> String {
+    let mut out = String::with_capacity(256);
+    out.push_str("{\"ids\":[");
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&id.to_string());
+    }
+    out.push_str("],\"data\":{\"schema\":");
+    out.push_str(&json_string(c.schema));
+    out.push_str(",\"table\":");
+    out.push_str(&json_string(c.table));
+    out.push_str(",\"commit_timestamp\":\"");
+    out.push_str(&commit_timestamp(c.commit_time));
+    out.push_str("\",\"type\":\"");
+    out.push_str(c.kind.as_str());
+    out.push_str("\",\"columns\":[");
+    for (i, col) in c.columns.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"name\":");
+        out.push_str(&json_string(&col.name));
+        out.push_str(",\"type\":");
+        out.push_str(&json_string(&col.typname));
+        out.push('}');
+    }
+    out.push(']');
+    if matches!(c.kind, Kind::Insert | Kind::Update) {
+        out.push_str(",\"record\":");
+        record(&mut out, c.columns, c.new, c.old);
+    }
+    if matches!(c.kind, Kind::Update | Kind::Delete) {
+        out.push_str(",\"old_record\":");
+        record(&mut out, c.columns, c.old, &[]);
+    }
+    out.push_str(",\"errors\":null}}");
+    out
+}
+
+/// `{column: value}` of `cells`, an unchanged value taken from `fallback` when it has one.
+fn record(out: &mut String, columns: &[Column], cells: &[Cell<'_>], fallback: &[Cell<'_>]) {
+    out.push('{');
+    let mut first = true;
+    for (i, (col, cell)) in columns.iter().zip(cells).enumerate() {
+        let cell = match cell {
+            Cell::Unchanged => match fallback.get(i) {
+                Some(c @ (Cell::Text(_) | Cell::Null)) => *c,
+                _ => continue,
+            },
+            c => *c,
+        };
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&json_string(&col.name));
+        out.push(':');
+        match cell {
+            Cell::Text(t) => out.push_str(&render(&col.typname, t)),
+            _ => out.push_str("null"),
+        }
+    }
+    out.push('}');
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+/// Microseconds since 2000-01-01 UTC as Realtime writes commit times:
+/// `2024-01-02T03:04:05.678Z` (milliseconds, UTC).
+pub fn commit_timestamp(us_since_2000: i64) -> String {
+    // 2000-01-01 is 10,957 days after 1970-01-01.
+    let ms = us_since_2000.div_euclid(1000);
+    let days = ms.div_euclid(86_400_000) + 10_957;
+    let ms_of_day = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1000 % 60,
+        ms_of_day % 1000
+    )
+}
+
+/// The Gregorian date `days` after 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cols() -> Vec<Column> {
+        [("id", "int4"), ("body", "text"), ("tags", "_text")]
+            .iter()
+            .map(|(n, t)| Column {
+                name: n.to_string(),
+                typname: t.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn commit_times_are_utc_milliseconds() {
+        assert_eq!(commit_timestamp(0), "2000-01-01T00:00:00.000Z");
+        // 2024-02-29 12:34:56.789123 UTC.
+        let us = (8825 * 86_400 + 12 * 3600 + 34 * 60 + 56) * 1_000_000 + 789_123;
+        assert_eq!(commit_timestamp(us), "2024-02-29T12:34:56.789Z");
+        assert_eq!(commit_timestamp(-1), "1999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn changes_carry_what_realtime_js_reads() {
+        let columns = cols();
+        let new = [
+            Cell::Text("7"),
+            Cell::Text("hi \"you\""),
+            Cell::Text("{a,b}"),
+        ];
+        let insert = Change {
+            schema: "public",
+            table: "notes",
+            kind: Kind::Insert,
+            commit_time: 0,
+            columns: &columns,
+            new: &new,
+            old: &[],
+        };
+        let v: serde_json::Value = serde_json::from_str(&payload(&[3, 9], &insert)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"ids": [3, 9], "data": {
+                "schema": "public", "table": "notes",
+                "commit_timestamp": "2000-01-01T00:00:00.000Z", "type": "INSERT",
+                "columns": [{"name": "id", "type": "int4"}, {"name": "body", "type": "text"},
+                            {"name": "tags", "type": "_text"}],
+                "record": {"id": 7, "body": "hi \"you\"", "tags": ["a", "b"]},
+                "errors": null}})
+        );
+        // An UPDATE whose body was an unchanged TOAST value: from the old tuple if it has it.
+        let new = [Cell::Text("7"), Cell::Unchanged, Cell::Null];
+        let key = [Cell::Text("7"), Cell::Unchanged, Cell::Unchanged];
+        let update = Change {
+            kind: Kind::Update,
+            new: &new,
+            old: &key,
+            ..insert.clone()
+        };
+        let v: serde_json::Value = serde_json::from_str(&payload(&[1], &update)).unwrap();
+        assert_eq!(
+            v["data"]["record"],
+            serde_json::json!({"id": 7, "tags": null})
+        );
+        let full_old = [Cell::Text("7"), Cell::Text("long"), Cell::Null];
+        let update = Change {
+            old: &full_old,
+            ..update
+        };
+        let v: serde_json::Value = serde_json::from_str(&payload(&[1], &update)).unwrap();
+        assert_eq!(v["data"]["record"]["body"], "long");
+        assert_eq!(v["data"]["old_record"]["body"], "long");
+        let delete = Change {
+            kind: Kind::Delete,
+            new: &[],
+            old: &key,
+            ..insert
+        };
+        let v: serde_json::Value = serde_json::from_str(&payload(&[1], &delete)).unwrap();
+        assert!(v["data"].get("record").is_none());
+        assert_eq!(
+            v["data"]["old_record"],
+            serde_json::json!({"id": 7}),
+            "the key only"
+        );
+    }
+}
