@@ -252,3 +252,159 @@ mod tests {
         );
     }
 }
+
+/// A channel's `postgres_changes` binding as realtime-js sends it in the join config:
+/// `{"event": "*" | "INSERT" | "UPDATE" | "DELETE", "schema": "public", "table": "notes",
+/// "filter": "id=eq.5"}` (`table` and `filter` optional; `schema` `*` or a table `*` for
+/// every one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    /// `None`: every kind of change.
+    pub event: Option<Kind>,
+    pub schema: String,
+    /// `None`: every table of the schema.
+    pub table: Option<String>,
+    /// The filter as sent (echoed in the join reply), and read.
+    pub filter_text: Option<String>,
+    pub filters: Vec<crate::filter::Filter>,
+}
+
+/// Why a binding cannot be served; the join is refused with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    #[error("Invalid value for postgres_changes event: {0:?} (one of *, INSERT, UPDATE, DELETE)")]
+    Event(String),
+    #[error("postgres_changes binding is not an object with event, schema, table and filter")]
+    Shape,
+    #[error("Error parsing `filter` params: {0}")]
+    Filter(#[from] crate::filter::FilterError),
+}
+
+impl Binding {
+    /// Reads one binding of a join's `postgres_changes` list.
+    pub fn parse(v: &serde_json::Value) -> Result<Binding, BindingError> {
+        let o = v.as_object().ok_or(BindingError::Shape)?;
+        let text = |k: &str| -> Result<Option<String>, BindingError> {
+            match o.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(BindingError::Shape),
+            }
+        };
+        let event = match text("event")?.as_deref() {
+            None | Some("*") => None,
+            Some(e) => Some(match e.to_ascii_uppercase().as_str() {
+                "INSERT" => Kind::Insert,
+                "UPDATE" => Kind::Update,
+                "DELETE" => Kind::Delete,
+                _ => return Err(BindingError::Event(e.to_owned())),
+            }),
+        };
+        let filter_text = text("filter")?.filter(|f| !f.trim().is_empty());
+        let filters = crate::filter::parse(filter_text.as_deref().unwrap_or(""))?;
+        Ok(Binding {
+            event,
+            schema: text("schema")?.unwrap_or_else(|| "public".into()),
+            table: text("table")?.filter(|t| t != "*"),
+            filter_text,
+            filters,
+        })
+    }
+
+    /// The binding's id: the same for the same event, schema, table and filter, as the
+    /// clients match messages to bindings by it.
+    pub fn id(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // FNV-1a: stable across processes and versions (the id is seen by clients).
+        struct Fnv(u64);
+        impl Hasher for Fnv {
+            fn finish(&self) -> u64 {
+                self.0
+            }
+            fn write(&mut self, bytes: &[u8]) {
+                for b in bytes {
+                    self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+                }
+            }
+        }
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        (
+            self.event.map(Kind::as_str),
+            &self.schema,
+            &self.table,
+            &self.filter_text,
+        )
+            .hash(&mut h);
+        // Within JavaScript's safe integers.
+        h.finish() & ((1 << 53) - 1)
+    }
+
+    /// How the join reply echoes the binding (realtime-js checks each against its own).
+    pub fn reply(&self) -> serde_json::Value {
+        let mut o = serde_json::json!({
+            "id": self.id(),
+            "event": self.event.map_or("*", Kind::as_str),
+            "schema": self.schema,
+        });
+        if let Some(t) = &self.table {
+            o["table"] = t.clone().into();
+        }
+        if let Some(f) = &self.filter_text {
+            o["filter"] = f.clone().into();
+        }
+        o
+    }
+
+    /// Whether a change of `kind` to `schema.table` is of this binding (its filters apart).
+    pub fn covers(&self, schema: &str, table: &str, kind: Kind) -> bool {
+        self.event.is_none_or(|e| e == kind)
+            && (self.schema == "*" || self.schema == schema)
+            && self.table.as_deref().is_none_or(|t| t == table)
+    }
+}
+
+#[cfg(test)]
+mod binding_tests {
+    use super::*;
+
+    #[test]
+    fn bindings_read_echo_and_cover_as_realtime_js_expects() {
+        let b = Binding::parse(&serde_json::json!({
+            "event": "INSERT", "schema": "public", "table": "notes", "filter": "id=eq.5"
+        }))
+        .unwrap();
+        assert_eq!(b.event, Some(Kind::Insert));
+        assert_eq!(b.filters.len(), 1);
+        let reply = b.reply();
+        assert_eq!(reply["event"], "INSERT");
+        assert_eq!(reply["table"], "notes");
+        assert_eq!(reply["filter"], "id=eq.5");
+        assert_eq!(reply["id"], b.id());
+        assert!(b.covers("public", "notes", Kind::Insert));
+        assert!(!b.covers("public", "notes", Kind::Delete));
+        assert!(!b.covers("public", "other", Kind::Insert));
+        // The same binding has the same id; another has another.
+        let same = Binding::parse(&reply).unwrap();
+        assert_eq!(same.id(), b.id());
+        let all = Binding::parse(&serde_json::json!({"event": "*", "schema": "*"})).unwrap();
+        assert_ne!(all.id(), b.id());
+        assert!(all.covers("audit", "log", Kind::Delete));
+        assert_eq!(
+            all.reply(),
+            serde_json::json!({"id": all.id(), "event": "*", "schema": "*"})
+        );
+        // Refusals.
+        assert!(matches!(
+            Binding::parse(&serde_json::json!({"event": "TRUNCATE", "schema": "public"})),
+            Err(BindingError::Event(_))
+        ));
+        assert!(matches!(
+            Binding::parse(&serde_json::json!({"schema": "public", "filter": "id=like.5"})),
+            Err(BindingError::Filter(_))
+        ));
+        assert_eq!(
+            Binding::parse(&serde_json::json!("x")),
+            Err(BindingError::Shape)
+        );
+    }
+}
