@@ -458,16 +458,16 @@ impl Drop for Seat {
     }
 }
 
-/// Sleeps until `exp` (seconds since the epoch), or forever.
-async fn until_epoch(exp: Option<i64>) {
+/// The instant the epoch second `exp` comes (far off for `None`).
+fn instant_of(exp: Option<i64>) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
     let Some(exp) = exp else {
-        return std::future::pending().await;
+        return now + Duration::from_secs(365 * 24 * 3600);
     };
-    let now = std::time::SystemTime::now()
+    let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let at = Duration::from_secs(exp.max(0) as u64);
-    tokio::time::sleep(at.saturating_sub(now)).await;
+    now + Duration::from_secs(exp.max(0) as u64).saturating_sub(wall)
 }
 
 async fn run(
@@ -483,7 +483,13 @@ async fn run(
     // A restart announced while this socket was being upgraded.
     let restarting = *ended.borrow() == Some(Ending::RESTART);
     let (mut sink, mut stream) = ws.split();
+    // Two timers for the socket's life, moved only when their deadline does: a message
+    // costs a clock read, not a timer registration.
     let mut last_heard = tokio::time::Instant::now();
+    let silence = tokio::time::sleep(heartbeat);
+    let mut expiry = socket.expiry();
+    let expiring = tokio::time::sleep_until(instant_of(expiry));
+    tokio::pin!(silence, expiring);
     let close = loop {
         if restarting {
             break Some((Ending::RESTART.code, Ending::RESTART.reason.into()));
@@ -505,8 +511,8 @@ async fn run(
             frame = queue.recv() => {
                 let Some(frame) = frame else { break None };
                 let m = match frame {
-                    Frame::Text(t) => WsMessage::Text(t.as_ref().into()),
-                    Frame::Binary(b) => WsMessage::Binary(bytes::Bytes::copy_from_slice(&b)),
+                    Frame::Text(t) => WsMessage::Text(t),
+                    Frame::Binary(b) => WsMessage::Binary(b),
                 };
                 // A client that stops reading must not hold its task here for good.
                 tokio::select! {
@@ -514,14 +520,21 @@ async fn run(
                     () = out.slowed() => break Some((1013, TOO_SLOW.into())),
                 }
             }
-            () = until_epoch(socket.expiry()) => socket.expire(&hub, crate::jwt::now()),
+            () = &mut expiring => socket.expire(&hub, crate::jwt::now()),
             _ = ended.changed() => {
                 let why = (*ended.borrow()).unwrap_or(Ending::TENANT);
                 break Some((why.code, why.reason.into()));
             }
-            () = tokio::time::sleep_until(last_heard + heartbeat) => {
-                break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));
+            () = &mut silence => {
+                if last_heard.elapsed() >= heartbeat {
+                    break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));
+                }
+                silence.as_mut().reset(last_heard + heartbeat);
             }
+        }
+        if socket.expiry() != expiry || expiring.is_elapsed() {
+            expiry = socket.expiry();
+            expiring.as_mut().reset(instant_of(expiry));
         }
         if out.is_slow() {
             // 1013: try again later.

@@ -43,8 +43,9 @@ impl Ending {
 /// A frame ready to be written to a socket, shared by every socket it goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
-    Text(Arc<str>),
-    Binary(Arc<[u8]>),
+    /// Shared, not copied: every subscriber's socket writes the same bytes.
+    Text(axum::extract::ws::Utf8Bytes),
+    Binary(bytes::Bytes),
 }
 
 /// A socket's bounded queue of frames to write.
