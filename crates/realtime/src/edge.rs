@@ -138,6 +138,8 @@ pub struct Service {
     stopping: std::sync::atomic::AtomicBool,
     /// Where broadcasts go to reach other nodes, in a cluster.
     relay: crate::hub::RelaySlot,
+    /// Where `postgres_changes` subscriptions go.
+    feed: crate::feed::FeedSlot,
     /// Each other node's current stream generation (see [`Service::origin_starts`]).
     origins: Mutex<HashMap<String, u64>>,
 }
@@ -152,6 +154,7 @@ impl Service {
             next_socket: AtomicU64::new(1),
             stopping: std::sync::atomic::AtomicBool::new(false),
             relay: Arc::default(),
+            feed: Arc::default(),
             origins: Mutex::default(),
         })
     }
@@ -160,7 +163,7 @@ impl Service {
     pub fn hub(&self, id: &str) -> Arc<Hub> {
         self.lock_hubs()
             .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(Hub::relayed(id, self.relay.clone())))
+            .or_insert_with(|| Arc::new(Hub::relayed(id, self.relay.clone(), self.feed.clone())))
             .clone()
     }
 
@@ -168,6 +171,11 @@ impl Service {
     /// `relay` from now on.
     pub fn set_relay(&self, relay: Arc<dyn crate::fabric::Relay>) {
         let _ = self.relay.set(relay);
+    }
+
+    /// `postgres_changes` subscriptions go to `feed` from now on.
+    pub fn set_feed(&self, feed: Arc<dyn crate::feed::ChangeFeed>) {
+        let _ = self.feed.set(feed);
     }
 
     /// A presence change node `origin` relayed for `tenant`.

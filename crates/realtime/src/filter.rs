@@ -133,6 +133,100 @@ fn parse_segment(segment: &str) -> Result<Filter, FilterError> {
     })
 }
 
+impl Filter {
+    /// Whether a column value passes: `value` as PostgreSQL writes a value of type
+    /// `typname` (`None` for NULL, which passes no condition, negated or not, as in SQL).
+    /// Numbers compare as numbers, booleans as booleans, UUIDs without regard to case, and
+    /// everything else as text, by code point.
+    pub fn passes(&self, typname: &str, value: Option<&str>) -> bool {
+        let Some(value) = value else {
+            return false;
+        };
+        let kind = ValueKind::of(typname);
+        let mut any = false;
+        for v in &self.values {
+            let Some(ord) = kind.compare(value, v) else {
+                // A filter value that is no value of the column's type matches nothing.
+                return false;
+            };
+            let hit = match self.op {
+                Op::Eq | Op::In => ord.is_eq(),
+                Op::Neq => ord.is_ne(),
+                Op::Lt => ord.is_lt(),
+                Op::Lte => ord.is_le(),
+                Op::Gt => ord.is_gt(),
+                Op::Gte => ord.is_ge(),
+            };
+            any |= hit;
+        }
+        any != self.negate
+    }
+}
+
+/// How a type's values compare.
+#[derive(Clone, Copy)]
+enum ValueKind {
+    Integer,
+    Decimal,
+    Bool,
+    Uuid,
+    Text,
+}
+
+impl ValueKind {
+    fn of(typname: &str) -> ValueKind {
+        match typname {
+            "int2" | "int4" | "int8" | "oid" | "xid" => ValueKind::Integer,
+            "float4" | "float8" | "numeric" | "money" => ValueKind::Decimal,
+            "bool" => ValueKind::Bool,
+            "uuid" => ValueKind::Uuid,
+            _ => ValueKind::Text,
+        }
+    }
+
+    /// The column's value against a filter's, or `None` when either is not of the kind.
+    fn compare(self, value: &str, filter: &str) -> Option<std::cmp::Ordering> {
+        match self {
+            ValueKind::Integer => {
+                let a: i128 = value.trim().parse().ok()?;
+                let b: i128 = filter.trim().parse().ok()?;
+                Some(a.cmp(&b))
+            }
+            ValueKind::Decimal => {
+                let num = |s: &str| s.trim().trim_start_matches('$').replace(',', "");
+                let a: f64 = num(value).parse().ok()?;
+                let b: f64 = num(filter).parse().ok()?;
+                a.partial_cmp(&b)
+            }
+            ValueKind::Bool => {
+                let b = |s: &str| match s.trim().to_ascii_lowercase().as_str() {
+                    "t" | "true" | "y" | "yes" | "on" | "1" => Some(true),
+                    "f" | "false" | "n" | "no" | "off" | "0" => Some(false),
+                    _ => None,
+                };
+                Some(b(value)?.cmp(&b(filter)?))
+            }
+            ValueKind::Uuid => Some(
+                value
+                    .to_ascii_lowercase()
+                    .cmp(&filter.trim().to_ascii_lowercase()),
+            ),
+            ValueKind::Text => Some(value.cmp(filter)),
+        }
+    }
+}
+
+/// Whether a row passes every filter; `column` gives a column's type and value (`None`
+/// for a column the row does not carry, which passes nothing).
+pub fn passes<'a>(
+    filters: &[Filter],
+    column: impl Fn(&str) -> Option<(&'a str, Option<&'a str>)>,
+) -> bool {
+    filters
+        .iter()
+        .all(|f| column(&f.column).is_some_and(|(typname, value)| f.passes(typname, value)))
+}
+
 /// A value without its double quotes and escapes, when quoted.
 fn unquote(v: &str) -> Result<String, FilterError> {
     let Some(inner) = v.strip_prefix('"') else {
@@ -233,6 +327,39 @@ mod tests {
             parse(&format!("id=in.({many})")).unwrap_err(),
             FilterError::TooMany
         );
+    }
+
+    #[test]
+    fn values_pass_filters_by_their_type() {
+        let one = |text: &str| parse(text).unwrap().remove(0);
+        assert!(one("id=eq.5").passes("int4", Some("5")));
+        assert!(!one("id=eq.5").passes("int4", Some("50")));
+        // Numbers as numbers, not text.
+        assert!(one("id=gt.9").passes("int8", Some("10")));
+        assert!(one("p=lt.10.5").passes("numeric", Some("9.75")));
+        assert!(one("p=gte.2").passes("float8", Some("2.0")));
+        assert!(!one("id=eq.abc").passes("int4", Some("1")));
+        // Text by code point.
+        assert!(one("name=gt.a").passes("text", Some("b")));
+        assert!(one("name=lte.b").passes("varchar", Some("b")));
+        assert!(one("done=eq.true").passes("bool", Some("t")));
+        assert!(one("done=neq.true").passes("bool", Some("f")));
+        assert!(one("u=eq.A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11")
+            .passes("uuid", Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")));
+        assert!(one("id=in.(1,2,3)").passes("int4", Some("2")));
+        assert!(!one("id=in.(1,2,3)").passes("int4", Some("4")));
+        assert!(one("id=not.in.(1,2,3)").passes("int4", Some("4")));
+        assert!(!one("id=not.eq.5").passes("int4", Some("5")));
+        // NULL passes nothing, negated or not.
+        assert!(!one("id=eq.5").passes("int4", None));
+        assert!(!one("id=not.eq.5").passes("int4", None));
+        let both = parse("id=gt.0,id=lt.10").unwrap();
+        let row = |v: &'static str| move |c: &str| (c == "id").then_some(("int4", Some(v)));
+        assert!(passes(&both, row("5")));
+        assert!(!passes(&both, row("10")));
+        // A column the row does not carry passes nothing.
+        assert!(!passes(&parse("other=eq.1").unwrap(), row("1")));
+        assert!(passes(&[], row("1")));
     }
 
     proptest! {

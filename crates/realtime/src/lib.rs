@@ -27,6 +27,7 @@
 pub mod changes;
 pub mod edge;
 pub mod fabric;
+pub mod feed;
 pub mod filter;
 pub mod hub;
 pub mod jwt;

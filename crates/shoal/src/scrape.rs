@@ -304,7 +304,7 @@ impl Collector for ShoalCollector {
         crate::query_rules::encode(&routed, &mut e)?;
         crate::cache::status::encode(&routed, &mut e)?;
         if let Some(rt) = app.realtime.get() {
-            crate::realtime::encode(rt, &mut e)?;
+            crate::realtime::encode(rt, app.feeds.get(), &mut e)?;
         }
         let (fds, rss) = process_resources();
         gauge(

@@ -586,20 +586,7 @@ impl ServerConn {
         loop {
             let frame = self.read_frame().await?;
             match frame.tag() {
-                b'D' if row.is_none() => {
-                    let mut r = shoal_wire::frame::Reader::new(frame.body());
-                    let n = r.u16()?;
-                    let mut cols = Vec::new();
-                    for _ in 0..n {
-                        let len = r.i32()?;
-                        cols.push(if len < 0 {
-                            None
-                        } else {
-                            Some(String::from_utf8_lossy(r.bytes(len as usize)?).into_owned())
-                        });
-                    }
-                    row = Some(cols);
-                }
+                b'D' if row.is_none() => row = Some(data_row(frame.body())?),
                 tag::ERROR_RESPONSE => {
                     let e = backend::parse_error(frame.body())?;
                     if e.is_fatal() {
@@ -616,6 +603,86 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+
+    /// Runs `statements` (SQL and text parameters) in one round trip and one implicit
+    /// transaction, so a `set_config(..., true)` in one holds for those after it and ends
+    /// with them; the first row of each (as [`ServerConn::query_row`]), or the first error.
+    pub async fn pipeline(
+        &mut self,
+        statements: &[(&str, &[&str])],
+    ) -> Result<Vec<Option<Vec<Option<String>>>>, ServerError> {
+        let mut out = BytesMut::new();
+        for (sql, params) in statements {
+            frontend::parse_bind_execute_unsynced(&mut out, sql, params);
+        }
+        frontend::sync(&mut out);
+        self.session.unnamed_dropped();
+        self.stream.write_all(&out).await?;
+        let mut rows: Vec<Option<Vec<Option<String>>>> = vec![None; statements.len()];
+        let mut at = 0;
+        let mut first_error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                b'D' => {
+                    if let Some(slot) = rows.get_mut(at).filter(|r| r.is_none()) {
+                        *slot = Some(data_row(frame.body())?);
+                    }
+                }
+                // CommandComplete, EmptyQueryResponse: the next statement's results follow.
+                b'C' | b'I' => at += 1,
+                tag::ERROR_RESPONSE => {
+                    let e = backend::parse_error(frame.body())?;
+                    if e.is_fatal() {
+                        return Err(ServerError::Db(e));
+                    }
+                    first_error.get_or_insert(e);
+                }
+                tag::READY_FOR_QUERY => {
+                    return match first_error {
+                        Some(e) => Err(ServerError::Db(e)),
+                        None => Ok(rows),
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends `START_REPLICATION ...` (`sql`) on a replication connection and waits until
+    /// the server streams (CopyBothResponse).
+    pub async fn start_replication(&mut self, sql: &str) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        frontend::query(&mut out, sql);
+        self.stream.write_all(&out).await?;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                tag::COPY_BOTH_RESPONSE => return Ok(()),
+                tag::ERROR_RESPONSE => {
+                    return Err(ServerError::Db(backend::parse_error(frame.body())?));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Tells a replication stream's server that WAL up to `lsn` was received, flushed
+    /// and applied (so the slot may let it go, and a restart begins after it).
+    pub async fn standby_status(&mut self, lsn: u64) -> Result<(), ServerError> {
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64)
+            - shoal_wire::pgoutput::PG_EPOCH_OFFSET_US;
+        let mut payload = Vec::with_capacity(34);
+        shoal_wire::pgoutput::status_update(&mut payload, lsn, now_us, false);
+        let mut out = BytesMut::with_capacity(5 + payload.len());
+        bytes::BufMut::put_u8(&mut out, tag::COPY_DATA);
+        bytes::BufMut::put_u32(&mut out, 4 + payload.len() as u32);
+        out.extend_from_slice(&payload);
+        self.stream.write_all(&out).await?;
+        Ok(())
     }
 
     /// Reads replies to a pooler-issued request up to ReadyForQuery; fails with the first
@@ -695,4 +762,20 @@ impl ServerConn {
         frontend::terminate(&mut out);
         let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
     }
+}
+
+/// A DataRow's columns as text (`None` for NULL).
+fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, ServerError> {
+    let mut r = shoal_wire::frame::Reader::new(body);
+    let n = r.u16()?;
+    let mut cols = Vec::new();
+    for _ in 0..n {
+        let len = r.i32()?;
+        cols.push(if len < 0 {
+            None
+        } else {
+            Some(String::from_utf8_lossy(r.bytes(len as usize)?).into_owned())
+        });
+    }
+    Ok(cols)
 }

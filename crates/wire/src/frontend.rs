@@ -57,6 +57,13 @@ pub fn query(buf: &mut BytesMut, sql: &str) {
 /// Parse (unnamed), Bind with text parameters, Execute and Sync: one round trip that runs
 /// `sql` with values passed out of band, never spliced into the text.
 pub fn parse_bind_execute(buf: &mut BytesMut, sql: &str, params: &[&str]) {
+    parse_bind_execute_unsynced(buf, sql, params);
+    sync(buf);
+}
+
+/// [`parse_bind_execute`] without the Sync, for several statements sent in one go that run
+/// in one implicit transaction (up to the Sync that follows them).
+pub fn parse_bind_execute_unsynced(buf: &mut BytesMut, sql: &str, params: &[&str]) {
     put_message(buf, tag::PARSE, |b| {
         put_cstr(b, "");
         put_cstr(b, sql);
@@ -77,7 +84,6 @@ pub fn parse_bind_execute(buf: &mut BytesMut, sql: &str, params: &[&str]) {
         put_cstr(b, "");
         b.put_i32(0);
     });
-    put_message(buf, tag::SYNC, |_| {});
 }
 
 pub fn password(buf: &mut BytesMut, password: &str) {

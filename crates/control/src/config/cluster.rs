@@ -151,7 +151,8 @@ impl ClusterSection {
     }
 }
 
-fn host_name() -> String {
+/// This machine's host name (`localhost` when it has none).
+pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

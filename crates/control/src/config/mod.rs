@@ -18,7 +18,7 @@ pub mod replicas;
 pub mod rules;
 mod sections;
 mod service;
-pub use cluster::{Cluster, ClusterSection, ClusterTls};
+pub use cluster::{host_name, Cluster, ClusterSection, ClusterTls};
 pub use sections::*;
 pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
 

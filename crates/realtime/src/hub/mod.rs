@@ -157,6 +157,8 @@ pub struct Hub {
     pub slow: std::sync::atomic::AtomicU64,
     /// The tenant, and where its broadcasts go to reach other nodes (in a cluster).
     relay: Option<(String, RelaySlot)>,
+    /// Where the tenant's `postgres_changes` subscriptions go, once there is a feed.
+    feed: Option<crate::feed::FeedSlot>,
 }
 
 impl Hub {
@@ -182,7 +184,10 @@ impl Hub {
     /// Subscribes `sub` to `topic`, in place of the same socket's earlier subscription to
     /// it (a re-join). A socket that wants presence is sent the topic's presence state.
     pub fn join(&self, topic: &str, sub: Subscriber) {
-        let mut topics = self.lock();
+        Self::join_locked(&mut self.lock(), topic, sub);
+    }
+
+    fn join_locked(topics: &mut HashMap<String, Topic>, topic: &str, sub: Subscriber) {
         let t = topics.entry(topic.to_owned()).or_default();
         t.subs.retain(|s| s.socket != sub.socket);
         if sub.presence {
@@ -229,11 +234,29 @@ impl Hub {
     }
 
     /// Tenant `tenant`'s channels, whose broadcasts also go to `relay`'s nodes.
-    pub fn relayed(tenant: &str, relay: RelaySlot) -> Hub {
+    pub fn relayed(tenant: &str, relay: RelaySlot, feed: crate::feed::FeedSlot) -> Hub {
         Hub {
             relay: Some((tenant.to_owned(), relay)),
+            feed: Some(feed),
             ..Hub::default()
         }
+    }
+
+    /// The tenant's id and its change feed, when the service has one.
+    pub fn feed(&self) -> Option<(&str, &Arc<dyn crate::feed::ChangeFeed>)> {
+        let tenant = self.relay.as_ref().map(|(t, _)| t.as_str())?;
+        Some((tenant, self.feed.as_ref()?.get()?))
+    }
+
+    /// [`Hub::join`], unless `ended` is set (checked under the hub's lock, so a socket
+    /// that sets it before leaving never stays subscribed); whether it joined.
+    pub fn join_unless(&self, topic: &str, sub: Subscriber, ended: &AtomicBool) -> bool {
+        let mut topics = self.lock();
+        if ended.load(Ordering::Acquire) {
+            return false;
+        }
+        Self::join_locked(&mut topics, topic, sub);
+        true
     }
 
     /// A broadcast from a client of this node: delivered here (see [`Hub::deliver`]) and

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 
 use super::{JoinPayload, Socket, TokenUpdate};
+use crate::feed::Identity;
 use crate::hub::Hub;
 use crate::jwt::JwtError;
 use crate::protocol::{Message, Payload};
@@ -30,9 +31,14 @@ fn sub_topic(topic: &str) -> &str {
 }
 
 impl Socket {
-    /// Whether `join` may join `topic`, in Realtime's order of checks; the expiry of the
-    /// token the channel will run on, or the reason it may not.
-    pub(super) fn admit(&self, hub: &Hub, topic: &str, join: &JoinPayload) -> Result<i64, String> {
+    /// Whether `join` may join `topic`, in Realtime's order of checks; the expiry and
+    /// identity of the token the channel will run on, or the reason it may not.
+    pub(super) fn admit(
+        &self,
+        hub: &Hub,
+        topic: &str,
+        join: &JoinPayload,
+    ) -> Result<(i64, Identity), String> {
         let limits = hub.meter().limits();
         if join.config.private {
             // Private channels are authorised by the tenant's policies on
@@ -53,9 +59,9 @@ impl Socket {
             Some(t) => self
                 .verifier
                 .verify(t, crate::jwt::now())
-                .map(|c| c.exp)
+                .map(|c| (c.exp, super::identity_of(&c)))
                 .map_err(|e| join_refusal(&e)),
-            None => Ok(self.socket_exp),
+            None => Ok((self.socket_exp, self.identity.clone())),
         }
     }
 
@@ -88,6 +94,11 @@ impl Socket {
             Ok(claims) => {
                 if let Some(j) = self.joined.get_mut(&m.topic) {
                     j.exp = claims.exp;
+                    // Changes from now on are authorised as the new token's role.
+                    if let Some(changes) = &j.changes {
+                        *changes.identity.lock().unwrap_or_else(|e| e.into_inner()) =
+                            super::identity_of(&claims);
+                    }
                 }
             }
             Err(why) => self.shut_down(hub, &m.topic, &why),
@@ -100,7 +111,7 @@ impl Socket {
         let Some(joined) = self.joined.remove(topic) else {
             return;
         };
-        hub.leave(topic, self.id);
+        self.ended(hub, topic, &joined);
         let system = serde_json::json!({
             "extension": "system",
             "status": "error",

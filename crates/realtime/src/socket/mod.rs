@@ -18,6 +18,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::feed::{Handle, Identity, SharedIdentity};
 use crate::hub::{Frame, Hub, Outbox, SocketId, Subscriber};
 use crate::jwt::{Claims, JwtError, Verifier};
 pub use crate::limits::Limits;
@@ -30,6 +31,8 @@ pub struct Socket {
     verifier: Arc<Verifier>,
     /// Expiry of the token the socket connected with (seconds since the epoch).
     socket_exp: i64,
+    /// Who the socket's token says it is (to the database, for Postgres Changes).
+    identity: Identity,
     joined: HashMap<String, Joined>,
 }
 
@@ -40,6 +43,8 @@ struct Joined {
     presence_key: String,
     /// When the channel's token expires (seconds since the epoch).
     exp: i64,
+    /// The channel's `postgres_changes` subscription, handed to the change feed.
+    changes: Option<Handle>,
 }
 
 /// A join config field that is null (as the Python client sends an unset `broadcast`)
@@ -68,6 +73,8 @@ struct JoinConfig {
     presence: PresenceConfig,
     #[serde(default, deserialize_with = "null_as_default")]
     private: bool,
+    #[serde(default, deserialize_with = "null_as_default")]
+    postgres_changes: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -122,6 +129,7 @@ impl Socket {
             out,
             verifier,
             socket_exp: claims.exp,
+            identity: identity_of(claims),
             joined: HashMap::new(),
         }
     }
@@ -149,14 +157,14 @@ impl Socket {
     }
 
     /// A text frame from the client.
-    pub fn on_text(&mut self, hub: &Hub, text: &str) -> Result<(), ProtocolError> {
+    pub fn on_text(&mut self, hub: &Arc<Hub>, text: &str) -> Result<(), ProtocolError> {
         let m = protocol::decode_text(self.vsn, text)?;
         self.on_message(hub, m);
         Ok(())
     }
 
     /// A binary frame from the client.
-    pub fn on_binary(&mut self, hub: &Hub, frame: &[u8]) -> Result<(), ProtocolError> {
+    pub fn on_binary(&mut self, hub: &Arc<Hub>, frame: &[u8]) -> Result<(), ProtocolError> {
         match protocol::decode_binary(frame)? {
             Inbound::Message(m) => self.on_message(hub, m),
             Inbound::UserBroadcast(b) => self.on_broadcast(hub, b),
@@ -166,18 +174,35 @@ impl Socket {
 
     /// The socket closed: its subscriptions end.
     pub fn close(&mut self, hub: &Hub) {
-        for topic in self.joined.keys() {
-            hub.leave(topic, self.id);
+        for (topic, joined) in std::mem::take(&mut self.joined) {
+            self.ended(hub, &topic, &joined);
         }
-        self.joined.clear();
     }
 
-    fn on_message(&mut self, hub: &Hub, m: Message) {
+    /// What a channel leaves behind when it ends: its subscription and its changes.
+    fn ended(&self, hub: &Hub, topic: &str, joined: &Joined) {
+        if let Some(changes) = &joined.changes {
+            changes.end();
+            if let Some((tenant, feed)) = hub.feed() {
+                feed.unsubscribe(tenant, self.id, topic);
+            }
+        }
+        hub.leave(topic, self.id);
+    }
+
+    /// Whether `topic` is joined (a join refused after the fact does not count).
+    fn is_joined(&self, topic: &str) -> bool {
+        self.joined
+            .get(topic)
+            .is_some_and(|j| !j.changes.as_ref().is_some_and(Handle::is_ended))
+    }
+
+    fn on_message(&mut self, hub: &Arc<Hub>, m: Message) {
         match (m.topic.as_str(), m.event.as_str()) {
             ("phoenix", "heartbeat") => self.reply(&m, "ok", "{}"),
             (_, "phx_join") => self.join(hub, m),
             (_, "phx_leave") => self.leave(hub, m),
-            _ if !self.joined.contains_key(&m.topic) => {
+            _ if !self.is_joined(&m.topic) => {
                 self.reply(&m, "error", r#"{"reason":"unmatched topic"}"#)
             }
             (_, "broadcast") => {
@@ -214,15 +239,36 @@ impl Socket {
         }
     }
 
-    fn join(&mut self, hub: &Hub, m: Message) {
+    fn join(&mut self, hub: &Arc<Hub>, m: Message) {
         let join = match &m.payload {
             Payload::Json(p) => serde_json::from_slice::<JoinPayload>(p).unwrap_or_default(),
             Payload::Binary(_) => JoinPayload::default(),
         };
-        let exp = match self.admit(hub, &m.topic, &join) {
-            Ok(exp) => exp,
+        let (exp, identity) = match self.admit(hub, &m.topic, &join) {
+            Ok(admitted) => admitted,
             Err(reason) => return self.reply(&m, "error", &reason_json(&reason)),
         };
+        let bindings = match join
+            .config
+            .postgres_changes
+            .iter()
+            .map(crate::changes::Binding::parse)
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(b) => b,
+            Err(e) => return self.reply(&m, "error", &reason_json(&e.to_string())),
+        };
+        if !bindings.is_empty() && hub.feed().is_none() {
+            return self.reply(
+                &m,
+                "error",
+                &reason_json("Postgres Changes are not available for this tenant"),
+            );
+        }
+        // A re-join replaces the channel: the old one's subscriptions end first.
+        if let Some(old) = self.joined.remove(&m.topic) {
+            self.ended(hub, &m.topic, &old);
+        }
         let config = join.config;
         let subscriber = Subscriber {
             socket: self.id,
@@ -237,6 +283,24 @@ impl Socket {
         } else {
             config.presence.key
         };
+        let changes = if bindings.is_empty() {
+            None
+        } else {
+            let identity: SharedIdentity = Arc::new(std::sync::Mutex::new(identity));
+            let (sub, handle) = crate::feed::subscription(
+                hub.clone(),
+                subscriber.clone(),
+                &m.topic,
+                m.msg_ref.clone(),
+                bindings,
+                identity,
+            );
+            if let Some((tenant, feed)) = hub.feed() {
+                feed.subscribe(tenant, sub);
+            }
+            Some(handle)
+        };
+        let answered_later = changes.is_some();
         self.joined.insert(
             m.topic.clone(),
             Joined {
@@ -244,8 +308,13 @@ impl Socket {
                 ack: config.broadcast.ack,
                 presence_key,
                 exp,
+                changes,
             },
         );
+        if answered_later {
+            // The feed answers once capture covers the bindings (see `crate::feed`).
+            return;
+        }
         // The reply first, then the subscription (which queues the presence state), as
         // Phoenix orders them; nothing runs between the two.
         self.reply(&m, "ok", r#"{"postgres_changes":[]}"#);
@@ -290,10 +359,10 @@ impl Socket {
     }
 
     fn leave(&mut self, hub: &Hub, m: Message) {
-        if self.joined.remove(&m.topic).is_none() {
+        let Some(joined) = self.joined.remove(&m.topic) else {
             return self.reply(&m, "error", r#"{"reason":"unmatched topic"}"#);
-        }
-        hub.leave(&m.topic, self.id);
+        };
+        self.ended(hub, &m.topic, &joined);
         self.reply(&m, "ok", "{}");
         self.send(&Message {
             join_ref: m.join_ref,
@@ -305,7 +374,11 @@ impl Socket {
     }
 
     fn on_broadcast(&mut self, hub: &Hub, b: UserBroadcast) {
-        let Some(joined) = self.joined.get(&b.topic) else {
+        let Some(joined) = self
+            .joined
+            .get(&b.topic)
+            .filter(|_| self.is_joined(&b.topic))
+        else {
             return self.reply_to(
                 &b.topic,
                 b.join_ref,
@@ -373,6 +446,14 @@ impl Socket {
     /// The socket's join ref for `topic`, if it is joined.
     pub fn join_ref(&self, topic: &str) -> Option<&str> {
         self.joined.get(topic)?.join_ref.as_deref()
+    }
+}
+
+/// A token's identity to the database.
+fn identity_of(claims: &Claims) -> Identity {
+    Identity {
+        role: claims.role.clone(),
+        claims: claims.all.to_string().into(),
     }
 }
 

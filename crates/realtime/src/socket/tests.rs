@@ -12,8 +12,8 @@ const LIMITS: Limits = Limits {
 
 const SECRET: &str = "socket-test-secret";
 
-fn hub_with(limits: Limits) -> Hub {
-    let hub = Hub::default();
+fn hub_with(limits: Limits) -> Arc<Hub> {
+    let hub = std::sync::Arc::new(Hub::default());
     hub.meter().set_limits(limits);
     hub
 }

@@ -35,6 +35,8 @@ pub struct App {
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
     /// The realtime service, once started (never, without `[realtime]`).
     pub realtime: std::sync::OnceLock<Arc<shoal_realtime::edge::Service>>,
+    /// Postgres Changes capture, with the realtime service.
+    pub feeds: std::sync::OnceLock<Arc<crate::realtime::changes::Feeds>>,
 }
 
 impl App {
@@ -55,6 +57,7 @@ impl App {
             cancels: Arc::new(CancelRegistry::default()),
             cluster: Default::default(),
             realtime: Default::default(),
+            feeds: Default::default(),
         }))
     }
 

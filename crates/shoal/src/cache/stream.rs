@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
 use shoal_wire::backend::tag as be;
 use shoal_wire::pgoutput::{self, Message, ReplicationMessage};
 
@@ -136,31 +135,12 @@ impl Stream {
         crate::timer::timeout(TIMEOUT, replication.simple_query(&sql))
             .await
             .map_err(|_| StreamError::Protocol("creating the slot timed out".into()))??;
-        let mut out = BytesMut::new();
-        shoal_wire::frontend::query(
-            &mut out,
-            &format!(
+        replication
+            .start_replication(&format!(
                 "START_REPLICATION SLOT {slot} LOGICAL 0/0 \
                  (proto_version '1', publication_names '{PUBLICATION}', messages 'true')"
-            ),
-        );
-        replication
-            .stream
-            .write_all(&out)
-            .await
-            .map_err(ServerError::Io)?;
-        loop {
-            let frame = replication.read_frame().await?;
-            match frame.tag() {
-                be::COPY_BOTH_RESPONSE => break,
-                be::ERROR_RESPONSE => {
-                    let e = shoal_wire::backend::parse_error(frame.body())
-                        .map_err(ServerError::from)?;
-                    return Err(ServerError::Db(e).into());
-                }
-                _ => {}
-            }
-        }
+            ))
+            .await?;
         {
             let mut s = f.state.lock().unwrap_or_else(|e| e.into_inner());
             s.connected = true;
@@ -205,7 +185,7 @@ impl Stream {
                     self.cover(f).await?;
                     let now = crate::clock::now_ms();
                     if now.saturating_sub(self.status_sent) >= STATUS_EVERY.as_millis() as u64 {
-                        self.send_status(f, false).await?;
+                        self.send_status(f).await?;
                     }
                 }
             }
@@ -233,7 +213,7 @@ impl Stream {
                     self.read_lsn = self.read_lsn.max(wal_end);
                 }
                 if reply_requested {
-                    self.send_status(f, false).await?;
+                    self.send_status(f).await?;
                 }
             }
             ReplicationMessage::XLogData { data, .. } => {
@@ -297,22 +277,8 @@ impl Stream {
     }
 
     /// Tells the server how far the stream was read.
-    async fn send_status(&mut self, f: &Freshness, reply: bool) -> Result<(), StreamError> {
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64)
-            - pgoutput::PG_EPOCH_OFFSET_US;
-        let mut payload = Vec::with_capacity(34);
-        pgoutput::status_update(&mut payload, self.read_lsn, now_us, reply);
-        let mut out = BytesMut::with_capacity(5 + payload.len());
-        out.put_u8(b'd');
-        out.put_u32(4 + payload.len() as u32);
-        out.extend_from_slice(&payload);
-        self.replication
-            .stream
-            .write_all(&out)
-            .await
-            .map_err(ServerError::Io)?;
+    async fn send_status(&mut self, f: &Freshness) -> Result<(), StreamError> {
+        self.replication.standby_status(self.read_lsn).await?;
         self.status_sent = crate::clock::now_ms();
         f.state
             .lock()

@@ -9,6 +9,7 @@ use shoal_realtime::edge::{Directory, Lookup, Options, Service, TenantKeys};
 use shoal_realtime::jwt::Verifier;
 use shoal_realtime::limits::Limits;
 
+pub mod changes;
 pub mod fabric;
 
 use crate::app::App;
@@ -95,6 +96,13 @@ pub async fn start(
         relay.keep_streams();
         service.set_relay(relay);
     }
+    let node = match app.cluster.get() {
+        Some(n) => n.id.clone(),
+        None => format!("{}:{}", shoal_control::config::host_name(), addr.port()),
+    };
+    let feeds = changes::Feeds::new(app, &node);
+    service.set_feed(feeds.clone());
+    let _ = app.feeds.set(feeds);
     let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();
     let stopping = service.clone();
@@ -118,6 +126,7 @@ pub async fn start(
 /// The `shoal_realtime_*` metric families, by tenant.
 pub fn encode(
     service: &Service,
+    feeds: Option<&Arc<changes::Feeds>>,
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
@@ -173,5 +182,58 @@ pub fn encode(
     ] {
         counter(e, name, help, &by_tenant(value))?;
     }
+    if let Some(feeds) = feeds {
+        encode_feeds(feeds, e)?;
+    }
+    Ok(())
+}
+
+/// The `shoal_realtime_postgres_changes_*` families, by tenant.
+fn encode_feeds(
+    feeds: &changes::Feeds,
+    e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    use crate::metrics::LabelValue;
+    use shoal_control::metrics::{counter, gauge};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let rows = feeds.stats();
+    let by_tenant = |v: &dyn Fn(&changes::FeedStats) -> &AtomicU64| -> Vec<_> {
+        rows.iter()
+            .map(|(t, s)| {
+                (
+                    vec![("tenant", LabelValue::new(t))],
+                    v(s).load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    };
+    let subscriptions: Vec<_> = by_tenant(&|s| &s.subscriptions)
+        .into_iter()
+        .map(|(l, n)| (l, n as i64))
+        .collect();
+    gauge(
+        e,
+        "shoal_realtime_postgres_changes_subscriptions",
+        "Channels with postgres_changes bindings",
+        &subscriptions,
+    )?;
+    counter(
+        e,
+        "shoal_realtime_postgres_changes_rows",
+        "Row changes read from the WAL",
+        &by_tenant(&|s| &s.changes),
+    )?;
+    counter(
+        e,
+        "shoal_realtime_postgres_changes_delivered",
+        "postgres_changes messages queued to subscribers",
+        &by_tenant(&|s| &s.delivered),
+    )?;
+    counter(
+        e,
+        "shoal_realtime_postgres_changes_authorizations",
+        "Authorization queries (one per table and role and claims per batch)",
+        &by_tenant(&|s| &s.authorizations),
+    )?;
     Ok(())
 }

@@ -133,6 +133,31 @@ impl TenantRoute {
         })
     }
 
+    /// Where and as whom Shoal itself logs in to the tenant's database: its manager user
+    /// (`is_manager`), else its first user.
+    pub fn manager_upstream(&self) -> Result<crate::server::Upstream, String> {
+        let users = self.upstream_users();
+        let manager = self.tenant.manager().map(|m| &m.db_user);
+        let user = manager
+            .and_then(|m| users.get(m))
+            .or_else(|| users.values().next())
+            .ok_or("at least one user is needed")?;
+        let tls = crate::upstream_tls::UpstreamTls::build(&self.database.tls)
+            .map_err(|e| e.to_string())?;
+        Ok(crate::server::Upstream {
+            host: self.database.host.clone(),
+            port: self.database.port,
+            family: self.database.family,
+            dbname: self.database.dbname.clone(),
+            user: user.server_user.clone(),
+            password: user.server_password.clone(),
+            tls: tls.map(Arc::new),
+            tls_settings: self.database.tls.clone(),
+            passthrough: None,
+            dial: None,
+        })
+    }
+
     /// The listed users as their pools see them (upstream login, sizes, mode), without the
     /// client-side check: for comparing and resizing pools, never for authentication.
     pub fn upstream_users(&self) -> BTreeMap<String, User> {

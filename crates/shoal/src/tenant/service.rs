@@ -137,30 +137,14 @@ impl TenantService {
     async fn check_upstream(&self, t: &Tenant) -> Result<(), ServiceError> {
         let route = TenantRoute::new(t.clone(), &self.ca_dir)
             .map_err(|e| field_error("upstream_tls_ca", e))?;
-        // Only its upstream login is needed: no client-side verifier (a PBKDF2) is made.
-        let users = route.upstream_users();
-        let manager = route.database.auth_query.as_ref().map(|aq| &aq.user);
-        let Some(user) = manager
-            .and_then(|m| users.get(m))
-            .or_else(|| users.values().next())
-            .cloned()
-        else {
-            return Err(field_error("users", "at least one user is needed"));
-        };
-        let tls = crate::upstream_tls::UpstreamTls::build(&route.database.tls)
-            .map_err(|e| field_error("upstream_tls_ca", e.to_string()))?;
-        let upstream = crate::server::Upstream {
-            host: route.database.host.clone(),
-            port: route.database.port,
-            family: route.database.family,
-            dbname: route.database.dbname.clone(),
-            user: user.server_user.clone(),
-            password: user.server_password.clone(),
-            tls: tls.map(Arc::new),
-            tls_settings: route.database.tls.clone(),
-            passthrough: None,
-            dial: None,
-        };
+        let upstream = route.manager_upstream().map_err(|e| {
+            let field = if t.users.is_empty() {
+                "users"
+            } else {
+                "upstream_tls_ca"
+            };
+            field_error(field, e)
+        })?;
         match crate::server::ServerConn::connect(&upstream, Duration::from_secs(5)).await {
             Ok(conn) => {
                 conn.close().await;
@@ -169,7 +153,7 @@ impl TenantService {
             Err(e) => {
                 let field = match &e {
                     crate::server::ServerError::Db(f) if f.code.starts_with("28") => {
-                        format!("users[{}].db_password", user_index(t, &user.name))
+                        format!("users[{}].db_password", user_index(t, &upstream.user))
                     }
                     crate::server::ServerError::Db(f) if f.code == "3D000" => "db_database".into(),
                     _ => "db_host".into(),

@@ -1,0 +1,219 @@
+//! The seam between channels and the database's change capture (Postgres Changes).
+//!
+//! A join with `postgres_changes` bindings is not answered at once: its [`Subscription`]
+//! goes to the tenant's [`ChangeFeed`], which answers it through [`Ready`] once capture
+//! covers every binding, so that `SUBSCRIBED` (what the clients report on the join's
+//! reply) is never said before a change committed from then on is certain to be sent.
+//! Until then the channel gets nothing, not even broadcasts. Changes are then queued to
+//! the socket through the subscription's [`Target`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+use crate::changes::Binding;
+use crate::hub::{Frame, Hub, Outbox, SocketId, Subscriber};
+use crate::protocol::{self, Message, Payload, Vsn};
+
+/// Where a tenant's `postgres_changes` subscriptions go: Shoal's capture of its database.
+pub trait ChangeFeed: Send + Sync + 'static {
+    /// Captures `sub`'s bindings for `tenant` and answers its join through `sub.ready`.
+    fn subscribe(&self, tenant: &str, sub: Subscription);
+    /// `socket`'s subscription on `topic` ended (a leave, a re-join, the socket closing).
+    fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str);
+}
+
+/// The service's change feed, once it has one.
+pub type FeedSlot = Arc<OnceLock<Arc<dyn ChangeFeed>>>;
+
+/// Who a subscriber is to the database: the role its token names and the token's claims
+/// (as JSON text, for `request.jwt.claims`). Subscribers with the same identity share one
+/// authorization check per table per batch of changes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub role: String,
+    pub claims: Arc<str>,
+}
+
+/// A channel's identity, which a token update replaces.
+pub type SharedIdentity = Arc<std::sync::Mutex<Identity>>;
+
+/// One channel's bindings, waiting for capture to cover them and then receiving changes.
+pub struct Subscription {
+    pub socket: SocketId,
+    pub topic: String,
+    pub bindings: Vec<Binding>,
+    /// Changes when the channel's token is updated.
+    pub identity: SharedIdentity,
+    pub target: Target,
+    pub ready: Ready,
+}
+
+/// Where a subscription's changes are queued.
+#[derive(Debug, Clone)]
+pub struct Target {
+    out: Outbox,
+    pub vsn: Vsn,
+    /// Set when the subscription ended; nothing more is queued then.
+    ended: Arc<AtomicBool>,
+}
+
+impl Target {
+    /// Whether the subscription ended (its socket left or closed).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Queues a frame made by [`change_frame`]; false when the socket's queue is full
+    /// (the socket is then closed as too slow) or the subscription ended.
+    pub fn push(&self, frame: Frame) -> bool {
+        !self.ended() && self.out.push(frame)
+    }
+}
+
+/// The `postgres_changes` message with `payload` (see [`crate::changes::payload`]) on
+/// `topic`, as a socket speaking `vsn` reads it.
+pub fn change_frame(vsn: Vsn, topic: &str, payload: String) -> Option<Frame> {
+    let m = Message {
+        join_ref: None,
+        msg_ref: None,
+        topic: topic.to_owned(),
+        event: "postgres_changes".into(),
+        payload: Payload::Json(payload.into()),
+    };
+    protocol::encode_text(vsn, &m).map(|t| Frame::Text(t.into()))
+}
+
+/// The pending answer to a join with bindings.
+pub struct Ready {
+    hub: Arc<Hub>,
+    subscriber: Subscriber,
+    topic: String,
+    msg_ref: Option<String>,
+    /// The bindings as the join reply echoes them.
+    echo: serde_json::Value,
+    ended: Arc<AtomicBool>,
+}
+
+impl Ready {
+    /// Capture covers the bindings: the join is answered `ok` (with the bindings and
+    /// their ids), the channel subscribed to its topic, and the `system` message Realtime
+    /// sends once it listens to the database follows.
+    pub fn subscribed(self) {
+        self.answer("ok", &serde_json::json!({ "postgres_changes": self.echo }));
+        if self
+            .hub
+            .join_unless(&self.topic, self.subscriber.clone(), &self.ended)
+        {
+            let channel = self.topic.strip_prefix("realtime:").unwrap_or(&self.topic);
+            self.send(
+                "system",
+                serde_json::json!({
+                    "extension": "postgres_changes",
+                    "status": "ok",
+                    "message": "Subscribed to PostgreSQL",
+                    "channel": channel,
+                }),
+            );
+        }
+    }
+
+    /// The bindings cannot be served: the join is refused with `reason`.
+    pub fn failed(self, reason: &str) {
+        self.ended.store(true, Ordering::Release);
+        self.answer("error", &serde_json::json!({ "reason": reason }));
+    }
+
+    /// Whether the join was given up (the socket left, re-joined or closed) while waiting.
+    pub fn abandoned(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn answer(&self, status: &str, response: &serde_json::Value) {
+        if self.abandoned() && status == "ok" {
+            return;
+        }
+        let payload = serde_json::json!({ "status": status, "response": response });
+        let m = Message {
+            join_ref: self.subscriber.join_ref.clone(),
+            msg_ref: self.msg_ref.clone(),
+            topic: self.topic.clone(),
+            event: "phx_reply".into(),
+            payload: Payload::Json(Bytes::from(payload.to_string())),
+        };
+        if let Some(t) = protocol::encode_text(self.subscriber.vsn, &m) {
+            self.subscriber.out.push(Frame::Text(t.into()));
+        }
+    }
+
+    fn send(&self, event: &str, payload: serde_json::Value) {
+        let m = Message {
+            join_ref: self.subscriber.join_ref.clone(),
+            msg_ref: None,
+            topic: self.topic.clone(),
+            event: event.into(),
+            payload: Payload::Json(Bytes::from(payload.to_string())),
+        };
+        if let Some(t) = protocol::encode_text(self.subscriber.vsn, &m) {
+            self.subscriber.out.push(Frame::Text(t.into()));
+        }
+    }
+}
+
+/// What a socket keeps of a subscription it handed to the feed: ending it stops the
+/// feed's deliveries and an answer still to come.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    ended: Arc<AtomicBool>,
+    pub identity: SharedIdentity,
+}
+
+impl Handle {
+    pub fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+
+    /// Whether the join was refused (or the subscription ended).
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+}
+
+/// The parts of a join with bindings: what the feed gets, and what the socket keeps.
+pub fn subscription(
+    hub: Arc<Hub>,
+    subscriber: Subscriber,
+    topic: &str,
+    msg_ref: Option<String>,
+    bindings: Vec<Binding>,
+    identity: SharedIdentity,
+) -> (Subscription, Handle) {
+    let ended = Arc::new(AtomicBool::new(false));
+    let echo = bindings
+        .iter()
+        .map(Binding::reply)
+        .collect::<Vec<_>>()
+        .into();
+    let target = Target {
+        out: subscriber.out.clone(),
+        vsn: subscriber.vsn,
+        ended: ended.clone(),
+    };
+    let sub = Subscription {
+        socket: subscriber.socket,
+        topic: topic.to_owned(),
+        bindings,
+        identity: identity.clone(),
+        target,
+        ready: Ready {
+            hub,
+            subscriber,
+            topic: topic.to_owned(),
+            msg_ref,
+            echo,
+            ended: ended.clone(),
+        },
+    };
+    (sub, Handle { ended, identity })
+}

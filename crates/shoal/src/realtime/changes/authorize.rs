@@ -1,0 +1,312 @@
+//! Authorization of a batch of changes, per table and identity (role and JWT claims): the
+//! columns the role may read, and the rows its row-level security lets it see, judged on
+//! the rows as they were written (the values in the WAL), not as the table holds them when
+//! the batch is checked, so a row inserted and deleted at once is still seen by whom it
+//! was for.
+//!
+//! The role's policies are read from the catalogue (`pg_policy`: SELECT and ALL policies
+//! that apply to the role, permissive ones OR-ed, restrictive ones AND-ed, as PostgreSQL
+//! combines them) and evaluated by PostgreSQL over the batch's rows, under the role and
+//! with `request.jwt.claims` set for the transaction, as Supabase sets them: one round
+//! trip per table and identity per batch. What the catalogue says of a table and role is
+//! kept for a second. A role that bypasses row-level security (the table's owner,
+//! `BYPASSRLS`, a superuser) or a table without it needs no evaluation. DELETEs are never
+//! evaluated: only the old key is known, and is sent.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use shoal_realtime::changes::Column;
+use shoal_realtime::feed::Identity;
+
+use super::stream::{quote_ident, CaptureError, Rel, Row, Value, TIMEOUT};
+use crate::server::{ServerConn, ServerError};
+
+/// How long what the catalogue says of a table and role is used before it is read again.
+const POLICY_TTL: Duration = Duration::from_secs(1);
+
+const SET_IDENTITY: &str =
+    "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)";
+
+/// What one identity may see of one table in a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Access {
+    /// The columns it may read: their positions in the table's columns, and themselves.
+    pub indices: Vec<usize>,
+    pub columns: Vec<Column>,
+    /// The batch rows it may see (positions in the batch); `None`: every row.
+    pub rows: Option<HashSet<usize>>,
+}
+
+impl Access {
+    pub fn sees(&self, row: usize) -> bool {
+        self.rows.as_ref().is_none_or(|r| r.contains(&row))
+    }
+}
+
+/// What the catalogue says of a table for a role.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(super) struct Policy {
+    /// The columns the role may read.
+    columns: Vec<String>,
+    /// Row-level security does not apply to the role here.
+    bypass: bool,
+    permissive: Vec<String>,
+    restrictive: Vec<String>,
+}
+
+impl Policy {
+    /// The condition a row must meet; `None` when none can (no permissive policy).
+    fn predicate(&self) -> Option<String> {
+        if self.permissive.is_empty() {
+            return None;
+        }
+        let any = self
+            .permissive
+            .iter()
+            .map(|q| format!("({q})"))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let mut all = vec![format!("({any})")];
+        all.extend(self.restrictive.iter().map(|q| format!("({q})")));
+        Some(all.join(" AND "))
+    }
+}
+
+/// Policies read, by table and role, with when they were read.
+#[derive(Default)]
+pub(super) struct Policies {
+    read: HashMap<(u32, String), (Instant, Option<Policy>)>,
+    /// Authorization queries run (each one round trip).
+    pub queries: u64,
+}
+
+const DESCRIBE: &str = "SELECT json_build_object(\
+ 'columns', (SELECT coalesce(json_agg(a.attname), '[]') FROM pg_attribute a \
+   WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped \
+   AND has_column_privilege($1::oid, a.attnum, 'SELECT')), \
+ 'bypass', (SELECT NOT c.relrowsecurity OR r.rolsuper OR r.rolbypassrls \
+   OR (pg_has_role(current_user, c.relowner, 'USAGE') AND NOT c.relforcerowsecurity) \
+   FROM pg_class c, pg_roles r WHERE c.oid = $1::oid AND r.rolname = current_user), \
+ 'permissive', (SELECT coalesce(json_agg(coalesce(pg_get_expr(p.polqual, p.polrelid), 'true')), '[]') \
+   FROM pg_policy p WHERE p.polrelid = $1::oid AND p.polcmd IN ('r', '*') AND p.polpermissive \
+   AND (0::oid = ANY(p.polroles) OR EXISTS (SELECT 1 FROM unnest(p.polroles) AS pr(r) \
+     WHERE pg_has_role(current_user, pr.r, 'USAGE')))), \
+ 'restrictive', (SELECT coalesce(json_agg(coalesce(pg_get_expr(p.polqual, p.polrelid), 'true')), '[]') \
+   FROM pg_policy p WHERE p.polrelid = $1::oid AND p.polcmd IN ('r', '*') AND NOT p.polpermissive \
+   AND (0::oid = ANY(p.polroles) OR EXISTS (SELECT 1 FROM unnest(p.polroles) AS pr(r) \
+     WHERE pg_has_role(current_user, pr.r, 'USAGE')))))::text";
+
+/// The first column of the first row of statement `at` of a pipeline's results.
+fn cell(rows: &[Option<Vec<Option<String>>>], at: usize) -> Result<String, CaptureError> {
+    rows.get(at)
+        .cloned()
+        .flatten()
+        .and_then(|r| r.into_iter().next().flatten())
+        .ok_or_else(|| CaptureError::Protocol("an authorization query returned nothing".into()))
+}
+
+/// Runs `statements` after setting `identity`; `None` when PostgreSQL refused (no such
+/// role, no privilege, a policy failing): the identity may then see nothing.
+async fn as_identity(
+    control: &mut ServerConn,
+    identity: &Identity,
+    sql: &str,
+    params: &[&str],
+) -> Result<Option<String>, CaptureError> {
+    let set: &[&str] = &[&identity.role, &identity.claims];
+    let statements: [(&str, &[&str]); 2] = [(SET_IDENTITY, set), (sql, params)];
+    match crate::timer::timeout(TIMEOUT, control.pipeline(&statements)).await {
+        Err(_) => Err(CaptureError::Timeout("an authorization query")),
+        Ok(Err(ServerError::Db(e))) if !e.is_fatal() => {
+            tracing::debug!(role = %identity.role, error = %e.message,
+                "an authorization query was refused: nothing is shown");
+            Ok(None)
+        }
+        Ok(r) => Ok(Some(cell(&r?, 1)?)),
+    }
+}
+
+impl Policies {
+    /// What `identity`'s role may see of `rel`, from the catalogue at most a second old.
+    async fn get(
+        &mut self,
+        control: &mut ServerConn,
+        rel: &Rel,
+        identity: &Identity,
+    ) -> Result<Option<Policy>, CaptureError> {
+        let key = (rel.oid, identity.role.clone());
+        if let Some((at, p)) = self.read.get(&key) {
+            if at.elapsed() < POLICY_TTL {
+                return Ok(p.clone());
+            }
+        }
+        let oid = rel.oid.to_string();
+        self.queries += 1;
+        let policy = match as_identity(control, identity, DESCRIBE, &[&oid]).await? {
+            Some(text) => Some(
+                serde_json::from_str::<Policy>(&text)
+                    .map_err(|e| CaptureError::Protocol(e.to_string()))?,
+            ),
+            None => None,
+        }
+        .filter(|p| !p.columns.is_empty());
+        self.read.insert(key, (Instant::now(), policy.clone()));
+        Ok(policy)
+    }
+}
+
+/// What `identity` may see of `rel` and of the batch rows `check` (positions and rows:
+/// its INSERTs and UPDATEs). `None` when it may read nothing of the table.
+pub(super) async fn check(
+    control: &mut ServerConn,
+    policies: &mut Policies,
+    rel: &Rel,
+    identity: &Identity,
+    check: &[(usize, &Row)],
+) -> Result<Option<Access>, CaptureError> {
+    let Some(policy) = policies.get(control, rel, identity).await? else {
+        return Ok(None);
+    };
+    let indices: Vec<usize> = (0..rel.columns.len())
+        .filter(|&i| policy.columns.contains(&rel.columns[i].name))
+        .collect();
+    let columns = indices.iter().map(|&i| rel.columns[i].clone()).collect();
+    let rows = if policy.bypass || check.is_empty() {
+        None
+    } else if let Some(predicate) = policy.predicate() {
+        let sql = evaluate_sql(rel, &predicate);
+        let json = rows_json(rel, check);
+        policies.queries += 1;
+        match as_identity(control, identity, &sql, &[&json]).await? {
+            Some(text) => {
+                let seen: Vec<usize> = serde_json::from_str(&text)
+                    .map_err(|e| CaptureError::Protocol(e.to_string()))?;
+                // 1-based positions in `check`.
+                Some(
+                    seen.into_iter()
+                        .filter_map(|k| check.get(k.checked_sub(1)?).map(|(at, _)| *at))
+                        .collect(),
+                )
+            }
+            None => Some(HashSet::new()),
+        }
+    } else {
+        Some(HashSet::new())
+    };
+    Ok(Some(Access {
+        indices,
+        columns,
+        rows,
+    }))
+}
+
+/// The rows of `check` as JSON objects `json_populate_record` reads: text values as
+/// strings, JSON values as themselves, a value the WAL left out taken from the old row
+/// (else NULL).
+fn rows_json(rel: &Rel, check: &[(usize, &Row)]) -> String {
+    let rows: Vec<serde_json::Value> = check
+        .iter()
+        .map(|(_, row)| {
+            let mut o = serde_json::Map::new();
+            for (i, c) in rel.columns.iter().enumerate() {
+                let v = match row.value(i) {
+                    Some(Value::Text(t)) if matches!(c.typname.as_str(), "json" | "jsonb") => {
+                        serde_json::from_str(t).unwrap_or_else(|_| t.clone().into())
+                    }
+                    Some(Value::Text(t)) => t.clone().into(),
+                    _ => serde_json::Value::Null,
+                };
+                o.insert(c.name.clone(), v);
+            }
+            serde_json::Value::Object(o)
+        })
+        .collect();
+    serde_json::Value::from(rows).to_string()
+}
+
+/// Which of the rows `$1` (a JSON array of row objects) meet `predicate` (the table's
+/// policies, whose column references name the row by the table's name).
+fn evaluate_sql(rel: &Rel, predicate: &str) -> String {
+    format!(
+        "SELECT coalesce(json_agg(k.i), '[]')::text \
+         FROM json_array_elements($1::json) WITH ORDINALITY AS k(v, i) \
+         CROSS JOIN LATERAL json_populate_record(NULL::{}, k.v) AS {} WHERE {predicate}",
+        rel.qualified,
+        quote_ident(&rel.table)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_realtime::changes::Kind;
+    use std::sync::Arc;
+
+    fn rel() -> Rel {
+        Rel {
+            oid: 42,
+            schema: "public".into(),
+            table: "notes".into(),
+            qualified: "\"public\".\"notes\"".into(),
+            columns: vec![
+                Column {
+                    name: "id".into(),
+                    typname: "int8".into(),
+                },
+                Column {
+                    name: "body".into(),
+                    typname: "text".into(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn policies_combine_as_postgresql_combines_them() {
+        let p = |permissive: &[&str], restrictive: &[&str]| Policy {
+            columns: vec!["id".into()],
+            bypass: false,
+            permissive: permissive.iter().map(|s| s.to_string()).collect(),
+            restrictive: restrictive.iter().map(|s| s.to_string()).collect(),
+        };
+        assert_eq!(
+            p(&[], &["true"]).predicate(),
+            None,
+            "no permissive policy: no row"
+        );
+        assert_eq!(
+            p(&["a = 1", "b = 2"], &["c"]).predicate().unwrap(),
+            "((a = 1) OR (b = 2)) AND (c)"
+        );
+        let sql = evaluate_sql(&rel(), "(owner = 'x')");
+        assert!(sql.contains("json_populate_record(NULL::\"public\".\"notes\", k.v) AS \"notes\""));
+        assert!(sql.ends_with("WHERE (owner = 'x')"));
+    }
+
+    #[test]
+    fn rows_are_sent_as_json_objects() {
+        use super::super::stream::Value;
+        let mut r = rel();
+        r.columns[1].typname = "jsonb".into();
+        let r = Arc::new(r);
+        let row = Row {
+            rel: r.clone(),
+            kind: Kind::Update,
+            commit_time: 0,
+            new: vec![Value::Text("7".into()), Value::Unchanged],
+            old: vec![Value::Text("7".into()), Value::Text(r#"{"a": [1]}"#.into())],
+        };
+        let null = Row {
+            rel: r.clone(),
+            kind: Kind::Insert,
+            commit_time: 0,
+            new: vec![Value::Text("8".into()), Value::Null],
+            old: vec![],
+        };
+        assert_eq!(
+            rows_json(&r, &[(0, &row), (3, &null)]),
+            r#"[{"body":{"a":[1]},"id":"7"},{"body":null,"id":"8"}]"#
+        );
+    }
+}

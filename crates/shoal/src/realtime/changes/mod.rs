@@ -1,0 +1,157 @@
+//! Postgres Changes: each tenant database's changes captured from its WAL (logical
+//! replication, `pgoutput`), authorised in batches and delivered to the channels whose
+//! bindings they match.
+//!
+//! One task per tenant with subscribers, on the control runtime, owns two connections as
+//! the tenant's manager user: a replication connection streaming from this node's slot,
+//! and a control connection for the catalogue, the publication, markers and the
+//! authorization queries. The slot and the publication exist while the tenant has
+//! subscribers on this node, and are dropped when the last one leaves.
+//!
+//! - [`task`]: the subscriptions, covering their tables, and the life of the slot.
+//! - [`stream`]: the replication connection, decoded into committed transactions.
+//! - [`authorize`]: one query per (table, role and claims) per batch of changes.
+//! - [`deliver`]: which subscriber gets which change, with which columns (pure).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use shoal_realtime::feed::{ChangeFeed, Subscription};
+use shoal_realtime::hub::SocketId;
+
+use crate::app::App;
+
+mod authorize;
+mod deliver;
+mod stream;
+mod task;
+
+/// What a socket asks of its tenant's capture task.
+pub(crate) enum Command {
+    Subscribe(Box<Subscription>),
+    Unsubscribe(SocketId, String),
+}
+
+/// Counters of one tenant's capture, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct FeedStats {
+    /// Row changes read from the WAL.
+    pub changes: AtomicU64,
+    /// `postgres_changes` messages queued to subscribers.
+    pub delivered: AtomicU64,
+    /// Authorization queries run.
+    pub authorizations: AtomicU64,
+    /// Subscriptions currently served.
+    pub subscriptions: AtomicU64,
+}
+
+struct Tenant {
+    commands: tokio::sync::mpsc::UnboundedSender<Command>,
+    stats: Arc<FeedStats>,
+}
+
+/// The service's change feed: a capture task per tenant with subscribers on this node.
+pub struct Feeds {
+    app: Weak<App>,
+    /// This node's slot and publication name (`shoal_realtime_` and a hash of the node).
+    name: String,
+    tenants: Mutex<HashMap<String, Tenant>>,
+}
+
+impl Feeds {
+    /// `node` names this node stably (across restarts, so a slot a crashed process left
+    /// is found and dropped by the next).
+    pub fn new(app: &Arc<App>, node: &str) -> Arc<Feeds> {
+        Arc::new(Feeds {
+            app: Arc::downgrade(app),
+            name: slot_name(node),
+            tenants: Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tenant>> {
+        self.tenants.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, tenant: &str, command: Command) {
+        let mut tenants = self.lock();
+        let command = match tenants.get(tenant) {
+            Some(t) => match t.commands.send(command) {
+                Ok(()) => return,
+                // The task ended (the runtime stopping): a new one takes over.
+                Err(e) => e.0,
+            },
+            None => command,
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stats = Arc::new(FeedStats::default());
+        let _ = tx.send(command);
+        tenants.insert(
+            tenant.to_owned(),
+            Tenant {
+                commands: tx,
+                stats: stats.clone(),
+            },
+        );
+        crate::control::spawn(task::run(task::Task::new(
+            tenant.to_owned(),
+            self.app.clone(),
+            self.name.clone(),
+            rx,
+            stats,
+        )));
+    }
+
+    /// Each tenant's counters.
+    pub fn stats(&self) -> Vec<(String, Arc<FeedStats>)> {
+        self.lock()
+            .iter()
+            .map(|(id, t)| (id.clone(), t.stats.clone()))
+            .collect()
+    }
+}
+
+impl ChangeFeed for Feeds {
+    fn subscribe(&self, tenant: &str, sub: Subscription) {
+        self.send(tenant, Command::Subscribe(Box::new(sub)));
+    }
+
+    fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str) {
+        // A tenant without a task has nothing to end.
+        if let Some(t) = self.lock().get(tenant) {
+            let _ = t
+                .commands
+                .send(Command::Unsubscribe(socket, topic.to_owned()));
+        }
+    }
+}
+
+/// A slot (and publication) name for `node`: lowercase letters, digits and underscores,
+/// as slot names must be, and the same for the same node.
+fn slot_name(node: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    format!("shoal_realtime_{h:016x}")
+}
+
+/// Adds to a counter.
+fn count(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn slot_names_are_stable_and_valid() {
+        let a = super::slot_name("host:4000");
+        assert_eq!(a, super::slot_name("host:4000"));
+        assert_ne!(a, super::slot_name("host:4001"));
+        assert!(a.len() <= 63);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    }
+}

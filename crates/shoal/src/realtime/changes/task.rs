@@ -1,0 +1,572 @@
+//! A tenant's capture task: its subscriptions, the slot's life, covering the tables the
+//! bindings name, and batches of changes authorised and delivered.
+//!
+//! **Covering.** A new subscription's tables are added to the publication, then a marker
+//! is written to the WAL (`pg_logical_emit_message`); when the marker comes back through
+//! the stream, every transaction committing from then on is streamed with the tables'
+//! changes, and the join is answered. So `SUBSCRIBED` is never said early.
+//!
+//! **Exactly once while joined.** The slot is permanent while the tenant has subscribers
+//! here: a lost connection (or a PostgreSQL restart) resumes from the end of the last
+//! transaction delivered, which is what the server is told was flushed; a transaction
+//! ending at or before it is not delivered again. A batch that fails half way (its
+//! authorization query's connection lost) is not confirmed, so it is streamed again.
+//!
+//! **Batches.** Transactions that arrive together (everything the connection has
+//! buffered) are authorised together: one query per table and identity per batch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use shoal_realtime::changes::Binding;
+use shoal_realtime::feed::{Identity, Ready, SharedIdentity, Subscription, Target};
+use shoal_realtime::hub::SocketId;
+
+use super::deliver::{self, Listener};
+use super::stream::{CaptureError, Event, Row, Stream, MARKER, SETTINGS, TIMEOUT};
+use super::{authorize, count, Command, FeedStats};
+use crate::app::App;
+use crate::server::{ServerConn, ServerError, Upstream};
+
+/// Rows in a batch past which it is authorised and delivered without waiting for more.
+const MAX_BATCH: usize = 5000;
+/// How long a join may wait for a capture that keeps failing before it is refused.
+const JOIN_PATIENCE: Duration = Duration::from_secs(5);
+
+struct Sub {
+    socket: SocketId,
+    topic: String,
+    bindings: Vec<Binding>,
+    identity: SharedIdentity,
+    target: Target,
+    /// The join's answer, until capture covers the bindings.
+    ready: Option<Ready>,
+    since: Instant,
+    /// The marker whose return covers the bindings.
+    marker: Option<u64>,
+}
+
+pub(crate) struct Task {
+    tenant: String,
+    app: Weak<App>,
+    /// The slot's and the publication's name.
+    name: String,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
+    stats: Arc<FeedStats>,
+    subs: Vec<Sub>,
+    /// The end of the last transaction delivered in the slot's life (see the module doc).
+    delivered: u64,
+    slot_made: bool,
+    next_marker: u64,
+}
+
+impl Task {
+    pub(crate) fn new(
+        tenant: String,
+        app: Weak<App>,
+        name: String,
+        rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
+        stats: Arc<FeedStats>,
+    ) -> Task {
+        Task {
+            tenant,
+            app,
+            name,
+            rx,
+            stats,
+            subs: Vec::new(),
+            delivered: 0,
+            slot_made: false,
+            next_marker: 1,
+        }
+    }
+
+    fn apply(&mut self, c: Command) {
+        match c {
+            Command::Subscribe(s) => {
+                let Subscription {
+                    socket,
+                    topic,
+                    bindings,
+                    identity,
+                    target,
+                    ready,
+                } = *s;
+                self.subs
+                    .retain(|o| !(o.socket == socket && o.topic == topic));
+                self.subs.push(Sub {
+                    socket,
+                    topic,
+                    bindings,
+                    identity,
+                    target,
+                    ready: Some(ready),
+                    since: Instant::now(),
+                    marker: None,
+                });
+            }
+            Command::Unsubscribe(socket, topic) => {
+                self.subs
+                    .retain(|o| !(o.socket == socket && o.topic == topic));
+            }
+        }
+        self.stats
+            .subscriptions
+            .store(self.subs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Refuses the joins that cannot be served: all waiting ones when `e` lasts, else
+    /// those that have waited too long.
+    fn refuse_waiting(&mut self, e: &CaptureError) {
+        let lasting = e.is_lasting();
+        let reason = format!("Unable to subscribe to changes: {e}");
+        self.subs.retain_mut(|s| {
+            if s.ready.is_none() || !(lasting || s.since.elapsed() >= JOIN_PATIENCE) {
+                return true;
+            }
+            if let Some(r) = s.ready.take() {
+                r.failed(&reason);
+            }
+            false
+        });
+    }
+
+    fn upstream(&self) -> Result<Upstream, CaptureError> {
+        let app = self
+            .app
+            .upgrade()
+            .ok_or_else(|| CaptureError::Refused("Shoal is stopping".into()))?;
+        let route = app
+            .routes
+            .tenants
+            .get(&self.tenant)
+            .ok_or_else(|| CaptureError::Refused("the tenant no longer exists".into()))?;
+        route.manager_upstream().map_err(CaptureError::Refused)
+    }
+
+    /// Drops the slot and the publication (no subscriber left); false if that failed.
+    async fn drop_slot(&mut self) -> bool {
+        let result = async {
+            let mut c = control_connection(&self.upstream()?).await?;
+            drop_slot_on(&mut c, &self.name).await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.slot_made = false;
+                self.delivered = 0;
+                tracing::info!(tenant = %self.tenant, slot = %self.name, "Postgres Changes capture stopped: no subscriber left");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %self.tenant, error = %e, "could not drop the Postgres Changes slot; retrying");
+                false
+            }
+        }
+    }
+
+    /// Hears commands until `d` has passed; false when the feed is gone.
+    async fn wait(&mut self, d: Duration) -> bool {
+        let until = crate::timer::sleep(d);
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                () = &mut until => return true,
+                c = self.rx.recv() => match c {
+                    Some(c) => self.apply(c),
+                    None => return false,
+                },
+            }
+        }
+    }
+}
+
+/// The task: captures while the tenant has subscribers here.
+pub(crate) async fn run(mut t: Task) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        while t.subs.is_empty() {
+            if t.slot_made && !t.drop_slot().await {
+                if !t.wait(Duration::from_secs(5)).await {
+                    return;
+                }
+                continue;
+            }
+            match t.rx.recv().await {
+                Some(c) => t.apply(c),
+                None => return,
+            }
+        }
+        let error = match Capture::open(&mut t).await {
+            Ok(mut c) => {
+                backoff = Duration::from_millis(100);
+                match c.follow(&mut t).await {
+                    Ok(()) => {
+                        c.stream.close().await;
+                        c.control.close().await;
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(tenant = %t.tenant, error = %error, "Postgres Changes capture failed; retrying");
+        t.refuse_waiting(&error);
+        if !t.wait(backoff).await {
+            return;
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+struct Capture {
+    control: ServerConn,
+    stream: Stream,
+    /// Tables in the publication.
+    published: HashSet<u32>,
+    batch: Vec<Row>,
+    /// The end of the batch's last transaction.
+    batch_end: u64,
+    policies: authorize::Policies,
+}
+
+impl Capture {
+    async fn open(t: &mut Task) -> Result<Capture, CaptureError> {
+        let up = t.upstream()?;
+        let mut control = control_connection(&up).await?;
+        let level = query_text(&mut control, "SELECT current_setting('wal_level')", &[]).await?;
+        if level != "logical" {
+            return Err(CaptureError::Refused(format!(
+                "the database's wal_level is {level}; Postgres Changes need wal_level = logical"
+            )));
+        }
+        if !t.slot_made {
+            // A slot of the same name is one a crashed process left (with its
+            // publication): its changes were for subscribers that are gone.
+            drop_slot_on(&mut control, &t.name).await?;
+            // The publication first: decoding from the slot's start looks it up.
+            let create = format!(
+                "CREATE PUBLICATION {} WITH (publish_via_partition_root = true)",
+                t.name
+            );
+            match crate::timer::timeout(TIMEOUT, control.simple_query(&create)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(ServerError::Db(e))) if e.code == "42710" => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(CaptureError::Timeout("CREATE PUBLICATION")),
+            }
+            query_text(
+                &mut control,
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&t.name],
+            )
+            .await?;
+            t.slot_made = true;
+            t.delivered = 0;
+            tracing::info!(tenant = %t.tenant, slot = %t.name, "Postgres Changes capture started");
+        }
+        let published = query_text(
+            &mut control,
+            "SELECT coalesce(json_agg(r.prrelid::int8), '[]')::text FROM pg_publication_rel r \
+             JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = $1",
+            &[&t.name],
+        )
+        .await?;
+        let published: HashSet<u32> =
+            serde_json::from_str(&published).map_err(|e| CaptureError::Protocol(e.to_string()))?;
+        let stream = match Stream::start(&up, &t.name, &t.name, t.delivered).await {
+            Err(CaptureError::Server(ServerError::Db(e))) if e.code == "42704" => {
+                tracing::warn!(tenant = %t.tenant, slot = %t.name, "the Postgres Changes slot is gone (dropped by someone?); changes since may be lost");
+                t.slot_made = false;
+                return Err(ServerError::Db(e).into());
+            }
+            r => r?,
+        };
+        // Waiting joins are covered again (a marker written before may be lost).
+        for s in &mut t.subs {
+            if s.ready.is_some() {
+                s.marker = None;
+            }
+        }
+        Ok(Capture {
+            control,
+            stream,
+            published,
+            batch: Vec::new(),
+            batch_end: 0,
+            policies: authorize::Policies::default(),
+        })
+    }
+
+    /// Streams until no subscriber is left (`Ok`) or something fails.
+    async fn follow(&mut self, t: &mut Task) -> Result<(), CaptureError> {
+        let mut tick = crate::timer::interval(Duration::from_secs(1));
+        self.cover(t).await?;
+        loop {
+            if t.subs.is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                c = t.rx.recv() => {
+                    let Some(c) = c else { return Ok(()) };
+                    t.apply(c);
+                    while let Ok(c) = t.rx.try_recv() {
+                        t.apply(c);
+                    }
+                    self.cover(t).await?;
+                }
+                f = self.stream.read_frame() => {
+                    let mut f = f?;
+                    loop {
+                        if let Some(e) = self.stream.on_frame(&mut self.control, &f).await? {
+                            self.on_event(t, e).await?;
+                        }
+                        if self.batch.len() >= MAX_BATCH {
+                            self.flush(t).await?;
+                        }
+                        match self.stream.read_frame().now_or_never() {
+                            Some(next) => f = next?,
+                            None => break,
+                        }
+                    }
+                    self.flush(t).await?;
+                }
+                () = tick.tick() => {
+                    if t.delivered > 0 {
+                        self.stream.confirm(t.delivered).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_event(&mut self, t: &mut Task, e: Event) -> Result<(), CaptureError> {
+        match e {
+            Event::Commit { end_lsn, rows } => {
+                if end_lsn <= t.delivered {
+                    // Delivered before the connection was lost.
+                    return Ok(());
+                }
+                count(&t.stats.changes, rows.len());
+                self.batch.extend(rows);
+                self.batch_end = end_lsn;
+            }
+            Event::Marker(seq) => {
+                // Changes before the marker go to those already subscribed; the joins it
+                // covers are answered, and get what commits after it.
+                self.flush(t).await?;
+                for s in &mut t.subs {
+                    if s.marker.is_some_and(|m| m <= seq) {
+                        if let Some(r) = s.ready.take() {
+                            r.subscribed();
+                        }
+                    }
+                }
+            }
+            Event::Keepalive { wal_end, reply } => {
+                if self.batch.is_empty() && !self.stream.in_transaction() {
+                    // Everything before `wal_end` has been read and delivered.
+                    t.delivered = t.delivered.max(wal_end);
+                }
+                if reply && t.delivered > 0 {
+                    self.stream.confirm(t.delivered).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Authorises and delivers the batch.
+    async fn flush(&mut self, t: &mut Task) -> Result<(), CaptureError> {
+        if self.batch.is_empty() {
+            t.delivered = t.delivered.max(self.batch_end);
+            return Ok(());
+        }
+        let rows = std::mem::take(&mut self.batch);
+        let mut identities: Vec<Identity> = Vec::new();
+        let listeners: Vec<Listener<'_>> = t
+            .subs
+            .iter()
+            .filter(|s| s.ready.is_none() && !s.target.ended())
+            .map(|s| {
+                let identity = s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let at = match identities.iter().position(|i| *i == identity) {
+                    Some(at) => at,
+                    None => {
+                        identities.push(identity);
+                        identities.len() - 1
+                    }
+                };
+                Listener {
+                    topic: &s.topic,
+                    bindings: &s.bindings,
+                    identity: at,
+                    target: &s.target,
+                }
+            })
+            .collect();
+        let plan = deliver::plan(&rows, &listeners);
+        let mut access = HashMap::new();
+        for need in &plan.needs {
+            let check: Vec<(usize, &Row)> = need.rows.iter().map(|&i| (i, &rows[i])).collect();
+            let identity = &identities[need.identity];
+            let a = authorize::check(
+                &mut self.control,
+                &mut self.policies,
+                &need.rel,
+                identity,
+                &check,
+            )
+            .await?;
+            if let Some(a) = a {
+                access.insert((need.rel.oid, need.identity), a);
+            }
+        }
+        count(
+            &t.stats.authorizations,
+            std::mem::take(&mut self.policies.queries) as usize,
+        );
+        let queued = deliver::deliver(&plan, &rows, &listeners, &access);
+        count(&t.stats.delivered, queued);
+        t.delivered = t.delivered.max(self.batch_end);
+        Ok(())
+    }
+
+    /// Adds the tables of the joins waiting for cover to the publication and writes a
+    /// marker for them; refuses a join whose tables do not exist or cannot be published.
+    async fn cover(&mut self, t: &mut Task) -> Result<(), CaptureError> {
+        let mut covering = Vec::new();
+        for i in 0..t.subs.len() {
+            let s = &t.subs[i];
+            if s.ready.is_none() || s.marker.is_some() {
+                continue;
+            }
+            if s.ready.as_ref().is_some_and(Ready::abandoned) {
+                continue;
+            }
+            match self.publish(&t.name, &s.bindings).await? {
+                Ok(()) => covering.push(i),
+                Err(reason) => {
+                    if let Some(r) = t.subs[i].ready.take() {
+                        r.failed(&reason);
+                    }
+                }
+            }
+        }
+        t.subs.retain(|s| s.ready.is_some() || !s.target.ended());
+        if covering.is_empty() {
+            return Ok(());
+        }
+        let seq = t.next_marker;
+        t.next_marker += 1;
+        let sql = "SELECT pg_logical_emit_message(false, $1, $2)::text";
+        query_text(&mut self.control, sql, &[MARKER, &seq.to_string()]).await?;
+        for s in &mut t.subs {
+            if s.ready.is_some() && s.marker.is_none() {
+                s.marker = Some(seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the tables `bindings` name in the publication; the inner error refuses the
+    /// join with a reason.
+    async fn publish(
+        &mut self,
+        publication: &str,
+        bindings: &[Binding],
+    ) -> Result<Result<(), String>, CaptureError> {
+        for b in bindings {
+            let tables = query_text(
+                &mut self.control,
+                "SELECT coalesce(json_agg(json_build_array(c.oid::int8, \
+                   quote_ident(n.nspname) || '.' || quote_ident(c.relname))), '[]')::text \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND (n.nspname = $1 OR ($1 = '*' AND n.nspname NOT IN \
+                     ('pg_catalog', 'information_schema', 'realtime') \
+                     AND n.nspname NOT LIKE 'pg\\_%')) \
+                   AND ($2 = '' OR c.relname = $2)",
+                &[&b.schema, b.table.as_deref().unwrap_or("")],
+            )
+            .await?;
+            let tables: Vec<(u32, String)> =
+                serde_json::from_str(&tables).map_err(|e| CaptureError::Protocol(e.to_string()))?;
+            if tables.is_empty() && b.table.is_some() {
+                return Ok(Err(format!(
+                    "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: [event: {}, schema: {}, table: {}, filters: [{}]]",
+                    b.event.map_or("*", |k| k.as_str()),
+                    b.schema,
+                    b.table.as_deref().unwrap_or("*"),
+                    b.filter_text.as_deref().unwrap_or("")
+                )));
+            }
+            for (oid, qualified) in tables {
+                if self.published.contains(&oid) {
+                    continue;
+                }
+                let sql = format!("ALTER PUBLICATION {publication} ADD TABLE {qualified}");
+                match crate::timer::timeout(TIMEOUT, self.control.simple_query(&sql)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(ServerError::Db(e))) if e.code == "42710" => {}
+                    Ok(Err(ServerError::Db(e))) if !e.is_fatal() => {
+                        return Ok(Err(format!(
+                            "Unable to subscribe to changes of {qualified}: {}",
+                            e.message
+                        )));
+                    }
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_) => return Err(CaptureError::Timeout("ALTER PUBLICATION")),
+                }
+                self.published.insert(oid);
+            }
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// A connection for the catalogue and authorization, with the capture's settings.
+async fn control_connection(up: &Upstream) -> Result<ServerConn, CaptureError> {
+    Ok(ServerConn::connect_with(up, TIMEOUT, &SETTINGS).await?)
+}
+
+/// Runs `sql` and returns its first column of its first row as text.
+async fn query_text(
+    c: &mut ServerConn,
+    sql: &str,
+    params: &[&str],
+) -> Result<String, CaptureError> {
+    let row = crate::timer::timeout(TIMEOUT, c.query_row(sql, params))
+        .await
+        .map_err(|_| CaptureError::Timeout("a catalogue query"))??;
+    Ok(row
+        .and_then(|r| r.into_iter().next().flatten())
+        .unwrap_or_default())
+}
+
+/// Drops the publication and slot `name`, waiting (a little) for a walsender that still
+/// holds the slot to let it go.
+async fn drop_slot_on(c: &mut ServerConn, name: &str) -> Result<(), CaptureError> {
+    let sql = format!("DROP PUBLICATION IF EXISTS {name}");
+    crate::timer::timeout(TIMEOUT, c.simple_query(&sql))
+        .await
+        .map_err(|_| CaptureError::Timeout("DROP PUBLICATION"))??;
+    let drop = "SELECT count(pg_drop_replication_slot(slot_name))::text \
+                FROM pg_replication_slots WHERE slot_name = $1";
+    let mut tries = 0;
+    loop {
+        match query_text(c, drop, &[name]).await {
+            Ok(_) => return Ok(()),
+            // The slot is still active: its walsender has not noticed the end yet.
+            Err(CaptureError::Server(ServerError::Db(e))) if e.code == "55006" && tries < 50 => {
+                tries += 1;
+                crate::timer::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
