@@ -10,6 +10,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use common::phoenix::Phx;
 use common::*;
@@ -66,7 +67,7 @@ fn run_sql(pg: &Pg, db: &str, sql: &str) -> String {
 }
 
 struct Setup {
-    _shoal: Shoal,
+    shoal: Shoal,
     _data: tempfile::TempDir,
     rt: SocketAddr,
     db: String,
@@ -88,7 +89,7 @@ fn setup_on(pg: &'static Pg, prefix: &str, schema: &str) -> Setup {
     assert_eq!(status, 201, "{body}");
     let rt = shoal.realtime.expect("realtime listens");
     Setup {
-        _shoal: shoal,
+        shoal,
         _data: data,
         rt,
         db,
@@ -235,5 +236,321 @@ async fn each_filter_selects_its_rows() {
         let mut expected: Vec<u64> = passes.iter().map(|&i| ids[i]).collect();
         expected.sort_unstable();
         assert_eq!(got, expected, "row {id}: {c}");
+    }
+}
+
+/// Slots of this test binary's captures of `db`.
+fn slots(pg: &Pg, db: &str) -> usize {
+    pg.psql_admin(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'shoal_realtime_%' AND database = '{db}'"
+    ))
+    .parse()
+    .unwrap()
+}
+
+fn publications(pg: &Pg, db: &str) -> usize {
+    run_sql(
+        pg,
+        db,
+        "SELECT count(*) FROM pg_publication WHERE pubname LIKE 'shoal_realtime_%'",
+    )
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_and_publication_go_with_the_last_subscriber() {
+    let s = setup(
+        "rt_cleanup",
+        "CREATE TABLE t (id int PRIMARY KEY); GRANT SELECT ON t TO authenticated;",
+    );
+    assert_eq!(slots(s.pg, &s.db), 0);
+    let binding = serde_json::json!([{"event": "*", "schema": "public", "table": "t"}]);
+    let mut a = Phx::connect(s.rt, "acme", &token("a")).await.unwrap();
+    let mut b = Phx::connect(s.rt, "acme", &token("b")).await.unwrap();
+    subscribe(&mut a, "realtime:t", binding.clone()).await;
+    subscribe(&mut b, "realtime:t", binding).await;
+    assert_eq!(
+        slots(s.pg, &s.db),
+        1,
+        "one slot for the tenant's subscribers"
+    );
+    assert_eq!(publications(s.pg, &s.db), 1);
+    // One leaves: the capture stays for the other.
+    let r = a
+        .push("realtime:t", "phx_leave", serde_json::json!({}))
+        .await;
+    assert_eq!(a.reply(&r).await["status"], "ok");
+    run_sql(s.pg, &s.db, "INSERT INTO t VALUES (1)");
+    assert_eq!(change(&mut b).await["data"]["record"]["id"], 1);
+    assert_eq!(slots(s.pg, &s.db), 1);
+    // The last one's socket closes: nothing is kept for nobody.
+    drop(b);
+    eventually("the slot is dropped", Duration::from_secs(15), || {
+        slots(s.pg, &s.db) == 0
+    })
+    .await;
+    eventually(
+        "the publication is dropped",
+        Duration::from_secs(15),
+        || publications(s.pg, &s.db) == 0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_are_rendered_as_to_jsonb_renders_them() {
+    let big =
+        "(SELECT string_agg(md5(i::text || random()::text), '') FROM generate_series(1, 400) i)";
+    let s = setup(
+        "rt_types",
+        &format!(
+            "CREATE TYPE mood AS ENUM ('sad', 'happy');
+             CREATE TABLE kinds (id int PRIMARY KEY, n numeric, f float8, j json, jb jsonb,
+               arr int[], tarr text[], ts timestamptz, t timestamp, d date, b bytea, u uuid,
+               m mood, nothing text, flag bool, iv interval, big text);
+             ALTER TABLE kinds REPLICA IDENTITY FULL;
+             CREATE TABLE keyed (id int PRIMARY KEY, flag bool, big text);
+             INSERT INTO keyed VALUES (1, true, {big});
+             GRANT SELECT ON kinds, keyed TO authenticated;"
+        ),
+    );
+    let mut p = Phx::connect(s.rt, "acme", &token("u")).await.unwrap();
+    subscribe(
+        &mut p,
+        "realtime:kinds",
+        serde_json::json!([
+            {"event": "*", "schema": "public", "table": "kinds"},
+            {"event": "UPDATE", "schema": "public", "table": "keyed"}
+        ]),
+    )
+    .await;
+    run_sql(
+        s.pg,
+        &s.db,
+        &format!(
+            "INSERT INTO kinds VALUES (1, 12345678901234567890.123, 1.5e300, '{{\"a\": [1, 2.50]}}',
+               '{{\"b\": {{\"c\": null}}}}', '{{1,NULL,3}}', '{{\"x,y\",z}}',
+               '2024-03-01 12:34:56.789+02', '2024-03-01 12:34:56', '2024-03-01',
+               '\\x00ff10', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'happy', NULL, true,
+               '1 day 02:03:04', {big});
+             UPDATE kinds SET flag = false WHERE id = 1;
+             UPDATE keyed SET flag = false WHERE id = 1;"
+        ),
+    );
+    let expected = |table: &str| -> serde_json::Value {
+        let sql = format!("SET TimeZone = 'UTC'; SELECT to_jsonb(k) FROM {table} k WHERE id = 1");
+        serde_json::from_str(run_sql(s.pg, &s.db, &sql).lines().last().unwrap()).unwrap()
+    };
+    let insert = change(&mut p).await["data"].clone();
+    assert_eq!(insert["type"], "INSERT");
+    let mut inserted = expected("kinds");
+    inserted["flag"] = true.into();
+    assert_eq!(
+        insert["record"], inserted,
+        "every type as to_jsonb writes it"
+    );
+    let types: Vec<&str> = insert["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "int4",
+            "numeric",
+            "float8",
+            "json",
+            "jsonb",
+            "_int4",
+            "_text",
+            "timestamptz",
+            "timestamp",
+            "date",
+            "bytea",
+            "uuid",
+            "mood",
+            "text",
+            "bool",
+            "interval",
+            "text"
+        ]
+    );
+    let ts = insert["commit_timestamp"].as_str().unwrap();
+    assert!(ts.ends_with('Z') && ts.len() == 24, "{ts}");
+    // The unchanged TOASTed value comes from the old row (REPLICA IDENTITY FULL).
+    let update = change(&mut p).await["data"].clone();
+    assert_eq!(update["type"], "UPDATE");
+    assert_eq!(update["record"], expected("kinds"));
+    assert_eq!(update["old_record"], inserted);
+    // Without the old row, it is left out, and the old record is the key.
+    let keyed = change(&mut p).await["data"].clone();
+    assert_eq!(keyed["table"], "keyed");
+    assert_eq!(keyed["record"], serde_json::json!({"id": 1, "flag": false}));
+    assert_eq!(keyed["old_record"], serde_json::json!({}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_stream_and_a_restarted_postgres_lose_and_repeat_nothing() {
+    // Its own cluster: it is restarted.
+    let pg: &'static Pg = Box::leak(Box::new(Pg::start_with(
+        free_port(),
+        &[],
+        "-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10",
+    )));
+    pg.psql_admin("CREATE ROLE authenticated NOLOGIN");
+    let s = setup_on(
+        pg,
+        "rt_faults",
+        "CREATE TABLE ledger (id int PRIMARY KEY); GRANT SELECT ON ledger TO authenticated;",
+    );
+    let mut p = Phx::connect(s.rt, "acme", &token("u")).await.unwrap();
+    subscribe(
+        &mut p,
+        "realtime:ledger",
+        serde_json::json!([{"event": "INSERT", "schema": "public", "table": "ledger"}]),
+    )
+    .await;
+    const N: i32 = 300;
+    let db = s.db.clone();
+    let writer = tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        let mut id = 1;
+        while id <= N {
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                match tokio_postgres::connect(
+                    &format!(
+                        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
+                        pg.port
+                    ),
+                    tokio_postgres::NoTls,
+                )
+                .await
+                {
+                    Ok((c, conn)) => {
+                        tokio::spawn(conn);
+                        client = Some(c);
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            }
+            let c = client.as_ref().unwrap();
+            // An insert whose outcome is unknown is tried again: the key keeps it once.
+            match c
+                .execute(
+                    "INSERT INTO ledger VALUES ($1) ON CONFLICT DO NOTHING",
+                    &[&id],
+                )
+                .await
+            {
+                Ok(_) => id += 1,
+                Err(_) => client = None,
+            }
+            if id == 100 {
+                tokio::task::block_in_place(|| {
+                    pg.psql_admin(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                     WHERE slot_name LIKE 'shoal_realtime_%' AND active_pid IS NOT NULL",
+                    )
+                });
+            }
+            if id == 200 {
+                tokio::task::block_in_place(|| {
+                    pg.stop();
+                    pg.pg_ctl_start();
+                });
+                client = None;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    while got.last() != Some(&N) {
+        let c = change(&mut p).await;
+        got.push(c["data"]["record"]["id"].as_i64().unwrap() as i32);
+    }
+    writer.await.unwrap();
+    let want: Vec<i32> = (1..=N).collect();
+    assert_eq!(got, want, "every committed row once, in commit order");
+    let failures = s
+        .shoal
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("Postgres Changes capture failed"))
+        .count();
+    assert!(
+        failures >= 2,
+        "the stream was cut twice, and resumed: {failures}"
+    );
+}
+
+const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/realtime/");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_js_gets_writes_made_right_after_subscribed() {
+    use tokio::io::AsyncBufReadExt;
+    let s = setup(
+        "rt_js",
+        "CREATE TABLE notes (id int PRIMARY KEY, body text); GRANT SELECT ON notes TO authenticated;",
+    );
+    let db = direct_on(s.pg, &s.db).await;
+    for (round, vsn) in ["2.0.0", "1.0.0"].into_iter().enumerate() {
+        let mut child = tokio::process::Command::new("node")
+            .arg(format!("{CLIENTS}changes.mjs"))
+            .env("RT_URL", format!("ws://{}/t/acme/realtime/v1", s.rt))
+            .env("RT_TOKEN", token("js"))
+            .env("RT_VSN", vsn)
+            .env("RT_EXPECT", "4")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next_line().await.unwrap().expect("a first line");
+        assert_eq!(first, r#"{"subscribed":true}"#);
+        // Written the moment the client says SUBSCRIBED: all of it must arrive.
+        let base = round as i32 * 10;
+        db.batch_execute(&format!(
+            "INSERT INTO notes VALUES ({a}, 'one'); INSERT INTO notes VALUES ({b}, 'two');
+             UPDATE notes SET body = 'uno' WHERE id = {a}; DELETE FROM notes WHERE id = {b};",
+            a = base + 1,
+            b = base + 2
+        ))
+        .await
+        .unwrap();
+        let last = lines.next_line().await.unwrap().expect("the changes");
+        let r: serde_json::Value = serde_json::from_str(&last).unwrap();
+        let all = r["all"].as_array().unwrap();
+        let kinds: Vec<&str> = all
+            .iter()
+            .map(|c| c["eventType"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["INSERT", "INSERT", "UPDATE", "DELETE"],
+            "{vsn}: {r}"
+        );
+        assert_eq!(all[0]["schema"], "public");
+        assert_eq!(all[0]["table"], "notes");
+        assert_eq!(
+            all[0]["new"],
+            serde_json::json!({"id": base + 1, "body": "one"})
+        );
+        assert_eq!(all[2]["new"]["body"], "uno");
+        assert_eq!(all[3]["old"], serde_json::json!({"id": base + 2}));
+        assert!(all[0]["commit_timestamp"].as_str().unwrap().ends_with('Z'));
+        assert!(all[0]["errors"].is_null(), "{r}");
+        // The filtered binding gets only the insert of id 2 (of the first round).
+        if round == 0 {
+            assert_eq!(r["filtered"].as_array().unwrap().len(), 1, "{vsn}: {r}");
+            assert_eq!(r["filtered"][0]["new"]["id"], 2);
+        }
+        child.wait().await.unwrap();
     }
 }

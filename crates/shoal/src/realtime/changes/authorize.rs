@@ -259,6 +259,7 @@ mod tests {
                     typname: "text".into(),
                 },
             ],
+            key: vec![true, false],
         }
     }
 

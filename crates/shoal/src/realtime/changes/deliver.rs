@@ -188,6 +188,7 @@ mod tests {
                     typname: "text".into(),
                 },
             ],
+            key: vec![true, false],
         })
     }
 

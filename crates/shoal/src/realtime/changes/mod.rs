@@ -54,8 +54,8 @@ struct Tenant {
 /// The service's change feed: a capture task per tenant with subscribers on this node.
 pub struct Feeds {
     app: Weak<App>,
-    /// This node's slot and publication name (`shoal_realtime_` and a hash of the node).
-    name: String,
+    /// This node's name, in its tenants' slot and publication names.
+    node: String,
     tenants: Mutex<HashMap<String, Tenant>>,
 }
 
@@ -65,7 +65,7 @@ impl Feeds {
     pub fn new(app: &Arc<App>, node: &str) -> Arc<Feeds> {
         Arc::new(Feeds {
             app: Arc::downgrade(app),
-            name: slot_name(node),
+            node: node.to_owned(),
             tenants: Mutex::default(),
         })
     }
@@ -97,7 +97,7 @@ impl Feeds {
         crate::control::spawn(task::run(task::Task::new(
             tenant.to_owned(),
             self.app.clone(),
-            self.name.clone(),
+            slot_name(&format!("{}/{tenant}", self.node)),
             rx,
             stats,
         )));
@@ -127,11 +127,11 @@ impl ChangeFeed for Feeds {
     }
 }
 
-/// A slot (and publication) name for `node`: lowercase letters, digits and underscores,
-/// as slot names must be, and the same for the same node.
-fn slot_name(node: &str) -> String {
+/// A slot (and publication) name for `node_tenant` (a node and a tenant): lowercase
+/// letters, digits and underscores, as slot names must be, and the same for the same.
+fn slot_name(node_tenant: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in node.bytes() {
+    for b in node_tenant.bytes() {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
     }
     format!("shoal_realtime_{h:016x}")

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use shoal_realtime::changes::{Column, Kind};
 use shoal_wire::backend::tag as be;
-use shoal_wire::pgoutput::{self, Message, ReplicationMessage};
+use shoal_wire::pgoutput::{self, Message, OldKind, ReplicationMessage};
 
 use crate::server::{ServerConn, ServerError, Upstream};
 
@@ -65,6 +65,8 @@ pub(super) struct Rel {
     /// `"schema"."table"`, quoted for SQL.
     pub qualified: String,
     pub columns: Vec<Column>,
+    /// Which columns are the replica identity (the key a DELETE carries).
+    pub key: Vec<bool>,
 }
 
 /// One column value of a change.
@@ -215,13 +217,17 @@ impl Stream {
                 let rel = self.describe(control, &r).await?;
                 self.rels.insert(r.id, Arc::new(rel));
             }
-            Message::Insert { relation, new } => self.push(relation, Kind::Insert, &new.0, &[])?,
+            Message::Insert { relation, new } => {
+                self.push(relation, Kind::Insert, &new.0, &[], OldKind::Row)?
+            }
             Message::Update { relation, old, new } => {
-                let old = old.as_ref().map_or(&[][..], |(_, t)| &t.0[..]);
-                self.push(relation, Kind::Update, &new.0, old)?
+                let (kind, old) = old
+                    .as_ref()
+                    .map_or((OldKind::Row, &[][..]), |(k, t)| (*k, &t.0[..]));
+                self.push(relation, Kind::Update, &new.0, old, kind)?
             }
             Message::Delete { relation, old } => {
-                self.push(relation, Kind::Delete, &[], &old.1 .0)?
+                self.push(relation, Kind::Delete, &[], &old.1 .0, old.0)?
             }
             Message::LogicalMessage {
                 prefix, content, ..
@@ -242,6 +248,7 @@ impl Stream {
         kind: Kind,
         new: &[pgoutput::Column<'_>],
         old: &[pgoutput::Column<'_>],
+        old_kind: OldKind,
     ) -> Result<(), CaptureError> {
         let rel = self.rels.get(&relation).cloned().ok_or_else(|| {
             CaptureError::Protocol(format!(
@@ -252,12 +259,21 @@ impl Stream {
             .txn
             .as_mut()
             .ok_or_else(|| CaptureError::Protocol("a change outside a transaction".into()))?;
+        let mut old = values(old);
+        if old_kind == OldKind::Key {
+            // A key tuple's other columns are sent as NULLs: they are not known.
+            for (v, key) in old.iter_mut().zip(&rel.key) {
+                if !key {
+                    *v = Value::Unchanged;
+                }
+            }
+        }
         rows.push(Row {
             rel,
             kind,
             commit_time: *commit_time,
             new: values(new),
-            old: values(old),
+            old,
         });
         Ok(())
     }
@@ -306,6 +322,7 @@ impl Stream {
             table: r.name.to_owned(),
             qualified: format!("{}.{}", quote_ident(r.schema), quote_ident(r.name)),
             columns,
+            key: r.columns.iter().map(|c| c.key).collect(),
         })
     }
 }
