@@ -22,6 +22,9 @@ pub trait ChangeFeed: Send + Sync + 'static {
     fn subscribe(&self, tenant: &str, sub: Subscription);
     /// `socket`'s subscription on `topic` ended (a leave, a re-join, the socket closing).
     fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str);
+    /// A public channel without bindings was joined (`true`) or left on this node: it
+    /// may get broadcasts from the database.
+    fn channel(&self, tenant: &str, joined: bool);
 }
 
 /// The service's change feed, once it has one.
@@ -39,11 +42,18 @@ pub struct Identity {
 /// A channel's identity, which a token update replaces.
 pub type SharedIdentity = Arc<std::sync::Mutex<Identity>>;
 
-/// One channel's bindings, waiting for capture to cover them and then receiving changes.
+/// A channel that needs the database: its `postgres_changes` bindings (waiting for capture
+/// to cover them, then receiving changes), or its being private (waiting for the tenant's
+/// policies to let it in), or both.
 pub struct Subscription {
     pub socket: SocketId,
     pub topic: String,
+    /// A private channel: joining needs the policies' leave to read the topic, sending
+    /// their leave to write it (see [`Subscription::writes`]).
+    pub private: bool,
     pub bindings: Vec<Binding>,
+    /// Set by the feed when the policies let the channel send (private channels).
+    pub writes: Arc<AtomicBool>,
     /// Changes when the channel's token is updated.
     pub identity: SharedIdentity,
     pub target: Target,
@@ -90,6 +100,10 @@ pub struct Ready {
     hub: Arc<Hub>,
     subscriber: Subscriber,
     topic: String,
+    /// The channel's key in the hub (see [`crate::hub::channel_key`]).
+    key: String,
+    /// Whether it has `postgres_changes` bindings (then a `system` message follows).
+    changes: bool,
     msg_ref: Option<String>,
     /// The bindings as the join reply echoes them.
     echo: serde_json::Value,
@@ -104,7 +118,8 @@ impl Ready {
         self.answer("ok", &serde_json::json!({ "postgres_changes": self.echo }));
         if self
             .hub
-            .join_unless(&self.topic, self.subscriber.clone(), &self.ended)
+            .join_unless(&self.key, self.subscriber.clone(), &self.ended)
+            && self.changes
         {
             let channel = self.topic.strip_prefix("realtime:").unwrap_or(&self.topic);
             self.send(
@@ -167,6 +182,7 @@ impl Ready {
 pub struct Handle {
     ended: Arc<AtomicBool>,
     pub identity: SharedIdentity,
+    writes: Arc<AtomicBool>,
 }
 
 impl Handle {
@@ -178,6 +194,11 @@ impl Handle {
     pub fn is_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
+
+    /// Whether the tenant's policies let the (private) channel send.
+    pub fn may_write(&self) -> bool {
+        self.writes.load(Ordering::Acquire)
+    }
 }
 
 /// The parts of a join with bindings: what the feed gets, and what the socket keeps.
@@ -185,11 +206,14 @@ pub fn subscription(
     hub: Arc<Hub>,
     subscriber: Subscriber,
     topic: &str,
+    private: bool,
     msg_ref: Option<String>,
     bindings: Vec<Binding>,
     identity: SharedIdentity,
 ) -> (Subscription, Handle) {
     let ended = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicBool::new(false));
+    let changes = !bindings.is_empty();
     let echo = bindings
         .iter()
         .map(Binding::reply)
@@ -203,17 +227,28 @@ pub fn subscription(
     let sub = Subscription {
         socket: subscriber.socket,
         topic: topic.to_owned(),
+        private,
         bindings,
+        writes: writes.clone(),
         identity: identity.clone(),
         target,
         ready: Ready {
             hub,
             subscriber,
             topic: topic.to_owned(),
+            key: crate::hub::channel_key(topic, private).into_owned(),
+            changes,
             msg_ref,
             echo,
             ended: ended.clone(),
         },
     };
-    (sub, Handle { ended, identity })
+    (
+        sub,
+        Handle {
+            ended,
+            identity,
+            writes,
+        },
+    )
 }

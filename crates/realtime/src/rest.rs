@@ -163,6 +163,12 @@ fn deliver_batch(
         if m.private {
             return private_refused();
         }
+        if !crate::hub::valid_topic(&m.topic) {
+            return refuse(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "a topic may not contain NUL",
+            );
+        }
         bytes += payload.len();
     }
     if let Err(over) = hub.meter().events(batch.messages.len(), bytes) {
@@ -199,6 +205,12 @@ fn deliver_one(
     };
     if body.len() > admitted.keys.limits.max_payload {
         return too_large();
+    }
+    if !crate::hub::valid_topic(&topic) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "a topic may not contain NUL",
+        );
     }
     if let Err(over) = admitted.hub.meter().event(body.len()) {
         return over_rate(over);

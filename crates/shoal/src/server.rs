@@ -612,6 +612,18 @@ impl ServerConn {
         &mut self,
         statements: &[(&str, &[&str])],
     ) -> Result<Vec<Option<Vec<Option<String>>>>, ServerError> {
+        match self.pipeline_partly(statements).await? {
+            (rows, None) => Ok(rows),
+            (_, Some((_, e))) => Err(ServerError::Db(e)),
+        }
+    }
+
+    /// [`ServerConn::pipeline`], keeping what the statements before a failing one
+    /// returned: the rows, and which statement failed with what (the rest were skipped).
+    pub async fn pipeline_partly(
+        &mut self,
+        statements: &[(&str, &[&str])],
+    ) -> Result<PipelineResult, ServerError> {
         let mut out = BytesMut::new();
         for (sql, params) in statements {
             frontend::parse_bind_execute_unsynced(&mut out, sql, params);
@@ -637,14 +649,9 @@ impl ServerConn {
                     if e.is_fatal() {
                         return Err(ServerError::Db(e));
                     }
-                    first_error.get_or_insert(e);
+                    first_error.get_or_insert((at, e));
                 }
-                tag::READY_FOR_QUERY => {
-                    return match first_error {
-                        Some(e) => Err(ServerError::Db(e)),
-                        None => Ok(rows),
-                    }
-                }
+                tag::READY_FOR_QUERY => return Ok((rows, first_error)),
                 _ => {}
             }
         }
@@ -763,6 +770,13 @@ impl ServerConn {
         let _ = crate::timer::timeout(Duration::from_secs(1), self.stream.write_all(&out)).await;
     }
 }
+
+/// What [`ServerConn::pipeline_partly`] returns: each statement's first row, and the
+/// failing statement's position and error.
+pub type PipelineResult = (
+    Vec<Option<Vec<Option<String>>>>,
+    Option<(usize, ErrorFields)>,
+);
 
 /// A DataRow's columns as text (`None` for NULL).
 fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, ServerError> {

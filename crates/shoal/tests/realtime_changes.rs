@@ -452,12 +452,19 @@ async fn a_killed_stream_and_a_restarted_postgres_lose_and_repeat_nothing() {
                 Err(_) => client = None,
             }
             if id == 100 {
+                let active = "SELECT coalesce(max(active_pid), 0) FROM pg_replication_slots \
+                              WHERE slot_name LIKE 'shoal_realtime_%'";
+                let before = tokio::task::block_in_place(|| pg.psql_admin(active));
+                assert_ne!(before, "0", "the capture streams");
                 tokio::task::block_in_place(|| {
-                    pg.psql_admin(
-                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                     WHERE slot_name LIKE 'shoal_realtime_%' AND active_pid IS NOT NULL",
-                    )
+                    pg.psql_admin(&format!("SELECT pg_terminate_backend({before})"))
                 });
+                // Writes went on while the stream was down; the next fault waits for it.
+                let back = || {
+                    let now = pg.psql_admin(active);
+                    now != "0" && now != before
+                };
+                eventually("the stream is back", Duration::from_secs(20), back).await;
             }
             if id == 200 {
                 tokio::task::block_in_place(|| {

@@ -140,6 +140,31 @@ pub struct Delivery {
     pub skipped: usize,
 }
 
+/// What separates a private channel's key in the hub from its topic: a character no
+/// client topic may hold (joins and HTTP messages naming one are refused), so a public
+/// channel can never be a private one's.
+const PRIVATE: &str = "\0private";
+
+/// The hub's key for a channel: its topic, or for a private channel its topic marked so
+/// (a private and a public channel of one name are two channels, as in Realtime).
+pub fn channel_key(topic: &str, private: bool) -> std::borrow::Cow<'_, str> {
+    if private {
+        format!("{topic}{PRIVATE}").into()
+    } else {
+        topic.into()
+    }
+}
+
+/// The topic clients know a channel by, from its key.
+pub fn client_topic(key: &str) -> &str {
+    key.strip_suffix(PRIVATE).unwrap_or(key)
+}
+
+/// Whether a topic from a client may name a channel.
+pub fn valid_topic(topic: &str) -> bool {
+    !topic.contains('\0')
+}
+
 /// The service's relay to other nodes, once it has one.
 pub type RelaySlot = Arc<OnceLock<Arc<dyn crate::fabric::Relay>>>;
 
@@ -274,12 +299,24 @@ impl Hub {
     /// Delivers `b` to every subscriber of its topic on this node (`from`, the sender's
     /// socket, only if it asked for its own broadcasts).
     pub fn deliver(&self, b: &UserBroadcast, from: Option<SocketId>) -> Delivery {
+        // A private channel's key is not what its clients call it.
+        let shown;
+        let (key, b) = match client_topic(&b.topic) {
+            t if t.len() == b.topic.len() => (&b.topic, b),
+            t => {
+                shown = UserBroadcast {
+                    topic: t.to_owned(),
+                    ..b.clone()
+                };
+                (&b.topic, &shown)
+            }
+        };
         let text_v1: OnceLock<Option<Frame>> = OnceLock::new();
         let text_v2: OnceLock<Option<Frame>> = OnceLock::new();
         let binary: OnceLock<Option<Frame>> = OnceLock::new();
         let mut d = Delivery::default();
         let topics = self.lock();
-        let Some(t) = topics.get(&b.topic) else {
+        let Some(t) = topics.get(key.as_str()) else {
             return d;
         };
         for s in &t.subs {

@@ -235,7 +235,7 @@ pub(super) fn frame(
     let m = protocol::Message {
         join_ref: None,
         msg_ref: None,
-        topic: topic.to_owned(),
+        topic: super::client_topic(topic).to_owned(),
         event: event.to_owned(),
         payload: protocol::Payload::Json(payload.to_string().into()),
     };

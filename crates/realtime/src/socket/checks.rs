@@ -25,6 +25,22 @@ fn join_refusal(e: &JwtError) -> String {
     format!("{code}: {e}")
 }
 
+/// Why a private channel may not be joined (Realtime's words).
+pub(crate) fn unauthorized_read(topic: &str) -> String {
+    format!(
+        "Unauthorized: You do not have permissions to read from this Channel topic: {}",
+        sub_topic(topic)
+    )
+}
+
+/// Why a private channel may not be sent to (Realtime's words).
+pub(crate) fn unauthorized_write(topic: &str) -> String {
+    format!(
+        "Unauthorized: You do not have permissions to write to this Channel topic: {}",
+        sub_topic(topic)
+    )
+}
+
 /// A channel's name without its `realtime:` prefix, as `system` messages name it.
 fn sub_topic(topic: &str) -> &str {
     topic.strip_prefix("realtime:").unwrap_or(topic)
@@ -40,15 +56,7 @@ impl Socket {
         join: &JoinPayload,
     ) -> Result<(i64, Identity), String> {
         let limits = hub.meter().limits();
-        if join.config.private {
-            // Private channels are authorised by the tenant's policies on
-            // `realtime.messages`; until Shoal reads them, no one may read one.
-            return Err(format!(
-                "Unauthorized: You do not have permissions to read from this Channel topic: {}",
-                sub_topic(topic)
-            ));
-        }
-        if limits.private_only {
+        if limits.private_only && !join.config.private {
             return Err("PrivateOnly: This project only allows private channels".into());
         }
         hub.meter().join().map_err(|over| over.to_string())?;

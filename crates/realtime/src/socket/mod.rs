@@ -43,8 +43,16 @@ struct Joined {
     presence_key: String,
     /// When the channel's token expires (seconds since the epoch).
     exp: i64,
-    /// The channel's `postgres_changes` subscription, handed to the change feed.
+    /// The channel's subscription handed to the change feed (bindings, or private).
     changes: Option<Handle>,
+    private: bool,
+}
+
+impl Joined {
+    /// The channel's key in the hub.
+    fn key<'a>(&self, topic: &'a str) -> std::borrow::Cow<'a, str> {
+        crate::hub::channel_key(topic, self.private)
+    }
 }
 
 /// A join config field that is null (as the Python client sends an unset `broadcast`)
@@ -181,13 +189,16 @@ impl Socket {
 
     /// What a channel leaves behind when it ends: its subscription and its changes.
     fn ended(&self, hub: &Hub, topic: &str, joined: &Joined) {
-        if let Some(changes) = &joined.changes {
-            changes.end();
-            if let Some((tenant, feed)) = hub.feed() {
-                feed.unsubscribe(tenant, self.id, topic);
+        if let Some((tenant, feed)) = hub.feed() {
+            match &joined.changes {
+                Some(changes) => {
+                    changes.end();
+                    feed.unsubscribe(tenant, self.id, topic);
+                }
+                None => feed.channel(tenant, false),
             }
         }
-        hub.leave(topic, self.id);
+        hub.leave(&joined.key(topic), self.id);
     }
 
     /// Whether `topic` is joined (a join refused after the fact does not count).
@@ -248,6 +259,9 @@ impl Socket {
             Ok(admitted) => admitted,
             Err(reason) => return self.reply(&m, "error", &reason_json(&reason)),
         };
+        if !crate::hub::valid_topic(&m.topic) {
+            return self.reply(&m, "error", r#"{"reason":"a topic may not contain NUL"}"#);
+        }
         let bindings = match join
             .config
             .postgres_changes
@@ -258,12 +272,15 @@ impl Socket {
             Ok(b) => b,
             Err(e) => return self.reply(&m, "error", &reason_json(&e.to_string())),
         };
-        if !bindings.is_empty() && hub.feed().is_none() {
-            return self.reply(
-                &m,
-                "error",
-                &reason_json("Postgres Changes are not available for this tenant"),
-            );
+        let private = join.config.private;
+        let needs_feed = !bindings.is_empty() || private;
+        if needs_feed && hub.feed().is_none() {
+            let why = if private {
+                checks::unauthorized_read(&m.topic)
+            } else {
+                "Postgres Changes are not available for this tenant".into()
+            };
+            return self.reply(&m, "error", &reason_json(&why));
         }
         // A re-join replaces the channel: the old one's subscriptions end first.
         if let Some(old) = self.joined.remove(&m.topic) {
@@ -283,7 +300,10 @@ impl Socket {
         } else {
             config.presence.key
         };
-        let changes = if bindings.is_empty() {
+        let changes = if !needs_feed {
+            if let Some((tenant, feed)) = hub.feed() {
+                feed.channel(tenant, true);
+            }
             None
         } else {
             let identity: SharedIdentity = Arc::new(std::sync::Mutex::new(identity));
@@ -291,6 +311,7 @@ impl Socket {
                 hub.clone(),
                 subscriber.clone(),
                 &m.topic,
+                private,
                 m.msg_ref.clone(),
                 bindings,
                 identity,
@@ -309,6 +330,7 @@ impl Socket {
                 presence_key,
                 exp,
                 changes,
+                private,
             },
         );
         if answered_later {
@@ -319,6 +341,7 @@ impl Socket {
         // Phoenix orders them; nothing runs between the two.
         self.reply(&m, "ok", r#"{"postgres_changes":[]}"#);
         hub.join(&m.topic, subscriber);
+        debug_assert!(!private);
     }
 
     fn presence(&mut self, hub: &Hub, m: Message) {
@@ -329,11 +352,11 @@ impl Socket {
         let Some(push) = push else {
             return self.reply(&m, "error", r#"{"reason":"malformed presence message"}"#);
         };
-        let key = self
-            .joined
-            .get(&m.topic)
-            .map(|j| j.presence_key.clone())
-            .unwrap_or_default();
+        let Some(joined) = self.joined.get(&m.topic) else {
+            return;
+        };
+        let key = joined.presence_key.clone();
+        let channel = joined.key(&m.topic).into_owned();
         match push.event.as_str() {
             "track" => {
                 let meta = match push.payload {
@@ -347,11 +370,11 @@ impl Socket {
                         )
                     }
                 };
-                hub.track(&m.topic, self.id, &key, meta);
+                hub.track(&channel, self.id, &key, meta);
                 self.reply(&m, "ok", "{}");
             }
             "untrack" => {
-                hub.untrack(&m.topic, self.id);
+                hub.untrack(&channel, self.id);
                 self.reply(&m, "ok", "{}");
             }
             _ => self.reply(&m, "error", r#"{"reason":"unknown presence event"}"#),
@@ -373,7 +396,7 @@ impl Socket {
         });
     }
 
-    fn on_broadcast(&mut self, hub: &Hub, b: UserBroadcast) {
+    fn on_broadcast(&mut self, hub: &Hub, mut b: UserBroadcast) {
         let Some(joined) = self
             .joined
             .get(&b.topic)
@@ -388,6 +411,11 @@ impl Socket {
             );
         };
         let ack = joined.ack;
+        let key = joined.key(&b.topic).into_owned();
+        if joined.private && !joined.changes.as_ref().is_some_and(Handle::may_write) {
+            let why = reason_json(&checks::unauthorized_write(&b.topic));
+            return self.reply_to(&b.topic, b.join_ref, b.msg_ref, "error", &why);
+        }
         let size = match &b.payload {
             Payload::Json(p) | Payload::Binary(p) => p.len(),
         };
@@ -403,9 +431,10 @@ impl Socket {
                 r#"{"reason":"Payload too large: max_payload_size_in_kb exceeded"}"#,
             );
         }
+        let topic = std::mem::replace(&mut b.topic, key);
         hub.broadcast(&b, Some(self.id));
         if ack {
-            self.reply_to(&b.topic, b.join_ref, b.msg_ref, "ok", "{}");
+            self.reply_to(&topic, b.join_ref, b.msg_ref, "ok", "{}");
         }
     }
 

@@ -100,7 +100,7 @@ pub async fn start(
         Some(n) => n.id.clone(),
         None => format!("{}:{}", shoal_control::config::host_name(), addr.port()),
     };
-    let feeds = changes::Feeds::new(app, &node);
+    let feeds = changes::Feeds::new(app, &node, Arc::downgrade(&service));
     service.set_feed(feeds.clone());
     let _ = app.feeds.set(feeds);
     let _ = app.realtime.set(service.clone());

@@ -201,6 +201,55 @@ pub(super) async fn check(
     }))
 }
 
+/// A message that stands for the channel while a private channel's access is checked; it
+/// never commits.
+const PROBE: &str = "INSERT INTO realtime.messages (topic, extension, private, event, payload) \
+     VALUES ($1, 'broadcast', true, 'shoal:probe', '{}')";
+
+/// Whether `identity` may read, and may write, the private channel `topic` (without its
+/// `realtime:` prefix), as the tenant's policies on `realtime.messages` say: in a
+/// transaction that is rolled back, a message for the topic is written (as Shoal), then,
+/// under the role and claims and with `realtime.topic()` set, read back, then written again.
+pub(super) async fn private_access(
+    control: &mut ServerConn,
+    identity: &Identity,
+    topic: &str,
+) -> Result<(bool, bool), CaptureError> {
+    let t: &[&str] = &[topic];
+    let set: &[&str] = &[&identity.role, &identity.claims, topic];
+    let statements: [(&str, &[&str]); 5] = [
+        ("BEGIN", &[]),
+        (PROBE, t),
+        (
+            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true), \
+             set_config('realtime.topic', $3, true)",
+            set,
+        ),
+        (
+            "SELECT count(*)::text FROM realtime.messages \
+             WHERE topic = $1 AND extension = 'broadcast' AND private",
+            t,
+        ),
+        (PROBE, t),
+    ];
+    let result = crate::timer::timeout(TIMEOUT, control.pipeline_partly(&statements)).await;
+    // Nothing of it stays, whatever happened.
+    let rollback = crate::timer::timeout(TIMEOUT, control.simple_query("ROLLBACK")).await;
+    let (rows, failed) =
+        result.map_err(|_| CaptureError::Timeout("a channel's authorization"))??;
+    rollback.map_err(|_| CaptureError::Timeout("a rollback"))??;
+    let read = || cell(&rows, 3).is_ok_and(|n| n != "0");
+    Ok(match failed {
+        None => (read(), true),
+        Some((4, _)) => (read(), false),
+        Some((_, e)) => {
+            tracing::debug!(role = %identity.role, error = %e.message,
+                "a private channel's authorization was refused");
+            (false, false)
+        }
+    })
+}
+
 /// The rows of `check` as JSON objects `json_populate_record` reads: text values as
 /// strings, JSON values as themselves, a value the WAL left out taken from the old row
 /// (else NULL).

@@ -6,12 +6,16 @@
 //! the tenant's manager user: a replication connection streaming from this node's slot,
 //! and a control connection for the catalogue, the publication, markers and the
 //! authorization queries. The slot and the publication exist while the tenant has
-//! subscribers on this node, and are dropped when the last one leaves.
+//! channels on this node (any channel may get broadcasts from the database), and are
+//! dropped when the last one leaves.
 //!
 //! - [`task`]: the subscriptions, covering their tables, and the life of the slot.
 //! - [`stream`]: the replication connection, decoded into committed transactions.
 //! - [`authorize`]: one query per (table, role and claims) per batch of changes.
 //! - [`deliver`]: which subscriber gets which change, with which columns (pure).
+//! - [`messages`]: broadcasts from the database (`realtime.messages`), delivered to their
+//!   channels.
+//! - [`migrate`]: the `realtime` schema Shoal keeps in a tenant's database.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +28,8 @@ use crate::app::App;
 
 mod authorize;
 mod deliver;
+mod messages;
+mod migrate;
 mod stream;
 mod task;
 
@@ -31,6 +37,8 @@ mod task;
 pub(crate) enum Command {
     Subscribe(Box<Subscription>),
     Unsubscribe(SocketId, String),
+    /// A public channel without bindings joined (`true`) or left.
+    Channel(bool),
 }
 
 /// Counters of one tenant's capture, for `/metrics`.
@@ -54,6 +62,8 @@ struct Tenant {
 /// The service's change feed: a capture task per tenant with subscribers on this node.
 pub struct Feeds {
     app: Weak<App>,
+    /// Where broadcasts from the database are delivered.
+    service: Weak<shoal_realtime::edge::Service>,
     /// This node's name, in its tenants' slot and publication names.
     node: String,
     tenants: Mutex<HashMap<String, Tenant>>,
@@ -62,9 +72,14 @@ pub struct Feeds {
 impl Feeds {
     /// `node` names this node stably (across restarts, so a slot a crashed process left
     /// is found and dropped by the next).
-    pub fn new(app: &Arc<App>, node: &str) -> Arc<Feeds> {
+    pub fn new(
+        app: &Arc<App>,
+        node: &str,
+        service: Weak<shoal_realtime::edge::Service>,
+    ) -> Arc<Feeds> {
         Arc::new(Feeds {
             app: Arc::downgrade(app),
+            service,
             node: node.to_owned(),
             tenants: Mutex::default(),
         })
@@ -97,6 +112,7 @@ impl Feeds {
         crate::control::spawn(task::run(task::Task::new(
             tenant.to_owned(),
             self.app.clone(),
+            self.service.clone(),
             slot_name(&format!("{}/{tenant}", self.node)),
             rx,
             stats,
@@ -115,6 +131,10 @@ impl Feeds {
 impl ChangeFeed for Feeds {
     fn subscribe(&self, tenant: &str, sub: Subscription) {
         self.send(tenant, Command::Subscribe(Box::new(sub)));
+    }
+
+    fn channel(&self, tenant: &str, joined: bool) {
+        self.send(tenant, Command::Channel(joined));
     }
 
     fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str) {

@@ -25,11 +25,13 @@ use shoal_realtime::feed::{Identity, Ready, SharedIdentity, Subscription, Target
 use shoal_realtime::hub::SocketId;
 
 use super::deliver::{self, Listener};
-use super::stream::{CaptureError, Event, Row, Stream, MARKER, SETTINGS, TIMEOUT};
-use super::{authorize, count, Command, FeedStats};
+use super::stream::{quote_ident, CaptureError, Event, Row, Stream, MARKER, SETTINGS, TIMEOUT};
+use super::{authorize, count, messages, migrate, Command, FeedStats};
 use crate::app::App;
 use crate::server::{ServerConn, ServerError, Upstream};
 
+/// How often the partitions of `realtime.messages` are made ahead and dropped behind.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
 /// Rows in a batch past which it is authorised and delivered without waiting for more.
 const MAX_BATCH: usize = 5000;
 /// How long a join may wait for a capture that keeps failing before it is refused.
@@ -38,6 +40,8 @@ const JOIN_PATIENCE: Duration = Duration::from_secs(5);
 struct Sub {
     socket: SocketId,
     topic: String,
+    private: bool,
+    writes: Arc<std::sync::atomic::AtomicBool>,
     bindings: Vec<Binding>,
     identity: SharedIdentity,
     target: Target,
@@ -51,6 +55,10 @@ struct Sub {
 pub(crate) struct Task {
     tenant: String,
     app: Weak<App>,
+    service: Weak<shoal_realtime::edge::Service>,
+    /// Public channels without bindings joined on this node (they may get broadcasts from
+    /// the database).
+    channels: usize,
     /// The slot's and the publication's name.
     name: String,
     rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
@@ -66,6 +74,7 @@ impl Task {
     pub(crate) fn new(
         tenant: String,
         app: Weak<App>,
+        service: Weak<shoal_realtime::edge::Service>,
         name: String,
         rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
         stats: Arc<FeedStats>,
@@ -73,6 +82,8 @@ impl Task {
         Task {
             tenant,
             app,
+            service,
+            channels: 0,
             name,
             rx,
             stats,
@@ -89,6 +100,8 @@ impl Task {
                 let Subscription {
                     socket,
                     topic,
+                    private,
+                    writes,
                     bindings,
                     identity,
                     target,
@@ -99,6 +112,8 @@ impl Task {
                 self.subs.push(Sub {
                     socket,
                     topic,
+                    private,
+                    writes,
                     bindings,
                     identity,
                     target,
@@ -111,6 +126,8 @@ impl Task {
                 self.subs
                     .retain(|o| !(o.socket == socket && o.topic == topic));
             }
+            Command::Channel(true) => self.channels += 1,
+            Command::Channel(false) => self.channels = self.channels.saturating_sub(1),
         }
         self.stats
             .subscriptions
@@ -121,11 +138,17 @@ impl Task {
     /// those that have waited too long.
     fn refuse_waiting(&mut self, e: &CaptureError) {
         let lasting = e.is_lasting();
-        let reason = format!("Unable to subscribe to changes: {e}");
         self.subs.retain_mut(|s| {
             if s.ready.is_none() || !(lasting || s.since.elapsed() >= JOIN_PATIENCE) {
                 return true;
             }
+            let reason = if s.bindings.is_empty() {
+                // Only a private channel's policies were to be asked.
+                let channel = s.topic.strip_prefix("realtime:").unwrap_or(&s.topic);
+                format!("Unauthorized: You do not have permissions to read from this Channel topic: {channel} (the database cannot be asked: {e})")
+            } else {
+                format!("Unable to subscribe to changes: {e}")
+            };
             if let Some(r) = s.ready.take() {
                 r.failed(&reason);
             }
@@ -167,15 +190,27 @@ impl Task {
         }
     }
 
-    /// Hears commands until `d` has passed; false when the feed is gone.
-    async fn wait(&mut self, d: Duration) -> bool {
+    /// Whether anything here needs the database's stream.
+    fn active(&self) -> bool {
+        !self.subs.is_empty() || self.channels > 0
+    }
+
+    /// Hears commands until `d` has passed, or (with `early`) a join needs an answer;
+    /// false when the feed is gone.
+    async fn wait(&mut self, d: Duration, early: bool) -> bool {
         let until = crate::timer::sleep(d);
         tokio::pin!(until);
         loop {
             tokio::select! {
                 () = &mut until => return true,
                 c = self.rx.recv() => match c {
-                    Some(c) => self.apply(c),
+                    Some(c) => {
+                        let join = matches!(c, Command::Subscribe(_));
+                        self.apply(c);
+                        if early && join {
+                            return true;
+                        }
+                    }
                     None => return false,
                 },
             }
@@ -187,9 +222,9 @@ impl Task {
 pub(crate) async fn run(mut t: Task) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        while t.subs.is_empty() {
+        while !t.active() {
             if t.slot_made && !t.drop_slot().await {
-                if !t.wait(Duration::from_secs(5)).await {
+                if !t.wait(Duration::from_secs(5), false).await {
                     return;
                 }
                 continue;
@@ -213,12 +248,21 @@ pub(crate) async fn run(mut t: Task) {
             }
             Err(e) => e,
         };
-        tracing::warn!(tenant = %t.tenant, error = %error, "Postgres Changes capture failed; retrying");
         t.refuse_waiting(&error);
-        if !t.wait(backoff).await {
+        let only_broadcasts = t.subs.is_empty() && error.is_lasting();
+        let wait = if only_broadcasts {
+            // Only broadcasts from the database were wanted, and it cannot give them.
+            tracing::info!(tenant = %t.tenant, error = %error, "no broadcasts from the database for this tenant; trying again in a minute");
+            Duration::from_secs(60)
+        } else {
+            tracing::warn!(tenant = %t.tenant, error = %error, "Postgres Changes capture failed; retrying");
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff
+        };
+        // A join waiting for an answer gets one (the error, as it lasts) without delay.
+        if !t.wait(wait, only_broadcasts).await {
             return;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -231,6 +275,9 @@ struct Capture {
     /// The end of the batch's last transaction.
     batch_end: u64,
     policies: authorize::Policies,
+    /// `realtime.messages` is streamed (broadcasts from the database).
+    messages: bool,
+    maintained: Instant,
 }
 
 impl Capture {
@@ -275,8 +322,9 @@ impl Capture {
             &[&t.name],
         )
         .await?;
-        let published: HashSet<u32> =
+        let mut published: HashSet<u32> =
             serde_json::from_str(&published).map_err(|e| CaptureError::Protocol(e.to_string()))?;
+        let messages = publish_messages(&mut control, &t.name, &t.tenant, &mut published).await?;
         let stream = match Stream::start(&up, &t.name, &t.name, t.delivered).await {
             Err(CaptureError::Server(ServerError::Db(e))) if e.code == "42704" => {
                 tracing::warn!(tenant = %t.tenant, slot = %t.name, "the Postgres Changes slot is gone (dropped by someone?); changes since may be lost");
@@ -298,6 +346,8 @@ impl Capture {
             batch: Vec::new(),
             batch_end: 0,
             policies: authorize::Policies::default(),
+            messages,
+            maintained: Instant::now(),
         })
     }
 
@@ -306,7 +356,7 @@ impl Capture {
         let mut tick = crate::timer::interval(Duration::from_secs(1));
         self.cover(t).await?;
         loop {
-            if t.subs.is_empty() {
+            if !t.active() {
                 return Ok(());
             }
             tokio::select! {
@@ -338,6 +388,12 @@ impl Capture {
                 () = tick.tick() => {
                     if t.delivered > 0 {
                         self.stream.confirm(t.delivered).await?;
+                    }
+                    if self.maintained.elapsed() >= MAINTAIN_EVERY {
+                        self.maintained = Instant::now();
+                        if self.messages {
+                            migrate::maintain(&mut self.control).await?;
+                        }
                     }
                 }
             }
@@ -409,6 +465,10 @@ impl Capture {
                 }
             })
             .collect();
+        if let Some(service) = t.service.upgrade() {
+            let queued = messages::deliver(&service.hub(&t.tenant), &rows);
+            count(&t.stats.delivered, queued);
+        }
         let plan = deliver::plan(&rows, &listeners);
         let mut access = HashMap::new();
         for need in &plan.needs {
@@ -448,6 +508,27 @@ impl Capture {
             if s.ready.as_ref().is_some_and(Ready::abandoned) {
                 continue;
             }
+            if s.private {
+                let identity = s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let channel = s.topic.strip_prefix("realtime:").unwrap_or(&s.topic);
+                let (read, write) = if self.messages {
+                    authorize::private_access(&mut self.control, &identity, channel).await?
+                } else {
+                    (false, false)
+                };
+                count(&t.stats.authorizations, 1);
+                if !read {
+                    let why = format!(
+                        "Unauthorized: You do not have permissions to read from this Channel topic: {channel}"
+                    );
+                    if let Some(r) = t.subs[i].ready.take() {
+                        r.failed(&why);
+                    }
+                    continue;
+                }
+                s.writes.store(write, std::sync::atomic::Ordering::Release);
+            }
+            let s = &t.subs[i];
             match self.publish(&t.name, &s.bindings).await? {
                 Ok(()) => covering.push(i),
                 Err(reason) => {
@@ -527,6 +608,46 @@ impl Capture {
         }
         Ok(Ok(()))
     }
+}
+
+/// Brings the tenant's `realtime` schema up to date and puts `realtime.messages` in the
+/// publication; whether broadcasts from the database are streamed. A database that will
+/// not have them (privileges) still streams Postgres Changes.
+async fn publish_messages(
+    c: &mut ServerConn,
+    publication: &str,
+    tenant: &str,
+    published: &mut HashSet<u32>,
+) -> Result<bool, CaptureError> {
+    let refused =
+        |e: &CaptureError| matches!(e, CaptureError::Server(ServerError::Db(f)) if !f.is_fatal());
+    match migrate::run(c).await {
+        Ok(()) => {}
+        Err(e) if refused(&e) => {
+            tracing::warn!(%tenant, error = %e, "cannot set up realtime.messages: no broadcasts from the database");
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    }
+    let oid = query_text(c, "SELECT 'realtime.messages'::regclass::oid::text", &[]).await?;
+    let oid: u32 = oid
+        .parse()
+        .map_err(|_| CaptureError::Protocol("realtime.messages has no oid".into()))?;
+    if !published.contains(&oid) {
+        let sql = format!(
+            "ALTER PUBLICATION {publication} ADD TABLE {}.{}",
+            quote_ident("realtime"),
+            quote_ident("messages")
+        );
+        match crate::timer::timeout(TIMEOUT, c.simple_query(&sql)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(ServerError::Db(e))) if e.code == "42710" => {}
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(CaptureError::Timeout("ALTER PUBLICATION")),
+        }
+        published.insert(oid);
+    }
+    Ok(true)
 }
 
 /// A connection for the catalogue and authorization, with the capture's settings.
