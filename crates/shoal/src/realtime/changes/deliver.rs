@@ -240,6 +240,7 @@ mod tests {
                 hub.clone(),
                 sub,
                 "realtime:notes",
+                false,
                 None,
                 vec![],
                 Arc::new(std::sync::Mutex::new(identity)),
