@@ -75,15 +75,32 @@ pub async fn start(
         heartbeat_timeout: std::time::Duration::from_secs_f64(section.heartbeat_timeout),
     };
     let service = Service::new(Arc::new(Tenants(app.clone())), options);
+    let node = match app.cluster.get() {
+        Some(n) => n.id.clone(),
+        None => format!("{}:{}", shoal_control::config::host_name(), addr.port()),
+    };
+    let feeds = changes::Feeds::new(app, &node, Arc::downgrade(&service));
+    service.set_feed(feeds.clone());
     // Tenant changes reach the service as the pooler applies them (weakly: the service
     // holds the app).
     let weak = Arc::downgrade(&service);
+    let weak_feeds = Arc::downgrade(&feeds);
+    let routes = Arc::downgrade(&app.routes);
     app.routes.on_tenant_event(move |e| {
         let Some(service) = weak.upgrade() else {
             return;
         };
         match e {
-            TenantEvent::Changed(id) => service.tenant_changed(id),
+            TenantEvent::Changed(id) => {
+                service.tenant_changed(id);
+                let realtime = routes
+                    .upgrade()
+                    .and_then(|r| r.tenants.get(id))
+                    .is_some_and(|t| t.tenant.jwt_secret.is_some() || t.tenant.jwt_jwks.is_some());
+                if let Some(feeds) = weak_feeds.upgrade().filter(|_| realtime) {
+                    feeds.prepare(id);
+                }
+            }
             TenantEvent::Ended(id) => service.tenant_ended(id),
         }
     });
@@ -96,12 +113,6 @@ pub async fn start(
         relay.keep_streams();
         service.set_relay(relay);
     }
-    let node = match app.cluster.get() {
-        Some(n) => n.id.clone(),
-        None => format!("{}:{}", shoal_control::config::host_name(), addr.port()),
-    };
-    let feeds = changes::Feeds::new(app, &node, Arc::downgrade(&service));
-    service.set_feed(feeds.clone());
     let _ = app.feeds.set(feeds);
     let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();

@@ -5,6 +5,8 @@
 #![allow(clippy::disallowed_methods)]
 
 #[allow(dead_code)]
+pub mod changes;
+#[allow(dead_code)]
 pub mod etcd;
 #[allow(dead_code)]
 pub mod fake_pg;

@@ -119,6 +119,34 @@ impl Feeds {
         )));
     }
 
+    /// Installs (or updates) Shoal's `realtime` schema in tenant `id`'s database, so that
+    /// `realtime.send` and policies on `realtime.messages` can be written before any client
+    /// connects. In the background; a failure is logged (capture tries again).
+    pub fn prepare(&self, id: &str) {
+        let Some(app) = self.app.upgrade() else {
+            return;
+        };
+        let Some(route) = app.routes.tenants.get(id) else {
+            return;
+        };
+        let Ok(up) = route.manager_upstream() else {
+            return;
+        };
+        let tenant = id.to_owned();
+        crate::control::spawn(async move {
+            let result = async {
+                let mut c = crate::server::ServerConn::connect(&up, stream::TIMEOUT).await?;
+                migrate::run(&mut c).await?;
+                c.close().await;
+                Ok::<(), stream::CaptureError>(())
+            }
+            .await;
+            if let Err(e) = result {
+                tracing::warn!(%tenant, error = %e, "could not install Shoal's realtime schema in the tenant's database");
+            }
+        });
+    }
+
     /// Each tenant's counters.
     pub fn stats(&self) -> Vec<(String, Arc<FeedStats>)> {
         self.lock()
