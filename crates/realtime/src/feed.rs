@@ -25,6 +25,9 @@ pub trait ChangeFeed: Send + Sync + 'static {
     /// A public channel without bindings was joined (`true`) or left on this node: it
     /// may get broadcasts from the database.
     fn channel(&self, tenant: &str, joined: bool);
+    /// A private channel's token changed: its access is checked again, and the channel
+    /// shut down (through its [`Target`]) if it may no longer read.
+    fn recheck(&self, tenant: &str, socket: SocketId, topic: &str);
 }
 
 /// The service's change feed, once it has one.
@@ -61,18 +64,49 @@ pub struct Subscription {
 }
 
 /// Where a subscription's changes are queued.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
     out: Outbox,
     pub vsn: Vsn,
     /// Set when the subscription ended; nothing more is queued then.
     ended: Arc<AtomicBool>,
+    /// What [`Target::shut_down`] needs: the channel in its hub, and how it was joined.
+    hub: Arc<Hub>,
+    key: String,
+    topic: String,
+    join_ref: Option<String>,
+    socket: SocketId,
 }
 
 impl Target {
     /// Whether the subscription ended (its socket left or closed).
     pub fn ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
+    }
+
+    /// Ends the channel as Realtime stops one it may no longer serve: a `system` message
+    /// saying why, then `phx_close`; the socket stays.
+    pub fn shut_down(&self, message: &str) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.hub.leave(&self.key, self.socket);
+        let channel = self.topic.strip_prefix("realtime:").unwrap_or(&self.topic);
+        let system = serde_json::json!({
+            "extension": "system", "status": "error", "message": message, "channel": channel,
+        });
+        for (event, payload) in [("system", system.to_string()), ("phx_close", "{}".into())] {
+            let m = Message {
+                join_ref: self.join_ref.clone(),
+                msg_ref: None,
+                topic: self.topic.clone(),
+                event: event.into(),
+                payload: Payload::Json(Bytes::from(payload)),
+            };
+            if let Some(t) = protocol::encode_text(self.vsn, &m) {
+                self.out.push(Frame::Text(t.into()));
+            }
+        }
     }
 
     /// Queues a frame made by [`change_frame`]; false when the socket's queue is full
@@ -223,6 +257,11 @@ pub fn subscription(
         out: subscriber.out.clone(),
         vsn: subscriber.vsn,
         ended: ended.clone(),
+        hub: hub.clone(),
+        key: crate::hub::channel_key(topic, private).into_owned(),
+        topic: topic.to_owned(),
+        join_ref: subscriber.join_ref.clone(),
+        socket: subscriber.socket,
     };
     let sub = Subscription {
         socket: subscriber.socket,

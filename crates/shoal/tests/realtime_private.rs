@@ -128,6 +128,28 @@ async fn private_channels_follow_the_policies_and_realtime_send_reaches_each_kin
         "SELECT realtime.send('{\"n\": 3}', 'note', 'room:alice', false)",
     );
     assert_eq!(broadcast(&mut public).await["payload"]["n"], 3);
+    // A token for someone else on Alice's channel: checked again, and shut.
+    alice2
+        .push(
+            "realtime:room:alice",
+            "access_token",
+            serde_json::json!({"access_token": token("bob")}),
+        )
+        .await;
+    let system = alice2.until(|m| m["event"] == "system").await;
+    assert_eq!(
+        system["payload"]["message"],
+        "Unauthorized: You do not have permissions to read from this Channel topic: room:alice",
+        "{system}"
+    );
+    alice2.until(|m| m["event"] == "phx_close").await;
+    // Alice's own channel goes on, and the shut one gets nothing more.
+    run_sql(
+        s.pg,
+        &s.db,
+        "SELECT realtime.send('{\"n\": 4}', 'note', 'room:alice', true)",
+    );
+    assert_eq!(broadcast(&mut alice).await["payload"]["n"], 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -106,6 +106,11 @@ impl Socket {
                     if let Some(changes) = &j.changes {
                         *changes.identity.lock().unwrap_or_else(|e| e.into_inner()) =
                             super::identity_of(&claims);
+                        if j.private {
+                            if let Some((tenant, feed)) = hub.feed() {
+                                feed.recheck(tenant, self.id, &m.topic);
+                            }
+                        }
                     }
                 }
             }

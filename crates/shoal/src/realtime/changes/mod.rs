@@ -39,6 +39,8 @@ pub(crate) enum Command {
     Unsubscribe(SocketId, String),
     /// A public channel without bindings joined (`true`) or left.
     Channel(bool),
+    /// A private channel's token changed.
+    Recheck(SocketId, String),
 }
 
 /// Counters of one tenant's capture, for `/metrics`.
@@ -159,6 +161,10 @@ impl Feeds {
 impl ChangeFeed for Feeds {
     fn subscribe(&self, tenant: &str, sub: Subscription) {
         self.send(tenant, Command::Subscribe(Box::new(sub)));
+    }
+
+    fn recheck(&self, tenant: &str, socket: SocketId, topic: &str) {
+        self.send(tenant, Command::Recheck(socket, topic.to_owned()));
     }
 
     fn channel(&self, tenant: &str, joined: bool) {

@@ -68,6 +68,8 @@ pub(crate) struct Task {
     delivered: u64,
     slot_made: bool,
     next_marker: u64,
+    /// Private channels whose token changed, to check again.
+    rechecks: Vec<(SocketId, String)>,
 }
 
 impl Task {
@@ -91,6 +93,7 @@ impl Task {
             delivered: 0,
             slot_made: false,
             next_marker: 1,
+            rechecks: Vec::new(),
         }
     }
 
@@ -126,6 +129,7 @@ impl Task {
                 self.subs
                     .retain(|o| !(o.socket == socket && o.topic == topic));
             }
+            Command::Recheck(socket, topic) => self.rechecks.push((socket, topic)),
             Command::Channel(true) => self.channels += 1,
             Command::Channel(false) => self.channels = self.channels.saturating_sub(1),
         }
@@ -355,6 +359,7 @@ impl Capture {
     async fn follow(&mut self, t: &mut Task) -> Result<(), CaptureError> {
         let mut tick = crate::timer::interval(Duration::from_secs(1));
         self.cover(t).await?;
+        self.recheck(t).await?;
         loop {
             if !t.active() {
                 return Ok(());
@@ -368,6 +373,7 @@ impl Capture {
                         t.apply(c);
                     }
                     self.cover(t).await?;
+                    self.recheck(t).await?;
                 }
                 f = self.stream.read_frame() => {
                     let mut f = f?;
@@ -549,6 +555,36 @@ impl Capture {
         for s in &mut t.subs {
             if s.ready.is_some() && s.marker.is_none() {
                 s.marker = Some(seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks again the private channels whose token changed; one that may no longer
+    /// read is shut down.
+    async fn recheck(&mut self, t: &mut Task) -> Result<(), CaptureError> {
+        while let Some((socket, topic)) = t.rechecks.pop() {
+            let Some(s) = t
+                .subs
+                .iter()
+                .find(|s| s.socket == socket && s.topic == topic && s.private && s.ready.is_none())
+            else {
+                continue;
+            };
+            let identity = s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let channel = topic.strip_prefix("realtime:").unwrap_or(&topic).to_owned();
+            let (read, write) = if self.messages {
+                authorize::private_access(&mut self.control, &identity, &channel).await?
+            } else {
+                (false, false)
+            };
+            count(&t.stats.authorizations, 1);
+            s.writes.store(write, std::sync::atomic::Ordering::Release);
+            if !read {
+                s.target.shut_down(&format!(
+                    "Unauthorized: You do not have permissions to read from this Channel topic: {channel}"
+                ));
+                t.subs.retain(|o| !(o.socket == socket && o.topic == topic));
             }
         }
         Ok(())
