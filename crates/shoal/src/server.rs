@@ -657,6 +657,60 @@ impl ServerConn {
         }
     }
 
+    /// Prepares `sql` as statement `name` on this connection (one round trip).
+    pub async fn prepare_named(&mut self, name: &str, sql: &str) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        frontend::parse(&mut out, name, sql);
+        frontend::sync(&mut out);
+        self.stream.write_all(&out).await?;
+        self.read_until_ready().await
+    }
+
+    /// Runs many transactions in one round trip: each group's prepared statements (names
+    /// and text parameters) in one implicit transaction, closed by its own Sync, so one
+    /// group's failure leaves the others be. Per group: the first row of its last
+    /// statement, or its first non-fatal error.
+    pub async fn run_prepared_groups(
+        &mut self,
+        groups: &[Vec<(&str, Vec<&str>)>],
+    ) -> Result<Vec<Result<Option<Vec<Option<String>>>, ErrorFields>>, ServerError> {
+        let mut out = BytesMut::new();
+        for g in groups {
+            for (name, params) in g {
+                frontend::bind_execute(&mut out, name, params);
+            }
+            frontend::sync(&mut out);
+        }
+        self.session.unnamed_dropped();
+        self.stream.write_all(&out).await?;
+        let mut results = Vec::with_capacity(groups.len());
+        for g in groups {
+            let last = g.len().saturating_sub(1);
+            let (mut at, mut row, mut error) = (0, None, None);
+            loop {
+                let frame = self.read_frame().await?;
+                match frame.tag() {
+                    b'D' if at == last && row.is_none() => row = Some(data_row(frame.body())?),
+                    b'C' | b'I' => at += 1,
+                    tag::ERROR_RESPONSE => {
+                        let e = backend::parse_error(frame.body())?;
+                        if e.is_fatal() {
+                            return Err(ServerError::Db(e));
+                        }
+                        error.get_or_insert(e);
+                    }
+                    tag::READY_FOR_QUERY => break,
+                    _ => {}
+                }
+            }
+            results.push(match error {
+                Some(e) => Err(e),
+                None => Ok(row),
+            });
+        }
+        Ok(results)
+    }
+
     /// Sends `START_REPLICATION ...` (`sql`) on a replication connection and waits until
     /// the server streams (CopyBothResponse).
     pub async fn start_replication(&mut self, sql: &str) -> Result<(), ServerError> {

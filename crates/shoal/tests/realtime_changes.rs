@@ -456,3 +456,50 @@ async fn realtime_js_gets_writes_made_right_after_subscribed() {
         child.wait().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_sharing_a_token_share_one_check_per_batch() {
+    let s = setup(
+        "rt_batch",
+        "CREATE TABLE feed (id int PRIMARY KEY, team text);
+         ALTER TABLE feed ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY team ON feed FOR SELECT TO authenticated
+           USING (team = current_setting('request.jwt.claims', true)::json->>'sub');
+         GRANT SELECT ON feed TO authenticated;",
+    );
+    let binding = serde_json::json!([{"event": "INSERT", "schema": "public", "table": "feed"}]);
+    let mut subs = Vec::new();
+    let red = token("red");
+    for _ in 0..20 {
+        let mut p = Phx::connect(s.rt, "acme", &red).await.unwrap();
+        subscribe(&mut p, "realtime:feed", binding.clone()).await;
+        subs.push(p);
+    }
+    let before = metric(
+        &s.shoal,
+        "shoal_realtime_postgres_changes_authorizations_total",
+    );
+    // 100 rows in one transaction: one batch, half of them the subscribers' team's.
+    run_sql(
+        s.pg,
+        &s.db,
+        "INSERT INTO feed SELECT i, CASE WHEN i % 2 = 0 THEN 'red' ELSE 'blue' END
+           FROM generate_series(1, 100) i",
+    );
+    for p in &mut subs {
+        let mut ids = Vec::new();
+        while ids.len() < 50 {
+            ids.push(change(p).await["data"]["record"]["id"].as_i64().unwrap());
+        }
+        assert_eq!(ids, (1..=50).map(|i| i * 2).collect::<Vec<_>>());
+    }
+    let queries = metric(
+        &s.shoal,
+        "shoal_realtime_postgres_changes_authorizations_total",
+    ) - before;
+    // The policies read once, and one evaluation of the batch, for all twenty.
+    assert!(
+        (1.0..=2.0).contains(&queries),
+        "{queries} authorization queries for 20 subscribers and 100 rows"
+    );
+}

@@ -64,14 +64,25 @@ pub fn parse_bind_execute(buf: &mut BytesMut, sql: &str, params: &[&str]) {
 /// [`parse_bind_execute`] without the Sync, for several statements sent in one go that run
 /// in one implicit transaction (up to the Sync that follows them).
 pub fn parse_bind_execute_unsynced(buf: &mut BytesMut, sql: &str, params: &[&str]) {
+    parse(buf, "", sql);
+    bind_execute(buf, "", params);
+}
+
+/// Parse of `sql` as the prepared statement `name` (`""`: the unnamed one), its parameter
+/// types left to the server.
+pub fn parse(buf: &mut BytesMut, name: &str, sql: &str) {
     put_message(buf, tag::PARSE, |b| {
-        put_cstr(b, "");
+        put_cstr(b, name);
         put_cstr(b, sql);
         b.put_i16(0);
     });
+}
+
+/// Bind of the prepared statement `name` to text `params` (results as text), and Execute.
+pub fn bind_execute(buf: &mut BytesMut, name: &str, params: &[&str]) {
     put_message(buf, tag::BIND, |b| {
         put_cstr(b, "");
-        put_cstr(b, "");
+        put_cstr(b, name);
         b.put_i16(0);
         b.put_u16(u16::try_from(params.len()).expect("at most 65,535 parameters"));
         for p in params {

@@ -72,7 +72,10 @@ pub fn setup_on(pg: &'static Pg, prefix: &str, schema: &str) -> Setup {
     let db = unique_db(prefix);
     pg.create_database(&db);
     run_sql(pg, &db, schema);
-    let (shoal, data) = shoal_with_token_api_and(pg, "[realtime]\nlisten = \"127.0.0.1:0\"\n");
+    let (shoal, data) = shoal_with_token_api_and(
+        pg,
+        "[realtime]\nlisten = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
     let (status, body) = api(
         &shoal,
         "PUT",
@@ -110,4 +113,21 @@ pub async fn subscribe(p: &mut Phx, topic: &str, bindings: serde_json::Value) ->
 /// The next `postgres_changes` message's payload.
 pub async fn change(p: &mut Phx) -> serde_json::Value {
     p.until(|m| m["event"] == "postgres_changes").await["payload"].clone()
+}
+
+/// The sum of the samples of metric `name` (all labels) on Shoal's metrics page.
+pub fn metric(shoal: &Shoal, name: &str) -> f64 {
+    let url = format!(
+        "http://{}/metrics",
+        shoal.metrics.expect("metrics listener")
+    );
+    let out = std::process::Command::new("curl")
+        .args(["-s", &url])
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

@@ -7,8 +7,9 @@
 //! The role's policies are read from the catalogue (`pg_policy`: SELECT and ALL policies
 //! that apply to the role, permissive ones OR-ed, restrictive ones AND-ed, as PostgreSQL
 //! combines them) and evaluated by PostgreSQL over the batch's rows, under the role and
-//! with `request.jwt.claims` set for the transaction, as Supabase sets them: one round
-//! trip per table and identity per batch. What the catalogue says of a table and role is
+//! with `request.jwt.claims` set for the transaction, as Supabase sets them: one query per
+//! table and identity per batch, all of a batch's sent in one round trip (each its own
+//! transaction), as prepared statements. What the catalogue says of a table and role is
 //! kept for a second. A role that bypasses row-level security (the table's owner,
 //! `BYPASSRLS`, a superuser) or a table without it needs no evaluation. DELETEs are never
 //! evaluated: only the old key is known, and is sent.
@@ -77,6 +78,8 @@ impl Policy {
 #[derive(Default)]
 pub(super) struct Policies {
     read: HashMap<(u32, String), (Instant, Option<Policy>)>,
+    /// Statements prepared on the control connection, by their text.
+    statements: HashMap<String, String>,
     /// Authorization queries run (each one round trip).
     pub queries: u64,
 }
@@ -156,49 +159,124 @@ impl Policies {
     }
 }
 
-/// What `identity` may see of `rel` and of the batch rows `check` (positions and rows:
-/// its INSERTs and UPDATEs). `None` when it may read nothing of the table.
-pub(super) async fn check(
-    control: &mut ServerConn,
-    policies: &mut Policies,
-    rel: &Rel,
-    identity: &Identity,
-    check: &[(usize, &Row)],
-) -> Result<Option<Access>, CaptureError> {
-    let Some(policy) = policies.get(control, rel, identity).await? else {
-        return Ok(None);
-    };
-    let indices: Vec<usize> = (0..rel.columns.len())
-        .filter(|&i| policy.columns.contains(&rel.columns[i].name))
-        .collect();
-    let columns = indices.iter().map(|&i| rel.columns[i].clone()).collect();
-    let rows = if policy.bypass || check.is_empty() {
-        None
-    } else if let Some(predicate) = policy.predicate() {
-        let sql = evaluate_sql(rel, &predicate);
-        let json = rows_json(rel, check);
-        policies.queries += 1;
-        match as_identity(control, identity, &sql, &[&json]).await? {
-            Some(text) => {
-                let seen: Vec<usize> = serde_json::from_str(&text)
-                    .map_err(|e| CaptureError::Protocol(e.to_string()))?;
-                // 1-based positions in `check`.
-                Some(
-                    seen.into_iter()
-                        .filter_map(|k| check.get(k.checked_sub(1)?).map(|(at, _)| *at))
-                        .collect(),
-                )
-            }
-            None => Some(HashSet::new()),
+/// One authorization a batch needs: what `identity` may see of `rel`, and which of the
+/// batch rows `check` (positions and rows: its INSERTs and UPDATEs).
+pub(super) struct Question<'a> {
+    pub rel: &'a Rel,
+    pub identity: &'a Identity,
+    pub check: Vec<(usize, &'a Row)>,
+}
+
+impl Policies {
+    /// The prepared statement running `sql` on this connection (prepared on first use).
+    async fn prepared(
+        &mut self,
+        control: &mut ServerConn,
+        sql: &str,
+    ) -> Result<Result<String, ServerError>, CaptureError> {
+        if let Some(name) = self.statements.get(sql) {
+            return Ok(Ok(name.clone()));
         }
-    } else {
-        Some(HashSet::new())
-    };
-    Ok(Some(Access {
-        indices,
-        columns,
-        rows,
-    }))
+        let name = format!("shoal_rt_{}", self.statements.len() + 1);
+        match crate::timer::timeout(TIMEOUT, control.prepare_named(&name, sql)).await {
+            Err(_) => Err(CaptureError::Timeout("preparing an authorization query")),
+            Ok(Err(ServerError::Db(e))) if !e.is_fatal() => Ok(Err(ServerError::Db(e))),
+            Ok(r) => {
+                r?;
+                self.statements.insert(sql.to_owned(), name.clone());
+                Ok(Ok(name))
+            }
+        }
+    }
+
+    /// Answers `questions`: `None` where the identity may read nothing of the table. The
+    /// policies of a table and role not read in the last second are read first; then every
+    /// question that needs rows evaluated is asked in one round trip, each in its own
+    /// transaction under its identity.
+    pub(super) async fn answer(
+        &mut self,
+        control: &mut ServerConn,
+        questions: &[Question<'_>],
+    ) -> Result<Vec<Option<Access>>, CaptureError> {
+        let mut answers = Vec::with_capacity(questions.len());
+        // (answer, statement, rows as JSON) of each evaluation to run.
+        let mut asks: Vec<(usize, String, String)> = Vec::new();
+        for q in questions {
+            let Some(policy) = self.get(control, q.rel, q.identity).await? else {
+                answers.push(None);
+                continue;
+            };
+            let indices: Vec<usize> = (0..q.rel.columns.len())
+                .filter(|&i| policy.columns.contains(&q.rel.columns[i].name))
+                .collect();
+            let columns = indices.iter().map(|&i| q.rel.columns[i].clone()).collect();
+            let rows = if policy.bypass || q.check.is_empty() {
+                None
+            } else if let Some(predicate) = policy.predicate() {
+                match self
+                    .prepared(control, &evaluate_sql(q.rel, &predicate))
+                    .await?
+                {
+                    Ok(name) => asks.push((answers.len(), name, rows_json(q.rel, &q.check))),
+                    Err(e) => tracing::debug!(table = %q.rel.qualified, error = %e,
+                        "a table's policies cannot be evaluated: no row is shown"),
+                }
+                Some(HashSet::new())
+            } else {
+                Some(HashSet::new())
+            };
+            answers.push(Some(Access {
+                indices,
+                columns,
+                rows,
+            }));
+        }
+        if asks.is_empty() {
+            return Ok(answers);
+        }
+        let set = self
+            .prepared(control, SET_IDENTITY)
+            .await?
+            .map_err(CaptureError::from)?;
+        let groups: Vec<Vec<(&str, Vec<&str>)>> = asks
+            .iter()
+            .map(|(at, name, json)| {
+                let id = questions[*at].identity;
+                vec![
+                    (set.as_str(), vec![id.role.as_str(), &id.claims]),
+                    (name.as_str(), vec![json.as_str()]),
+                ]
+            })
+            .collect();
+        self.queries += groups.len() as u64;
+        let results = crate::timer::timeout(TIMEOUT, control.run_prepared_groups(&groups))
+            .await
+            .map_err(|_| CaptureError::Timeout("authorization queries"))??;
+        for ((at, _, _), result) in asks.iter().zip(results) {
+            let seen: Vec<usize> = match result {
+                Ok(row) => {
+                    let text = row.and_then(|r| r.into_iter().next().flatten());
+                    serde_json::from_str(text.as_deref().unwrap_or("[]"))
+                        .map_err(|e| CaptureError::Protocol(e.to_string()))?
+                }
+                Err(e) => {
+                    tracing::debug!(role = %questions[*at].identity.role, error = %e.message,
+                        "an authorization query was refused: no row is shown");
+                    Vec::new()
+                }
+            };
+            let check = &questions[*at].check;
+            if let Some(Some(a)) = answers.get_mut(*at) {
+                // 1-based positions in `check`.
+                a.rows = Some(
+                    seen.into_iter()
+                        .filter_map(|k| check.get(k.checked_sub(1)?).map(|(row, _)| *row))
+                        .collect(),
+                );
+            }
+        }
+        Ok(answers)
+    }
 }
 
 /// A message that stands for the channel while a private channel's access is checked; it

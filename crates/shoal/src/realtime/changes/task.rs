@@ -476,22 +476,22 @@ impl Capture {
             count(&t.stats.delivered, queued);
         }
         let plan = deliver::plan(&rows, &listeners);
-        let mut access = HashMap::new();
-        for need in &plan.needs {
-            let check: Vec<(usize, &Row)> = need.rows.iter().map(|&i| (i, &rows[i])).collect();
-            let identity = &identities[need.identity];
-            let a = authorize::check(
-                &mut self.control,
-                &mut self.policies,
-                &need.rel,
-                identity,
-                &check,
-            )
-            .await?;
-            if let Some(a) = a {
-                access.insert((need.rel.oid, need.identity), a);
-            }
-        }
+        let questions: Vec<authorize::Question<'_>> = plan
+            .needs
+            .iter()
+            .map(|need| authorize::Question {
+                rel: &need.rel,
+                identity: &identities[need.identity],
+                check: need.rows.iter().map(|&i| (i, &rows[i])).collect(),
+            })
+            .collect();
+        let answers = self.policies.answer(&mut self.control, &questions).await?;
+        let access: HashMap<(u32, usize), authorize::Access> = plan
+            .needs
+            .iter()
+            .zip(answers)
+            .filter_map(|(need, a)| Some(((need.rel.oid, need.identity), a?)))
+            .collect();
         count(
             &t.stats.authorizations,
             std::mem::take(&mut self.policies.queries) as usize,
@@ -550,8 +550,15 @@ impl Capture {
         }
         let seq = t.next_marker;
         t.next_marker += 1;
-        let sql = "SELECT pg_logical_emit_message(false, $1, $2)::text";
-        query_text(&mut self.control, sql, &[MARKER, &seq.to_string()]).await?;
+        // In a transaction that commits synchronously: logical decoding reads only flushed
+        // WAL, and an unflushed marker would wait for the WAL writer.
+        let sql = format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; \
+             SELECT pg_logical_emit_message(true, '{MARKER}', '{seq}'); COMMIT"
+        );
+        crate::timer::timeout(TIMEOUT, self.control.simple_query(&sql))
+            .await
+            .map_err(|_| CaptureError::Timeout("writing a marker"))??;
         for s in &mut t.subs {
             if s.ready.is_some() && s.marker.is_none() {
                 s.marker = Some(seq);
