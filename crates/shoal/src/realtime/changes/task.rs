@@ -281,6 +281,10 @@ struct Capture {
     policies: authorize::Policies,
     /// `realtime.messages` is streamed (broadcasts from the database).
     messages: bool,
+    /// The tables a binding's schema and table named when last looked up (a binding
+    /// whose tables are all published needs no look-up: thousands of joins of one table
+    /// cost one).
+    resolved: HashMap<(String, String), Vec<(u32, String)>>,
     maintained: Instant,
 }
 
@@ -351,6 +355,7 @@ impl Capture {
             batch_end: 0,
             policies: authorize::Policies::default(),
             messages,
+            resolved: HashMap::new(),
             maintained: Instant::now(),
         })
     }
@@ -605,6 +610,13 @@ impl Capture {
         bindings: &[Binding],
     ) -> Result<Result<(), String>, CaptureError> {
         for b in bindings {
+            let key = (b.schema.clone(), b.table.clone().unwrap_or_default());
+            if let Some(tables) = self.resolved.get(&key) {
+                if !tables.is_empty() && tables.iter().all(|(oid, _)| self.published.contains(oid))
+                {
+                    continue;
+                }
+            }
             let tables = query_text(
                 &mut self.control,
                 "SELECT coalesce(json_agg(json_build_array(c.oid::int8, \
@@ -620,6 +632,7 @@ impl Capture {
             .await?;
             let tables: Vec<(u32, String)> =
                 serde_json::from_str(&tables).map_err(|e| CaptureError::Protocol(e.to_string()))?;
+            self.resolved.insert(key, tables.clone());
             if tables.is_empty() && b.table.is_some() {
                 return Ok(Err(format!(
                     "Unable to subscribe to changes with given parameters. Please check Realtime is enabled for the given connect parameters: [event: {}, schema: {}, table: {}, filters: [{}]]",

@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, default_value = "bench")]
     tenant: String,
     /// The tenant's JWT.
-    #[arg(long, env = "RT_TOKEN")]
+    #[arg(long, env = "RT_TOKEN", default_value = "")]
     token: String,
     #[arg(long, default_value = "2.0.0")]
     vsn: String,
@@ -63,6 +63,17 @@ pub struct Args {
     /// Source addresses are 127.<octet>.x.y; give each generator its own.
     #[arg(long, default_value_t = 3)]
     source_octet: u8,
+    /// Postgres Changes: each user's channel binds INSERTs of this table (in `public`);
+    /// receipts are timed by the row's `t` (microseconds since the epoch when written).
+    #[arg(long)]
+    changes: Option<String>,
+    /// Join the channels as private ones (broadcasts from the database).
+    #[arg(long)]
+    private: bool,
+    /// Sign a token per user (`sub` = `user-<n>`, `team` = `t0`, role `authenticated`)
+    /// with this HS256 secret, instead of sharing `--token`.
+    #[arg(long, env = "RT_JWT_SECRET")]
+    jwt_secret: Option<String>,
     /// Write the final report as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,

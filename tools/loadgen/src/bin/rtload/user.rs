@@ -193,8 +193,13 @@ async fn user(
 }
 
 fn channels(args: &Args, u: usize) -> Vec<(String, &'static str)> {
+    let room = if args.changes.is_some() {
+        "changes"
+    } else {
+        "room"
+    };
     let mut v = vec![(
-        format!("realtime:room-{}", u / args.channel_size.max(1)),
+        format!("realtime:{room}-{}", u / args.channel_size.max(1)),
         "1",
     )];
     if args.echo {
@@ -206,9 +211,13 @@ fn channels(args: &Args, u: usize) -> Vec<(String, &'static str)> {
 async fn join(args: &Args, u: usize, source: std::net::Ipv4Addr) -> anyhow::Result<Conn> {
     let addr = args.addr[(u / args.channel_size.max(1)) % args.addr.len()];
     let tcp = loadgen::net::bound_socket(source)?.connect(addr).await?;
+    let token = match &args.jwt_secret {
+        Some(secret) => user_token(secret, u),
+        None => args.token.clone(),
+    };
     let url = format!(
-        "ws://{addr}/t/{}/realtime/v1/websocket?vsn={}&apikey={}",
-        args.tenant, args.vsn, args.token
+        "ws://{addr}/t/{}/realtime/v1/websocket?vsn={}&apikey={token}",
+        args.tenant, args.vsn
     );
     // Small buffers: a generator holds tens of thousands of these.
     let config = WebSocketConfig::default()
@@ -220,7 +229,14 @@ async fn join(args: &Args, u: usize, source: std::net::Ipv4Addr) -> anyhow::Resu
         v2: args.vsn.starts_with('2'),
         next_ref: 1,
     };
-    let config = r#"{"config":{"broadcast":{"self":true,"ack":false},"presence":{"key":"","enabled":false},"private":false}}"#;
+    let changes = args.changes.as_deref().map_or(String::new(), |table| {
+        format!(r#","postgres_changes":[{{"event":"INSERT","schema":"public","table":"{table}"}}]"#)
+    });
+    let config = format!(
+        r#"{{"config":{{"broadcast":{{"self":true,"ack":false}},"presence":{{"key":"","enabled":false}},"private":{}{changes}}}}}"#,
+        args.private
+    );
+    let config = config.as_str();
     let mut waiting = Vec::new();
     for (topic, join_ref) in channels(args, u) {
         waiting.push(conn.push(join_ref, &topic, "phx_join", config).await?);
@@ -247,10 +263,31 @@ async fn join(args: &Args, u: usize, source: std::net::Ipv4Addr) -> anyhow::Resu
     Ok(conn)
 }
 
+/// User `u`'s own token: HS256 over `{role, sub, team, exp}`.
+fn user_token(secret: &str, u: usize) -> String {
+    use base64::Engine;
+    use hmac::Mac;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let exp = now_us() / 1_000_000 + 24 * 3600;
+    let head = b64(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let body = b64(format!(
+        r#"{{"role":"authenticated","sub":"user-{u}","team":"t0","exp":{exp}}}"#
+    )
+    .as_bytes());
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes())
+        .expect("HMAC takes any key length");
+    mac.update(format!("{head}.{body}").as_bytes());
+    format!("{head}.{body}.{}", b64(&mac.finalize().into_bytes()))
+}
+
 /// The send time a broadcast carries (`"t":` microseconds), found in a frame of either
 /// version without parsing it.
 fn sent_at(frame: &[u8]) -> Option<u64> {
-    let at = frame.windows(4).position(|w| w == br#""t":"#)? + 4;
+    let mut at = frame.windows(4).position(|w| w == br#""t":"#)? + 4;
+    // PostgreSQL writes `"t": 1` (jsonb), Shoal `"t":1`.
+    while frame.get(at) == Some(&b' ') {
+        at += 1;
+    }
     let digits = frame[at..]
         .iter()
         .take_while(|b| b.is_ascii_digit())
