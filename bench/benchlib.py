@@ -9,6 +9,7 @@ import base64
 import glob
 import hashlib
 import hmac
+import json
 import os
 import re
 import shutil
@@ -38,6 +39,16 @@ def scram_verifier(password, salt=b"shoal-bench-salt", iterations=4096):
 
 
 BENCH_SECRET = scram_verifier(BENCH_PASSWORD)
+
+
+def hs256_jwt(secret, claims):
+    """A JWT signed with HS256 (what realtime tenants verify)."""
+    def b64(b):
+        return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps(claims).encode())
+    sig = hmac.new(secret.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64(sig)}"
 
 
 def is_root():

@@ -102,9 +102,12 @@ pub(super) fn deliver(
 ) -> usize {
     let mut queued = 0;
     for (at, (row, matched)) in rows.iter().zip(&plan.matches).enumerate() {
-        // One payload per identity and binding ids, one frame per topic and version.
-        let mut payloads: HashMap<(usize, &[u64]), String> = HashMap::new();
-        let mut frames: HashMap<(usize, &[u64], &str, bool), Option<Frame>> = HashMap::new();
+        // What a subscriber is sent depends only on the columns it may read and the
+        // bindings matched: one payload for each, one frame for each topic and version,
+        // shared by every subscriber it goes to.
+        type Shape<'s> = (&'s [usize], &'s [u64]);
+        let mut payloads: HashMap<Shape<'_>, String> = HashMap::new();
+        let mut frames: HashMap<(Shape<'_>, &str, bool), Option<Frame>> = HashMap::new();
         for (l, ids) in matched {
             let listener = &listeners[*l];
             let Some(a) = access.get(&(row.rel.oid, listener.identity)) else {
@@ -113,13 +116,13 @@ pub(super) fn deliver(
             if row.kind != Kind::Delete && !a.sees(at) {
                 continue;
             }
-            let key = (listener.identity, ids.as_slice());
+            let shape = (a.indices.as_slice(), ids.as_slice());
             let v1 = listener.target.vsn == shoal_realtime::protocol::Vsn::V1;
             let frame = frames
-                .entry((listener.identity, ids.as_slice(), listener.topic, v1))
+                .entry((shape, listener.topic, v1))
                 .or_insert_with(|| {
                     let payload = payloads
-                        .entry(key)
+                        .entry(shape)
                         .or_insert_with(|| payload(ids, row, a))
                         .clone();
                     shoal_realtime::feed::change_frame(listener.target.vsn, listener.topic, payload)

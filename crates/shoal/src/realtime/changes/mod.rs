@@ -69,6 +69,8 @@ pub struct Feeds {
     /// This node's name, in its tenants' slot and publication names.
     node: String,
     tenants: Mutex<HashMap<String, Tenant>>,
+    /// The database each tenant's schema was last installed in (see [`Feeds::prepare`]).
+    prepared: Mutex<HashMap<String, String>>,
 }
 
 impl Feeds {
@@ -84,6 +86,7 @@ impl Feeds {
             service,
             node: node.to_owned(),
             tenants: Mutex::default(),
+            prepared: Mutex::default(),
         })
     }
 
@@ -134,6 +137,15 @@ impl Feeds {
         let Ok(up) = route.manager_upstream() else {
             return;
         };
+        // Once per database and login: a tenant stored again unchanged costs nothing.
+        let target = format!("{}:{}/{}/{}", up.host, up.port, up.dbname, up.user);
+        {
+            let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+            if prepared.get(id) == Some(&target) {
+                return;
+            }
+            prepared.insert(id.to_owned(), target);
+        }
         let tenant = id.to_owned();
         crate::control::spawn(async move {
             let result = async {
