@@ -28,6 +28,15 @@ pub trait ChangeFeed: Send + Sync + 'static {
     /// A private channel's token changed: its access is checked again, and the channel
     /// shut down (through its [`Target`]) if it may no longer read.
     fn recheck(&self, tenant: &str, socket: SocketId, topic: &str);
+    /// Whether `identity` may send to the private channel `topic` (without `realtime:`),
+    /// for a message over HTTP: answered on `reply` (dropped: no).
+    fn may_write(
+        &self,
+        tenant: &str,
+        identity: Identity,
+        topic: String,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    );
 }
 
 /// The service's change feed, once it has one.
@@ -40,6 +49,16 @@ pub type FeedSlot = Arc<OnceLock<Arc<dyn ChangeFeed>>>;
 pub struct Identity {
     pub role: String,
     pub claims: Arc<str>,
+}
+
+impl Identity {
+    /// A verified token's identity.
+    pub fn of(claims: &crate::jwt::Claims) -> Identity {
+        Identity {
+            role: claims.role.clone(),
+            claims: claims.all.to_string().into(),
+        }
+    }
 }
 
 /// A channel's identity, which a token update replaces.

@@ -8,8 +8,9 @@
 //! tenant's JWT comes as `Authorization: Bearer`, else as the `apikey` header. Topics are
 //! the channel's name without its `realtime:` prefix. Accepted messages are delivered to
 //! the topic's subscribers at once and answered `202`. They count against the tenant's
-//! `max_events_per_second` and `max_bytes_per_second` (429 when over). Private messages
-//! are refused: no one may read a private channel until its policies are checked.
+//! `max_events_per_second` and `max_bytes_per_second` (429 when over). A private message
+//! (`"private": true`, or `?private=true`) goes to the private channel of its topic, if the
+//! tenant's policies on `realtime.messages` let the token write the topic (403 if not).
 
 use std::sync::Arc;
 
@@ -81,16 +82,40 @@ fn over_rate(over: crate::limits::Over) -> Response {
     refuse(StatusCode::TOO_MANY_REQUESTS, &why)
 }
 
-fn private_refused() -> Response {
-    refuse(
-        StatusCode::FORBIDDEN,
-        "private channels are authorised by the tenant's policies on realtime.messages, which this Shoal does not check yet",
-    )
+/// How long an HTTP message waits for the tenant's database to say it may be sent.
+const WRITE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether the token of `admitted` may send to the private channel `topic`, as the
+/// tenant's policies say; the refusal if not.
+async fn may_write(
+    admitted: &crate::edge::Admitted,
+    topic: &str,
+) -> Result<(), Response> {
+    let refused = || {
+        refuse(
+            StatusCode::FORBIDDEN,
+            &format!("Unauthorized: You do not have permissions to write to this Channel topic: {topic}"),
+        )
+    };
+    let Some((tenant, feed)) = admitted.hub.feed() else {
+        return Err(refused());
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    feed.may_write(
+        tenant,
+        crate::feed::Identity::of(&admitted.claims),
+        topic.to_owned(),
+        tx,
+    );
+    match tokio::time::timeout(WRITE_CHECK, rx).await {
+        Ok(Ok(true)) => Ok(()),
+        _ => Err(refused()),
+    }
 }
 
 async fn batch(State(svc): State<Arc<Service>>, headers: HeaderMap, body: Bytes) -> Response {
     let tenant = svc.tenant_of(&headers);
-    deliver_batch(&svc, tenant, &headers, &body)
+    deliver_batch(&svc, tenant, &headers, &body).await
 }
 
 async fn batch_named(
@@ -99,7 +124,7 @@ async fn batch_named(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    deliver_batch(&svc, Some(tenant), &headers, &body)
+    deliver_batch(&svc, Some(tenant), &headers, &body).await
 }
 
 /// `?private=true`: the message is for the private channel of that name.
@@ -116,11 +141,8 @@ async fn one(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if q.private {
-        return private_refused();
-    }
     let tenant = svc.tenant_of(&headers);
-    deliver_one(&svc, tenant, &headers, topic, event, body)
+    deliver_one(&svc, tenant, &headers, (topic, q.private), event, body).await
 }
 
 async fn one_named(
@@ -130,13 +152,10 @@ async fn one_named(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if q.private {
-        return private_refused();
-    }
-    deliver_one(&svc, Some(tenant), &headers, topic, event, body)
+    deliver_one(&svc, Some(tenant), &headers, (topic, q.private), event, body).await
 }
 
-fn deliver_batch(
+async fn deliver_batch(
     svc: &Service,
     tenant: Option<String>,
     headers: &HeaderMap,
@@ -153,15 +172,12 @@ fn deliver_batch(
             return refuse(StatusCode::UNPROCESSABLE_ENTITY, &why);
         }
     };
-    let hub = admitted.hub;
+    let hub = admitted.hub.clone();
     let mut bytes = 0;
     for m in &batch.messages {
         let payload = m.payload.map_or("{}", |p| p.get());
         if payload.len() > admitted.keys.limits.max_payload {
             return too_large();
-        }
-        if m.private {
-            return private_refused();
         }
         if !crate::hub::valid_topic(&m.topic) {
             return refuse(
@@ -174,13 +190,24 @@ fn deliver_batch(
     if let Err(over) = hub.meter().events(batch.messages.len(), bytes) {
         return over_rate(over);
     }
+    // Every private topic is checked before any message goes.
+    let mut checked: Vec<&str> = Vec::new();
+    for m in batch.messages.iter().filter(|m| m.private) {
+        if !checked.contains(&m.topic.as_str()) {
+            if let Err(r) = may_write(&admitted, &m.topic).await {
+                return r;
+            }
+            checked.push(&m.topic);
+        }
+    }
     for m in batch.messages {
         let payload = m.payload.map_or("{}", |p| p.get());
         hub.broadcast(
             &UserBroadcast {
                 join_ref: None,
                 msg_ref: None,
-                topic: format!("realtime:{}", m.topic),
+                topic: crate::hub::channel_key(&format!("realtime:{}", m.topic), m.private)
+                    .into_owned(),
                 event: m.event,
                 meta: None,
                 payload: Payload::Json(bytes::Bytes::copy_from_slice(payload.as_bytes())),
@@ -191,11 +218,11 @@ fn deliver_batch(
     StatusCode::ACCEPTED.into_response()
 }
 
-fn deliver_one(
+async fn deliver_one(
     svc: &Service,
     tenant: Option<String>,
     headers: &HeaderMap,
-    topic: String,
+    (topic, private): (String, bool),
     event: String,
     body: Bytes,
 ) -> Response {
@@ -215,6 +242,11 @@ fn deliver_one(
     if let Err(over) = admitted.hub.meter().event(body.len()) {
         return over_rate(over);
     }
+    if private {
+        if let Err(r) = may_write(&admitted, &topic).await {
+            return r;
+        }
+    }
     let binary = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())
@@ -231,7 +263,7 @@ fn deliver_one(
         &UserBroadcast {
             join_ref: None,
             msg_ref: None,
-            topic: format!("realtime:{topic}"),
+            topic: crate::hub::channel_key(&format!("realtime:{topic}"), private).into_owned(),
             event,
             meta: None,
             payload,

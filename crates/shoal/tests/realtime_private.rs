@@ -150,6 +150,33 @@ async fn private_channels_follow_the_policies_and_realtime_send_reaches_each_kin
         "SELECT realtime.send('{\"n\": 4}', 'note', 'room:alice', true)",
     );
     assert_eq!(broadcast(&mut alice).await["payload"]["n"], 4);
+    // Over HTTP too: a private message needs the write policy.
+    let (status, body) = post_broadcast(&s, &token("bob"), "room:alice", 5);
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("Unauthorized: You do not have permissions to write to this Channel topic: room:alice"),
+        "{body}"
+    );
+    let (status, body) = post_broadcast(&s, &token("alice"), "room:alice", 6);
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(broadcast(&mut alice).await["payload"]["n"], 6);
+}
+
+/// POSTs a private message `{"n": n}` to `topic` over HTTP; the status and body.
+fn post_broadcast(s: &Setup, token: &str, topic: &str, n: i32) -> (u16, String) {
+    let body = serde_json::json!({"messages": [
+        {"topic": topic, "event": "note", "payload": {"n": n}, "private": true}
+    ]});
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "-X", "POST"])
+        .arg(format!("http://{}/t/acme/api/broadcast", s.rt))
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json", "-d", &body.to_string()])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -480,10 +480,7 @@ impl Socket {
 
 /// A token's identity to the database.
 fn identity_of(claims: &Claims) -> Identity {
-    Identity {
-        role: claims.role.clone(),
-        claims: claims.all.to_string().into(),
-    }
+    Identity::of(claims)
 }
 
 /// A presence key for a socket that named none: unique enough to tell sockets apart.

@@ -175,6 +175,43 @@ impl ChangeFeed for Feeds {
         self.send(tenant, Command::Subscribe(Box::new(sub)));
     }
 
+    fn may_write(
+        &self,
+        tenant: &str,
+        identity: shoal_realtime::feed::Identity,
+        topic: String,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    ) {
+        let up = self
+            .app
+            .upgrade()
+            .and_then(|app| app.routes.tenants.get(tenant))
+            .and_then(|route| route.manager_upstream().ok());
+        let Some(up) = up else {
+            return;
+        };
+        let tenant = tenant.to_owned();
+        // Its own short connection: HTTP messages to private channels are rare, and the
+        // capture's connection exists only while the tenant has channels here.
+        crate::control::spawn(async move {
+            let answer = async {
+                let mut c = task::control_connection(&up).await?;
+                let (_, write) = authorize::private_access(&mut c, &identity, &topic).await?;
+                c.close().await;
+                Ok::<bool, stream::CaptureError>(write)
+            }
+            .await;
+            match answer {
+                Ok(write) => {
+                    let _ = reply.send(write);
+                }
+                Err(e) => {
+                    tracing::warn!(%tenant, error = %e, "could not ask the tenant's database whether a message may be sent");
+                }
+            }
+        });
+    }
+
     fn recheck(&self, tenant: &str, socket: SocketId, topic: &str) {
         self.send(tenant, Command::Recheck(socket, topic.to_owned()));
     }

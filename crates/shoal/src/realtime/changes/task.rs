@@ -707,7 +707,7 @@ async fn publish_messages(
 }
 
 /// A connection for the catalogue and authorization, with the capture's settings.
-async fn control_connection(up: &Upstream) -> Result<ServerConn, CaptureError> {
+pub(super) async fn control_connection(up: &Upstream) -> Result<ServerConn, CaptureError> {
     Ok(ServerConn::connect_with(up, TIMEOUT, &SETTINGS).await?)
 }
 
