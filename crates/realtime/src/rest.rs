@@ -87,14 +87,13 @@ const WRITE_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether the token of `admitted` may send to the private channel `topic`, as the
 /// tenant's policies say; the refusal if not.
-async fn may_write(
-    admitted: &crate::edge::Admitted,
-    topic: &str,
-) -> Result<(), Response> {
+async fn may_write(admitted: &crate::edge::Admitted, topic: &str) -> Result<(), Response> {
     let refused = || {
         refuse(
             StatusCode::FORBIDDEN,
-            &format!("Unauthorized: You do not have permissions to write to this Channel topic: {topic}"),
+            &format!(
+                "Unauthorized: You do not have permissions to write to this Channel topic: {topic}"
+            ),
         )
     };
     let Some((tenant, feed)) = admitted.hub.feed() else {
@@ -152,7 +151,15 @@ async fn one_named(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    deliver_one(&svc, Some(tenant), &headers, (topic, q.private), event, body).await
+    deliver_one(
+        &svc,
+        Some(tenant),
+        &headers,
+        (topic, q.private),
+        event,
+        body,
+    )
+    .await
 }
 
 async fn deliver_batch(

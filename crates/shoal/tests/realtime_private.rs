@@ -154,7 +154,9 @@ async fn private_channels_follow_the_policies_and_realtime_send_reaches_each_kin
     let (status, body) = post_broadcast(&s, &token("bob"), "room:alice", 5);
     assert_eq!(status, 403, "{body}");
     assert!(
-        body.contains("Unauthorized: You do not have permissions to write to this Channel topic: room:alice"),
+        body.contains(
+            "Unauthorized: You do not have permissions to write to this Channel topic: room:alice"
+        ),
         "{body}"
     );
     let (status, body) = post_broadcast(&s, &token("alice"), "room:alice", 6);
@@ -171,7 +173,12 @@ fn post_broadcast(s: &Setup, token: &str, topic: &str, n: i32) -> (u16, String) 
         .args(["-s", "-w", "\n%{http_code}", "-X", "POST"])
         .arg(format!("http://{}/t/acme/api/broadcast", s.rt))
         .args(["-H", &format!("Authorization: Bearer {token}")])
-        .args(["-H", "Content-Type: application/json", "-d", &body.to_string()])
+        .args([
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body.to_string(),
+        ])
         .output()
         .expect("curl runs");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
