@@ -241,3 +241,52 @@ async fn broadcast_changes_from_a_trigger_arrive_across_a_cut_stream() {
     let insert = broadcast(&mut p).await;
     assert_eq!(insert["payload"]["record"]["id"], 2);
 }
+
+const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/clients/realtime/");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn realtime_js_joins_a_private_channel_only_as_the_policies_allow() {
+    use tokio::io::AsyncBufReadExt;
+    let s = setup("rt_private_js", "SELECT 1");
+    with_policies(
+        &s,
+        &format!(
+            "CREATE POLICY read_own ON realtime.messages FOR SELECT TO authenticated
+               USING (realtime.topic() = 'room:' || {OWN_ROOM});"
+        ),
+    )
+    .await;
+    for (user, let_in) in [("alice", true), ("bob", false)] {
+        let mut child = tokio::process::Command::new("node")
+            .arg(format!("{CLIENTS}private.mjs"))
+            .env("RT_URL", format!("ws://{}/t/acme/realtime/v1", s.rt))
+            .env("RT_TOKEN", token(user))
+            .env("RT_EXPECT", "1")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().expect("a line")).unwrap();
+        assert_eq!(first["subscribed"], let_in, "{user}: {first}");
+        if !let_in {
+            assert!(
+                first["error"].as_str().unwrap().contains(
+                    "You do not have permissions to read from this Channel topic: room:alice"
+                ),
+                "{first}"
+            );
+            continue;
+        }
+        run_sql(
+            s.pg,
+            &s.db,
+            "SELECT realtime.send('{\"to\": \"alice\"}', 'note', 'room:alice', true)",
+        );
+        let last: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().expect("the notes")).unwrap();
+        assert_eq!(last["got"], serde_json::json!([{"to": "alice"}]), "{last}");
+        child.wait().await.unwrap();
+    }
+}
