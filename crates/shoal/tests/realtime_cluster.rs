@@ -32,6 +32,18 @@ fn token() -> String {
 
 /// A node of a cluster on `etcd` with realtime on and the tenant `acme` in its store.
 fn node(etcd: &Etcd, id: &str, data: &tempfile::TempDir) -> (Shoal, SocketAddr) {
+    node_on(etcd, id, data, pg(), "app", JWT_SECRET)
+}
+
+/// [`node`] with the tenant's database `db` on `pg`, its tokens signed with `secret`.
+fn node_on(
+    etcd: &Etcd,
+    id: &str,
+    data: &tempfile::TempDir,
+    pg: &Pg,
+    db: &str,
+    secret: &str,
+) -> (Shoal, SocketAddr) {
     let extra = format!(
         "[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n\
          [api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n\
@@ -41,7 +53,7 @@ fn node(etcd: &Etcd, id: &str, data: &tempfile::TempDir) -> (Shoal, SocketAddr) 
         data.path().display()
     );
     let s = Shoal::start_with_env(
-        &base_config(pg(), &[], &extra),
+        &base_config(pg, &[], &extra),
         &[
             CLUSTER_SECRET,
             ("SHOAL_API_TOKEN", API_TEST_TOKEN),
@@ -52,7 +64,7 @@ fn node(etcd: &Etcd, id: &str, data: &tempfile::TempDir) -> (Shoal, SocketAddr) 
         &s,
         "PUT",
         "/api/tenants/acme",
-        &tenant_body(pg(), "app", serde_json::json!({ "jwt_secret": JWT_SECRET })),
+        &tenant_body(pg, db, serde_json::json!({ "jwt_secret": secret })),
     );
     assert_eq!(status, 201, "{body}");
     let rt = s.realtime.expect("realtime listens");
@@ -241,4 +253,40 @@ async fn presence_is_the_same_on_every_node_and_leaves_with_its_node() {
         })
         .await;
     drop(b2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_changes_reach_subscribers_on_every_node_once() {
+    use common::changes::{change, logical_pg, run_sql, subscribe, token, SECRET};
+    let pg = logical_pg();
+    let db = unique_db("rt_cluster_changes");
+    pg.create_database(&db);
+    run_sql(
+        pg,
+        &db,
+        "CREATE TABLE t (id int PRIMARY KEY); GRANT SELECT ON t TO authenticated;",
+    );
+    let etcd = Etcd::start();
+    let (da, dbb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_a, rta) = node_on(&etcd, "node-a", &da, pg, &db, SECRET);
+    let (_b, rtb) = node_on(&etcd, "node-b", &dbb, pg, &db, SECRET);
+    let binding = serde_json::json!([{"event": "INSERT", "schema": "public", "table": "t"}]);
+    let mut on_a = Phx::connect(rta, "acme", &token("u")).await.unwrap();
+    let mut on_b = Phx::connect(rtb, "acme", &token("u")).await.unwrap();
+    subscribe(&mut on_a, "realtime:t", binding.clone()).await;
+    subscribe(&mut on_b, "realtime:t", binding).await;
+    // Each node streams for its own subscribers: a slot each.
+    let slots = pg.psql_admin(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'shoal_realtime_%' AND database = '{db}'"
+    ));
+    assert_eq!(slots, "2");
+    run_sql(pg, &db, "INSERT INTO t SELECT generate_series(1, 4)");
+    for p in [&mut on_a, &mut on_b] {
+        let mut ids = Vec::new();
+        while ids.last() != Some(&4) {
+            ids.push(change(p).await["data"]["record"]["id"].as_i64().unwrap());
+        }
+        // Once each: nothing is relayed between nodes on top of each node's own stream.
+        assert_eq!(ids, [1, 2, 3, 4]);
+    }
 }

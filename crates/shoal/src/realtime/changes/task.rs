@@ -253,9 +253,11 @@ pub(crate) async fn run(mut t: Task) {
             Err(e) => e,
         };
         t.refuse_waiting(&error);
-        let only_broadcasts = t.subs.is_empty() && error.is_lasting();
+        // Only broadcasts from the database are wanted, and the database cannot give them
+        // (or never could be reached): tried again in a minute, quietly. A stream that was
+        // running is resumed at once.
+        let only_broadcasts = t.subs.is_empty() && (error.is_lasting() || !t.slot_made);
         let wait = if only_broadcasts {
-            // Only broadcasts from the database were wanted, and it cannot give them.
             tracing::info!(tenant = %t.tenant, error = %error, "no broadcasts from the database for this tenant; trying again in a minute");
             Duration::from_secs(60)
         } else {
