@@ -191,6 +191,28 @@ async fn the_slot_and_publication_go_with_the_last_subscriber() {
         || publications(s.pg, &s.db) == 0,
     )
     .await;
+    // A tenant deleted while subscribed: its sockets end, and its slot goes with them.
+    let mut c = Phx::connect(s.rt, "acme", &token("c")).await.unwrap();
+    subscribe(
+        &mut c,
+        "realtime:t",
+        serde_json::json!([{"event": "*", "schema": "public", "table": "t"}]),
+    )
+    .await;
+    assert_eq!(slots(s.pg, &s.db), 1);
+    let (status, body) = api(
+        &s.shoal,
+        "DELETE",
+        "/api/tenants/acme",
+        &serde_json::Value::Null,
+    );
+    assert!(status == 200 || status == 204, "{status} {body}");
+    eventually(
+        "the deleted tenant's slot is dropped",
+        Duration::from_secs(15),
+        || slots(s.pg, &s.db) == 0,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,6 +70,8 @@ pub(crate) struct Task {
     next_marker: u64,
     /// Private channels whose token changed, to check again.
     rechecks: Vec<(SocketId, String)>,
+    /// The database last streamed from (where the slot is, if the tenant goes).
+    streamed_from: Option<Upstream>,
 }
 
 impl Task {
@@ -94,6 +96,7 @@ impl Task {
             slot_made: false,
             next_marker: 1,
             rechecks: Vec::new(),
+            streamed_from: None,
         }
     }
 
@@ -176,7 +179,13 @@ impl Task {
     /// Drops the slot and the publication (no subscriber left); false if that failed.
     async fn drop_slot(&mut self) -> bool {
         let result = async {
-            let mut c = control_connection(&self.upstream()?).await?;
+            // The database the slot is in, even when the tenant was deleted since.
+            let up = match (self.upstream(), &self.streamed_from) {
+                (Ok(up), _) => up,
+                (Err(_), Some(up)) => up.clone(),
+                (Err(e), None) => return Err(e),
+            };
+            let mut c = control_connection(&up).await?;
             drop_slot_on(&mut c, &self.name).await
         }
         .await;
@@ -293,6 +302,7 @@ struct Capture {
 impl Capture {
     async fn open(t: &mut Task) -> Result<Capture, CaptureError> {
         let up = t.upstream()?;
+        t.streamed_from = Some(up.clone());
         let mut control = control_connection(&up).await?;
         let level = query_text(&mut control, "SELECT current_setting('wal_level')", &[]).await?;
         if level != "logical" {
