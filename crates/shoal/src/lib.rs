@@ -84,4 +84,5 @@ pub mod shard;
 pub mod tenant;
 pub mod timer;
 pub mod tls;
+pub mod ui;
 pub mod upgrade;

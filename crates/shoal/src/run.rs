@@ -438,8 +438,10 @@ async fn start_tenants(
     let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "management API listening");
-    let router = crate::api::router(service, auth)
-        .merge(crate::api::ops::router(app.clone(), metrics_token));
+    let auth = std::sync::Arc::new(auth);
+    let router = crate::api::router(service, auth.clone())
+        .merge(crate::api::ops::router(app.clone(), metrics_token))
+        .merge(crate::ui::router(app.clone(), auth));
     tokio::spawn(crate::api::serve(listener, router));
     Ok(Some((addr, fd)))
 }

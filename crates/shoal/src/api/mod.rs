@@ -40,12 +40,12 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 struct Api {
     service: Arc<TenantService>,
-    auth: auth::ApiAuth,
+    auth: Arc<auth::ApiAuth>,
 }
 
 type Shared = State<Arc<Api>>;
 
-pub fn router(service: Arc<TenantService>, auth: auth::ApiAuth) -> Router {
+pub fn router(service: Arc<TenantService>, auth: Arc<auth::ApiAuth>) -> Router {
     let api = Arc::new(Api { service, auth });
     Router::new()
         .route("/api/health", get(health))

@@ -1,0 +1,110 @@
+//! Dashboard sessions: a login with the API's token or JWT opens one, named by 32 random
+//! bytes in an HttpOnly, SameSite=Strict cookie (never in a URL), ending after `ttl` or at
+//! logout. At most [`MAX_SESSIONS`] are kept; the oldest goes first.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The cookie a session travels in.
+pub const COOKIE: &str = "shoal_ui";
+/// Sessions kept at once.
+pub const MAX_SESSIONS: usize = 10_000;
+
+pub struct Sessions {
+    ttl: Duration,
+    open: Mutex<HashMap<String, Instant>>,
+}
+
+impl Sessions {
+    pub fn new(ttl: Duration) -> Sessions {
+        Sessions {
+            ttl,
+            open: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new session's id.
+    pub fn open(&self) -> String {
+        let bytes: [u8; 32] = rand::random();
+        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let now = Instant::now();
+        let mut open = self.lock();
+        open.retain(|_, until| *until > now);
+        if open.len() >= MAX_SESSIONS {
+            if let Some(oldest) = open.iter().min_by_key(|(_, u)| **u).map(|(k, _)| k.clone()) {
+                open.remove(&oldest);
+            }
+        }
+        open.insert(id.clone(), now + self.ttl);
+        id
+    }
+
+    /// Whether `id` names a session in force.
+    pub fn valid(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    pub fn close(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// The `Set-Cookie` value for session `id` (an empty id expires the cookie).
+    pub fn cookie(&self, id: &str) -> String {
+        let age = if id.is_empty() { 0 } else { self.ttl.as_secs() };
+        format!("{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={age}")
+    }
+}
+
+/// The session id a request's `Cookie` header carries.
+pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_open_end_and_expire() {
+        let s = Sessions::new(Duration::from_secs(60));
+        let a = s.open();
+        assert_eq!(a.len(), 64);
+        assert!(s.valid(&a));
+        assert!(!s.valid("nope"));
+        s.close(&a);
+        assert!(!s.valid(&a));
+        let short = Sessions::new(Duration::ZERO);
+        assert!(
+            !short.valid(&short.open()),
+            "an expired session is no session"
+        );
+        let c = s.cookie("abc");
+        assert!(
+            c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Max-Age=60")
+        );
+        assert!(s.cookie("").contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("cookie", "a=1; shoal_ui=xyz; b=2".parse().unwrap());
+        assert_eq!(from_headers(&h), Some("xyz"));
+        h.insert("cookie", "shoal_uix=1".parse().unwrap());
+        assert_eq!(from_headers(&h), None);
+    }
+}
