@@ -110,21 +110,29 @@ impl Target {
             return;
         }
         self.hub.leave(&self.key, self.socket);
-        let channel = self.topic.strip_prefix("realtime:").unwrap_or(&self.topic);
         let system = serde_json::json!({
-            "extension": "system", "status": "error", "message": message, "channel": channel,
+            "extension": "system", "status": "error", "message": message, "channel": self.channel(),
         });
-        for (event, payload) in [("system", system.to_string()), ("phx_close", "{}".into())] {
-            let m = Message {
-                join_ref: self.join_ref.clone(),
-                msg_ref: None,
-                topic: self.topic.clone(),
-                event: event.into(),
-                payload: Payload::Json(Bytes::from(payload)),
-            };
-            if let Some(t) = protocol::encode_text(self.vsn, &m) {
-                self.out.push(Frame::Text(t.into()));
-            }
+        self.send("system", None, system.to_string());
+        self.send("phx_close", None, "{}".into());
+    }
+
+    /// The channel's name without `realtime:`, as `system` messages give it.
+    fn channel(&self) -> &str {
+        self.topic.strip_prefix("realtime:").unwrap_or(&self.topic)
+    }
+
+    /// Queues a message of the channel (with its join ref), whatever became of it.
+    fn send(&self, event: &str, msg_ref: Option<String>, payload: String) {
+        let m = Message {
+            join_ref: self.join_ref.clone(),
+            msg_ref,
+            topic: self.topic.clone(),
+            event: event.into(),
+            payload: Payload::Json(Bytes::from(payload)),
+        };
+        if let Some(t) = protocol::encode_text(self.vsn, &m) {
+            self.out.push(Frame::Text(t.into()));
         }
     }
 
@@ -150,17 +158,14 @@ pub fn change_frame(vsn: Vsn, topic: &str, payload: String) -> Option<Frame> {
 
 /// The pending answer to a join with bindings.
 pub struct Ready {
-    hub: Arc<Hub>,
+    /// The channel the answer is for (its hub, key, topic and end).
+    target: Target,
     subscriber: Subscriber,
-    topic: String,
-    /// The channel's key in the hub (see [`crate::hub::channel_key`]).
-    key: String,
     /// Whether it has `postgres_changes` bindings (then a `system` message follows).
     changes: bool,
     msg_ref: Option<String>,
     /// The bindings as the join reply echoes them.
     echo: serde_json::Value,
-    ended: Arc<AtomicBool>,
 }
 
 impl Ready {
@@ -168,64 +173,37 @@ impl Ready {
     /// their ids), the channel subscribed to its topic, and the `system` message Realtime
     /// sends once it listens to the database follows.
     pub fn subscribed(self) {
-        self.answer("ok", &serde_json::json!({ "postgres_changes": self.echo }));
-        if self
-            .hub
-            .join_unless(&self.key, self.subscriber.clone(), &self.ended)
-            && self.changes
-        {
-            let channel = self.topic.strip_prefix("realtime:").unwrap_or(&self.topic);
-            self.send(
-                "system",
-                serde_json::json!({
-                    "extension": "postgres_changes",
-                    "status": "ok",
-                    "message": "Subscribed to PostgreSQL",
-                    "channel": channel,
-                }),
-            );
+        if self.abandoned() {
+            return;
+        }
+        self.answer("ok", serde_json::json!({ "postgres_changes": self.echo }));
+        let t = &self.target;
+        if t.hub.join_unless(&t.key, self.subscriber.clone(), &t.ended) && self.changes {
+            let system = serde_json::json!({
+                "extension": "postgres_changes",
+                "status": "ok",
+                "message": "Subscribed to PostgreSQL",
+                "channel": t.channel(),
+            });
+            t.send("system", None, system.to_string());
         }
     }
 
     /// The bindings cannot be served: the join is refused with `reason`.
     pub fn failed(self, reason: &str) {
-        self.ended.store(true, Ordering::Release);
-        self.answer("error", &serde_json::json!({ "reason": reason }));
+        self.target.ended.store(true, Ordering::Release);
+        self.answer("error", serde_json::json!({ "reason": reason }));
     }
 
     /// Whether the join was given up (the socket left, re-joined or closed) while waiting.
     pub fn abandoned(&self) -> bool {
-        self.ended.load(Ordering::Acquire)
+        self.target.ended()
     }
 
-    fn answer(&self, status: &str, response: &serde_json::Value) {
-        if self.abandoned() && status == "ok" {
-            return;
-        }
+    fn answer(&self, status: &str, response: serde_json::Value) {
         let payload = serde_json::json!({ "status": status, "response": response });
-        let m = Message {
-            join_ref: self.subscriber.join_ref.clone(),
-            msg_ref: self.msg_ref.clone(),
-            topic: self.topic.clone(),
-            event: "phx_reply".into(),
-            payload: Payload::Json(Bytes::from(payload.to_string())),
-        };
-        if let Some(t) = protocol::encode_text(self.subscriber.vsn, &m) {
-            self.subscriber.out.push(Frame::Text(t.into()));
-        }
-    }
-
-    fn send(&self, event: &str, payload: serde_json::Value) {
-        let m = Message {
-            join_ref: self.subscriber.join_ref.clone(),
-            msg_ref: None,
-            topic: self.topic.clone(),
-            event: event.into(),
-            payload: Payload::Json(Bytes::from(payload.to_string())),
-        };
-        if let Some(t) = protocol::encode_text(self.subscriber.vsn, &m) {
-            self.subscriber.out.push(Frame::Text(t.into()));
-        }
+        self.target
+            .send("phx_reply", self.msg_ref.clone(), payload.to_string());
     }
 }
 
@@ -289,16 +267,13 @@ pub fn subscription(
         bindings,
         writes: writes.clone(),
         identity: identity.clone(),
-        target,
+        target: target.clone(),
         ready: Ready {
-            hub,
+            target,
             subscriber,
-            topic: topic.to_owned(),
-            key: crate::hub::channel_key(topic, private).into_owned(),
             changes,
             msg_ref,
             echo,
-            ended: ended.clone(),
         },
     };
     (

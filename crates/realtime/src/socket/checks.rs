@@ -67,7 +67,7 @@ impl Socket {
             Some(t) => self
                 .verifier
                 .verify(t, crate::jwt::now())
-                .map(|c| (c.exp, super::identity_of(&c)))
+                .map(|c| (c.exp, Identity::of(&c)))
                 .map_err(|e| join_refusal(&e)),
             None => Ok((self.socket_exp, self.identity.clone())),
         }
@@ -105,7 +105,7 @@ impl Socket {
                     // Changes from now on are authorised as the new token's role.
                     if let Some(changes) = &j.changes {
                         *changes.identity.lock().unwrap_or_else(|e| e.into_inner()) =
-                            super::identity_of(&claims);
+                            Identity::of(&claims);
                         if j.private {
                             if let Some((tenant, feed)) = hub.feed() {
                                 feed.recheck(tenant, self.id, &m.topic);

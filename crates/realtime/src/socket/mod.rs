@@ -137,7 +137,7 @@ impl Socket {
             out,
             verifier,
             socket_exp: claims.exp,
-            identity: identity_of(claims),
+            identity: Identity::of(claims),
             joined: HashMap::new(),
         }
     }
@@ -476,11 +476,6 @@ impl Socket {
     pub fn join_ref(&self, topic: &str) -> Option<&str> {
         self.joined.get(topic)?.join_ref.as_deref()
     }
-}
-
-/// A token's identity to the database.
-fn identity_of(claims: &Claims) -> Identity {
-    Identity::of(claims)
 }
 
 /// A presence key for a socket that named none: unique enough to tell sockets apart.

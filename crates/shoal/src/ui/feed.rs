@@ -15,12 +15,8 @@ pub const KEEP: usize = 15 * 60;
 pub struct Sample {
     /// Milliseconds since the epoch.
     pub at: u64,
-    pub pools: usize,
-    pub clients_active: usize,
-    pub clients_idle: usize,
-    pub clients_waiting: usize,
-    pub servers_active: usize,
-    pub servers_idle: usize,
+    #[serde(flatten)]
+    pub gauges: Gauges,
     /// Per second over the interval since the last sample.
     pub transactions: f64,
     pub queries: f64,
@@ -45,7 +41,7 @@ pub struct Totals {
 }
 
 /// The gauges of a moment.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Gauges {
     pub pools: usize,
     pub clients_active: usize,
@@ -89,12 +85,7 @@ pub fn sample(before: &Totals, now: &Totals, g: Gauges) -> Sample {
     let finite = |v: Option<f64>| v.filter(|x| x.is_finite());
     Sample {
         at: now.at,
-        pools: g.pools,
-        clients_active: g.clients_active,
-        clients_idle: g.clients_idle,
-        clients_waiting: g.clients_waiting,
-        servers_active: g.servers_active,
-        servers_idle: g.servers_idle,
+        gauges: g,
         transactions: rate(before.transactions, now.transactions),
         queries: rate(before.queries, now.queries),
         errors: rate(before.errors, now.errors),
