@@ -36,6 +36,8 @@ ensure_test_packages() {
   # The realtime tests drive Supabase's realtime-js (tests/clients/realtime) on Node.js.
   command -v node >/dev/null || missing+=(nodejs)
   command -v npm >/dev/null || missing+=(npm)
+  # The dashboard's test drives Debian's Chromium, headless (tests/clients/dashboard).
+  command -v chromium >/dev/null || missing+=(chromium)
   if [ "${#missing[@]}" -gt 0 ]; then
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
@@ -119,5 +121,9 @@ ensure_client_libs() {
   if command -v npm >/dev/null \
     && [ ! -d "$root/tests/clients/realtime/node_modules/@supabase/realtime-js" ]; then
     (cd "$root/tests/clients/realtime" && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+  if command -v npm >/dev/null \
+    && [ ! -d "$root/tests/clients/dashboard/node_modules/playwright-core" ]; then
+    (cd "$root/tests/clients/dashboard" && npm install --silent --no-audit --no-fund >/dev/null)
   fi
 }

@@ -21,6 +21,14 @@ pub fn now_ms() -> u64 {
     NOW_MS.load(Ordering::Relaxed)
 }
 
+/// Milliseconds since the Unix epoch on the wall clock, for times shown to people (a
+/// system call: not for the hot path).
+pub fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Microseconds on the system's monotonic clock, for timing queries and transactions: one
 /// vDSO read and integer arithmetic, where `Instant::duration_since` adds a checked,
 /// nanosecond-normalising subtraction and a 128-bit conversion per measurement (several per

@@ -437,11 +437,11 @@ async fn start_tenants(
     };
     let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "management API listening");
+    tracing::info!(%addr, dashboard = %format!("http://{addr}/ui"), "management API listening");
     let auth = std::sync::Arc::new(auth);
-    let router = crate::api::router(service, auth.clone())
+    let router = crate::api::router(service.clone(), auth.clone())
         .merge(crate::api::ops::router(app.clone(), metrics_token))
-        .merge(crate::ui::router(app.clone(), auth));
+        .merge(crate::ui::router(app.clone(), service, auth));
     tokio::spawn(crate::api::serve(listener, router));
     Ok(Some((addr, fd)))
 }

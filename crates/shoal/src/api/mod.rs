@@ -38,33 +38,62 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/tenants/{id}/cache"),
 ];
 
+/// Who may use the tenant routes: a bearer token on `/api`, the dashboard's session on
+/// `/ui/api` (the same handlers, so both say the same things).
+pub trait Gate: Send + Sync {
+    /// `Err` holds what the `401` says.
+    fn admits(&self, headers: &HeaderMap) -> Result<(), &'static str>;
+}
+
+impl Gate for auth::ApiAuth {
+    fn admits(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if self.allows(header) {
+            Ok(())
+        } else {
+            Err("missing or invalid bearer token")
+        }
+    }
+}
+
 struct Api {
     service: Arc<TenantService>,
-    auth: Arc<auth::ApiAuth>,
+    gate: Arc<dyn Gate>,
 }
 
 type Shared = State<Arc<Api>>;
 
 pub fn router(service: Arc<TenantService>, auth: Arc<auth::ApiAuth>) -> Router {
-    let api = Arc::new(Api { service, auth });
     Router::new()
         .route("/api/health", get(health))
         .route("/api/openapi.json", get(openapi))
-        .route("/api/tenants", get(list))
+        .merge(tenant_routes("/api", service, auth))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+}
+
+/// The tenant routes under `prefix`, guarded by `gate`.
+pub fn tenant_routes(prefix: &str, service: Arc<TenantService>, gate: Arc<dyn Gate>) -> Router {
+    let api = Arc::new(Api { service, gate });
+    Router::new()
+        .route(&format!("{prefix}/tenants"), get(list))
         .route(
-            "/api/tenants/{id}",
+            &format!("{prefix}/tenants/{{id}}"),
             get(get_tenant)
                 .put(put_tenant)
                 .patch(patch_tenant)
                 .delete(delete_tenant),
         )
-        .route("/api/tenants/{id}/terminate", get(terminate))
-        .route("/api/tenants/{id}/pools", get(pools))
         .route(
-            "/api/tenants/{id}/cache",
+            &format!("{prefix}/tenants/{{id}}/terminate"),
+            get(terminate),
+        )
+        .route(&format!("{prefix}/tenants/{{id}}/pools"), get(pools))
+        .route(
+            &format!("{prefix}/tenants/{{id}}/cache"),
             axum::routing::delete(purge_cache),
         )
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
         .with_state(api)
 }
 
@@ -112,17 +141,9 @@ fn service_error(e: ServiceError) -> Response {
 type Refusal = Box<Response>;
 
 fn authorized(api: &Api, headers: &HeaderMap) -> Result<(), Refusal> {
-    let header = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if api.auth.allows(header) {
-        Ok(())
-    } else {
-        Err(Box::new(error(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid bearer token",
-        )))
-    }
+    api.gate
+        .admits(headers)
+        .map_err(|why| Box::new(error(StatusCode::UNAUTHORIZED, why)))
 }
 
 fn checked_id(id: &str) -> Result<(), Refusal> {
@@ -173,6 +194,8 @@ async fn openapi() -> Response {
 struct Page {
     page: Option<usize>,
     per_page: Option<usize>,
+    /// Only tenants whose id contains this (case-insensitively).
+    search: Option<String>,
 }
 
 /// A query string that does not parse is the client's mistake, said in JSON like every
@@ -208,9 +231,20 @@ async fn list(
     }
     match api.service.list().await {
         Ok(all) => {
-            let total = all.len();
-            let data: Vec<&Tenant> = all
+            let needle = p
+                .search
+                .as_deref()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            let mut found: Vec<&Tenant> = all
                 .iter()
+                .filter(|t| t.external_id.to_ascii_lowercase().contains(&needle))
+                .collect();
+            found.sort_by(|a, b| a.external_id.cmp(&b.external_id));
+            let total = found.len();
+            let data: Vec<&Tenant> = found
+                .into_iter()
                 .skip((page - 1).saturating_mul(per_page))
                 .take(per_page)
                 .collect();

@@ -14,10 +14,12 @@
 mod fence;
 mod idle;
 mod lease;
+mod slow;
 
 pub use fence::{set_deadline, Fence};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
+pub use slow::SlowQuery;
 
 use crate::disposition::{decide, Disposition, ServerState};
 use std::collections::HashMap;
@@ -189,6 +191,7 @@ pub struct Pool {
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
+    slow: slow::SlowLog,
 }
 
 /// An open server connection as the admin console shows it.
@@ -271,6 +274,7 @@ impl Pool {
             has_limits: std::sync::atomic::AtomicBool::new(false),
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
+            slow: Default::default(),
             settings,
             upstream,
             idle: (0..crate::shard::count())
@@ -851,12 +855,21 @@ impl Pool {
     /// per pool).
     pub fn note_query_time(&self, us: u64) {
         let limit = self.settings.slow_query;
-        if !limit.is_zero()
-            && us >= limit.as_micros() as u64
-            && Self::may_warn(&self.last_slow_warning, 1000)
-        {
+        if limit.is_zero() || us < limit.as_micros() as u64 {
+            return;
+        }
+        self.slow.note(SlowQuery {
+            at: clock::epoch_ms(),
+            duration_ms: us as f64 / 1000.0,
+        });
+        if Self::may_warn(&self.last_slow_warning, 1000) {
             tracing::warn!(pool = %self.name, duration_ms = us / 1000, threshold_ms = limit.as_millis() as u64, "slow query");
         }
+    }
+
+    /// The last slow queries, newest first.
+    pub fn recent_slow_queries(&self) -> Vec<SlowQuery> {
+        self.slow.recent()
     }
 
     /// Servers held by clients (or being opened for them) now.

@@ -188,7 +188,8 @@ impl TenantService {
     }
 
     /// Changes some fields (a ban, an unban, a pool size…): `changes` is merged into the
-    /// stored tenant, which must stay valid.
+    /// stored tenant, which must stay valid. `users`, when given, replaces the list; a user
+    /// given without `db_password` keeps its stored one.
     pub async fn patch(
         &self,
         id: &str,
@@ -199,12 +200,7 @@ impl TenantService {
         let serde_json::Value::Object(changes) = changes else {
             return Err(field_error("tenant", "must be an object"));
         };
-        if changes.contains_key("users") {
-            return Err(field_error(
-                "users",
-                "cannot be patched (passwords are write-only): PUT the whole tenant",
-            ));
-        }
+        let users_given = changes.contains_key("users");
         if let serde_json::Value::Object(obj) = &mut v {
             for (k, val) in changes {
                 obj.insert(k, val);
@@ -212,8 +208,21 @@ impl TenantService {
         }
         let mut t: Tenant = serde_json::from_value(v)
             .map_err(|e| field_error("tenant", format!("invalid value: {e}")))?;
-        // Passwords are not serialized: take them from the stored tenant.
-        t.users = current.users.clone();
+        // Passwords are never read back out: a user patched without one keeps the stored
+        // user's of the same name (a new user must bring its own).
+        if users_given {
+            for u in &mut t.users {
+                if u.db_password.is_none() {
+                    u.db_password = current
+                        .users
+                        .iter()
+                        .find(|c| c.db_user == u.db_user)
+                        .and_then(|c| c.db_password.clone());
+                }
+            }
+        } else {
+            t.users = current.users.clone();
+        }
         if t.external_id != id {
             return Err(field_error("external_id", "cannot be changed"));
         }

@@ -2,7 +2,7 @@
 //! transactions, queries and errors a second, wait and query latency), kept for the last
 //! fifteen minutes, served as compact JSON, so the page never scrapes `/metrics`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
 use serde::Serialize;
@@ -11,7 +11,7 @@ use serde::Serialize;
 pub const KEEP: usize = 15 * 60;
 
 /// One second of the pooler, summed over its pools.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Sample {
     /// Milliseconds since the epoch.
     pub at: u64,
@@ -21,6 +21,8 @@ pub struct Sample {
     pub transactions: f64,
     pub queries: f64,
     pub errors: f64,
+    /// Errors a second by SQLSTATE class (`other` for the rest), the classes seen only.
+    pub errors_by_class: BTreeMap<&'static str, f64>,
     /// Milliseconds, over the interval (`None`: nothing happened).
     pub wait_p50: Option<f64>,
     pub wait_p99: Option<f64>,
@@ -35,6 +37,8 @@ pub struct Totals {
     pub transactions: u64,
     pub queries: u64,
     pub errors: u64,
+    /// By SQLSTATE class, as [`crate::metrics::ERROR_CLASSES`] and `other` last.
+    pub error_classes: Vec<u64>,
     /// Per-bucket counts with upper bounds in seconds (as the metrics' histograms).
     pub wait: Vec<(f64, u64)>,
     pub query: Vec<(f64, u64)>,
@@ -89,6 +93,19 @@ pub fn sample(before: &Totals, now: &Totals, g: Gauges) -> Sample {
         transactions: rate(before.transactions, now.transactions),
         queries: rate(before.queries, now.queries),
         errors: rate(before.errors, now.errors),
+        errors_by_class: now
+            .error_classes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                let d = n.saturating_sub(before.error_classes.get(i).copied().unwrap_or(0));
+                let class = crate::metrics::ERROR_CLASSES
+                    .get(i)
+                    .copied()
+                    .unwrap_or("other");
+                (d > 0).then(|| (class, d as f64 / secs))
+            })
+            .collect(),
         wait_p50: finite(quantile(&before.wait, &now.wait, 0.5)),
         wait_p99: finite(quantile(&before.wait, &now.wait, 0.99)),
         query_p50: finite(quantile(&before.query, &now.query, 0.5)),
@@ -119,7 +136,7 @@ impl History {
     /// The samples since `since` (milliseconds since the epoch; 0 for all).
     pub fn since(&self, since: u64) -> Vec<Sample> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.0.iter().filter(|s| s.at > since).copied().collect()
+        inner.0.iter().filter(|s| s.at > since).cloned().collect()
     }
 }
 
@@ -145,8 +162,17 @@ mod tests {
             queries: tx * 2,
             ..Totals::default()
         };
-        let s = sample(&t(1000, 100), &t(3000, 300), Gauges::default());
+        let mut later = t(3000, 300);
+        later.error_classes = vec![0, 4, 0];
+        let mut earlier = t(1000, 100);
+        earlier.error_classes = vec![0, 2, 0];
+        let s = sample(&earlier, &later, Gauges::default());
         assert_eq!(s.transactions, 100.0);
+        assert_eq!(
+            s.errors_by_class.into_iter().collect::<Vec<_>>(),
+            [("22", 1.0)],
+            "only classes seen, per second"
+        );
         assert_eq!(s.queries, 200.0);
         assert_eq!(s.wait_p50, None);
         let h = History::default();
@@ -159,7 +185,7 @@ mod tests {
         assert_eq!(all.len(), KEEP);
         assert_eq!(all.last().unwrap().at, (KEEP as u64 + 10) * 1000);
         assert_eq!(h.since((KEEP as u64 + 8) * 1000).len(), 2);
-        let json = serde_json::to_value(all[0]).unwrap();
+        let json = serde_json::to_value(&all[0]).unwrap();
         assert_eq!(json["transactions"], 1.0);
         assert!(json["wait_p50"].is_null());
     }

@@ -62,6 +62,35 @@ impl Sessions {
     }
 }
 
+/// Whether a request comes from a page of this server: a browser names where a request
+/// comes from (`Origin`, `Sec-Fetch-Site`); one made by another site's page is refused even
+/// when the cookie (SameSite=Strict) would not travel with it anyway.
+pub fn same_origin(headers: &axum::http::HeaderMap) -> bool {
+    let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
+    if get("sec-fetch-site") == Some("cross-site") {
+        return false;
+    }
+    match (get("origin"), get("host")) {
+        (None, _) => true,
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
+    }
+}
+
+impl crate::api::Gate for Sessions {
+    fn admits(&self, headers: &axum::http::HeaderMap) -> Result<(), &'static str> {
+        if !same_origin(headers) {
+            return Err("the dashboard's requests must come from its own pages");
+        }
+        match from_headers(headers) {
+            Some(id) if self.valid(id) => Ok(()),
+            _ => Err("log in first (POST /ui/login)"),
+        }
+    }
+}
+
 /// The session id a request's `Cookie` header carries.
 pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
@@ -97,6 +126,29 @@ mod tests {
             c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Max-Age=60")
         );
         assert!(s.cookie("").contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn requests_from_other_sites_are_refused() {
+        use crate::api::Gate;
+        let s = Sessions::new(Duration::from_secs(60));
+        let id = s.open();
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("host", "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(s.admits(&h), Err("log in first (POST /ui/login)"));
+        h.insert("cookie", format!("shoal_ui={id}").parse().unwrap());
+        assert_eq!(
+            s.admits(&h),
+            Ok(()),
+            "no Origin: not a browser's cross-site request"
+        );
+        h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
+        assert_eq!(s.admits(&h), Ok(()));
+        h.insert("origin", "https://evil.example".parse().unwrap());
+        assert!(s.admits(&h).is_err());
+        h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
+        h.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        assert!(s.admits(&h).is_err());
     }
 
     #[test]
