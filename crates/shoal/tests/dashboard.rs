@@ -1,6 +1,9 @@
 //! The dashboard's server side against a real Shoal: nothing without a session; a login
 //! with the API's token opens one in an HttpOnly, SameSite=Strict cookie; the feed's
-//! numbers move with traffic through Shoal; logging out ends the session.
+//! numbers move with traffic through Shoal; the pools page is sorted, filtered and paged on
+//! the server; the tenant routes answer the session as the API does; requests from another
+//! site's page are refused; logging out ends the session. (The page itself is driven in a
+//! browser by `dashboard_browser.rs`.)
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -12,7 +15,23 @@ use common::*;
 
 /// `curl` to the dashboard: the status, the `Set-Cookie` header (if any) and the body.
 fn ui(s: &Shoal, method: &str, path: &str, cookie: &str, body: &str) -> (u16, String, String) {
-    let out = Command::new("curl")
+    ui_with(s, method, path, cookie, body, &[])
+}
+
+/// [`ui`] with more headers.
+fn ui_with(
+    s: &Shoal,
+    method: &str,
+    path: &str,
+    cookie: &str,
+    body: &str,
+    headers: &[&str],
+) -> (u16, String, String) {
+    let mut cmd = Command::new("curl");
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
         .args(["-s", "-D", "-", "-X", method])
         .arg(format!("http://{}{path}", s.api.expect("api listener")))
         .args(["-H", &format!("Cookie: {cookie}")])
@@ -95,4 +114,196 @@ async fn the_feed_needs_a_session_and_moves_with_traffic() {
     assert_eq!(status, 204);
     assert!(cookie.contains("Max-Age=0"), "{cookie}");
     assert_eq!(ui(&s, "GET", "/ui/feed", &session, "").0, 401);
+}
+
+/// A Shoal with the API and one database, and a session cookie for its dashboard.
+fn logged_in(db: &str, data: &std::path::Path) -> (Shoal, String) {
+    let extra = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n",
+        data.display()
+    );
+    let s = Shoal::start_with_env(
+        &base_config(pg(), &[db], &extra),
+        &[("SHOAL_API_TOKEN", API_TEST_TOKEN)],
+    );
+    let login = format!(r#"{{"token": "{API_TEST_TOKEN}"}}"#);
+    let (status, cookie, _) = ui(&s, "POST", "/ui/login", "", &login);
+    assert_eq!(status, 204);
+    let session = cookie.split(';').next().unwrap().trim().to_owned();
+    (s, session)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_sections_and_tenants_answer_a_session_only() {
+    let db = unique_db("dashp");
+    pg().create_database(&db);
+    let data = tempfile::tempdir().unwrap();
+    let (s, session) = logged_in(&db, data.path());
+    for path in [
+        "/ui/api/pools",
+        "/ui/api/pool?name=x",
+        "/ui/api/sections",
+        "/ui/api/tenants",
+        "/ui/api/tenants/acme",
+    ] {
+        let (status, _, body) = ui(&s, "GET", path, "", "");
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(json(&body)["error"].is_string(), "{path}: {body}");
+    }
+    // Another site's page is refused even with the cookie.
+    let (status, _, body) = ui_with(
+        &s,
+        "DELETE",
+        "/ui/api/tenants/acme",
+        &session,
+        "",
+        &["Origin: https://elsewhere.example"],
+    );
+    assert_eq!(status, 401, "the tenant routes refuse it: {body}");
+    let (status, _, _) = ui_with(
+        &s,
+        "GET",
+        "/ui/api/pools",
+        &session,
+        "",
+        &["Origin: https://elsewhere.example"],
+    );
+    assert_eq!(status, 403);
+    // The page and its files, locked down.
+    let (status, _, body) = ui_with(&s, "GET", "/ui", "", "", &[]);
+    assert_eq!(status, 200);
+    assert!(body.contains("<title>Shoal</title>"), "{body}");
+    let head = Command::new("curl")
+        .args(["-s", "-D", "-", "-o", "/dev/null"])
+        .arg(format!("http://{}/ui/assets/app.js", s.api.unwrap()))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).to_lowercase();
+    assert!(
+        head.contains("content-security-policy: default-src 'none'; script-src 'self'"),
+        "{head}"
+    );
+    assert!(head.contains("text/javascript"), "{head}");
+    assert_eq!(ui(&s, "GET", "/ui/assets/nope.js", "", "").0, 404);
+
+    // Pools: sorted, filtered and paged on the server, with their sparklines.
+    let c = s.connect(&db).await;
+    c.simple_query("SELECT 1").await.unwrap();
+    let (status, _, body) = ui(&s, "GET", "/ui/api/pools?per_page=0", &session, "");
+    assert_eq!(status, 400, "{body}");
+    let (status, _, body) = ui(
+        &s,
+        "GET",
+        "/ui/api/pools?filter=nothing-like-it",
+        &session,
+        "",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(json(&body)["total"], 0, "{body}");
+    let page = eventually_json(
+        &s,
+        &session,
+        "/ui/api/pools?sort=tps&desc=true&per_page=1",
+        |p| {
+            p["data"][0]["spark"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        },
+    )
+    .await;
+    assert_eq!(page["total"], 1, "{page}");
+    let row = &page["data"][0];
+    assert_eq!(row["database"], db.as_str(), "{page}");
+    assert_eq!(row["user"], "app");
+    assert_eq!(row["cl_active"], 1, "{page}");
+    let name = row["name"].as_str().unwrap().to_owned();
+    let (status, _, body) = ui(
+        &s,
+        "GET",
+        &format!("/ui/api/pool?name={}", name.replace('/', "%2F")),
+        &session,
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    let pool = json(&body);
+    assert_eq!(pool["pool"]["name"], name.as_str());
+    assert_eq!(pool["servers"].as_array().map(Vec::len), Some(1), "{pool}");
+    assert_eq!(pool["slow_threshold_ms"], 0);
+    assert_eq!(ui(&s, "GET", "/ui/api/pool?name=gone", &session, "").0, 404);
+
+    // Sections: none of the optional features is configured here.
+    let (_, _, body) = ui(&s, "GET", "/ui/api/sections", &session, "");
+    let sections = json(&body);
+    for f in ["cluster", "realtime", "replicas", "cache"] {
+        assert!(sections[f].is_null(), "{f}: {sections}");
+    }
+
+    // Tenants, as the API answers: created, found by search, patched with its users (a
+    // user sent without a password keeps it), a new user without one refused.
+    let body = tenant_body(pg(), &db, serde_json::json!({}));
+    let (status, _, created) = ui(
+        &s,
+        "PUT",
+        "/ui/api/tenants/dash-t",
+        &session,
+        &body.to_string(),
+    );
+    assert_eq!(status, 201, "{created}");
+    let (_, _, found) = ui(&s, "GET", "/ui/api/tenants?search=DASH", &session, "");
+    assert_eq!(json(&found)["total"], 1, "{found}");
+    let (_, _, none) = ui(&s, "GET", "/ui/api/tenants?search=zzz", &session, "");
+    assert_eq!(json(&none)["total"], 0, "{none}");
+    let patch = serde_json::json!({"tenant": {"users": [{"db_user": "app", "pool_size": 3}]}});
+    let (status, _, body) = ui(
+        &s,
+        "PATCH",
+        "/ui/api/tenants/dash-t",
+        &session,
+        &patch.to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["data"]["users"][0]["pool_size"], 3, "{body}");
+    let t = s.connect_as("app.dash-t", APP_PASSWORD, &db).await;
+    t.simple_query("SELECT 1")
+        .await
+        .expect("the password was kept");
+    let patch = serde_json::json!({"tenant": {"users": [
+        {"db_user": "app"}, {"db_user": "newcomer"}
+    ]}});
+    let (status, _, body) = ui(
+        &s,
+        "PATCH",
+        "/ui/api/tenants/dash-t",
+        &session,
+        &patch.to_string(),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        json(&body)["errors"]["users[1].db_password"].is_array(),
+        "{body}"
+    );
+}
+
+/// Polls a dashboard route until `ok` holds for its JSON.
+async fn eventually_json(
+    s: &Shoal,
+    session: &str,
+    path: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _, body) = ui(s, "GET", path, session, "");
+        assert_eq!(status, 200, "{body}");
+        let v = json(&body);
+        if ok(&v) {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{path}: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -62,6 +62,15 @@ impl Sparks {
         inner.retain(|k, _| seen.contains(k));
     }
 
+    /// The pool's last rate.
+    pub fn last(&self, name: &str) -> f32 {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .get(name)
+            .and_then(|s| s.rates.back().copied())
+            .unwrap_or(0.0)
+    }
+
     /// The pool's rates, oldest first.
     pub fn of(&self, name: &str) -> Vec<f32> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -91,6 +100,7 @@ pub struct PoolRow {
     pub tps: f32,
     /// The node owning it, in a cluster.
     pub owner: Option<String>,
+    /// Transactions a second over the last [`SPARK`] seconds (filled for the rows sent only).
     pub spark: Vec<f32>,
 }
 
@@ -116,7 +126,6 @@ fn owners(app: &App) -> Owners {
 fn row(owners: &Owners, p: &Pool, sparks: &Sparks) -> PoolRow {
     let clients = p.stats.clients.load(Relaxed);
     let waiting = p.stats.waiting.load(Relaxed);
-    let spark = sparks.of(&p.name);
     let owner = owners
         .as_ref()
         .and_then(|(me, all)| match all.get(&p.name) {
@@ -137,9 +146,9 @@ fn row(owners: &Owners, p: &Pool, sparks: &Sparks) -> PoolRow {
         sv_idle: p.idle_count(),
         sv_login: p.metrics.connecting.load(Relaxed),
         transactions: p.metrics.transaction.snapshot().1,
-        tps: spark.last().copied().unwrap_or(0.0),
+        tps: sparks.last(&p.name),
         owner,
-        spark,
+        spark: Vec::new(),
     }
 }
 
@@ -194,6 +203,10 @@ pub fn page(app: &App, sparks: &Sparks, ask: &Ask) -> Result<Page, &'static str>
         .into_iter()
         .skip((page - 1).saturating_mul(per_page))
         .take(per_page)
+        .map(|mut r| {
+            r.spark = sparks.of(&r.name);
+            r
+        })
         .collect();
     Ok(Page {
         data,
@@ -300,8 +313,10 @@ pub fn detail(app: &App, sparks: &Sparks, name: &str) -> Option<Detail> {
         .collect();
     waiting.sort_by_key(|w| std::cmp::Reverse(w.waiting_ms));
     waiting.truncate(MAX_WAITING);
+    let mut row = row(&owners(app), &pool, sparks);
+    row.spark = sparks.of(&row.name);
     Some(Detail {
-        pool: row(&owners(app), &pool, sparks),
+        pool: row,
         servers,
         waiting,
         slow_queries: pool.recent_slow_queries(),

@@ -35,7 +35,7 @@ function niceMax(max) {
 
 /**
  * A chart of `series` ({name, key, color}) over samples; `update(samples)` redraws it.
- * `windowMs` is the span shown, ending at the newest sample.
+ * It spans the samples kept (at least a minute, at most `windowMs`), ending at the newest.
  */
 export function lineChart(container, { title, series, unit = '', windowMs = 15 * 60 * 1000 }) {
   container.classList.add('chart');
@@ -71,15 +71,18 @@ export function lineChart(container, { title, series, unit = '', windowMs = 15 *
 
   return {
     update(samples) {
+      // The span shown grows with the history kept, up to `windowMs`.
       const end = samples.length ? samples[samples.length - 1].at : Date.now();
-      const start = end - windowMs;
+      const start = Math.max(end - windowMs, samples.length ? Math.min(samples[0].at, end - 60000) : end - windowMs);
+      const span = end - start;
       let max = 0;
       for (const s of samples) for (const se of series) {
         const v = se.value ? se.value(s) : s[se.key];
         if (v > max && Number.isFinite(v)) max = v;
       }
       const top = niceMax(max);
-      head.querySelector('.chart-max').textContent = `max ${fmt(top, unit)}`;
+      const minutes = Math.round(span / 60000);
+      head.querySelector('.chart-max').textContent = `last ${minutes} min · max ${fmt(top, unit)}`;
       const spoken = [];
       series.forEach((se, i) => {
         const pts = [];
@@ -87,7 +90,7 @@ export function lineChart(container, { title, series, unit = '', windowMs = 15 *
           if (s.at < start) continue;
           const v = se.value ? se.value(s) : s[se.key];
           if (v === null || v === undefined || !Number.isFinite(v)) continue;
-          const x = ((s.at - start) / windowMs) * W;
+          const x = ((s.at - start) / span) * W;
           const y = H - (v / top) * (H - 4) - 2;
           pts.push(`${x.toFixed(1)},${y.toFixed(1)}`);
         }
@@ -97,7 +100,7 @@ export function lineChart(container, { title, series, unit = '', windowMs = 15 *
         values[i].textContent = fmt(v, unit);
         spoken.push(`${se.name} ${fmt(v, unit)}`);
       });
-      svg.setAttribute('aria-label', `${title}, last 15 minutes; now: ${spoken.join(', ')}`);
+      svg.setAttribute('aria-label', `${title}, last ${minutes} minutes; now: ${spoken.join(', ')}`);
     },
   };
 }
