@@ -307,3 +307,59 @@ async fn eventually_json(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_realtime_and_cache_sections_appear_when_configured() {
+    let pg = common::changes::logical_pg();
+    let db = unique_db("dashs");
+    pg.create_database(&db);
+    direct_on(pg, &db)
+        .await
+        .batch_execute(
+            "CREATE TABLE items (id int, name text); INSERT INTO items VALUES (1, 'one')",
+        )
+        .await
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n\
+         [realtime]\nlisten = \"127.0.0.1:0\"\n",
+        data.path().display()
+    );
+    let config = base_config(pg, &[&db], &extra).replace(
+        &format!("[databases.{db}]\n"),
+        &format!("[databases.{db}]\ncache = true\ncache_all_reads = true\n"),
+    );
+    let s = Shoal::start_with_env(&config, &[("SHOAL_API_TOKEN", API_TEST_TOKEN)]);
+    let login = format!(r#"{{"token": "{API_TEST_TOKEN}"}}"#);
+    let (_, cookie, _) = ui(&s, "POST", "/ui/login", "", &login);
+    let session = cookie.split(';').next().unwrap().trim().to_owned();
+    let c = s.connect(&db).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let sections = loop {
+        c.simple_query("SELECT name FROM items WHERE id = 1")
+            .await
+            .unwrap();
+        let (_, _, body) = ui(&s, "GET", "/ui/api/sections", &session, "");
+        let v = json(&body);
+        if v["cache"][0]["hits"].as_u64().unwrap_or(0) > 0 {
+            break v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no cache hit: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let cache = &sections["cache"][0];
+    assert!(
+        cache["hit_ratio"].as_f64().is_some_and(|r| r > 0.0),
+        "{sections}"
+    );
+    assert!(cache["entries"].as_u64().unwrap_or(0) >= 1, "{sections}");
+    assert!(
+        sections["realtime"].is_array(),
+        "realtime is configured: {sections}"
+    );
+    assert!(
+        sections["cluster"].is_null() && sections["replicas"].is_null(),
+        "{sections}"
+    );
+}
