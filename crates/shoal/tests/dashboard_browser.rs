@@ -50,7 +50,7 @@ fn an_operator_watches_pools_and_manages_tenants_in_chromium() {
         serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("a JSON summary");
     assert_eq!(
         summary["steps"].as_array().map(Vec::len),
-        Some(10),
+        Some(11),
         "every step ran: {summary}"
     );
 }

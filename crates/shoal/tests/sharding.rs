@@ -117,8 +117,10 @@ async fn light_load_keeps_every_client_on_one_shard() {
         clients.push(shoal.connect(&db).await);
     }
     // With one shard open the kernel is steered to give every connection to shard 0's
-    // socket: none was accepted by the closed shard and handed over.
-    if kernel_steers() {
+    // socket: none was accepted by the closed shard and handed over. (Unless the machine was
+    // so busy that the second shard opened for a moment: a connection queued on its socket
+    // as it closed again is rightly handed over.)
+    if kernel_steers() && !shoal.log_contains("shard(s) open") {
         assert_eq!(
             value(&scrape(&shoal), "shoal_shard_handovers_total"),
             0,

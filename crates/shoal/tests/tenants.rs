@@ -929,6 +929,25 @@ async fn a_shared_store_carries_changes_between_nodes() {
         body.contains("enc:v1:") && !body.contains(APP_PASSWORD),
         "{body}"
     );
+    // Pages and searches are answered by the shared store.
+    let (status, found) = http2.authed("GET", "/api/tenants?search=CM&per_page=5", None);
+    assert_eq!(
+        (status, &found["total"]),
+        (200, &serde_json::json!(1)),
+        "{found}"
+    );
+    assert_eq!(found["data"][0]["external_id"], "acme", "{found}");
+    let (_, none) = http2.authed("GET", "/api/tenants?search=a_m", None);
+    assert_eq!(none["total"], 0, "a search's _ is no wildcard: {none}");
+    let (_, past) = http2.authed("GET", "/api/tenants?page=99999999999", None);
+    assert_eq!(
+        (
+            past["total"].as_u64(),
+            past["data"].as_array().map(Vec::len)
+        ),
+        (Some(1), Some(0)),
+        "{past}"
+    );
     // Delete through the second: the first drops it within a second.
     assert_eq!(http2.authed("DELETE", "/api/tenants/acme", None).0, 204);
     let started = std::time::Instant::now();

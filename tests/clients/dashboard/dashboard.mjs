@@ -167,6 +167,19 @@ try {
   assert.equal(q.out.trim(), '42');
   step('a tenant created through the form, reached with psql');
 
+  // Edit: the form comes filled in; a pool size changed, the password kept (left empty).
+  await page.locator(`tr[data-tenant="${tenant}"]`).getByRole('link', { name: tenant }).click();
+  await until('the filled-in form', async () => (await page.getByLabel('Host').inputValue()) === '127.0.0.1');
+  assert.equal(await page.getByLabel('Database user').inputValue(), 'app');
+  assert.equal(await page.getByLabel('Password').inputValue(), '', 'passwords are never shown');
+  await page.getByLabel('Default pool size').fill('4');
+  await page.getByRole('button', { name: 'Save' }).click();
+  await until('the new pool size in the list', async () =>
+    (await page.locator(`tr[data-tenant="${tenant}"] td.num`).textContent()) === '4');
+  const again = await run('psql', psqlArgs(tenantUser, 'SELECT 1')).ended;
+  assert.equal(again.code, 0, `the password was kept: ${again.err}`);
+  step('a tenant edited, its password kept');
+
   // Ban: the tenant's connected client ends, new ones are refused.
   const held = run('psql', psqlArgs(tenantUser, 'SELECT pg_sleep(60)'));
   await page.getByRole('link', { name: 'Pools' }).click();
@@ -192,10 +205,14 @@ try {
   const refused = await run('psql', psqlArgs(tenantUser, 'SELECT 1')).ended;
   assert.notEqual(refused.code, 0, 'a banned tenant refuses new clients');
   await page.screenshot({ path: join(SHOTS, 'tenant-banned.png'), fullPage: true });
+  await tenantRow.getByRole('button', { name: `Unban ${tenant}` }).click();
+  await until('the active badge', async () => (await tenantRow.locator('.badge').textContent()) === 'active');
+  const back = await run('psql', psqlArgs(tenantUser, 'SELECT 1')).ended;
+  assert.equal(back.code, 0, `an unbanned tenant takes clients again: ${back.err}`);
   page.once('dialog', (d) => d.accept());
   await tenantRow.getByRole('button', { name: `Delete ${tenant}` }).click();
   await until('the tenant gone', async () => (await tenantRow.count()) === 0);
-  step('a ban ends the tenant\'s client; delete');
+  step('a ban ends the tenant\'s client; unban; delete');
 
   // Accessible: every form control has a name; keyboard reaches the navigation.
   await page.getByRole('link', { name: 'New tenant' }).click();

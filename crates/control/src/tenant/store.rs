@@ -39,11 +39,44 @@ pub trait Backend: Send + Sync {
     fn upsert(&self, id: String, body: String) -> BoxFuture<'_, bool>;
     /// True when it existed.
     fn remove(&self, id: String) -> BoxFuture<'_, bool>;
+    /// One page of the rows whose id contains `search`, by id, and how many there are.
+    /// Backends that can should answer this themselves: a page then costs what it holds,
+    /// not what the store holds.
+    fn page(&self, search: String, offset: usize, limit: usize) -> BoxFuture<'_, RowPage> {
+        Box::pin(async move {
+            let found: Vec<(String, String)> = self
+                .rows()
+                .await?
+                .into_iter()
+                .filter(|(id, _)| id.contains(&search))
+                .collect();
+            let total = found.len();
+            let rows = found.into_iter().skip(offset).take(limit).collect();
+            Ok((rows, total))
+        })
+    }
     /// Where other nodes' changes are announced, for a store several nodes share.
     fn shared_url(&self) -> Option<&str> {
         None
     }
     fn name(&self) -> &'static str;
+}
+
+/// A page of (id, body) rows, and how many rows match in all.
+pub type RowPage = (Vec<(String, String)>, usize);
+
+/// `search` as a LIKE pattern matching ids that contain it (`\` escapes).
+fn contains_pattern(search: &str) -> String {
+    let mut p = String::with_capacity(search.len() + 2);
+    p.push('%');
+    for c in search.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
 }
 
 /// A backend's answer.
@@ -168,6 +201,25 @@ impl Store {
         Ok(t)
     }
 
+    /// One page of the tenants whose id contains `search` (ids are lowercase: so is the
+    /// search), by id, and how many match.
+    pub async fn page(
+        &self,
+        search: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Tenant>, usize), StoreError> {
+        let (rows, total) = self
+            .backend
+            .page(search.to_lowercase(), offset, limit)
+            .await?;
+        let tenants = rows
+            .iter()
+            .map(|(id, body)| self.read_stored(id, body))
+            .collect::<Result<_, _>>()?;
+        Ok((tenants, total))
+    }
+
     /// Every tenant.
     pub async fn list(&self) -> Result<Vec<Tenant>, StoreError> {
         self.backend
@@ -210,6 +262,34 @@ impl Backend for Sqlite {
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
+        }))
+    }
+
+    fn page(&self, search: String, offset: usize, limit: usize) -> BoxFuture<'_, RowPage> {
+        let conn = self.conn.clone();
+        Box::pin(blocking(move || {
+            let c = conn.lock().unwrap_or_else(|e| e.into_inner());
+            let pattern = contains_pattern(&search);
+            let total: i64 = c.query_row(
+                "SELECT count(*) FROM tenants WHERE external_id LIKE ?1 ESCAPE '\\'",
+                [&pattern],
+                |r| r.get(0),
+            )?;
+            let mut st = c.prepare(
+                "SELECT external_id, body FROM tenants WHERE external_id LIKE ?1 ESCAPE '\\'
+                 ORDER BY external_id LIMIT ?2 OFFSET ?3",
+            )?;
+            let rows = st
+                .query_map(
+                    rusqlite::params![
+                        pattern,
+                        limit.min(i64::MAX as usize) as i64,
+                        offset.min(i64::MAX as usize) as i64
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((rows, total as usize))
         }))
     }
 
@@ -275,6 +355,36 @@ impl Backend for Postgres {
                 .into_iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect())
+        })
+    }
+
+    fn page(&self, search: String, offset: usize, limit: usize) -> BoxFuture<'_, RowPage> {
+        Box::pin(async move {
+            let pattern = contains_pattern(&search);
+            let (limit, offset) = (
+                limit.min(i64::MAX as usize) as i64,
+                offset.min(i64::MAX as usize) as i64,
+            );
+            let total: i64 = self
+                .client
+                .query_one(
+                    "SELECT count(*) FROM shoal_tenants WHERE external_id LIKE $1 ESCAPE '\\'",
+                    &[&pattern],
+                )
+                .await?
+                .get(0);
+            let rows = self
+                .client
+                .query(
+                    "SELECT external_id, body FROM shoal_tenants WHERE external_id LIKE $1 ESCAPE '\\'
+                     ORDER BY external_id LIMIT $2 OFFSET $3",
+                    &[&pattern, &limit, &offset],
+                )
+                .await?
+                .into_iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            Ok((rows, total as usize))
         })
     }
 
@@ -516,6 +626,51 @@ mod tests {
         assert!(store.delete("acme").await.unwrap());
         assert!(!store.delete("acme").await.unwrap());
         assert!(store.get("acme").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn pages_come_from_the_store_by_id_with_wildcards_taken_literally() {
+        let dir = tempfile::tempdir().unwrap();
+        let section = StoreSection {
+            url: None,
+            data_dir: dir.path().to_owned(),
+            encryption_key_env: "SHOAL_TEST_NO_SUCH_KEY".into(),
+            resync_interval: 30.0,
+            ..StoreSection::default()
+        };
+        let store = Store::open(&section).await.unwrap();
+        for id in ["b-1", "a-1", "a-2", "c-10", "c-1x"] {
+            let mut t: Tenant = serde_json::from_value(serde_json::json!({
+                "db_host": "h", "db_database": "d", "require_user": true,
+                "users": [{"db_user": "u", "db_password": "pw"}]
+            }))
+            .unwrap();
+            t.external_id = id.into();
+            store.put(&t).await.unwrap();
+        }
+        let ids = |p: &(Vec<Tenant>, usize)| {
+            p.0.iter()
+                .map(|t| t.external_id.clone())
+                .collect::<Vec<_>>()
+        };
+        let p = store.page("", 1, 2).await.unwrap();
+        assert_eq!((ids(&p), p.1), (vec!["a-2".into(), "b-1".into()], 5));
+        assert_eq!(p.0[0].users[0].db_password.as_deref(), Some("pw"));
+        let p = store.page("A-", 0, 10).await.unwrap();
+        assert_eq!((ids(&p), p.1), (vec!["a-1".into(), "a-2".into()], 2));
+        let p = store.page("c-1", 0, 10).await.unwrap();
+        assert_eq!(p.1, 2);
+        assert_eq!(
+            store.page("c_1", 0, 10).await.unwrap().1,
+            0,
+            "_ is no wildcard"
+        );
+        assert_eq!(
+            store.page("%", 0, 10).await.unwrap().1,
+            0,
+            "% is no wildcard"
+        );
+        assert_eq!(store.page("", 10, 10).await.unwrap(), (vec![], 5));
     }
 
     /// Any backend plugs in: one in memory keeps only sealed bodies, and the store reads

@@ -229,25 +229,10 @@ async fn list(
             "page must be at least 1 and per_page between 1 and 1000",
         );
     }
-    match api.service.list().await {
-        Ok(all) => {
-            let needle = p
-                .search
-                .as_deref()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            let mut found: Vec<&Tenant> = all
-                .iter()
-                .filter(|t| t.external_id.to_ascii_lowercase().contains(&needle))
-                .collect();
-            found.sort_by(|a, b| a.external_id.cmp(&b.external_id));
-            let total = found.len();
-            let data: Vec<&Tenant> = found
-                .into_iter()
-                .skip((page - 1).saturating_mul(per_page))
-                .take(per_page)
-                .collect();
+    let search = p.search.as_deref().unwrap_or("").trim();
+    let offset = (page - 1).saturating_mul(per_page);
+    match api.service.page(search, offset, per_page).await {
+        Ok((data, total)) => {
             Json(json!({ "data": data, "page": page, "per_page": per_page, "total": total }))
                 .into_response()
         }

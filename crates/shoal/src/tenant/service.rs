@@ -176,6 +176,16 @@ impl TenantService {
         Ok(self.store.list().await?)
     }
 
+    /// One page of the tenants whose id contains `search`, by id, and how many match.
+    pub async fn page(
+        &self,
+        search: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Tenant>, usize), ServiceError> {
+        Ok(self.store.page(search, offset, limit).await?)
+    }
+
     /// Deletes a tenant: its clients are told and disconnected, its pools closed.
     pub async fn delete(&self, id: &str) -> Result<(), ServiceError> {
         if !self.store.delete(id).await? {
