@@ -50,7 +50,7 @@ fn an_operator_watches_pools_and_manages_tenants_in_chromium() {
         serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("a JSON summary");
     assert_eq!(
         summary["steps"].as_array().map(Vec::len),
-        Some(11),
+        Some(12),
         "every step ran: {summary}"
     );
 }

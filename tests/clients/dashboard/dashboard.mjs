@@ -240,6 +240,16 @@ try {
   await phone.close();
   step('fits a phone');
 
+  // A server that stops answering is said, and the banner goes when it answers again.
+  await page.goto(`${UI}#/`);
+  await page.locator('#tile-tps').waitFor();
+  await page.route('**/ui/feed*', (route) => route.abort('connectionrefused'));
+  await until('the banner', async () => page.locator('#offline').isVisible());
+  assert.match(await page.locator('#offline').textContent(), /not answering/);
+  await page.unroute('**/ui/feed*');
+  await until('the banner gone', async () => !(await page.locator('#offline').isVisible()));
+  step('a server not answering is said');
+
   // Logging out ends the session.
   await page.getByRole('button', { name: 'Log out' }).click();
   await page.getByLabel('API token or JWT').waitFor();

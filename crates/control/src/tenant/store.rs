@@ -587,17 +587,22 @@ async fn migrate_pg(client: &tokio_postgres::Client) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn sqlite_store_keeps_tenants_with_passwords_sealed() {
-        let dir = tempfile::tempdir().unwrap();
+    /// The embedded store in `dir`, with a key made there.
+    async fn sqlite_store(dir: &Path) -> Store {
         let section = StoreSection {
             url: None,
-            data_dir: dir.path().to_owned(),
+            data_dir: dir.to_owned(),
             encryption_key_env: "SHOAL_TEST_NO_SUCH_KEY".into(),
             resync_interval: 30.0,
             ..StoreSection::default()
         };
-        let store = Store::open(&section).await.unwrap();
+        Store::open(&section).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn sqlite_store_keeps_tenants_with_passwords_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = sqlite_store(dir.path()).await;
         let mut t: Tenant = serde_json::from_value(serde_json::json!({
             "db_host": "h", "db_database": "d", "require_user": true,
             "users": [{"db_user": "u", "db_password": "s3cret-pw"}],
@@ -631,14 +636,7 @@ mod tests {
     #[tokio::test]
     async fn pages_come_from_the_store_by_id_with_wildcards_taken_literally() {
         let dir = tempfile::tempdir().unwrap();
-        let section = StoreSection {
-            url: None,
-            data_dir: dir.path().to_owned(),
-            encryption_key_env: "SHOAL_TEST_NO_SUCH_KEY".into(),
-            resync_interval: 30.0,
-            ..StoreSection::default()
-        };
-        let store = Store::open(&section).await.unwrap();
+        let store = sqlite_store(dir.path()).await;
         for id in ["b-1", "a-1", "a-2", "c-10", "c-1x"] {
             let mut t: Tenant = serde_json::from_value(serde_json::json!({
                 "db_host": "h", "db_database": "d", "require_user": true,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use super::{ReplicaSet, Role, Writer};
 use crate::pool::Pool;
 
-/// One backend of a pool with replicas, as the console and metrics show it.
+/// One backend of a pool with replicas, as the console, metrics and dashboard show it.
+#[derive(serde::Serialize)]
 pub struct BackendRow {
     /// The client-facing pool (its primary's name).
     pub pool: String,
@@ -26,6 +27,7 @@ pub struct BackendRow {
     pub servers: usize,
     pub in_use: usize,
     /// Labels of the backend's pool in `shoal_pool_*` (its route key's database).
+    #[serde(skip)]
     pub database: String,
 }
 

@@ -164,7 +164,10 @@ async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
     let id = ui.sessions.open();
     (
         StatusCode::NO_CONTENT,
-        [(header::SET_COOKIE, ui.sessions.cookie(&id))],
+        [(
+            header::SET_COOKIE,
+            ui.sessions.cookie(&id, session::over_https(&headers)),
+        )],
     )
         .into_response()
 }
@@ -176,7 +179,10 @@ async fn logout(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
     }
     (
         StatusCode::NO_CONTENT,
-        [(header::SET_COOKIE, ui.sessions.cookie(""))],
+        [(
+            header::SET_COOKIE,
+            ui.sessions.cookie("", session::over_https(&headers)),
+        )],
     )
         .into_response()
 }
@@ -191,6 +197,17 @@ fn guard(ui: &Ui, headers: &HeaderMap) -> Result<(), Box<Response>> {
         };
         Box::new(refuse(status, why))
     })
+}
+
+/// A guarded request's query string, or the answer refusing it.
+fn asked<T>(
+    ui: &Ui,
+    headers: &HeaderMap,
+    q: Result<Query<T>, QueryRejection>,
+) -> Result<T, Box<Response>> {
+    guard(ui, headers)?;
+    q.map(|Query(v)| v)
+        .map_err(|e| Box::new(refuse(StatusCode::BAD_REQUEST, &e.body_text())))
 }
 
 /// What the dashboard serves is live: never kept by a browser or proxy.
@@ -210,12 +227,9 @@ async fn feed(
     headers: HeaderMap,
     q: Result<Query<Since>, QueryRejection>,
 ) -> Response {
-    if let Err(r) = guard(&ui, &headers) {
-        return *r;
-    }
-    match q {
-        Ok(Query(q)) => fresh(json!({ "samples": ui.history.since(q.since) })),
-        Err(e) => refuse(StatusCode::BAD_REQUEST, &e.body_text()),
+    match asked(&ui, &headers, q) {
+        Ok(q) => fresh(json!({ "samples": ui.history.since(q.since) })),
+        Err(r) => *r,
     }
 }
 
@@ -233,12 +247,9 @@ async fn pools(
     headers: HeaderMap,
     q: Result<Query<pools::Ask>, QueryRejection>,
 ) -> Response {
-    if let Err(r) = guard(&ui, &headers) {
-        return *r;
-    }
-    let ask = match q {
-        Ok(Query(a)) => a,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.body_text()),
+    let ask = match asked(&ui, &headers, q) {
+        Ok(a) => a,
+        Err(r) => return *r,
     };
     match pools::page(&ui.app, &ui.sparks, &ask) {
         Ok(page) => fresh(page),
@@ -257,12 +268,9 @@ async fn pool(
     headers: HeaderMap,
     q: Result<Query<Named>, QueryRejection>,
 ) -> Response {
-    if let Err(r) = guard(&ui, &headers) {
-        return *r;
-    }
-    let name = match q {
-        Ok(Query(n)) => n.name,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.body_text()),
+    let name = match asked(&ui, &headers, q) {
+        Ok(n) => n.name,
+        Err(r) => return *r,
     };
     match pools::detail(&ui.app, &ui.sparks, &name) {
         Some(d) => fresh(d),

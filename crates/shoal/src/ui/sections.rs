@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use crate::app::App;
 
-#[derive(Debug, Serialize)]
+#[derive(Serialize)]
 pub struct Sections {
     pub version: &'static str,
     pub cluster: Option<crate::cluster::status::ClusterStatus>,
     pub realtime: Option<Vec<RealtimeRow>>,
-    pub replicas: Option<Vec<ReplicaRow>>,
+    pub replicas: Option<Vec<crate::replicas::status::BackendRow>>,
     pub cache: Option<Vec<CacheRow>>,
 }
 
@@ -27,21 +27,6 @@ pub struct RealtimeRow {
     pub messages: u64,
     /// Messages from clients a second, over the last sampled second.
     pub messages_per_s: f64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ReplicaRow {
-    pub pool: String,
-    pub host: String,
-    pub port: u16,
-    pub role: &'static str,
-    pub state: &'static str,
-    pub writer: bool,
-    pub lag_bytes: Option<u64>,
-    pub lag_ms: Option<u64>,
-    pub reads: u64,
-    pub servers: usize,
-    pub in_use: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,22 +96,7 @@ pub fn sections(app: &App, rates: &RealtimeRates) -> Sections {
             })
             .collect()
     });
-    let replicas: Vec<ReplicaRow> = crate::replicas::status::rows(&pools)
-        .into_iter()
-        .map(|b| ReplicaRow {
-            pool: b.pool,
-            host: b.host,
-            port: b.port,
-            role: b.role,
-            state: b.state,
-            writer: b.writer,
-            lag_bytes: b.lag_bytes,
-            lag_ms: b.lag_ms,
-            reads: b.reads,
-            servers: b.servers,
-            in_use: b.in_use,
-        })
-        .collect();
+    let replicas = crate::replicas::status::rows(&pools);
     let cache: Vec<CacheRow> = pools
         .iter()
         .filter_map(|p| {

@@ -55,10 +55,12 @@ impl Sessions {
         self.lock().remove(id);
     }
 
-    /// The `Set-Cookie` value for session `id` (an empty id expires the cookie).
-    pub fn cookie(&self, id: &str) -> String {
+    /// The `Set-Cookie` value for session `id` (an empty id expires the cookie); `secure`
+    /// when the browser reached Shoal over HTTPS (through a proxy that says so).
+    pub fn cookie(&self, id: &str, secure: bool) -> String {
         let age = if id.is_empty() { 0 } else { self.ttl.as_secs() };
-        format!("{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={age}")
+        let secure = if secure { "; Secure" } else { "" };
+        format!("{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={age}{secure}")
     }
 }
 
@@ -70,13 +72,19 @@ pub fn same_origin(headers: &axum::http::HeaderMap) -> bool {
     if get("sec-fetch-site") == Some("cross-site") {
         return false;
     }
-    match (get("origin"), get("host")) {
-        (None, _) => true,
-        (Some(origin), Some(host)) => origin
-            .split_once("://")
-            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
-        (Some(_), None) => false,
-    }
+    let Some(origin) = get("origin") else {
+        return true;
+    };
+    let Some((_, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    // Behind a reverse proxy the page's host may be the one the proxy was asked for. A
+    // page of another site cannot forge that header: a custom header makes the browser ask
+    // first (CORS), and Shoal allows no other origin.
+    [get("host"), get("x-forwarded-host")]
+        .into_iter()
+        .flatten()
+        .any(|h| authority.eq_ignore_ascii_case(h.trim()))
 }
 
 impl crate::api::Gate for Sessions {
@@ -89,6 +97,14 @@ impl crate::api::Gate for Sessions {
             _ => Err("log in first (POST /ui/login)"),
         }
     }
+}
+
+/// Whether the browser reached Shoal over HTTPS, as a proxy in front says.
+pub fn over_https(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"))
 }
 
 /// The session id a request's `Cookie` header carries.
@@ -121,11 +137,13 @@ mod tests {
             !short.valid(&short.open()),
             "an expired session is no session"
         );
-        let c = s.cookie("abc");
+        let c = s.cookie("abc", false);
+        assert!(!c.contains("Secure"));
+        assert!(s.cookie("abc", true).ends_with("; Secure"));
         assert!(
             c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Max-Age=60")
         );
-        assert!(s.cookie("").contains("Max-Age=0"));
+        assert!(s.cookie("", false).contains("Max-Age=0"));
     }
 
     #[test]
@@ -146,6 +164,10 @@ mod tests {
         assert_eq!(s.admits(&h), Ok(()));
         h.insert("origin", "https://evil.example".parse().unwrap());
         assert!(s.admits(&h).is_err());
+        h.insert("origin", "https://shoal.example.com".parse().unwrap());
+        h.insert("x-forwarded-host", "shoal.example.com".parse().unwrap());
+        assert_eq!(s.admits(&h), Ok(()), "the host a proxy was asked for");
+        h.remove("x-forwarded-host");
         h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
         h.insert("sec-fetch-site", "cross-site".parse().unwrap());
         assert!(s.admits(&h).is_err());

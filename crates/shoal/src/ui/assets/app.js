@@ -17,9 +17,12 @@ function every(ms, tick) {
   const run = async () => {
     try {
       await tick();
+      $('offline').hidden = true;
     } catch (e) {
       if (e instanceof LoggedOut) return showLogin();
-      console.warn(e);
+      // The numbers shown are getting old: say so until the server answers again.
+      $('offline').textContent = `Shoal is not answering (${e.message}); retrying…`;
+      $('offline').hidden = false;
     }
     if (alive) timer = setTimeout(run, ms);
   };
