@@ -54,3 +54,56 @@ fn an_operator_watches_pools_and_manages_tenants_in_chromium() {
         "every step ran: {summary}"
     );
 }
+
+/// On a node of a two-node cluster the Cluster section is offered (and no section that is
+/// not configured), listing both nodes and the pool's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_section_shows_the_nodes_and_owners() {
+    let etcd = common::etcd::Etcd::start();
+    let db = unique_db("dashc");
+    pg().create_database(&db);
+    let secret = ("SHOAL_CLUSTER_SECRET", "a-cluster-secret-for-tests");
+    let data: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let nodes: Vec<Shoal> = ["a", "b"]
+        .iter()
+        .zip(&data)
+        .map(|(id, dir)| {
+            let extra = format!(
+                "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n\
+                 [cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\nsecret_env = \"{}\"\n",
+                dir.path().display(),
+                etcd.url,
+                secret.0
+            );
+            Shoal::start_with_env(
+                &base_config(pg(), &[&db], &extra),
+                &[secret, ("SHOAL_API_TOKEN", API_TEST_TOKEN)],
+            )
+        })
+        .collect();
+    for n in &nodes {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = Command::new("node")
+        .arg(format!("{root}/tests/clients/dashboard/sections.mjs"))
+        .env(
+            "SHOAL_UI",
+            format!("http://{}/ui", nodes[0].api.expect("api listener")),
+        )
+        .env("SHOAL_TOKEN", API_TEST_TOKEN)
+        .env("NODES", "2")
+        .env("POOL", &db)
+        .env(
+            "SCREENSHOTS",
+            format!("{root}/target/dashboard-screenshots"),
+        )
+        .output()
+        .expect("node runs");
+    assert!(
+        out.status.success(),
+        "the cluster page failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
