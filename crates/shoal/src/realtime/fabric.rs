@@ -29,6 +29,9 @@ pub const OPENING: &[u8] = b"shoal-realtime/1";
 /// Broadcasts waiting for one peer's stream.
 const QUEUE: usize = 65_536;
 
+/// How long a peer's stream waits for this node's realtime service to start.
+const SERVICE_WAIT: Duration = Duration::from_secs(10);
+
 pub struct NodeRelay {
     node: Arc<Node>,
     /// The service whose clients' messages this relays (weak: the service holds this).
@@ -147,13 +150,26 @@ async fn write_to(
             tracing::warn!(peer = %peer, error = %e, "realtime stream to the peer failed");
             continue;
         }
+        // The peer never writes on this stream: anything read from it means it ended (the
+        // peer closed it, or the link went). Waiting on that as well as on the queue lets
+        // an idle stream that the peer dropped be opened again at once, not at this node's
+        // next presence change, so the peer's view of this node's presences is made whole.
+        let (mut ended, mut writer) = tokio::io::split(stream);
+        let mut probe = [0u8; 1];
         loop {
-            let Some(frame) = queue.recv().await else {
-                return;
-            };
-            if let Err(e) = stream.write_all(&frame).await {
-                tracing::warn!(peer = %peer, error = %e, "realtime stream to the peer failed");
-                break;
+            tokio::select! {
+                frame = queue.recv() => {
+                    let Some(frame) = frame else { return };
+                    if let Err(e) = writer.write_all(&frame).await {
+                        tracing::warn!(peer = %peer, error = %e, "realtime stream to the peer failed");
+                        break;
+                    }
+                }
+                _ = ended.read(&mut probe) => {
+                    tracing::debug!(peer = %peer, "the peer ended the realtime stream; opening it again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    break;
+                }
             }
         }
     }
@@ -178,10 +194,22 @@ async fn start_stream(
 
 /// Reads what another node relays on `stream` and applies it here: broadcasts delivered
 /// to this node's subscribers, presences kept while the stream lasts.
+// Runs on the control runtime, which has tokio's time driver.
+#[allow(clippy::disallowed_methods)]
 pub async fn receive(app: Arc<App>, stream: shoal_cluster::link::LinkStream) {
     let peer = stream.peer().to_owned();
-    let Some(service) = app.realtime.get().cloned() else {
-        return;
+    // A peer may open its stream while this node is still starting its realtime service:
+    // wait for it a little rather than drop the stream (and the peer's presences with it).
+    let mut waited = Duration::ZERO;
+    let service = loop {
+        if let Some(s) = app.realtime.get() {
+            break s.clone();
+        }
+        if waited >= SERVICE_WAIT {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
     };
     let mut generation = None;
     read_frames(&service, stream, &mut generation).await;
