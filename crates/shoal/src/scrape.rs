@@ -34,13 +34,7 @@ fn pool_labels(pool: &crate::pool::Pool) -> Labels {
         ("tenant", LabelValue::new(&tenant)),
         ("database", LabelValue::new(&database)),
         ("user", LabelValue::new(&pool.upstream.user)),
-        (
-            "mode",
-            LabelValue::new(match pool.settings.mode {
-                crate::config::PoolMode::Transaction => "transaction",
-                crate::config::PoolMode::Session => "session",
-            }),
-        ),
+        ("mode", LabelValue::new(pool.settings.mode.name())),
     ]
 }
 

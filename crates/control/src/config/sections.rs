@@ -26,6 +26,16 @@ pub enum PoolMode {
     Session,
 }
 
+impl PoolMode {
+    /// The mode as configured, and as the console, the API and the dashboard show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolMode::Transaction => "transaction",
+            PoolMode::Session => "session",
+        }
+    }
+}
+
 /// When a transaction-mode server is cleaned (`DISCARD ALL`) before another client gets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

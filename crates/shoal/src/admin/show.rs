@@ -45,12 +45,8 @@ pub(super) fn n(v: impl std::fmt::Display) -> Option<String> {
 
 use Kind::{Int, Text};
 
-/// The console's name for a pool's database (`tenant:<id>` for tenants).
 fn mode(p: &Pool) -> &'static str {
-    match p.settings.mode {
-        crate::config::PoolMode::Transaction => "transaction",
-        crate::config::PoolMode::Session => "session",
-    }
+    p.settings.mode.name()
 }
 
 /// Every pool with servers: routing's, and their replicas' (`database@host:port`).
@@ -269,10 +265,7 @@ pub fn databases(app: &App) -> ResultSet {
             n(d.min_pool_size.unwrap_or(config.pool.min_pool_size)),
             n(0),
             n(config.pool.server_lifetime as u64),
-            t(match d.pool_mode.unwrap_or(config.pool.pool_mode) {
-                crate::config::PoolMode::Transaction => "transaction",
-                crate::config::PoolMode::Session => "session",
-            }),
+            t(d.pool_mode.unwrap_or(config.pool.pool_mode).name()),
             n(0),
             n(conns),
             n(u8::from(paused)),
@@ -319,10 +312,7 @@ pub fn users(app: &App) -> ResultSet {
     for u in config.users.values() {
         r.row(vec![
             t(u.name.clone()),
-            u.pool_mode.map(|m| match m {
-                crate::config::PoolMode::Transaction => "transaction".to_owned(),
-                crate::config::PoolMode::Session => "session".to_owned(),
-            }),
+            u.pool_mode.map(|m| m.name().to_owned()),
         ]);
     }
     r

@@ -373,10 +373,7 @@ async fn pools(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -
             let s = &p.stats;
             json!({
                 "db_user": p.upstream.user,
-                "mode_type": match p.settings.mode {
-                    crate::config::PoolMode::Transaction => "transaction",
-                    crate::config::PoolMode::Session => "session",
-                },
+                "mode_type": p.settings.mode.name(),
                 "pool_size": p.size(),
                 "clients": s.clients.load(Ordering::Relaxed),
                 "waiting": s.waiting.load(Ordering::Relaxed),

@@ -104,13 +104,6 @@ pub struct PoolRow {
     pub spark: Vec<f32>,
 }
 
-fn mode(p: &Pool) -> &'static str {
-    match p.settings.mode {
-        crate::config::PoolMode::Transaction => "transaction",
-        crate::config::PoolMode::Session => "session",
-    }
-}
-
 /// Every pool with servers: routing's and their replicas'.
 pub fn all(app: &App) -> Vec<Arc<Pool>> {
     crate::replicas::status::with_replica_pools(app.routes.pools())
@@ -138,7 +131,7 @@ fn row(owners: &Owners, p: &Pool, sparks: &Sparks) -> PoolRow {
         database: p.database().to_owned(),
         user: p.upstream.user.clone(),
         tenant: p.tenant.clone(),
-        mode: mode(p),
+        mode: p.settings.mode.name(),
         size: p.size(),
         cl_active: clients.saturating_sub(waiting),
         cl_waiting: waiting,
