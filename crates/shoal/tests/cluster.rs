@@ -842,3 +842,50 @@ async fn an_idle_relayed_client_is_parked_and_resumes_with_its_state() {
     assert_eq!(api_cluster(owner)["relayed_in"], 0);
     assert!(!relay.log_contains("ERROR") && !owner.log_contains("ERROR"));
 }
+
+/// Sessions other nodes relay to a pool's owner are those nodes' connections: they do not
+/// count against the owner's `max_client_conn`, which bounds its own connections (an owner
+/// counting them refused its own clients in a million-client connect storm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_sessions_do_not_count_against_the_owners_max_client_conn() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let start = |id: &str| {
+        let cluster = format!(
+            "[cluster]\netcd = [\"{}\"]\nnode_id = \"{id}\"\nrelay_listen = \"127.0.0.1:0\"\nlease_ttl = 2\npark_idle_after = 0\nsecret_env = \"{}\"\n",
+            etcd.url, SECRET.0
+        );
+        let config = with_server_keys(&base_config(pg(), &[&db], &cluster), "max_client_conn = 2");
+        Shoal::start_with_env(&config, &[SECRET])
+    };
+    let (a, b) = (start("a"), start("b"));
+    for n in [&a, &b] {
+        n.connect(&db).await.simple_query("SELECT 1").await.unwrap();
+    }
+    let (owner, relay) = owner_and_relay(&a, &b);
+    // Two clients relayed to the owner, each with a session there (never parked).
+    let relayed = [relay.connect(&db).await, relay.connect(&db).await];
+    for c in &relayed {
+        assert_eq!(simple_rows(c, "SELECT 6").await, ["6"]);
+    }
+    // The owner still takes two clients of its own, and refuses a third.
+    let own = [owner.connect(&db).await, owner.connect(&db).await];
+    for c in &own {
+        assert_eq!(simple_rows(c, "SELECT 7").await, ["7"]);
+    }
+    for n in [owner, relay] {
+        let err = n
+            .try_connect(&n.conninfo("app", APP_PASSWORD, &db))
+            .await
+            .expect_err("a third client of the node's own is refused");
+        assert_eq!(code(&err), "53300");
+        assert!(
+            format!("{err:?}").contains("max_client_conn (2)"),
+            "{err:?}"
+        );
+    }
+    // The relayed clients were not disturbed.
+    for c in &relayed {
+        assert_eq!(simple_rows(c, "SELECT 8").await, ["8"]);
+    }
+}

@@ -9,8 +9,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub struct Admission {
-    /// Clients logged in, for `max_client_conn`.
+    /// Clients logged in, those other nodes relay here included.
     pub clients: AtomicUsize,
+    /// Of `clients`, the sessions other nodes of a cluster relay here. They are not counted
+    /// against `max_client_conn`: they are those nodes' connections, bounded by those nodes'
+    /// limits, and an owner counting them would cap every node's clients of its pools (a
+    /// million-client connect storm had the owner refuse its own clients).
+    pub relayed_in: AtomicUsize,
     /// Connections still logging in (handshake and authentication), for
     /// `max_logins_in_progress`: counted apart so slow or idle unauthenticated sockets cannot
     /// lock logged-in users out.
@@ -71,6 +76,7 @@ impl Admission {
     pub fn new(server: &crate::config::ServerSection) -> Admission {
         Admission {
             clients: AtomicUsize::new(0),
+            relayed_in: AtomicUsize::new(0),
             logins: AtomicUsize::new(0),
             logins_by_addr: Mutex::new(HashMap::new()),
             max_logins_in_progress: server.max_logins_in_progress,
@@ -87,6 +93,12 @@ impl Admission {
         self.logins_by_addr
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Clients connected to this node and logged in (what `max_client_conn` bounds).
+    pub fn connected_clients(&self) -> usize {
+        let relayed = self.relayed_in.load(Ordering::Relaxed);
+        self.clients.load(Ordering::Relaxed).saturating_sub(relayed)
     }
 
     pub fn client_left(&self) {

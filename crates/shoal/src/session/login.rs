@@ -98,9 +98,9 @@ pub(super) async fn login_phase(
 /// Counts a logged-in client, unless others logged in meanwhile took the last place
 /// (then the client is told and `None` returned).
 async fn counted(app: &Arc<App>, id: u64, stream: &mut Stream) -> Option<ClientGuard> {
-    let (guard, clients) = app.admission.client_guard();
+    let (guard, _) = app.admission.client_guard();
     let max = app.config.server.max_client_conn;
-    if clients > max {
+    if app.admission.connected_clients() > max {
         drop(guard);
         let e = SessionError::fatal(
             ErrorKind::ClientLimit,
@@ -262,7 +262,7 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
         ));
     }
     let max = app.config.server.max_client_conn;
-    if app.admission.clients.load(Ordering::Relaxed) >= max {
+    if app.admission.connected_clients() >= max {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,
             sqlstate::TOO_MANY_CONNECTIONS,

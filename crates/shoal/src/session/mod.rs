@@ -208,6 +208,12 @@ impl Drop for Session {
         }
         budget::release(&mut self.large_kib);
         self.set_active(false);
+        if matches!(self.stream, Stream::Link(_)) {
+            self.app
+                .admission
+                .relayed_in
+                .fetch_sub(1, Ordering::Relaxed);
+        }
         self.app.admission.client_left();
         crate::shard::client_left(crate::shard::current());
     }
@@ -231,6 +237,9 @@ impl Session {
         } = done;
         // The session takes over the client count (released in `Drop`).
         client.into_session();
+        if matches!(stream, Stream::Link(_)) {
+            app.admission.relayed_in.fetch_add(1, Ordering::Relaxed);
+        }
         crate::shard::client_arrived(crate::shard::current());
         if let Some(fd) = stream.raw_fd() {
             app.lifecycle.client_fds.insert(fd);
