@@ -96,6 +96,8 @@ pub(super) struct State {
     heard_bytes: u64,
     /// The peer's status word from its last Pong.
     peer_status: Option<u64>,
+    /// `Shared::turns` when [`Link::silent_for`] last looked.
+    turns_seen: u64,
 }
 
 struct Shared {
@@ -108,6 +110,9 @@ struct Shared {
     rtt_us: AtomicU64,
     /// This node's status word, sent in each Pong (its meaning is the caller's).
     status: Arc<AtomicU64>,
+    /// Turns the driver has taken: when it took none between two probes, this side was not
+    /// running, and the peer's answers may be waiting unread (see [`Link::silent_for`]).
+    turns: AtomicU64,
 }
 
 /// A handle on one node link (cheap to clone).
@@ -184,6 +189,7 @@ impl Link {
                     last_heard: Instant::now(),
                     heard_bytes: 0,
                     peer_status: None,
+                    turns_seen: 0,
                 }),
                 peer,
                 side,
@@ -191,6 +197,7 @@ impl Link {
                 bytes_out: AtomicU64::new(0),
                 rtt_us: AtomicU64::new(0),
                 status,
+                turns: AtomicU64::new(0),
             }),
         };
         (link, rx)
@@ -246,10 +253,16 @@ impl Link {
         Ok(())
     }
 
-    /// Sends a probe unless one is out; its answer updates [`Link::rtt`].
+    /// Sends a probe unless one is out; its answer updates [`Link::rtt`]. With one out, the
+    /// driver is woken all the same: a turn it takes says this side runs (see
+    /// [`Link::silent_for`]).
     pub fn ping(&self) {
         let mut s = self.lock();
-        if s.dead.is_some() || s.ping_sent.is_some() {
+        if s.dead.is_some() {
+            return;
+        }
+        if s.ping_sent.is_some() {
+            wake(&mut s.writer);
             return;
         }
         s.ping_sent = Some(Instant::now());
@@ -257,14 +270,19 @@ impl Link {
     }
 
     /// How long the peer has been silent while a probe waits for its answer: since its last
-    /// answer or its last bytes, whichever came later (zero with no probe out).
+    /// answer or its last bytes, whichever came later (zero with no probe out). Meant to be
+    /// asked once per probe, after [`Link::ping`] woke the driver: if the driver took no
+    /// turn since the last time it was asked, this side is the one not running (a starved
+    /// thread: the answer may be unread in the socket), and the peer is not blamed for it.
     pub fn silent_for(&self) -> std::time::Duration {
         let mut s = self.lock();
         let bytes_in = self.shared.bytes_in.load(Ordering::Relaxed);
-        if bytes_in != s.heard_bytes {
+        let turns = self.shared.turns.load(Ordering::Relaxed);
+        if bytes_in != s.heard_bytes || turns == s.turns_seen {
             s.heard_bytes = bytes_in;
             s.last_heard = Instant::now();
         }
+        s.turns_seen = turns;
         match s.ping_sent {
             Some(_) => s.last_pong.max(s.last_heard).elapsed(),
             None => std::time::Duration::ZERO,
@@ -437,6 +455,7 @@ fn poll_turn<S: AsyncRead + AsyncWrite + Unpin>(
     wbuf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<String> {
+    link.shared.turns.fetch_add(1, Ordering::Relaxed);
     loop {
         if let Some(r) = &link.lock().dead {
             return Poll::Ready(r.to_string());

@@ -183,3 +183,30 @@ async fn state_snapshots_arrive_whole_and_replace_each_other() {
     s.read_exact(&mut b).await.unwrap();
     assert_eq!(s.state().as_deref(), Some(&b""[..]));
 }
+
+#[tokio::test]
+async fn a_silent_peer_is_blamed_only_while_this_side_runs() {
+    // A peer that reads nothing and answers nothing.
+    let (_raw, b) = tokio::io::duplex(1024 * 1024);
+    let (link, _incoming) = Link::new("mute".into(), Side::Connector, status(0));
+    let driver = tokio::spawn(drive(b, link.clone()));
+    link.ping();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    link.ping();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        link.silent_for() >= Duration::from_millis(60),
+        "our driver ran its turns and nothing came back"
+    );
+    driver.abort();
+
+    // This side's driver never runs (a starved thread): the silence is not the peer's.
+    let (link, _incoming) = Link::new("mute".into(), Side::Connector, status(0));
+    link.ping();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    link.ping();
+    assert!(link.silent_for() < Duration::from_millis(30));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    link.ping();
+    assert!(link.silent_for() < Duration::from_millis(30));
+}
