@@ -28,10 +28,16 @@ pub(super) async fn end_session(session: &mut Session, result: Result<(), Sessio
     finish(session.id, &mut session.stream, result).await;
 }
 
-/// The `log_connections` line for a client that leaves.
+/// The `log_connections` line for a client that leaves. A session another node relays here
+/// is not a connection of this node (the relaying node logs its client's comings and
+/// goings): its end, at every park of an idle client too, is logged at debug, as its start
+/// is.
 #[inline(never)]
 fn log_disconnect(session: &Session, result: &Result<(), SessionError>) {
-    if session.app.config.server.log_connections {
+    let relayed = matches!(session.stream, crate::net::Stream::Link(_));
+    if relayed {
+        tracing::debug!(conn = session.id, pool = %session.pool.name, "relayed session ended");
+    } else if session.app.config.server.log_connections {
         let reason = match result {
             Ok(()) | Err(SessionError::ClientGone) => "client left",
             Err(e) => e.kind().label(),
