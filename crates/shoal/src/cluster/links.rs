@@ -13,16 +13,20 @@ use super::{Node, NodeError};
 use crate::app::App;
 use crate::net::Io;
 
-/// How long a link's connect and handshake may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a link's connect and handshake may take: long enough for a node busy with a
+/// connect storm to answer (at 3 s, thousands of handshakes with overloaded nodes were given
+/// up on, and every client waiting for those links failed).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often links are probed; a link whose peer has been silent for [`DEAD_AFTER`] with a
 /// probe out ends. A peer that dies is gone sooner: its connections close with its process,
 /// and its registration expires with its lease. This catches only a peer alive in etcd but
 /// unreachable or hung, so it is slow enough never to end the links of a node that is only
 /// overloaded (a million clients connecting at once kept shards from answering for seconds,
-/// and ending their links then failed every client relayed over them).
+/// and ending their links then failed every client relayed over them; at 15 s, nodes
+/// starved of CPU under a million connecting clients still ended thousands of links, and
+/// opening them again under the same load made it worse).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
-const DEAD_AFTER: Duration = Duration::from_secs(15);
+const DEAD_AFTER: Duration = Duration::from_secs(30);
 
 type Cell = Arc<tokio::sync::OnceCell<Link>>;
 
