@@ -26,8 +26,45 @@ pub struct RelayOpen {
     pub client_key: Option<[u8; 32]>,
     /// Set when the client's last owner was lost while it was idle, or when it comes back
     /// from being parked: it is logged in already, and goes on here from where it was.
-    #[serde(default)]
+    /// (Left out when unset: [`HeldOpen`] adds it to an encoding made without it.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Resume>,
+}
+
+/// A relayed client's opening as its relaying node keeps it for as long as the client lives:
+/// encoded once, as it goes over the link, with only the resume apart. Every parked client
+/// holds one, and its encoding is one allocation where the opening's strings were several
+/// (about 200 bytes less per client).
+pub struct HeldOpen {
+    /// The opening without a resume, encoded.
+    base: Box<[u8]>,
+    pub resume: Option<Resume>,
+}
+
+impl HeldOpen {
+    pub fn new(open: &RelayOpen) -> HeldOpen {
+        let mut open = open.clone();
+        let resume = open.resume.take();
+        HeldOpen {
+            base: open.encode().into_boxed_slice(),
+            resume,
+        }
+    }
+
+    /// The opening as it goes over the link (what [`RelayOpen::encode`] would make).
+    pub fn encode(&self) -> Vec<u8> {
+        let Some(resume) = &self.resume else {
+            return self.base.to_vec();
+        };
+        let resume = serde_json::to_vec(resume).expect("plain data serialises");
+        // The base is a JSON object: its closing brace makes room for one more field.
+        let mut out = Vec::with_capacity(self.base.len() + resume.len() + 12);
+        out.extend_from_slice(&self.base[..self.base.len() - 1]);
+        out.extend_from_slice(b",\"resume\":");
+        out.extend_from_slice(&resume);
+        out.push(b'}');
+        out
+    }
 }
 
 /// A relayed client moving to a new owner.
@@ -113,7 +150,48 @@ impl Snapshot<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::Snapshot;
+    use super::{HeldOpen, RelayOpen, Resume, Snapshot};
+
+    #[test]
+    fn a_held_opening_encodes_as_the_opening_does() {
+        let open = RelayOpen {
+            pool: "app/db \"x\"".into(),
+            user: "u".into(),
+            database: "db".into(),
+            params: vec![("application_name".into(), "é}".into())],
+            reference: None,
+            target: None,
+            server_name: Some("t.example".into()),
+            peer: "127.0.0.1:5".parse().ok(),
+            client_key: Some([7; 32]),
+            resume: None,
+        };
+        let mut held = HeldOpen::new(&open);
+        for resume in [
+            None,
+            Some(Resume {
+                cancel_key: (-3, 9),
+                snapshot: Some(b"I{\"a\":1}".to_vec()),
+                parked: true,
+            }),
+            Some(Resume {
+                cancel_key: (1, 2),
+                snapshot: None,
+                parked: false,
+            }),
+        ] {
+            held.resume = resume.clone();
+            let back = RelayOpen::decode(&held.encode()).expect("decodes");
+            let want = RelayOpen {
+                resume,
+                ..open.clone()
+            };
+            assert_eq!(
+                serde_json::to_value(&back).unwrap(),
+                serde_json::to_value(&want).unwrap()
+            );
+        }
+    }
 
     #[test]
     fn snapshots_read_back_and_a_hand_back_carries_the_state() {

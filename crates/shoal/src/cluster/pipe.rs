@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use shoal_cluster::link::LinkStream;
 
-use super::open::{RelayOpen, Resume, Snapshot, HELD, LEAVING, MOVED, REDIRECT};
+use super::open::{HeldOpen, Resume, Snapshot, HELD, LEAVING, MOVED, REDIRECT};
 use super::position::Position;
 use super::{Node, NodeError, Place};
 use crate::net::Stream;
@@ -59,7 +59,7 @@ pub fn relay<'a>(
     node: &'a Arc<Node>,
     client: &'a mut Stream,
     pool: &'a Arc<Pool>,
-    open: &'a mut RelayOpen,
+    open: &'a mut HeldOpen,
     opening: Box<Opening>,
 ) -> impl Future<Output = Result<(), RelayError>> + Send + 'a {
     async move {
@@ -106,7 +106,7 @@ async fn run(
     node: &Arc<Node>,
     client: &mut Stream,
     pool: &Arc<Pool>,
-    open: &mut RelayOpen,
+    open: &mut HeldOpen,
     start: Start,
 ) -> Result<Ran, RelayError> {
     let mut position = Position::default();
@@ -150,6 +150,9 @@ async fn run(
                     snapshot: stream.state().map(|b| b.to_vec()),
                     parked: true,
                 });
+                // A parked client runs nothing a cancel could stop, and its next stream
+                // names its node again: the entry is not kept (a parked client's cost).
+                node.forget_relayed(cancel_key.0);
                 // Closing the stream ends the session at the owner.
                 return Ok(Ran::Parked);
             }
@@ -250,7 +253,7 @@ fn movable(stream: &LinkStream) -> bool {
 async fn open_at(
     node: &Arc<Node>,
     mut to: String,
-    open: &RelayOpen,
+    open: &HeldOpen,
     first: &[u8],
 ) -> Result<(LinkStream, String), RelayError> {
     let what = open.encode();
@@ -289,7 +292,7 @@ async fn open_at(
 async fn move_client(
     node: &Arc<Node>,
     pool: &Arc<Pool>,
-    open: &RelayOpen,
+    open: &HeldOpen,
     first: &[u8],
 ) -> Result<(LinkStream, String), RelayError> {
     let limit = node.config.lease_ttl + Duration::from_secs(10);

@@ -126,7 +126,7 @@ pub(super) enum Outcome {
 pub(super) struct Relayed {
     /// Counts the client in this node's view of the pool (`SHOW POOLS`).
     pub(super) pool: PoolClient,
-    pub(super) open: Box<crate::cluster::open::RelayOpen>,
+    pub(super) open: Box<crate::cluster::open::HeldOpen>,
     /// Where the relay starts: the node to open the client's stream at, and the end of
     /// authentication to send before the owner's reply (taken when it starts).
     pub(super) opening: Option<Box<crate::cluster::pipe::Opening>>,
@@ -540,7 +540,7 @@ async fn enter(
             pool.stats.clients.fetch_add(1, Ordering::Relaxed);
             Ok(Outcome::Relay(Box::new(Relayed {
                 pool: PoolClient(pool),
-                open: Box::new(open),
+                open: Box::new(crate::cluster::open::HeldOpen::new(&open)),
                 opening: Some(Box::new(crate::cluster::pipe::Opening {
                     to,
                     greeting: std::mem::take(&mut req.out),
