@@ -36,6 +36,9 @@ pub enum ErrorKind {
     ServerProtocol,
     /// No server became free within `query_wait_timeout`.
     PoolTimeout,
+    /// Refused without waiting: the pool's queue makes clients wait past half of
+    /// `query_wait_timeout` (load shed).
+    PoolSaturated,
     /// The pool was ended: shutdown, or its tenant banned, deleted or terminated.
     PoolClosed,
     /// PostgreSQL could not be reached, or the connection broke while Shoal set it up.
@@ -52,7 +55,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, for metrics that count each.
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::ClientGone,
         ErrorKind::ClientProtocol,
         ErrorKind::ClientLimit,
@@ -65,6 +68,7 @@ impl ErrorKind {
         ErrorKind::ServerLost,
         ErrorKind::ServerProtocol,
         ErrorKind::PoolTimeout,
+        ErrorKind::PoolSaturated,
         ErrorKind::PoolClosed,
         ErrorKind::ServerUnavailable,
         ErrorKind::ServerRefused,
@@ -88,6 +92,7 @@ impl ErrorKind {
             ErrorKind::ServerLost => "server_lost",
             ErrorKind::ServerProtocol => "server_protocol",
             ErrorKind::PoolTimeout => "pool_timeout",
+            ErrorKind::PoolSaturated => "pool_saturated",
             ErrorKind::PoolClosed => "pool_closed",
             ErrorKind::ServerUnavailable => "server_unavailable",
             ErrorKind::ServerRefused => "server_refused",
@@ -177,6 +182,13 @@ impl ClientError {
             CheckoutError::WaitTimeout { .. } => ClientError {
                 kind: ErrorKind::PoolTimeout,
                 code: sqlstate::QUERY_CANCELED,
+                message: e.to_string(),
+                detail: e.to_string(),
+                retry_safe: false,
+            },
+            CheckoutError::Saturated { .. } => ClientError {
+                kind: ErrorKind::PoolSaturated,
+                code: sqlstate::TOO_MANY_CONNECTIONS,
                 message: e.to_string(),
                 detail: e.to_string(),
                 retry_safe: false,

@@ -75,7 +75,7 @@ impl PoolMetrics {
 
 /// Why logins are refused (`shoal_connections_rejected_total{reason}`): every
 /// [`crate::error::ErrorKind`] (the one taxonomy of failures; its label is the `reason`).
-pub const REJECT_REASONS: [crate::error::ErrorKind; 18] = crate::error::ErrorKind::ALL;
+pub const REJECT_REASONS: [crate::error::ErrorKind; 19] = crate::error::ErrorKind::ALL;
 
 /// Process-wide counters.
 #[derive(Debug, Default)]

@@ -105,6 +105,49 @@ async fn min_pool_size_is_kept_warm_and_lifetime_retires_servers() {
     );
 }
 
+/// A pool whose queue makes clients wait past half of `query_wait_timeout` refuses the next
+/// one at once (53300) instead of queueing it to time out, and takes clients again as soon
+/// as one gets a server without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_pool_sheds_new_waiters_at_once_and_recovers() {
+    let db = unique_db("pool");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nquery_wait_timeout = 2\n");
+    let a = shoal.connect(&db).await;
+    a.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    // B waits for A's server past half the timeout, then holds it in a transaction.
+    let b = shoal.connect(&db).await;
+    let waiting = tokio::spawn(async move { b.batch_execute("BEGIN; SELECT 2").await.map(|_| b) });
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    a.batch_execute("COMMIT").await.unwrap();
+    let b = waiting
+        .await
+        .unwrap()
+        .expect("B was served within the timeout");
+    // C finds the queue slow: refused at once, not after the timeout.
+    let c = shoal.connect(&db).await;
+    let started = std::time::Instant::now();
+    let err = c.simple_query("SELECT 3").await.unwrap_err();
+    assert_eq!(code(&err), "53300");
+    let msg = err.as_db_error().unwrap().message().to_string();
+    assert!(
+        msg.contains("saturated") && msg.contains(&format!("{db}/app")),
+        "{msg}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused without waiting"
+    );
+    // Once the server is free, the next client gets it at once, and the pool takes
+    // waiters again.
+    b.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(simple_rows(&c, "SELECT 4").await, ["4"]);
+    c.batch_execute("BEGIN; SELECT 5").await.unwrap();
+    let waiting = tokio::spawn(async move { a.simple_query("SELECT 6").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    waiting.await.unwrap().expect("a short wait again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exhausted_pool_gives_a_clear_error_after_query_wait_timeout() {
     let db = unique_db("pool");

@@ -47,6 +47,13 @@ pub enum CheckoutError {
         waited: Duration,
         size: usize,
     },
+    #[error("pool \"{pool}\" is saturated: {waiting} clients wait for a server, and the last one served had waited {waited:?}, past half of query_wait_timeout ({timeout:?}); try again later")]
+    Saturated {
+        pool: String,
+        waiting: usize,
+        waited: Duration,
+        timeout: Duration,
+    },
     #[error("pool \"{pool}\": {source}")]
     Server {
         pool: String,
@@ -125,6 +132,11 @@ pub struct PoolStats {
     pub servers: AtomicUsize,
     pub checkouts: AtomicU64,
     pub wait_micros: AtomicU64,
+    /// How long the last client served after waiting had waited (all of
+    /// `query_wait_timeout` when one gave up), in microseconds; zero once a client got a
+    /// server at once. Clients are served first come, first served, so this is how long the
+    /// queue makes a client wait now (see [`Pool::shed`]).
+    pub queue_delay_us: AtomicU64,
     pub connects: AtomicU64,
     pub connect_failures: AtomicU64,
 }
@@ -462,9 +474,13 @@ impl Pool {
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(p) => {
                 self.metrics.wait.observe_us(0);
+                self.no_queue();
                 p
             }
             Err(_) => {
+                if let Some(e) = self.shed() {
+                    return Err(e);
+                }
                 let started = Instant::now();
                 let waiting = self.stats.waiting.fetch_add(1, Ordering::Relaxed) + 1;
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
@@ -476,6 +492,8 @@ impl Pool {
                 )
                 .await;
                 self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+                let waited = started.elapsed().as_micros() as u64;
+                self.stats.queue_delay_us.store(waited, Ordering::Relaxed);
                 match r {
                     Err(_) => {
                         return Err(CheckoutError::WaitTimeout {
@@ -486,7 +504,6 @@ impl Pool {
                     }
                     Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
                     Ok(Ok(p)) => {
-                        let waited = started.elapsed().as_micros() as u64;
                         self.stats.wait_micros.fetch_add(waited, Ordering::Relaxed);
                         self.metrics.wait.observe_us(waited);
                         p
@@ -546,6 +563,34 @@ impl Pool {
         {
             Ok(()) => Ok(lease),
             Err(e) => Err(ServerWait::Prepare(e)),
+        }
+    }
+
+    /// Refuses a client at once rather than queue it (load shedding): when the last client
+    /// served after waiting had waited past half of `query_wait_timeout`, the queue is not
+    /// draining, and one more client in it would most likely wait out its timeout, holding
+    /// its session (at a cluster's owner, a relayed stream) all the while. Refused now, it
+    /// can go elsewhere or try later, and the clients already queued are served sooner. It
+    /// stops as soon as a client is served after a shorter wait, or at once.
+    fn shed(&self) -> Option<CheckoutError> {
+        let timeout = self.settings.wait_timeout;
+        let delay = self.stats.queue_delay_us.load(Ordering::Relaxed);
+        if timeout.is_zero() || delay <= timeout.as_micros() as u64 / 2 {
+            return None;
+        }
+        Some(CheckoutError::Saturated {
+            pool: self.name.clone(),
+            waiting: self.stats.waiting.load(Ordering::Relaxed),
+            waited: Duration::from_micros(delay),
+            timeout,
+        })
+    }
+
+    /// A client got a server without waiting: there is no queue.
+    #[inline]
+    fn no_queue(&self) {
+        if self.stats.queue_delay_us.load(Ordering::Relaxed) != 0 {
+            self.stats.queue_delay_us.store(0, Ordering::Relaxed);
         }
     }
 
@@ -636,6 +681,7 @@ impl Pool {
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         self.metrics.wait.observe_us(0);
+        self.no_queue();
         Some(Lease {
             conn: Some(conn),
             _permit: permit,
