@@ -331,6 +331,28 @@ async fn pool_checkouts_are_first_come_first_served() {
     assert_eq!(pool.idle_count(), 1);
 }
 
+/// A checkout dropped while it waits (its client's cancel, a login timing out) is no longer
+/// counted as waiting.
+#[tokio::test]
+async fn a_checkout_dropped_while_waiting_is_not_counted_as_waiting() {
+    let fake = FakePg::start().await;
+    let app = app(&fake, "query_wait_timeout = 30");
+    let pool = pool_of(&app);
+    let held = pool.checkout().await.unwrap();
+    let p = pool.clone();
+    let waiter = tokio::spawn(async move { p.checkout().await.map(|l| l.checkin()) });
+    until("the checkout waits", || {
+        pool.stats.waiting.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    waiter.abort();
+    until("the dropped checkout is not counted", || {
+        pool.stats.waiting.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    held.checkin();
+}
+
 /// A checkout that finds every server busy for `query_wait_timeout` fails, naming the pool
 /// and the setting.
 #[tokio::test]

@@ -124,6 +124,24 @@ pub enum ServerWait {
     Prepare(ServerError),
 }
 
+/// Counts a checkout in `PoolStats::waiting` for as long as it waits, dropped with it too
+/// (a client's cancel, or a login timing out, drops a waiting checkout: counted by hand, it
+/// stayed counted).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Counters an operator needs, updated with relaxed atomics.
 #[derive(Default, Debug)]
 pub struct PoolStats {
@@ -482,7 +500,8 @@ impl Pool {
                     return Err(e);
                 }
                 let started = Instant::now();
-                let waiting = self.stats.waiting.fetch_add(1, Ordering::Relaxed) + 1;
+                let counted = Waiting::new(&self.stats.waiting);
+                let waiting = counted.0.load(Ordering::Relaxed);
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
                     tracing::warn!(pool = %self.name, size = self.size(), waiting, "pool exhausted: clients are waiting for a server");
                 }
@@ -491,7 +510,7 @@ impl Pool {
                     self.permits.clone().acquire_owned(),
                 )
                 .await;
-                self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+                drop(counted);
                 let waited = started.elapsed().as_micros() as u64;
                 self.stats.queue_delay_us.store(waited, Ordering::Relaxed);
                 match r {
@@ -876,9 +895,9 @@ impl Pool {
                 notified.await;
             }
         };
-        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        let counted = Waiting::new(&self.stats.waiting);
         let r = crate::timer::timeout(self.settings.wait_timeout, wait).await;
-        self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+        drop(counted);
         r.map_err(|_| CheckoutError::WaitTimeout {
             pool: self.name.clone(),
             waited: self.settings.wait_timeout,
