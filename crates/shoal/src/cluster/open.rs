@@ -4,6 +4,9 @@
 //! passthrough secret (the SCRAM client key proven by the client, for auth_query users) goes
 //! along, because the owner's servers log in with it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -20,6 +23,7 @@ pub struct RelayOpen {
     pub target: Option<crate::config::replicas::TargetSessionAttrs>,
     /// The TLS server name the client connected with (routes tenants by SNI).
     pub server_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<std::net::SocketAddr>,
     /// The SCRAM client key the client proved (passthrough users only).
     #[serde(default)]
@@ -31,37 +35,68 @@ pub struct RelayOpen {
     pub resume: Option<Resume>,
 }
 
-/// A relayed client's opening as its relaying node keeps it for as long as the client lives:
-/// encoded once, as it goes over the link, with only the resume apart. Every parked client
-/// holds one, and its encoding is one allocation where the opening's strings were several
-/// (about 200 bytes less per client).
+/// A relayed client's opening as its relaying node keeps it for as long as the client lives
+/// (every parked client holds one): the part its pool's other clients have too, encoded once
+/// and shared by all of them, and its own address and resume apart.
 pub struct HeldOpen {
-    /// The opening without a resume, encoded.
-    base: Box<[u8]>,
+    /// The opening without the peer or a resume, encoded.
+    base: Arc<[u8]>,
+    peer: Option<std::net::SocketAddr>,
     pub resume: Option<Resume>,
+}
+
+/// Fixed parts of openings in use, each shared by the clients whose openings have it (a
+/// pool's clients, mostly); held weakly, so a part goes with its last client.
+static SHARED: LazyLock<Mutex<SharedParts>> = LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct SharedParts {
+    parts: HashMap<Box<[u8]>, Weak<[u8]>>,
+    /// How many parts there were after the last sweep of those gone.
+    swept: usize,
+}
+
+/// The shared copy of `bytes`.
+fn share(bytes: Vec<u8>) -> Arc<[u8]> {
+    let mut s = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(part) = s.parts.get(&bytes[..]).and_then(Weak::upgrade) {
+        return part;
+    }
+    if s.parts.len() >= 2 * s.swept.max(64) {
+        s.parts.retain(|_, w| w.strong_count() > 0);
+        s.swept = s.parts.len();
+    }
+    let part: Arc<[u8]> = Arc::from(&bytes[..]);
+    s.parts
+        .insert(bytes.into_boxed_slice(), Arc::downgrade(&part));
+    part
 }
 
 impl HeldOpen {
     pub fn new(open: &RelayOpen) -> HeldOpen {
         let mut open = open.clone();
         let resume = open.resume.take();
+        let peer = open.peer.take();
         HeldOpen {
-            base: open.encode().into_boxed_slice(),
+            base: share(open.encode()),
+            peer,
             resume,
         }
     }
 
     /// The opening as it goes over the link (what [`RelayOpen::encode`] would make).
     pub fn encode(&self) -> Vec<u8> {
-        let Some(resume) = &self.resume else {
-            return self.base.to_vec();
-        };
-        let resume = serde_json::to_vec(resume).expect("plain data serialises");
-        // The base is a JSON object: its closing brace makes room for one more field.
-        let mut out = Vec::with_capacity(self.base.len() + resume.len() + 12);
+        let mut out = Vec::with_capacity(self.base.len() + 160);
+        // The base is a JSON object with fields: its closing brace makes room for more.
         out.extend_from_slice(&self.base[..self.base.len() - 1]);
-        out.extend_from_slice(b",\"resume\":");
-        out.extend_from_slice(&resume);
+        if let Some(peer) = &self.peer {
+            out.extend_from_slice(b",\"peer\":");
+            serde_json::to_writer(&mut out, peer).expect("plain data serialises");
+        }
+        if let Some(resume) = &self.resume {
+            out.extend_from_slice(b",\"resume\":");
+            serde_json::to_writer(&mut out, resume).expect("plain data serialises");
+        }
         out.push(b'}');
         out
     }
@@ -191,6 +226,16 @@ mod tests {
                 serde_json::to_value(&want).unwrap()
             );
         }
+        // Another client of the pool, from elsewhere, shares the fixed part.
+        let other = HeldOpen::new(&RelayOpen {
+            peer: "10.0.0.9:7".parse().ok(),
+            ..open.clone()
+        });
+        assert!(std::sync::Arc::ptr_eq(&held.base, &other.base));
+        let mut no_peer = open.clone();
+        no_peer.peer = None;
+        let back = RelayOpen::decode(&HeldOpen::new(&no_peer).encode()).expect("decodes");
+        assert!(back.peer.is_none());
     }
 
     #[test]
