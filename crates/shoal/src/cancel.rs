@@ -216,7 +216,7 @@ impl Drop for Registration {
             .get(&self.slot.process_id)
             .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
         {
-            map.remove(&self.slot.process_id);
+            shoal_cluster::tables::remove(&mut map, &self.slot.process_id);
         }
     }
 }

@@ -197,7 +197,7 @@ impl LinkStream {
 impl Drop for LinkStream {
     fn drop(&mut self) {
         self.close("");
-        self.link.lock().streams.remove(&self.id);
+        crate::tables::remove(&mut self.link.lock().streams, &self.id);
     }
 }
 

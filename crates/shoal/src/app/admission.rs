@@ -65,7 +65,7 @@ impl Drop for LoginGuard {
             if let Some(c) = by_addr.get_mut(&ip) {
                 *c -= 1;
                 if *c == 0 {
-                    by_addr.remove(&ip);
+                    shoal_cluster::tables::remove(&mut by_addr, &ip);
                 }
             }
         }

@@ -296,10 +296,8 @@ impl Node {
     }
 
     pub fn forget_relayed(&self, process_id: i32) {
-        self.relayed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&process_id);
+        let mut relayed = self.relayed.lock().unwrap_or_else(|e| e.into_inner());
+        shoal_cluster::tables::remove(&mut relayed, &process_id);
     }
 
     /// The relay address of a live node.
