@@ -41,44 +41,8 @@ pub enum RelayError {
     ShuttingDown,
 }
 
-/// Relays the client to the pool's owner from `start` (a client that just logged in goes to
-/// the node `to`, or to whichever node that one says owns the pool, and hears `greeting`,
-/// the end of authentication composed here, before the owner's first bytes). Returns when
-/// either side ends.
-///
-/// If the owner is lost while the client is idle (see [`Position`]), the client goes on at
-/// the pool's next owner, with the session state the old one last reported, and sees
-/// nothing of it. Lost at any other moment, the client is told (its statement may or may
-/// not have run) and closed, as when a server dies under a client inside a transaction.
-///
-/// Written as a function returning an `async move` block that uses its arguments in place:
-/// an `async fn` keeps each argument twice in its future, and this one is what every parked
-/// client is.
-#[allow(clippy::manual_async_fn)]
-pub fn relay<'a>(
-    node: &'a Arc<Node>,
-    client: &'a mut Stream,
-    pool: &'a Arc<Pool>,
-    open: &'a mut HeldOpen,
-    opening: Box<Opening>,
-) -> impl Future<Output = Result<(), RelayError>> + Send + 'a {
-    async move {
-        let _counted = Counted::new(&node.metrics.relayed_out);
-        // The relay proper lives in a box of its own, freed while the client is parked: a
-        // parked client costs this loop and its socket.
-        let mut ran = Box::pin(run(node, client, pool, open, Start::Open(opening))).await?;
-        while let Ran::Parked = ran {
-            let Some(first) = parked(node, client).await? else {
-                break;
-            };
-            ran = Box::pin(run(node, client, pool, open, Start::Back(first))).await?;
-        }
-        Ok(())
-    }
-}
-
 /// How a [`run`] begins.
-enum Start {
+pub enum Start {
     /// The client just logged in (in the box its login made).
     Open(Box<Opening>),
     /// The client was parked and sent these bytes: open a stream for it at the pool's
@@ -93,7 +57,7 @@ pub struct Opening {
 }
 
 /// How a [`run`] ended without an error.
-enum Ran {
+pub enum Ran {
     Ended,
     /// The client idled; its stream is closed (its session at the owner gone) and `open`
     /// says how to resume it.
@@ -102,7 +66,16 @@ enum Ran {
 
 /// Relays the client over one owner's stream after another (it moves when its owner is
 /// lost while it is idle), until either side ends or the client is parked.
-async fn run(
+///
+/// If the owner is lost while the client is idle (see [`Position`]), the client goes on at
+/// the pool's next owner, with the session state the old one last reported, and sees
+/// nothing of it. Lost at any other moment, the client is told (its statement may or may
+/// not have run) and closed, as when a server dies under a client inside a transaction.
+///
+/// The caller keeps this future in a box of its own, freed while the client is parked (see
+/// [`crate::session`]'s `relay_out`, the loop every relayed client is): a parked client costs
+/// that loop, its socket and its opening.
+pub async fn run(
     node: &Arc<Node>,
     client: &mut Stream,
     pool: &Arc<Pool>,
@@ -188,29 +161,24 @@ async fn run(
     result
 }
 
-/// What a parked client waits with: its socket, and nothing else (its session at the owner
-/// was let go). Returns its next bytes, or `None` when it left (closed, or said only
-/// Terminate) and so needs no session again.
-async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, RelayError> {
-    let _parked = Counted::new(&node.metrics.parked);
-    node.metrics.parks.fetch_add(1, Ordering::Relaxed);
-    loop {
-        poll_fn(|cx| client.poll_read_ready(cx))
-            .await
-            .map_err(RelayError::Client)?;
-        let mut buf = crate::bufpool::take();
-        match client.read_now(&mut buf) {
-            Ok(Some(n)) if n == 0 || buf[..] == TERMINATE => {
-                crate::bufpool::give(buf);
-                return Ok(None);
-            }
-            Ok(Some(_)) => return Ok(Some(buf)),
-            // Stale readiness.
-            Ok(None) => crate::bufpool::give(buf),
-            Err(e) => {
-                crate::bufpool::give(buf);
-                return Err(RelayError::Client(e));
-            }
+/// A parked client's next bytes, read once its socket is readable (it holds no buffer until
+/// then): `Ok(Some(None))` when it left (closed, or said only Terminate) and so needs no
+/// session again, `Ok(None)` when the readiness was stale.
+pub fn read_parked(client: &mut Stream) -> Result<Option<Option<BytesMut>>, RelayError> {
+    let mut buf = crate::bufpool::take();
+    match client.read_now(&mut buf) {
+        Ok(Some(n)) if n == 0 || buf[..] == TERMINATE => {
+            crate::bufpool::give(buf);
+            Ok(Some(None))
+        }
+        Ok(Some(_)) => Ok(Some(Some(buf))),
+        Ok(None) => {
+            crate::bufpool::give(buf);
+            Ok(None)
+        }
+        Err(e) => {
+            crate::bufpool::give(buf);
+            Err(RelayError::Client(e))
         }
     }
 }
@@ -219,10 +187,10 @@ async fn parked(node: &Node, client: &mut Stream) -> Result<Option<BytesMut>, Re
 const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
 
 /// Counts in a gauge for as long as it lives (a client relayed from this node; one parked).
-struct Counted<'a>(&'a AtomicU64);
+pub struct Counted<'a>(&'a AtomicU64);
 
 impl<'a> Counted<'a> {
-    fn new(gauge: &'a AtomicU64) -> Self {
+    pub fn new(gauge: &'a AtomicU64) -> Self {
         gauge.fetch_add(1, Ordering::Relaxed);
         Counted(gauge)
     }
