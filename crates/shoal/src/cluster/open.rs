@@ -108,7 +108,7 @@ pub struct Resume {
     /// The cancel key the client holds.
     pub cancel_key: (i32, i32),
     /// Its session's last state snapshot, if the old owner sent one (see [`Snapshot`]).
-    pub snapshot: Option<Vec<u8>>,
+    pub snapshot: Option<Box<[u8]>>,
     /// The client was parked (idle, its session let go), not moved after a loss.
     #[serde(default)]
     pub parked: bool,
@@ -187,6 +187,13 @@ impl Snapshot<'_> {
 mod tests {
     use super::{HeldOpen, RelayOpen, Resume, Snapshot};
 
+    /// Every relayed client holds one in a box for as long as it lives, parked or not:
+    /// jemalloc's classes step by 16 bytes here, and 80 is the one it takes now.
+    #[test]
+    fn a_held_opening_fits_80_bytes() {
+        assert!(std::mem::size_of::<HeldOpen>() <= 80, "HeldOpen grew");
+    }
+
     #[test]
     fn a_held_opening_encodes_as_the_opening_does() {
         let open = RelayOpen {
@@ -206,7 +213,7 @@ mod tests {
             None,
             Some(Resume {
                 cancel_key: (-3, 9),
-                snapshot: Some(b"I{\"a\":1}".to_vec()),
+                snapshot: Some(Box::from(&b"I{\"a\":1}"[..])),
                 parked: true,
             }),
             Some(Resume {

@@ -120,7 +120,7 @@ pub async fn run(
             (Ok(Shuttled::Park), Some(cancel_key)) => {
                 open.resume = Some(Resume {
                     cancel_key,
-                    snapshot: stream.state().map(|b| b.to_vec()),
+                    snapshot: stream.state().map(|b| Box::from(&b[..])),
                     parked: true,
                 });
                 // A parked client runs nothing a cancel could stop, and its next stream
@@ -135,7 +135,7 @@ pub async fn run(
                 tracing::info!(why = %e, pool = %pool.name, "a relayed client idle as its pool's owner went: moving it");
                 open.resume = Some(Resume {
                     cancel_key,
-                    snapshot: stream.state().map(|b| b.to_vec()),
+                    snapshot: stream.state().map(|b| Box::from(&b[..])),
                     parked: false,
                 });
                 drop(stream);
