@@ -31,7 +31,8 @@ pub struct Admission {
     mock_secret: [u8; 16],
 }
 
-/// Grows with every client that connects or leaves (for [`crate::memory`]).
+/// Grows with every client that connects or leaves, and every relayed client parked (which
+/// frees its relay's state, the most it holds): [`crate::memory`] purges after such changes.
 pub static CHURN: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a client for as long as it lives (until a session takes the count over).

@@ -69,6 +69,7 @@ pub(super) fn relay_out(mut r: Relaying) -> impl std::future::Future<Output = ()
                 }
                 let parked = pipe::Counted::new(&node.metrics.parked);
                 node.metrics.parks.fetch_add(1, Ordering::Relaxed);
+                crate::app::CHURN.fetch_add(1, Ordering::Relaxed);
                 let next = loop {
                     if let Err(e) = std::future::poll_fn(|cx| r.stream.poll_read_ready(cx)).await {
                         break Err(RelayError::Client(e));
