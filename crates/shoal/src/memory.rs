@@ -9,9 +9,12 @@
 //! naturally aligned, so those objects pack without gaps; it is the global allocator wherever
 //! it builds (everywhere but MSVC), for the binary and the test suite alike.
 //!
-//! A connect storm also leaves pages of freed login state. jemalloc returns dirty pages after
-//! a decay period, but only when the arena sees activity; a fleet of idle clients may give it
-//! none. So after churn, a task asks jemalloc to purge every arena now.
+//! A connect storm also leaves pages of freed login state (and a wave of relayed clients
+//! parking, their relays' state). jemalloc returns dirty pages after a decay period, but only
+//! when the arena sees activity; a fleet of idle clients may give it none. So once churn stops,
+//! a task asks jemalloc to purge every arena. Not while it goes on: the arenas are active then
+//! and decay runs, and a purge would hand back pages the next logins fault in again (a cluster
+//! node resuming and parking clients all the time would purge every few seconds).
 // The allocator's housekeeping runs on the main runtime.
 #![allow(clippy::disallowed_methods)]
 
@@ -25,17 +28,20 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// How often to look.
 const PERIOD: Duration = Duration::from_secs(5);
 
-/// Spawns the purging task; `churn` is a counter that grows with every client that comes or
-/// goes, so a steady state costs nothing.
+/// Spawns the purging task; `churn` is a counter that grows with every client that comes,
+/// goes or parks. It purges once a period with no churn follows one with some.
 pub fn start(churn: &'static AtomicU64) {
     tokio::spawn(async move {
         let mut seen = churn.load(Ordering::Relaxed);
+        let mut churned = false;
         let mut tick = tokio::time::interval(PERIOD);
         loop {
             tick.tick().await;
             let now = churn.load(Ordering::Relaxed);
             if now != seen {
                 seen = now;
+                churned = true;
+            } else if std::mem::take(&mut churned) {
                 let _ = tokio::task::spawn_blocking(purge).await;
             }
         }
