@@ -254,6 +254,9 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
             "shoal_view": shoal_view,
             "owner_growth_kb": growth[at] / 1024,
             "bytes_per_relayed_client_on_its_node": statistics.mean(relaying) / per_node if relaying else None,
+            # For the plot in docs/benchmarks.md: seconds since loadgen started, the nodes'
+            # RSS and the kernel's slab, in kB, every 5 s.
+            "series": [(round(s[0], 1), s[1] - rss0, s[2] - slab0) for s in samples[::5]],
         }
     finally:
         for x in nodes:
