@@ -161,26 +161,27 @@ pub async fn run(
     result
 }
 
-/// A parked client's next bytes, read once its socket is readable (it holds no buffer until
-/// then): `Ok(Some(None))` when it left (closed, or said only Terminate) and so needs no
-/// session again, `Ok(None)` when the readiness was stale.
-pub fn read_parked(client: &mut Stream) -> Result<Option<Option<BytesMut>>, RelayError> {
+/// What a parked client's readable socket held.
+pub enum Woke {
+    /// Its next bytes, to resume it with.
+    Sent(BytesMut),
+    /// It left (closed, or said only Terminate), and so needs no session again.
+    Left,
+    /// Nothing: the readiness was stale.
+    Stale,
+}
+
+/// Reads a parked client's socket once it is readable (it holds no buffer until then).
+pub fn read_parked(client: &mut Stream) -> Result<Woke, RelayError> {
     let mut buf = crate::bufpool::take();
-    match client.read_now(&mut buf) {
-        Ok(Some(n)) if n == 0 || buf[..] == TERMINATE => {
-            crate::bufpool::give(buf);
-            Ok(Some(None))
-        }
-        Ok(Some(_)) => Ok(Some(Some(buf))),
-        Ok(None) => {
-            crate::bufpool::give(buf);
-            Ok(None)
-        }
-        Err(e) => {
-            crate::bufpool::give(buf);
-            Err(RelayError::Client(e))
-        }
-    }
+    let woke = match client.read_now(&mut buf) {
+        Ok(Some(n)) if n > 0 && buf[..] != TERMINATE => return Ok(Woke::Sent(buf)),
+        Ok(Some(_)) => Ok(Woke::Left),
+        Ok(None) => Ok(Woke::Stale),
+        Err(e) => Err(RelayError::Client(e)),
+    };
+    crate::bufpool::give(buf);
+    woke
 }
 
 /// A client's Terminate message, whole.

@@ -70,20 +70,19 @@ pub(super) fn relay_out(mut r: Relaying) -> impl std::future::Future<Output = ()
                 let parked = pipe::Counted::new(&node.metrics.parked);
                 node.metrics.parks.fetch_add(1, Ordering::Relaxed);
                 crate::app::CHURN.fetch_add(1, Ordering::Relaxed);
-                let next = loop {
+                let woke = loop {
                     if let Err(e) = std::future::poll_fn(|cx| r.stream.poll_read_ready(cx)).await {
                         break Err(RelayError::Client(e));
                     }
                     match pipe::read_parked(&mut r.stream) {
-                        Ok(None) => continue,
-                        Ok(Some(next)) => break Ok(next),
-                        Err(e) => break Err(e),
+                        Ok(pipe::Woke::Stale) => continue,
+                        woke => break woke,
                     }
                 };
                 drop(parked);
-                match next {
-                    Ok(Some(first)) => start = pipe::Start::Back(first),
-                    Ok(None) => break Ok(()),
+                match woke {
+                    Ok(pipe::Woke::Sent(first)) => start = pipe::Start::Back(first),
+                    Ok(pipe::Woke::Left | pipe::Woke::Stale) => break Ok(()),
                     Err(e) => break Err(e),
                 }
             };
