@@ -174,7 +174,7 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
     # etcd first in line for the CPU: in production it runs on machines of its own, and here
     # a million clients connecting starved it until the nodes' leases lapsed.
     etcd = etcd_cls(work, "etcd-hold", nice=-10)
-    count = max(2, math.ceil(n / PER_NODE))
+    count = args.hold_nodes or max(2, math.ceil(n / PER_NODE))
     nodes = []
     try:
         started = time.time()

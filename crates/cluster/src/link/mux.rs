@@ -98,6 +98,9 @@ pub(super) struct State {
     peer_status: Option<u64>,
     /// `Shared::turns` when [`Link::silent_for`] last looked.
     turns_seen: u64,
+    /// Since when [`Link::quiet_for`] has seen no bytes from the peer, and `bytes_in` then.
+    quiet_since: Instant,
+    quiet_bytes: u64,
 }
 
 struct Shared {
@@ -190,6 +193,8 @@ impl Link {
                     heard_bytes: 0,
                     peer_status: None,
                     turns_seen: 0,
+                    quiet_since: Instant::now(),
+                    quiet_bytes: 0,
                 }),
                 peer,
                 side,
@@ -287,6 +292,25 @@ impl Link {
             Some(_) => s.last_pong.max(s.last_heard).elapsed(),
             None => std::time::Duration::ZERO,
         }
+    }
+
+    /// How long no bytes have come from the peer, as far as the calls to this tell (it
+    /// notes the bytes received at each call, so its resolution is the time between them).
+    /// Unlike [`Link::silent_for`] it needs no probe out: the end of a link that the peer
+    /// probes hears from the peer regularly, and need not probe it too unless it stops.
+    pub fn quiet_for(&self) -> std::time::Duration {
+        let mut s = self.lock();
+        let bytes_in = self.shared.bytes_in.load(Ordering::Relaxed);
+        if bytes_in != s.quiet_bytes {
+            s.quiet_bytes = bytes_in;
+            s.quiet_since = Instant::now();
+        }
+        s.quiet_since.elapsed()
+    }
+
+    /// Whether this end opened the link.
+    pub fn side(&self) -> Side {
+        self.shared.side
     }
 
     /// The peer's status word as of its last answer to a probe, and when that came.

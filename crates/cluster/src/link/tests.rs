@@ -210,3 +210,23 @@ async fn a_silent_peer_is_blamed_only_while_this_side_runs() {
     link.ping();
     assert!(link.silent_for() < Duration::from_millis(30));
 }
+
+#[tokio::test]
+async fn a_link_is_quiet_until_the_peer_sends_something() {
+    let (conn, acc, _incoming) = pair();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(
+        acc.quiet_for() >= Duration::from_millis(30),
+        "nothing came yet"
+    );
+    conn.ping();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while conn.rtt().is_zero() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        acc.quiet_for() < Duration::from_millis(30),
+        "the peer's probe was heard"
+    );
+    assert_eq!((conn.side(), acc.side()), (Side::Connector, Side::Acceptor));
+}
