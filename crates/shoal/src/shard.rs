@@ -230,7 +230,21 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
             })
             .collect();
         at = now;
+        let open = open();
+        // The machine's idle cores matter only to open a shard when every open one is busy,
+        // or to close one of several: reading /proc/stat five times a second costs an idle
+        // node more than the rest of this loop, so a lone shard not busy skips it.
+        if open == 1 && busy.first().is_none_or(|&b| b <= t.open_at) {
+            last_cpu = None;
+            pending = (open, 0);
+            continue;
+        }
         let cpu = machine_jiffies();
+        if last_cpu.is_none() && cpu.is_some() {
+            // The first look after a pause: the next interval says how idle the machine is.
+            last_cpu = cpu;
+            continue;
+        }
         // Without /proc, assume a core is free (the thresholds on busy time still apply).
         let idle = match (last_cpu, cpu) {
             (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => {
@@ -239,7 +253,6 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
             _ => cores,
         };
         last_cpu = cpu;
-        let open = open();
         let next = next_open(&busy, open, n, idle, t);
         if next == open {
             pending = (open, 0);

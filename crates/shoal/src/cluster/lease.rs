@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use super::Node;
 use crate::app::App;
 
-/// How often the lease's state is looked at (and, while a renewal is overdue, the peers
-/// probed).
+/// How often the lease's state is looked at while a renewal is overdue (and the peers
+/// probed); otherwise it is looked at on each renewal, and when the next one is late.
 const TICK: Duration = Duration::from_millis(100);
 /// A peer's answer older than this does not count.
 const FRESH: Duration = Duration::from_secs(1);
@@ -37,18 +37,16 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
     let ttl = node.config.lease_ttl;
     loop {
         let m = node.membership();
-        let renewals = m.renewals();
+        let mut renewals = m.renewals();
         let mut fenced = false;
         let mut vouching = false;
         let mut deadline = m.valid_until();
-        let mut tick = tokio::time::interval(TICK);
         loop {
-            tick.tick().await;
             // The registration ended: etcd expired the lease, or the node left.
             if renewals.has_changed().is_err() {
                 break;
             }
-            let renewed = *renewals.borrow();
+            let renewed = *renewals.borrow_and_update();
             let since = renewed.elapsed();
             node.links
                 .status
@@ -60,6 +58,10 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
                     tracing::info!(node = %node.id, "cluster lease renewed again");
                 }
                 (fenced, vouching) = (false, false);
+                // Nothing to look at until the next renewal, or until one is overdue (an
+                // idle node is not woken ten times a second for nothing).
+                let overdue_at = renewed + ttl / 4 + TICK;
+                let _ = tokio::time::timeout_at(overdue_at.into(), renewals.changed()).await;
                 continue;
             }
             // A renewal is overdue: what do the others see?
@@ -76,6 +78,7 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
                 fence_all(&app, &node).await;
                 fenced = true;
             }
+            tokio::time::sleep(TICK).await;
         }
         if node.left.load(Ordering::SeqCst) {
             return;
