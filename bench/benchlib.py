@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -66,7 +67,30 @@ def pg_bindir():
     return dirs[-1]
 
 
+_GIVEN_PORTS = set()
+
+
 def free_port():
+    """A port free now, below the kernel's ephemeral range: a port from that range may be
+    taken, between this call and the server's bind, by one of the many connections a
+    benchmark opens (a 55-node cluster's links once took a node's metrics port)."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(1000):
+        port = random.randrange(10000, max(10001, low))
+        if port in _GIVEN_PORTS:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -47,6 +47,18 @@ def net_counters():
     return out
 
 
+def init_cpu_s():
+    """CPU seconds the machine's init process has used. On this VM it is the sandbox's agent,
+    which looks over the sockets about once a second at a cost that grows with them: it is
+    CPU the held clients cost that is neither Shoal's nor the load's."""
+    try:
+        with open("/proc/1/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
 def tcp_mem_pages():
     """Pages the kernel has given TCP socket buffers (compare with tcp_mem)."""
     with open("/proc/net/sockstat") as f:
@@ -137,7 +149,7 @@ class Sampler:
         while not self.stop.is_set():
             each = [n.rss_kb() for n in self.nodes]
             self.samples.append((time.time() - self.started, sum(each), slab_kb(), max(each), each,
-                                 tcp_mem_pages()))
+                                 tcp_mem_pages(), init_cpu_s()))
             if self.owner is not None:
                 self.pool.append((time.time() - self.started, pool_gauges(self.owner),
                                   [round(n.cpu_seconds(), 2) for n in self.nodes]))
@@ -231,6 +243,8 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         hold_end = connect_s + args.hold_seconds
         steady = [s for s in samples if hold_end - args.hold_seconds / 4 <= s[0] <= hold_end - 1] or samples
         rss = statistics.median(s[1] for s in steady)
+        span = steady[-1][0] - steady[0][0]
+        init_cores = (steady[-1][6] - steady[0][6]) / span if span > 0 else None
         slab = statistics.median(s[2] for s in steady)
         held = summary["held_at_end"]
         # Where the memory went: the owner serves its own clients and every relayed one; a
@@ -250,6 +264,7 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
             "slab_growth_kb": slab - slab0,
             "slab_bytes_per_connection": (slab - slab0) * 1024 / max(1, summary["connected"]),
             "shoal_cpu_s": cpu,
+            "init_cpu_cores": init_cores,
             "kernel": net,
             "shoal_view": shoal_view,
             "owner_growth_kb": growth[at] / 1024,
