@@ -8,12 +8,16 @@ use std::sync::OnceLock;
 
 static START_MS: OnceLock<u64> = OnceLock::new();
 
+/// Microseconds on `clock` (a vDSO read). Both clocks read here exist on every Linux; a
+/// failure would only flatten timings.
+fn read_us(clock: nix::time::ClockId) -> u64 {
+    nix::time::clock_gettime(clock).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+    })
+}
+
 fn coarse_ms() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
-        Ok(t) => t.tv_sec() as u64 * 1_000 + t.tv_nsec() as u64 / 1_000_000,
-        // CLOCK_MONOTONIC_COARSE exists on every Linux since 2.6.32.
-        Err(_) => 0,
-    }
+    read_us(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) / 1_000
 }
 
 /// Milliseconds since the clock started, accurate to a few milliseconds.
@@ -34,11 +38,7 @@ pub fn epoch_ms() -> u64 {
 /// nanosecond-normalising subtraction and a 128-bit conversion per measurement (several per
 /// transaction on the relay's path). Only differences between two readings mean anything.
 pub fn mono_us() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
-        Ok(t) => t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000,
-        // CLOCK_MONOTONIC exists on every Linux; a failure would only flatten timings.
-        Err(_) => 0,
-    }
+    read_us(nix::time::ClockId::CLOCK_MONOTONIC)
 }
 
 /// Starts the clock (its zero); later calls do nothing.

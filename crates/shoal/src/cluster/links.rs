@@ -18,11 +18,11 @@ use crate::net::Io;
 /// up on, and every client waiting for those links failed).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often links are probed; a link whose peer has been silent for [`DEAD_AFTER`] with a
-/// probe out ends. Every node probes every link it has, and a probe wakes the peer's thread
-/// for nothing else: in a cluster of 55 idle nodes on two cores, probing each second cost
-/// about a quarter of a core, so links are probed only as often as ending a dead one in
-/// [`DEAD_AFTER`] needs. A peer that dies is gone sooner: its connections close with its process,
-/// and its registration expires with its lease. This catches only a peer alive in etcd but
+/// probe out ends. A probe wakes the peer's thread for nothing else: in a cluster of 55 idle
+/// nodes on two cores, probing every link each second from both ends cost about a quarter
+/// of a core, so a link is probed by the end that opened it, only as often as ending a dead
+/// one in [`DEAD_AFTER`] needs. A peer that dies is gone sooner: its connections close with
+/// its process, and its registration expires with its lease. This catches only a peer alive in etcd but
 /// unreachable or hung, so it is slow enough never to end the links of a node that is only
 /// overloaded (a million clients connecting at once kept shards from answering for seconds,
 /// and ending their links then failed every client relayed over them; at 15 s, nodes
