@@ -828,6 +828,14 @@ async fn an_idle_relayed_client_is_parked_and_resumes_with_its_state() {
     let status = api_cluster(relay);
     assert_eq!(status["parked"], 0, "{status}");
     assert!(status["parks"].as_u64().unwrap() >= 1, "{status}");
+    // Parked again, then a statement far larger than one read, and than what is kept until
+    // the owner answers: it reaches the owner in pieces, all of them.
+    until_parked(relay, owner, 1, 0).await;
+    let big = "x".repeat(600_000);
+    assert_eq!(
+        simple_rows(&c, &format!("SELECT length('{big}')")).await,
+        ["600000"]
+    );
     // Parked again, then cancelled mid-query: the key the client holds still works.
     until_parked(relay, owner, 1, 0).await;
     let c = cancel_a_sleep(c, &db).await;
@@ -841,6 +849,53 @@ async fn an_idle_relayed_client_is_parked_and_resumes_with_its_state() {
     .await;
     assert_eq!(api_cluster(owner)["relayed_in"], 0);
     assert!(!relay.log_contains("ERROR") && !owner.log_contains("ERROR"));
+}
+
+/// A parked client's statement goes with its stream's opening, before the owner says it
+/// takes the client up. An owner that is leaving refuses it unread: the relaying node keeps
+/// the statement, waits for the pool's next owner and sends it there, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_clients_statement_refused_by_a_leaving_owner_runs_once_at_the_next() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let extra = "park_idle_after = 0.3\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let (a, b) = two_nodes(&etcd, &db, extra).await;
+    let (owner, relay) = owner_and_relay(&a, &b);
+    direct(&db)
+        .await
+        .batch_execute("CREATE TABLE ledger (n int)")
+        .await
+        .unwrap();
+    let c = relay.connect(&db).await;
+    c.simple_query("SELECT 1").await.unwrap();
+    // A transaction at the owner keeps it from leaving while the client comes back.
+    let holding = owner.connect(&db).await;
+    holding.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    until_parked(relay, owner, 1, 0).await;
+    owner.signal(libc::SIGTERM);
+    eventually("the owner shutting down", Duration::from_secs(10), || {
+        owner.log_contains("shutting down: no new connections")
+    })
+    .await;
+    let insert = tokio::spawn(async move {
+        c.batch_execute("INSERT INTO ledger VALUES (1)").await?;
+        Ok::<_, tokio_postgres::Error>(c)
+    });
+    eventually(
+        "the client waiting for the next owner",
+        Duration::from_secs(10),
+        || relay.log_contains("waits for the pool's next owner"),
+    )
+    .await;
+    assert!(!insert.is_finished(), "it ran at the leaving owner");
+    holding.batch_execute("COMMIT").await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(30), insert)
+        .await
+        .expect("the statement runs once the owner has left")
+        .unwrap()
+        .unwrap();
+    assert!(relay.log_contains("pool owned by this node"));
+    assert_eq!(simple_rows(&c, "SELECT count(*) FROM ledger").await, ["1"]);
 }
 
 /// Sessions other nodes relay to a pool's owner are those nodes' connections: they do not

@@ -35,6 +35,12 @@ pub enum RelayError {
     Redirects,
     #[error("node \"{0}\", which ran this pool, is shutting down")]
     Leaving(String),
+    #[error("the connection to node \"{node}\", which runs this pool, was lost before it answered this client's statement (which may or may not have run): {reason}")]
+    InFlight { node: String, reason: String },
+    #[error(
+        "the pool moved to node \"{0}\" while this client's statement was on its way: run it again"
+    )]
+    Moved(String),
     #[error("client connection: {0}")]
     Client(#[source] std::io::Error),
     #[error("this node is shutting down")]
@@ -83,12 +89,17 @@ pub async fn run(
     start: Start,
 ) -> Result<Ran, RelayError> {
     let mut position = Position::default();
+    // A returning client's bytes, until the owner answers them: if it sends the client
+    // elsewhere instead, they go again.
+    let mut unanswered = None;
     let (mut stream, mut to, mut key) = match start {
         Start::Open(opening) => {
             let Opening { to, greeting } = *opening;
-            let (stream, to) = match Box::pin(open_at(node, to, open, &[])).await {
+            let (stream, to) = match Box::pin(open_at(node, to, open, None)).await {
                 // The owner is leaving: wait for the next one.
-                Err(RelayError::Leaving(_)) => Box::pin(move_client(node, pool, open, &[])).await?,
+                Err(RelayError::Leaving(_)) => {
+                    Box::pin(move_client(node, pool, open, None)).await?
+                }
                 r => r?,
             };
             Box::pin(client.write_all(&greeting))
@@ -99,22 +110,56 @@ pub async fn run(
         Start::Back(first) => {
             let key = open.resume.as_ref().map(|r| r.cancel_key);
             position.client_sent(&first);
-            let opened = Box::pin(move_client(node, pool, open, &first)).await;
-            crate::bufpool::give(first);
-            let (stream, to) = opened?;
+            // Not waiting for the owner to say it took the client up: its answer says so,
+            // and waiting would cost this node a wake-up per resume.
+            let (stream, to) = match Box::pin(move_client(node, pool, open, Some(&first))).await {
+                Ok(opened) => opened,
+                Err(e) => {
+                    crate::bufpool::give(first);
+                    return Err(e);
+                }
+            };
+            unanswered = Some(first);
             if let Some((pid, _)) = key {
                 node.relayed_to(pid, &to);
             }
             (stream, to, key)
         }
     };
+    let mut turns = Turns::default();
     let result = loop {
-        let r = match shuttle(client, &stream, &to, &mut position, &mut key, node).await {
+        let r = shuttle(
+            client,
+            &stream,
+            &to,
+            &mut position,
+            &mut key,
+            &mut unanswered,
+            node,
+        )
+        .await;
+        let r = match (r, stream.peer_closed()) {
             // The owner handed the client back (it is shutting down).
-            Ok(Shuttled::Ended) if stream.peer_closed().as_deref() == Some(MOVED) => {
+            (Ok(Shuttled::Ended), Some(why)) if why == MOVED => {
                 Err(RelayError::Leaving(to.clone()))
             }
-            r => r,
+            // The node sent the client elsewhere without reading what it sent.
+            (Ok(Shuttled::Ended), Some(why)) if why == LEAVING || why.starts_with(REDIRECT) => {
+                let Some(first) = unanswered.as_deref() else {
+                    break Err(not_taken_up(&why, &to));
+                };
+                match Box::pin(reopen(node, pool, open, (&why, &to), first, &mut turns)).await {
+                    Ok((s, t)) => {
+                        if let Some((pid, _)) = key {
+                            node.relayed_to(pid, &t);
+                        }
+                        (stream, to) = (s, t);
+                        continue;
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            (r, _) => r,
         };
         match (r, key) {
             (Ok(Shuttled::Park), Some(cancel_key)) => {
@@ -139,7 +184,7 @@ pub async fn run(
                     parked: false,
                 });
                 drop(stream);
-                match Box::pin(move_client(node, pool, open, &[])).await {
+                match Box::pin(move_client(node, pool, open, None)).await {
                     Ok((s, t)) => {
                         node.relayed_to(cancel_key.0, &t);
                         (stream, to) = (s, t);
@@ -214,16 +259,19 @@ fn movable(stream: &LinkStream) -> bool {
     }
 }
 
-/// Opens the client's stream at `to`, following redirects; returns it and its node once the
-/// owner answered (a login reply or an error; for a moving client, its acknowledgment).
-/// `first`, a returning client's bytes, goes with the opening rather than after the answer
-/// (a parked client's next query costs no extra round trip); a node that sends the client
-/// elsewhere drops them, and they go again with the next opening.
+/// Opens the client's stream at `to`.
+///
+/// With no `first`, follows redirects and returns the stream and its node once the owner
+/// answered (a login reply or an error; for a moving client, its acknowledgment). With
+/// `first`, a returning client's bytes, sends them with the opening (a parked client's next
+/// query costs no extra round trip) and returns at once: the owner's answer, or its word
+/// that the client belongs elsewhere, comes to [`run`]'s loop. Once they are sent, a lost
+/// link is [`RelayError::InFlight`], never tried again: the owner may have run them.
 async fn open_at(
     node: &Arc<Node>,
     mut to: String,
     open: &HeldOpen,
-    first: &[u8],
+    first: Option<&[u8]>,
 ) -> Result<(LinkStream, String), RelayError> {
     let what = open.encode();
     let resuming = open.resume.is_some();
@@ -231,7 +279,15 @@ async fn open_at(
     loop {
         let link = node.links.get(node, &to).await?;
         let s = link.open(&what).map_err(|e| lost(&to, e))?;
-        to_owner(&s, first, &to).await?;
+        if let Some(first) = first {
+            return match to_owner(&s, first, &to).await {
+                Ok(()) => Ok((s, to)),
+                Err(RelayError::Lost { node, reason }) => {
+                    Err(RelayError::InFlight { node, reason })
+                }
+                Err(e) => Err(e),
+            };
+        }
         poll_fn(|cx| {
             if resuming && s.state().is_some() {
                 return Poll::Ready(Ok(()));
@@ -262,7 +318,7 @@ async fn move_client(
     node: &Arc<Node>,
     pool: &Arc<Pool>,
     open: &HeldOpen,
-    first: &[u8],
+    first: Option<&[u8]>,
 ) -> Result<(LinkStream, String), RelayError> {
     let limit = node.config.lease_ttl + Duration::from_secs(10);
     let started = std::time::Instant::now();
@@ -282,6 +338,70 @@ async fn move_client(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// A returning client's attempts to be taken up, across the nodes that sent it on.
+#[derive(Default)]
+struct Turns {
+    redirects: usize,
+    /// When a node first said it was leaving.
+    leaving_since: Option<std::time::Instant>,
+}
+
+/// Opens a returning client's stream again, with `first` (all it sent so far), after the
+/// node it went to (`from`) closed it unread: `why` names the pool's owner, or says the node
+/// is leaving (the pool is placed again once its claim is gone).
+async fn reopen(
+    node: &Arc<Node>,
+    pool: &Arc<Pool>,
+    open: &HeldOpen,
+    (why, from): (&str, &str),
+    first: &[u8],
+    turns: &mut Turns,
+) -> Result<(LinkStream, String), RelayError> {
+    if let Some(owner) = why.strip_prefix(REDIRECT) {
+        node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
+        turns.redirects += 1;
+        if turns.redirects > MAX_HOPS {
+            return Err(RelayError::Redirects);
+        }
+        return open_at(node, owner.to_owned(), open, Some(first)).await;
+    }
+    let since = *turns.leaving_since.get_or_insert_with(|| {
+        tracing::info!(node = from, pool = %pool.name, "a returning client's owner is leaving: it waits for the pool's next owner");
+        std::time::Instant::now()
+    });
+    if since.elapsed() > node.config.lease_ttl + Duration::from_secs(10) {
+        return Err(RelayError::Leaving(from.to_owned()));
+    }
+    // Until the leaving node's claim is gone, the pool may still be placed there.
+    crate::timer::sleep(Duration::from_millis(100)).await;
+    move_client(node, pool, open, Some(first)).await
+}
+
+/// What a client is told when a node closed its stream unread and its bytes were not kept
+/// (it sent more than [`MAX_UNANSWERED`] before any answer).
+fn not_taken_up(why: &str, to: &str) -> RelayError {
+    match why.strip_prefix(REDIRECT) {
+        Some(owner) => RelayError::Moved(owner.to_owned()),
+        None => RelayError::Leaving(to.to_owned()),
+    }
+}
+
+/// What a returning client sends before its new owner answers is kept up to this much, to
+/// be sent again if that node sends it elsewhere; past it, the client is told instead.
+const MAX_UNANSWERED: usize = 256 * 1024;
+
+/// Keeps `sent` with what the owner has not answered, if that is still kept.
+fn keep_unanswered(unanswered: &mut Option<BytesMut>, sent: &[u8]) {
+    let Some(kept) = unanswered else {
+        return;
+    };
+    if kept.len() + sent.len() <= MAX_UNANSWERED {
+        kept.extend_from_slice(sent);
+    } else if let Some(kept) = unanswered.take() {
+        crate::bufpool::give(kept);
     }
 }
 
@@ -320,6 +440,7 @@ async fn shuttle(
     node: &str,
     position: &mut Position,
     key: &mut Option<(i32, i32)>,
+    unanswered: &mut Option<BytesMut>,
     cluster: &Node,
 ) -> Result<Shuttled, RelayError> {
     // Only a buffered client stream holds a buffer while idle (only a read can tell it
@@ -382,6 +503,7 @@ async fn shuttle(
                     return Ok(Shuttled::Ended);
                 }
                 position.client_sent(&held);
+                keep_unanswered(unanswered, &held);
                 Box::pin(to_owner(owner, &held, node)).await?;
                 held.clear();
             }
@@ -392,6 +514,7 @@ async fn shuttle(
                     Ok(Some(0)) => Ok(true),
                     Ok(Some(_)) => {
                         position.client_sent(&buf);
+                        keep_unanswered(unanswered, &buf);
                         Box::pin(to_owner(owner, &buf, node)).await.map(|_| false)
                     }
                     // Stale readiness.
@@ -409,6 +532,18 @@ async fn shuttle(
                     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                     owner.poll_read_buf(&mut cx, &mut buf)
                 };
+                // Any answer (its bytes, or a state: it took the client up) settles the
+                // bytes it was sent; only a close says it did not read them.
+                let answered = match read {
+                    Poll::Ready(Ok(n)) => n > 0,
+                    Poll::Ready(Err(_)) => false,
+                    Poll::Pending => owner.state().is_some(),
+                };
+                if answered {
+                    if let Some(kept) = unanswered.take() {
+                        crate::bufpool::give(kept);
+                    }
+                }
                 let r = match read {
                     // The owner ended the session (its last words, if any, were relayed).
                     Poll::Ready(Ok(0)) => Ok(true),

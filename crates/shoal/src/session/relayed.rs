@@ -211,9 +211,10 @@ async fn login_phase(
             if let Some(image) = image {
                 session.restore(*image);
             }
-            // Says to the relaying node that the client is taken up (then what its state
-            // is, if it has any).
-            if let Stream::Link(l) = &session.stream {
+            // Says to a moving client's relaying node that the client is taken up (then
+            // what its state is, if it has any). A parked client's node does not wait for
+            // it: its statement came with the opening, and the answer says as much.
+            if let (Stream::Link(l), false) = (&session.stream, parked) {
                 let _ = l.send_state(&Snapshot::Plain.encode());
             }
             session.ship_state();
