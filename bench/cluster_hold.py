@@ -246,6 +246,17 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
         span = steady[-1][0] - steady[0][0]
         init_cores = (steady[-1][6] - steady[0][6]) / span if span > 0 else None
         slab = statistics.median(s[2] for s in steady)
+        # Shoal's CPU in the steady state, owner and relaying nodes apart, and per query.
+        window = [p for p in sampler.pool if hold_end - args.hold_seconds / 4 <= p[0] <= hold_end - 1]
+        steady_cpu = None
+        if len(window) >= 2 and owner:
+            dt = window[-1][0] - window[0][0]
+            used = [b - a for a, b in zip(window[0][2], window[-1][2])]
+            owner_cores, all_cores = used[at] / dt, sum(used) / dt
+            steady_cpu = {"owner_cores": round(owner_cores, 3), "all_cores": round(all_cores, 3),
+                          "owner_us_per_query": round(owner_cores * 1e6 / max(1, summary["qps"]), 1),
+                          "all_us_per_query": round(all_cores * 1e6 / max(1, summary["qps"]), 1)}
+            print(f"hold: steady-state Shoal CPU {steady_cpu}", flush=True)
         held = summary["held_at_end"]
         # Where the memory went: the owner serves its own clients and every relayed one; a
         # relaying node holds only its own (relayed) clients.
@@ -265,6 +276,7 @@ def run_hold(work, release, pg, n, args, etcd_cls, start_node, owns, psql_one):
             "slab_bytes_per_connection": (slab - slab0) * 1024 / max(1, summary["connected"]),
             "shoal_cpu_s": cpu,
             "init_cpu_cores": init_cores,
+            "steady_cpu": steady_cpu,
             "kernel": net,
             "shoal_view": shoal_view,
             "owner_growth_kb": growth[at] / 1024,
