@@ -504,8 +504,11 @@ async fn shuttle(
                 }
                 position.client_sent(&held);
                 keep_unanswered(unanswered, &held);
-                Box::pin(to_owner(owner, &held, node)).await?;
+                let ended = Box::pin(pass_on(owner, &held, node)).await?;
                 held.clear();
+                if ended {
+                    return Ok(Shuttled::Ended);
+                }
             }
             Ready::Client => {
                 let mut buf = crate::bufpool::take();
@@ -515,7 +518,7 @@ async fn shuttle(
                     Ok(Some(_)) => {
                         position.client_sent(&buf);
                         keep_unanswered(unanswered, &buf);
-                        Box::pin(to_owner(owner, &buf, node)).await.map(|_| false)
+                        Box::pin(pass_on(owner, &buf, node)).await
                     }
                     // Stale readiness.
                     Ok(None) => Ok(false),
@@ -566,6 +569,17 @@ async fn shuttle(
                 }
             }
         }
+    }
+}
+
+/// Passes the client's bytes on; true if the owner had closed the stream. Its close says
+/// why (for [`run`]: a node that sent the client elsewhere has read none of it), and the
+/// client's bytes that raced it are not an error of their own.
+async fn pass_on(owner: &LinkStream, data: &[u8], node: &str) -> Result<bool, RelayError> {
+    match to_owner(owner, data, node).await {
+        Ok(()) => Ok(false),
+        Err(_) if owner.peer_closed().is_some() => Ok(true),
+        Err(e) => Err(e),
     }
 }
 
