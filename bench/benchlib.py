@@ -120,7 +120,7 @@ def ensure_installed():
 
 
 def build_shoal():
-    subprocess.run(["cargo", "build", "--release", "--bin", "shoal", "--bin", "loadgen"],
+    subprocess.run(["cargo", "build", "--release", "--bin", "shoal", "--bin", "loadgen", "--bin", "hop"],
                    cwd=ROOT, check=True)
     return os.path.join(ROOT, "target", "release")
 

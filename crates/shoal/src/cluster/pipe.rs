@@ -38,7 +38,7 @@ pub enum RelayError {
     #[error("the connection to node \"{node}\", which runs this pool, was lost before it answered this client's statement (which may or may not have run): {reason}")]
     InFlight { node: String, reason: String },
     #[error(
-        "the pool moved to node \"{0}\" while this client's statement was on its way: run it again"
+        "the pool moved to node \"{0}\" while this client's statement was on its way; it did not run: run it again"
     )]
     Moved(String),
     #[error("client connection: {0}")]
