@@ -48,7 +48,9 @@ def relay(result, name="cluster-relay.png"):
         ax.set_xticklabels([f"{'TPC-B' if w == 'tpcb' else w}\n{c} clients" for w, c in groups])
         ax.set_ylabel(label)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        # Room above the bars for the legend, in one row.
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
+        ax.legend(fontsize=8, loc="upper left", ncol=len(targets))
     fig.suptitle("The relay: through the owner, through a relaying node, through PgBouncer", fontsize=10)
     fig.tight_layout()
     fig.savefig(os.path.join(PLOTS, name), dpi=90)
