@@ -22,9 +22,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// nodes on two cores, probing every link each second from both ends cost about a quarter
 /// of a core, so a link is probed by the end that opened it, only as often as ending a dead
 /// one in [`DEAD_AFTER`] needs. A peer that dies is gone sooner: its connections close with
-/// its process, and its registration expires with its lease. This catches only a peer alive in etcd but
-/// unreachable or hung, so it is slow enough never to end the links of a node that is only
-/// overloaded (a million clients connecting at once kept shards from answering for seconds,
+/// its process, and its registration expires with its lease. This catches only a peer alive
+/// in etcd but unreachable or hung, so it is slow enough never to end the links of a node
+/// that is only overloaded (a million clients connecting at once kept shards from answering for seconds,
 /// and ending their links then failed every client relayed over them; at 15 s, nodes
 /// starved of CPU under a million connecting clients still ended thousands of links, and
 /// opening them again under the same load made it worse).

@@ -299,11 +299,7 @@ async fn open_at(
         match s.peer_closed() {
             Some(why) if why == LEAVING => return Err(RelayError::Leaving(to)),
             Some(why) if why.starts_with(REDIRECT) => {
-                node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
-                hops += 1;
-                if hops > MAX_HOPS {
-                    return Err(RelayError::Redirects);
-                }
+                redirected(node, &mut hops)?;
                 to = why[REDIRECT.len()..].to_owned();
             }
             _ => return Ok((s, to)),
@@ -341,6 +337,17 @@ async fn move_client(
     }
 }
 
+/// Counts a redirect followed; past [`MAX_HOPS`] of them (`hops`), ownership keeps moving and
+/// the client is told.
+fn redirected(node: &Node, hops: &mut usize) -> Result<(), RelayError> {
+    node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
+    *hops += 1;
+    if *hops > MAX_HOPS {
+        return Err(RelayError::Redirects);
+    }
+    Ok(())
+}
+
 /// A returning client's attempts to be taken up, across the nodes that sent it on.
 #[derive(Default)]
 struct Turns {
@@ -361,11 +368,7 @@ async fn reopen(
     turns: &mut Turns,
 ) -> Result<(LinkStream, String), RelayError> {
     if let Some(owner) = why.strip_prefix(REDIRECT) {
-        node.metrics.redirects.fetch_add(1, Ordering::Relaxed);
-        turns.redirects += 1;
-        if turns.redirects > MAX_HOPS {
-            return Err(RelayError::Redirects);
-        }
+        redirected(node, &mut turns.redirects)?;
         return open_at(node, owner.to_owned(), open, Some(first)).await;
     }
     let since = *turns.leaving_since.get_or_insert_with(|| {
