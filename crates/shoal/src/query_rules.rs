@@ -9,9 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shoal_control::config::rules::{Action, Matcher, Rule};
+use shoal_wire::encoding::Unreadable;
 use shoal_wire::facts::FactsError;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
+use shoal_wire::sql::ClientEncoding;
+use shoal_wire::sqlstate;
 
 use crate::prepared::ClientStatements;
 
@@ -69,14 +72,16 @@ impl QueryRules {
             .zip(self.matched.iter().map(|m| m.load(Ordering::Relaxed)))
     }
 
-    /// The message an ErrorResponse carries when `msg` (a whole client frame) is refused, or
-    /// `None` when it may pass. `pool` names the pool in log lines.
+    /// The SQLSTATE and message an ErrorResponse carries when `msg` (a whole client frame,
+    /// its text in the client's encoding `enc`) is refused, or `None` when it may pass.
+    /// `pool` names the pool in log lines.
     pub fn refusal(
         &self,
         msg: &[u8],
         statements: Option<&ClientStatements>,
         pool: &str,
-    ) -> Option<String> {
+        enc: ClientEncoding,
+    ) -> Option<(&'static str, String)> {
         let body = &msg[HEADER_LEN..];
         let text = match msg[0] {
             fe::QUERY => cstr(body),
@@ -86,13 +91,14 @@ impl QueryRules {
                 // A statement Shoal does not know: the server will say it does not exist.
                 statements.and_then(|s| s.text_of(name))?
             }
-            fe::FUNCTION_CALL if self.functions => return Some(
+            fe::FUNCTION_CALL if self.functions => return Some((
+                sqlstate::INSUFFICIENT_PRIVILEGE,
                 "FunctionCall messages are refused while a query rule names a function: use SQL"
                     .into(),
-            ),
+            )),
             _ => return None,
         };
-        self.judge_text(text, statements, pool, 0)
+        self.judge_text(text, statements, pool, 0, enc)
     }
 
     fn judge_text(
@@ -101,18 +107,25 @@ impl QueryRules {
         statements: Option<&ClientStatements>,
         pool: &str,
         depth: u8,
-    ) -> Option<String> {
-        let (verdict, executes) = self.verdict(text);
+        enc: ClientEncoding,
+    ) -> Option<(&'static str, String)> {
+        // Judged as the server will read it: in the client's encoding, as UTF-8.
+        let text = match enc.as_utf8(text) {
+            Ok(t) => t,
+            Err(why) => return Some(unreadable(why)),
+        };
+        let (verdict, executes) = self.verdict(&text);
         match verdict {
             Verdict::Deny(i) => {
                 self.matched[i].fetch_add(1, Ordering::Relaxed);
-                return Some(self.denied(i));
+                return Some((sqlstate::INSUFFICIENT_PRIVILEGE, self.denied(i)));
             }
             Verdict::Unchecked => {
-                return Some(
+                return Some((
+                    sqlstate::INSUFFICIENT_PRIVILEGE,
                     "permission denied: the statement nests too deep for the query rules to check"
                         .into(),
-                )
+                ))
             }
             Verdict::Log(ref matched) => {
                 for &i in matched {
@@ -126,7 +139,7 @@ impl QueryRules {
         if depth == 0 {
             for name in executes {
                 if let Some(t) = statements.and_then(|s| s.text_of(name.as_bytes())) {
-                    if let Some(r) = self.judge_text(t, statements, pool, 1) {
+                    if let Some(r) = self.judge_text(t, statements, pool, 1, enc) {
                         return Some(r);
                     }
                 }
@@ -193,6 +206,25 @@ impl QueryRules {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The refusal of a text the rules cannot read as the server will (see
+/// [`shoal_wire::encoding`]): never judged as bytes.
+fn unreadable(why: Unreadable) -> (&'static str, String) {
+    match why {
+        Unreadable::Invalid => (
+            sqlstate::CHARACTER_NOT_IN_REPERTOIRE,
+            "invalid byte sequence for the client's encoding: the query rules cannot read this statement (PostgreSQL would refuse it too)".into(),
+        ),
+        Unreadable::UnknownEncoding => (
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            "the query rules cannot read this statement: it was sent before the server confirmed a change of client_encoding; send it after that statement completes".into(),
+        ),
+        Unreadable::NoTable => (
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            "the query rules cannot read statements in this client_encoding (Shoal reads UTF8, LATIN*, WIN*, KOI8*, EUC_JP, EUC_KR, EUC_CN, SJIS, BIG5, GBK, UHC and GB18030): set client_encoding to UTF8 and let the server convert".into(),
+        ),
     }
 }
 

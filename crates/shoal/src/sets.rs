@@ -105,7 +105,8 @@ fn savepoint_op(first: &str, mut words: std::str::SplitWhitespace<'_>) -> Option
     words.next().is_none().then_some(op)
 }
 
-/// Recognises a single session-level `SET`/`RESET`/`DISCARD ALL` statement.
+/// Recognises a single session-level `SET`/`RESET`/`DISCARD ALL` statement, in a text
+/// whose bytes are its characters (the caller has checked the client's encoding).
 pub fn parse(sql: &str) -> Option<SetOp> {
     let start = shoal_wire::sql::leading_comments_len(sql.as_bytes());
     let text = sql[start..].trim().trim_end_matches(';').trim_end();
@@ -119,11 +120,16 @@ pub fn parse(sql: &str) -> Option<SetOp> {
         "savepoint" | "release" | "rollback" | "abort" => savepoint_op(&first, words),
         "discard" => (words.next()?.eq_ignore_ascii_case("all") && words.next().is_none())
             .then_some(SetOp::DiscardAll),
-        "listen" | "unlisten" => Some(match shoal_wire::sql::listen_command(text.as_bytes())? {
-            ListenCommand::Listen(c) => SetOp::Listen(c.into()),
-            ListenCommand::Unlisten(c) => SetOp::Unlisten(c.into()),
-            ListenCommand::UnlistenAll => SetOp::UnlistenAll,
-        }),
+        "listen" | "unlisten" => Some(
+            match shoal_wire::sql::listen_command(
+                text.as_bytes(),
+                shoal_wire::sql::ClientEncoding::Utf8,
+            )? {
+                ListenCommand::Listen(c) => SetOp::Listen(c.into()),
+                ListenCommand::Unlisten(c) => SetOp::Unlisten(c.into()),
+                ListenCommand::UnlistenAll => SetOp::UnlistenAll,
+            },
+        ),
         "reset" => {
             let name = words.next()?.to_ascii_lowercase();
             if words.next().is_some() {

@@ -13,9 +13,15 @@ use std::time::Duration;
 
 use common::*;
 
-/// `curl` to the dashboard: the status, the `Set-Cookie` header (if any) and the body.
+/// `curl` to the dashboard as its page would send it (a change with the page's `Origin`,
+/// as a browser's `fetch` sends it): the status, the `Set-Cookie` header (if any) and the
+/// body.
 fn ui(s: &Shoal, method: &str, path: &str, cookie: &str, body: &str) -> (u16, String, String) {
-    ui_with(s, method, path, cookie, body, &[])
+    if method == "GET" {
+        return ui_with(s, method, path, cookie, body, &[]);
+    }
+    let origin = format!("Origin: http://{}", s.api.expect("api listener"));
+    ui_with(s, method, path, cookie, body, &[&origin])
 }
 
 /// [`ui`] with more headers.
@@ -286,6 +292,36 @@ async fn pools_sections_and_tenants_answer_a_session_only() {
         json(&body)["errors"]["users[1].db_password"].is_array(),
         "{body}"
     );
+
+    // A change never comes from a GET, nor from a request without the page's Origin: an
+    // <img> or a link on another page (another port of this host included) cannot act.
+    let (status, _, body) = ui(&s, "GET", "/ui/api/tenants/dash-t/terminate", &session, "");
+    assert_eq!(status, 405, "terminate is not a GET here: {body}");
+    let (status, _, body) = ui_with(
+        &s,
+        "POST",
+        "/ui/api/tenants/dash-t/terminate",
+        &session,
+        "",
+        &[],
+    );
+    assert_eq!(status, 401, "no Origin: {body}");
+    let origin = format!("Origin: http://{}", s.api.unwrap());
+    let (status, _, body) = ui_with(
+        &s,
+        "POST",
+        "/ui/api/tenants/dash-t/terminate",
+        &session,
+        "",
+        &[&origin, "Sec-Fetch-Site: same-site"],
+    );
+    assert_eq!(status, 401, "another port's page: {body}");
+    t.simple_query("SELECT 1")
+        .await
+        .expect("nothing was terminated by the refused requests");
+    let (status, _, body) = ui(&s, "POST", "/ui/api/tenants/dash-t/terminate", &session, "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["clients"], 1, "{body}");
 }
 
 /// Polls a dashboard route until `ok` holds for its JSON.

@@ -97,6 +97,22 @@ async fn realtime_js_clients_subscribe_and_broadcast_in_both_versions() {
     }
 }
 
+/// A patch of another field keeps the tenant's write-only `jwt_secret` (it is never read
+/// back, so a patch built from what GET shows does not carry it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_keeps_the_jwt_secret_it_does_not_name() {
+    let (s, _data, rt) = realtime_shoal();
+    let (status, body) = api(
+        &s,
+        "PATCH",
+        "/api/tenants/acme",
+        &serde_json::json!({"tenant": {"default_max_clients": 500}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let r = run_js("broadcast.mjs", rt, &token(SECRET, 3600), "2.0.0");
+    assert_eq!(r["ack"], "ok", "the secret still verifies tokens: {r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn realtime_js_clients_see_each_other_present_and_leaving() {
     let (_s, _data, rt) = realtime_shoal();

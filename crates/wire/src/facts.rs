@@ -44,7 +44,17 @@ pub fn facts(sql: &str) -> Result<Facts, FactsError> {
 }
 
 fn facts_here(sql: &str) -> Result<Facts, FactsError> {
-    let parsed = pg_query::parse(sql).map_err(|e| FactsError::Parse(e.to_string()))?;
+    let parsed = pg_query::parse(sql).map_err(|e| match e {
+        // The grammar's own limits, and a tree deeper than the decoder reads: PostgreSQL
+        // may well run such a text, so it is not "unparseable" but unknown.
+        pg_query::Error::Parse(m)
+            if m.contains("stack depth limit exceeded") || m.contains("memory exhausted") =>
+        {
+            FactsError::TooDeep
+        }
+        pg_query::Error::Parse(m) => FactsError::Parse(m),
+        _ => FactsError::TooDeep,
+    })?;
     let tree =
         serde_json::to_value(&parsed.protobuf).map_err(|e| FactsError::Parse(e.to_string()))?;
     let mut f = Facts::default();
@@ -205,6 +215,19 @@ fn note_statement(kind: &str, node: &Value, f: &mut Facts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree deeper than the decoder reads is not a text PostgreSQL refuses: PostgreSQL
+    /// runs the DROP. It must come out unknown, never as "does not parse".
+    #[test]
+    fn a_tree_too_deep_to_read_is_unknown_not_unparseable() {
+        let sql = format!(
+            "DROP TABLE victim; SELECT {}1{}",
+            "abs(".repeat(60),
+            ")".repeat(60)
+        );
+        assert_eq!(facts(&sql), Err(FactsError::TooDeep));
+        assert!(matches!(facts("SELEC 1"), Err(FactsError::Parse(_))));
+    }
 
     fn kinds(sql: &str) -> Vec<String> {
         facts(sql).unwrap().kinds

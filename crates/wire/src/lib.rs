@@ -17,8 +17,10 @@
 //! - [`readonly`]: whether SQL only reads (parsed by PostgreSQL's grammar), for replicas.
 //! - [`pgoutput`]: logical replication's stream and the `pgoutput` plugin's messages.
 //! - [`sql`]: a SQL lexer and classifier: what a query leaves behind in its session.
+//! - [`encoding`]: how a client's `client_encoding` makes bytes into characters.
 
 pub mod backend;
+pub mod encoding;
 pub mod facts;
 pub mod frame;
 pub mod frontend;

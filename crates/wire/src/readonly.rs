@@ -53,26 +53,14 @@ pub fn classify(sql: &str) -> Option<Reads> {
 }
 
 /// Runs `parse` (which parses `sql` with libpg_query) where the parse cannot overflow the
-/// stack: here for shallow texts, on a thread of its own for deep ones (see
-/// `MAX_NESTING`); `None` for texts too deep to parse at all, or when no thread could be
-/// had.
-pub(crate) fn on_parse_stack<R: Send>(sql: &str, parse: impl FnOnce() -> R + Send) -> Option<R> {
-    let bound = nesting_bound(sql.as_bytes());
-    if bound > MAX_NESTING {
+/// stack: on the caller's own thread (a data-plane thread never waits for another), and only
+/// for texts that cannot nest deeper than `MAX_NESTING` (see [`nesting_estimate`]); `None`
+/// for deeper ones, which the caller treats as unknown (fail closed).
+pub(crate) fn on_parse_stack<R>(sql: &str, parse: impl FnOnce() -> R) -> Option<R> {
+    if nesting_bound(sql.as_bytes()) > MAX_NESTING && nesting_estimate(sql) > MAX_NESTING {
         return None;
     }
-    if bound <= INLINE_NESTING {
-        return Some(parse());
-    }
-    std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .name("shoal-sql-parse".into())
-            .stack_size(DEEP_STACK)
-            .spawn_scoped(s, parse)
-            .ok()?
-            .join()
-            .ok()
-    })
+    Some(parse())
 }
 
 fn classify_here(sql: &str) -> Option<Reads> {
@@ -104,16 +92,14 @@ fn classify_here(sql: &str) -> Option<Reads> {
     Some(reads)
 }
 
-/// libpg_query parses and turns its tree into protobuf by recursion, on the caller's stack:
-/// a client's `SELECT 1+1+...+1` a few thousand deep would overflow a thread's 2 MiB and
-/// abort the process. Texts that could nest deeper than `INLINE_NESTING` are parsed on a
-/// thread with `DEEP_STACK`; deeper than `MAX_NESTING`, not at all (they go to the
-/// primary). A tree that deep could not be proven anyway: the protobuf decoder gives up
-/// past 100 levels.
-const INLINE_NESTING: usize = 200;
-const MAX_NESTING: usize = 20_000;
-/// Virtual memory; only the pages a parse touches are used.
-const DEEP_STACK: usize = 64 << 20;
+/// libpg_query turns its tree into protobuf by recursion, on the caller's stack: a
+/// client's `SELECT 1+1+...+1` about a thousand deep overflows a thread's 2 MiB and aborts
+/// the process. A tree more than about fifty levels deep cannot be proven anyway (the
+/// protobuf decoder gives up at 100 nested messages, two per level), so texts that may nest
+/// deeper than this are not parsed at all: they are unknown. Parsing up to this depth takes
+/// about half of a thread's usual 2 MiB stack in an unoptimised build (the unit test
+/// parses them on 2 MiB), under a third optimised.
+const MAX_NESTING: usize = 300;
 
 /// An upper bound on how deep `sql`'s parse tree can nest: every level needs an operator
 /// character, an opening parenthesis or a word (a keyword or a name; not a number). Counted
@@ -132,6 +118,88 @@ fn nesting_bound(sql: &[u8]) -> usize {
         }
     }
     n
+}
+
+/// A tighter upper bound than [`nesting_bound`], for texts that one finds long: brackets
+/// nest, and within one bracket level only operators and the keywords that build on what
+/// is before or after them (`NOT`, `IS`, `UNION`, `JOIN`, ...) can nest; a comma, a `;`, an
+/// `AND` or an `OR` ends a run (the grammar flattens `AND` and `OR` chains into one node,
+/// so each depth counts three levels for that node, its bracket and a mix of the two).
+/// Strings, quoted names and comments are skipped. Summing each depth's longest run can
+/// only overcount.
+fn nesting_estimate(sql: &str) -> usize {
+    use crate::sql::{ClientEncoding, Lexer, Token};
+    const NESTING_WORDS: &[&str] = &[
+        "not",
+        "is",
+        "isnull",
+        "notnull",
+        "case",
+        "like",
+        "ilike",
+        "similar",
+        "between",
+        "collate",
+        "at",
+        "overlaps",
+        "union",
+        "intersect",
+        "except",
+        "join",
+        "in",
+        "any",
+        "all",
+        "some",
+        "exists",
+        "array",
+        "row",
+        "escape",
+        "operator",
+    ];
+    let bytes = sql.as_bytes();
+    // Longest run at each depth, and the run at the current depth.
+    let mut longest: Vec<usize> = vec![0];
+    let mut runs: Vec<usize> = vec![0];
+    let mut lex = Lexer::new(bytes, ClientEncoding::Utf8);
+    let mut last_operator_end = usize::MAX;
+    let end_run = |longest: &mut Vec<usize>, runs: &mut Vec<usize>| {
+        let d = runs.len() - 1;
+        longest[d] = longest[d].max(runs[d]);
+        runs[d] = 0;
+    };
+    while let Some(t) = lex.next() {
+        let at = lex.offset();
+        let byte = bytes.get(at.wrapping_sub(1)).copied().unwrap_or(0);
+        let open = t == Token::OpenParen || (t == Token::Other && byte == b'[');
+        let close = t == Token::CloseParen || (t == Token::Other && byte == b']');
+        if open {
+            runs.push(0);
+            if longest.len() < runs.len() {
+                longest.push(0);
+            }
+        } else if close {
+            end_run(&mut longest, &mut runs);
+            if runs.len() > 1 {
+                runs.pop();
+            }
+        } else if t == Token::Semicolon
+            || (t == Token::Other && byte == b',')
+            || t.is("and")
+            || t.is("or")
+        {
+            end_run(&mut longest, &mut runs);
+        } else if t == Token::Other && b"+-*/<>=~!@#%^&|`?:".contains(&byte) {
+            // A run of operator characters is one operator (`||`, `->>`, `::`).
+            if last_operator_end != at - 1 {
+                *runs.last_mut().unwrap_or(&mut 0) += 1;
+            }
+            last_operator_end = at;
+        } else if NESTING_WORDS.iter().any(|w| t.is(w)) {
+            *runs.last_mut().unwrap_or(&mut 0) += 1;
+        }
+    }
+    end_run(&mut longest, &mut runs);
+    3 * longest.len() + longest.iter().sum::<usize>()
 }
 
 /// One top-level statement.
@@ -544,47 +612,67 @@ mod tests {
 
     #[test]
     fn trees_too_deep_to_prove_are_not_parsed() {
-        // Each would overflow a 2 MiB stack inside libpg_query: refused before parsing,
-        // on a small stack to prove it.
+        // Each would overflow a 2 MiB stack inside libpg_query: refused before parsing, on a
+        // small stack to prove it, with no thread of its own.
         let deep = [
             format!("SELECT {}1", "1+".repeat(100_000)),
-            format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000)),
+            format!("SELECT {}1{}", "abs(".repeat(100_000), ")".repeat(100_000)),
             format!("SELECT {}true", "NOT ".repeat(100_000)),
             format!("SELECT 1{}", " IS NULL".repeat(50_000)),
+            format!("SELECT 1{}", " UNION SELECT 1".repeat(5_000)),
+            format!("SELECT {}1{}", "ARRAY[".repeat(5_000), "]".repeat(5_000)),
         ];
         std::thread::Builder::new()
             .stack_size(256 << 10)
             .spawn(move || {
                 for sql in &deep {
                     assert_eq!(classify(sql), None);
+                    assert_eq!(
+                        crate::facts::facts(sql),
+                        Err(crate::facts::FactsError::TooDeep)
+                    );
                 }
             })
             .unwrap()
             .join()
             .unwrap();
-        // The deepest texts within each bound parse without overflowing: inline ones on a
-        // thread's usual 2 MiB, deeper ones on their own stack (and fail to prove: deeper
-        // than the decoder goes).
+        // The deepest texts within the bound parse on a thread's usual 2 MiB, unoptimised
+        // (and fail to prove: deeper than the decoder goes, which is unknown, not a
+        // statement PostgreSQL would refuse).
         std::thread::Builder::new()
             .stack_size(2 << 20)
             .spawn(|| {
-                for depth in [INLINE_NESTING - 2, MAX_NESTING - 2] {
-                    for sql in [
-                        format!("SELECT {}1", "1+".repeat(depth)),
-                        format!("SELECT {}true", "NOT ".repeat(depth)),
-                        format!("SELECT {}1{}", "(".repeat(depth / 2), ")".repeat(depth / 2)),
-                    ] {
-                        assert!(nesting_bound(sql.as_bytes()) <= depth + 2);
-                        let _ = classify(&sql);
-                    }
+                let depth = MAX_NESTING - 2;
+                for sql in [
+                    format!("SELECT {}1", "1+".repeat(depth)),
+                    format!("SELECT {}true", "NOT ".repeat(depth)),
+                    format!(
+                        "SELECT {}1{}",
+                        "abs(".repeat(depth / 3 - 4),
+                        ")".repeat(depth / 3 - 4)
+                    ),
+                ] {
+                    assert!(nesting_estimate(&sql) <= MAX_NESTING + 2, "{}", &sql[..20]);
+                    assert_eq!(classify(&sql), None);
+                    assert_eq!(
+                        crate::facts::facts(&sql),
+                        Err(crate::facts::FactsError::TooDeep)
+                    );
                 }
             })
             .unwrap()
             .join()
             .unwrap();
-        // Long but flat reads are still proven.
+        // Long but flat texts are still proven: a long IN list, a wide ORM select, a WHERE
+        // of many conditions.
         let ids: Vec<String> = (0..5000).map(|i| i.to_string()).collect();
         assert!(classify(&format!("SELECT * FROM t WHERE id IN ({})", ids.join(", "))).is_some());
+        let cols: Vec<String> = (0..400)
+            .map(|i| format!("\"t0\".\"c{i}\" AS \"x{i}\""))
+            .collect();
+        assert!(classify(&format!("SELECT {} FROM t AS t0", cols.join(", "))).is_some());
+        let conds: Vec<String> = (0..2000).map(|i| format!("c{i} = {i}")).collect();
+        assert!(classify(&format!("SELECT * FROM t WHERE {}", conds.join(" AND "))).is_some());
     }
 
     #[test]

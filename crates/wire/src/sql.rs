@@ -9,7 +9,13 @@
 //! would leak one client's state into another's session. What no lexer can see (state changed
 //! inside a function the query calls) is documented in `docs/transaction-mode.md`.
 //!
-//! Works on bytes, not `str`: a client may send text in any `client_encoding`.
+//! Works on bytes, not `str`: a client may send text in any `client_encoding`. Each function
+//! is told the encoding ([`ClientEncoding`]), and steps over a character's bytes as
+//! PostgreSQL counts them: in SJIS, BIG5, GBK, UHC, GB18030 and JOHAB a character's second
+//! byte may be a `\\` or a letter, which a scanner of bytes would take for an escape or a
+//! word. A text an encoding cannot say for sure how to read (not known yet) is dirty.
+
+pub use crate::encoding::ClientEncoding;
 
 /// What a query (one or several statements) does beyond its own transaction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -169,6 +175,7 @@ fn is_space(b: u8) -> bool {
 pub struct Lexer<'a> {
     s: &'a [u8],
     i: usize,
+    enc: ClientEncoding,
     /// A string constant contained a backslash (meaning depends on settings).
     pub saw_backslash_string: bool,
 }
@@ -182,18 +189,37 @@ fn is_word_char(b: u8) -> bool {
 }
 
 impl<'a> Lexer<'a> {
-    pub fn new(s: &'a [u8]) -> Self {
+    /// A lexer over `s`, read in `enc` (see [`ClientEncoding::char_len`]).
+    pub fn new(s: &'a [u8], enc: ClientEncoding) -> Self {
         // A query text ends at its NUL (the wire form carries one).
         let end = memchr::memchr(0, s).unwrap_or(s.len());
         Lexer {
             s: &s[..end],
             i: 0,
+            enc,
             saw_backslash_string: false,
         }
     }
 
     fn peek(&self, k: usize) -> Option<u8> {
         self.s.get(self.i + k).copied()
+    }
+
+    /// Where the lexer is: just past the last token (for [`Token::Other`], its byte is the
+    /// one before).
+    pub fn offset(&self) -> usize {
+        self.i
+    }
+
+    /// The length of the character at `at` (never past the text's end).
+    #[inline]
+    fn char_len_at(&self, at: usize) -> usize {
+        let Some(&b) = self.s.get(at) else { return 1 };
+        if b < 0x80 {
+            return 1;
+        }
+        let n = self.enc.char_len(b, self.s.get(at + 1).copied());
+        n.min(self.s.len() - at)
     }
 
     /// Skips a quoted run closed by `q`, where a doubled `q` stands for itself; with
@@ -203,7 +229,8 @@ impl<'a> Lexer<'a> {
         while self.i < self.s.len() {
             let b = self.s[self.i];
             if backslash && b == b'\\' {
-                self.i += 2;
+                // The backslash escapes the next character, however many bytes it has.
+                self.i += 1 + self.char_len_at(self.i + 1);
                 continue;
             }
             // Only a plain string's backslashes depend on `standard_conforming_strings`.
@@ -219,7 +246,7 @@ impl<'a> Lexer<'a> {
                 self.i += 1;
                 return end;
             }
-            self.i += 1;
+            self.i += self.char_len_at(self.i);
         }
         self.i = self.s.len();
         let _ = start;
@@ -294,8 +321,13 @@ impl<'a> Lexer<'a> {
     /// At `$`: a dollar quote `$tag$ ... $tag$` (skipped, true) or not (false).
     fn try_dollar_quote(&mut self) -> bool {
         let rest = &self.s[self.i + 1..];
-        let tag_len = rest.iter().position(|&b| !is_word_char(b) || b == b'$');
-        let Some(tag_len) = tag_len else { return false };
+        let mut tag_len = 0;
+        while let Some(&b) = rest.get(tag_len) {
+            if !is_word_char(b) || b == b'$' {
+                break;
+            }
+            tag_len += self.char_len_at(self.i + 1 + tag_len);
+        }
         if rest.get(tag_len) != Some(&b'$') {
             return false;
         }
@@ -393,7 +425,7 @@ impl<'a> Iterator for Lexer<'a> {
                     }
                     let start = self.i;
                     while self.i < self.s.len() && is_word_char(self.s[self.i]) {
-                        self.i += 1;
+                        self.i += self.char_len_at(self.i);
                     }
                     return Some(Token::Word(&self.s[start..self.i]));
                 }
@@ -590,24 +622,62 @@ pub fn is_plain(first: FirstWord, sql: &[u8]) -> bool {
     !needs_lexing(&sql[..end])
 }
 
+/// Whether a statement that is not [`is_plain`] may change how the server reads the next
+/// ones: `SET client_encoding`, `SET NAMES`, `RESET`, `DISCARD`, a `set_config()` call, or an
+/// `EXECUTE` of a statement that makes one. The server reports the new encoding before its
+/// ReadyForQuery; statements sent before that cannot be read for sure. (A function the
+/// client wrote may call `set_config` too: see docs/transaction-mode.md.)
+pub fn may_change_encoding(sql: &[u8]) -> bool {
+    const WORDS: [&[u8]; 6] = [
+        b"encoding",
+        b"names",
+        b"_config",
+        b"reset",
+        b"discard",
+        b"execute",
+    ];
+    let mut lower = [0u8; 8];
+    sql.windows(5).enumerate().any(|(i, w)| {
+        let head = w[0] | 0x20;
+        if !matches!(head, b'e' | b'n' | b'_' | b'r' | b'd') {
+            return false;
+        }
+        let end = (i + 8).min(sql.len());
+        let n = end - i;
+        for (d, &b) in lower.iter_mut().zip(&sql[i..end]) {
+            *d = b.to_ascii_lowercase();
+        }
+        WORDS.iter().any(|word| lower[..n].starts_with(word))
+    })
+}
+
 /// Classifies a query text: what it leaves behind in the session.
-pub fn classify(sql: &[u8]) -> Effects {
-    classify_with(FirstWord::of(sql), sql)
+pub fn classify(sql: &[u8], enc: ClientEncoding) -> Effects {
+    classify_with(FirstWord::of(sql), sql, enc)
 }
 
 /// [`classify`] for a caller that already has the text's [`FirstWord`] (it looks at the
 /// statement kind for other reasons too, once per query).
-pub fn classify_with(first: FirstWord, sql: &[u8]) -> Effects {
+pub fn classify_with(first: FirstWord, sql: &[u8], enc: ClientEncoding) -> Effects {
+    // The shortcut holds in every encoding: a character's trailing byte can only add a
+    // special byte or a fragment, never hide one.
     if is_plain(first, sql) {
         return Effects::default();
     }
-    classify_lexed(sql)
+    classify_lexed(sql, enc)
 }
 
 /// [`classify`] the long way: every token.
-fn classify_lexed(sql: &[u8]) -> Effects {
+fn classify_lexed(sql: &[u8], enc: ClientEncoding) -> Effects {
     let mut fx = Effects::default();
-    let mut lex = Lexer::new(sql);
+    if enc == ClientEncoding::Unknown && !sql.is_ascii() {
+        // Which bytes are characters cannot be told: anything may be hidden.
+        fx.dirty = true;
+        fx.ambiguous = true;
+        fx.multi = true;
+        return fx;
+    }
+    let mut lex = Lexer::new(sql, enc);
     // Only the first words decide a statement's kind (no allocation: this runs per query).
     let mut stmt = [Token::Other; 8];
     let mut len = 0usize;
@@ -751,14 +821,16 @@ pub fn leading_comments_len(sql: &[u8]) -> usize {
     if sql.first().is_some_and(|b| b.is_ascii_alphabetic()) {
         return 0;
     }
-    let mut lex = Lexer::new(sql);
+    // Comments read the same in every encoding: no character's trailing byte is a `*`, a
+    // `/`, a `-` or a line end.
+    let mut lex = Lexer::new(sql, ClientEncoding::Utf8);
     lex.skip_blanks();
     lex.i
 }
 
 /// `DROP DATABASE x` or `ALTER DATABASE x RENAME ...`: the database it names.
-pub fn database_command(sql: &[u8]) -> Option<DatabaseCommand> {
-    let mut lex = Lexer::new(sql);
+pub fn database_command(sql: &[u8], enc: ClientEncoding) -> Option<DatabaseCommand> {
+    let mut lex = Lexer::new(sql, enc);
     let first = lex.next()?;
     let second = lex.next()?;
     if !second.is("database") || !(first.is("drop") || first.is("alter")) {
@@ -788,8 +860,8 @@ pub struct NamedStatementCommand {
 
 /// Recognises `DEALLOCATE [PREPARE] name` and `[EXPLAIN ...] EXECUTE name ...` as the only
 /// statement.
-pub fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
-    let mut lex = Lexer::new(sql);
+pub fn named_statement_command(sql: &[u8], enc: ClientEncoding) -> Option<NamedStatementCommand> {
+    let mut lex = Lexer::new(sql, enc);
     let mut first = lex.next()?;
     if first.is("explain") {
         // EXPLAIN [ (option, ...) ] or EXPLAIN [ANALYZE] [VERBOSE], then the statement.
@@ -873,8 +945,12 @@ pub enum ListenCommand {
 const MAX_IDENTIFIER: usize = 63;
 
 /// Recognises a single `LISTEN channel`, `UNLISTEN channel` or `UNLISTEN *`.
-pub fn listen_command(sql: &[u8]) -> Option<ListenCommand> {
-    let mut lex = Lexer::new(sql);
+pub fn listen_command(sql: &[u8], enc: ClientEncoding) -> Option<ListenCommand> {
+    if !enc.bytes_are_characters(sql) {
+        // Its channel's name would be in the client's encoding, not the listener's.
+        return None;
+    }
+    let mut lex = Lexer::new(sql, enc);
     let first = lex.next()?;
     let listen = if first.is("listen") {
         true
@@ -937,7 +1013,11 @@ fn identifier(t: Token<'_>) -> Option<Vec<u8>> {
 /// A name starting with `prefix` used as a prepared statement's name in SQL (`PREPARE`,
 /// `EXECUTE`, `DEALLOCATE`, also inside `EXPLAIN EXECUTE` or `CREATE TABLE ... AS EXECUTE`):
 /// the pooler's own statements must not be reachable from a client's SQL.
-pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
+pub fn prepared_name_with_prefix(
+    sql: &[u8],
+    prefix: &[u8],
+    enc: ClientEncoding,
+) -> Option<Vec<u8>> {
     // Cheap first look (fast scans): a prefix ending in a rare byte such as `_`.
     let has_prefix = match prefix.split_last() {
         None => true,
@@ -950,8 +1030,12 @@ pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
     if !has_prefix && memchr::memchr(b'&', sql).is_none() {
         return None;
     }
+    if enc == ClientEncoding::Unknown && !sql.is_ascii() {
+        // Cannot be read: taken as naming the prefix (the caller refuses it).
+        return Some(prefix.to_vec());
+    }
     let mut keyword = false;
-    for t in Lexer::new(sql) {
+    for t in Lexer::new(sql, enc) {
         match t {
             Token::Semicolon => keyword = false,
             t if t.is("execute") || t.is("deallocate") || t.is("prepare") => keyword = true,
@@ -967,6 +1051,98 @@ pub fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encoding::Split;
+
+    // Most tests read UTF-8; the encodings have their own tests below.
+    const U: ClientEncoding = ClientEncoding::Utf8;
+    fn classify(sql: &[u8]) -> Effects {
+        super::classify(sql, U)
+    }
+    fn database_command(sql: &[u8]) -> Option<DatabaseCommand> {
+        super::database_command(sql, U)
+    }
+    fn named_statement_command(sql: &[u8]) -> Option<NamedStatementCommand> {
+        super::named_statement_command(sql, U)
+    }
+    fn listen_command(sql: &[u8]) -> Option<ListenCommand> {
+        super::listen_command(sql, U)
+    }
+    fn prepared_name_with_prefix(sql: &[u8], prefix: &[u8]) -> Option<Vec<u8>> {
+        super::prepared_name_with_prefix(sql, prefix, U)
+    }
+
+    const SJIS: ClientEncoding = ClientEncoding::Split(Split::Sjis);
+
+    #[test]
+    fn changes_of_encoding_are_seen() {
+        for sql in [
+            "SET client_encoding = 'SJIS'",
+            "set NAMES 'BIG5'",
+            "RESET ALL",
+            "discard all",
+            "SELECT pg_catalog.SET_CONFIG('client_encoding', 'GBK', false)",
+            "EXECUTE p('x')",
+        ] {
+            assert!(may_change_encoding(sql.as_bytes()), "{sql}");
+        }
+        for sql in ["SET application_name = 'x'", "SELECT 1", "BEGIN"] {
+            assert!(!may_change_encoding(sql.as_bytes()), "{sql}");
+        }
+    }
+
+    #[test]
+    fn a_characters_trailing_backslash_escapes_nothing() {
+        // 0x83 0x5C is one SJIS character: the string ends at the next quote, and what
+        // follows is two more statements, one of them changing the session.
+        let sql = b"SELECT E'\x83\x5c'; SELECT set_config('role', 'x', false); --'";
+        let fx = super::classify(sql, SJIS);
+        assert!(fx.multi && fx.dirty, "{fx:?}");
+        // Read as bytes (UTF-8 says they are not characters anyway) the same text is one
+        // string: the difference the encoding makes.
+        assert!(!super::classify(sql, U).multi);
+        // The same for every encoding whose trailing bytes can be a backslash.
+        for split in [
+            Split::Big5,
+            Split::Gbk,
+            Split::Uhc,
+            Split::Gb18030,
+            Split::Johab,
+        ] {
+            let fx = super::classify(sql, ClientEncoding::Split(split));
+            assert!(fx.multi && fx.dirty, "{split:?}: {fx:?}");
+        }
+        // A hidden EXECUTE of the pooler's own statements is found, and a hidden DROP
+        // DATABASE named.
+        let exec = b"SELECT E'\x83\x5c'; EXECUTE shoal_1; --'";
+        assert!(super::prepared_name_with_prefix(exec, b"shoal_", SJIS).is_some());
+        assert!(super::prepared_name_with_prefix(exec, b"shoal_", U).is_none());
+    }
+
+    #[test]
+    fn trailing_bytes_never_split_a_word_or_a_tag() {
+        // JOHAB's trailing bytes include `;`: inside a name it ends no statement.
+        let johab = ClientEncoding::Split(Split::Johab);
+        let sql = b"SELECT a\x88\x3bb FROM t";
+        assert!(!super::classify(sql, johab).multi);
+        // A dollar quote's tag may hold any character.
+        let sql = b"SELECT $\x83\x5c$ '; SET ROLE x; $\x83\x5c$";
+        assert!(!super::classify(sql, SJIS).dirty);
+        // GB18030's four-byte characters carry digits.
+        let gb = ClientEncoding::Split(Split::Gb18030);
+        assert!(!super::classify(b"SELECT E'\x81\x30\x81\x30\\'' ", gb).multi);
+    }
+
+    #[test]
+    fn an_unknown_encoding_reads_only_ascii() {
+        let unknown = ClientEncoding::Unknown;
+        assert!(!super::classify(b"SELECT 1; SELECT 2", unknown).dirty);
+        let fx = super::classify(b"SELECT '\xe9'; SELECT 2", unknown);
+        assert!(fx.dirty && fx.ambiguous, "{fx:?}");
+        assert!(
+            super::prepared_name_with_prefix(b"EXECUTE \xe9shoal_1", b"shoal_", unknown).is_some()
+        );
+        assert_eq!(super::listen_command(b"LISTEN \xe9", unknown), None);
+    }
 
     #[test]
     fn listen_commands_name_their_channel_as_postgresql_does() {
@@ -1241,19 +1417,39 @@ mod tests {
 #[cfg(test)]
 mod fuzz {
     use super::*;
+    use crate::encoding::{Split, Table};
     use proptest::prelude::*;
+
+    /// Every way of reading bytes: the lexer must finish and agree with its shortcut in each.
+    fn encodings() -> impl Strategy<Value = ClientEncoding> {
+        prop_oneof![
+            Just(ClientEncoding::Utf8),
+            Just(ClientEncoding::Latin1),
+            Just(ClientEncoding::AsciiSafe(Table::EucJp)),
+            Just(ClientEncoding::Split(Split::Sjis)),
+            Just(ClientEncoding::Split(Split::Big5)),
+            Just(ClientEncoding::Split(Split::Gb18030)),
+            Just(ClientEncoding::Split(Split::Johab)),
+            Just(ClientEncoding::Unknown),
+        ]
+    }
 
     proptest! {
         /// Any bytes: the lexer and every classifier finish without panicking, and the
         /// statement-name range they report lies inside the text.
         #[test]
-        fn classifiers_accept_any_bytes(sql in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = classify(&sql);
-            let _ = database_command(&sql);
-            let _ = prepared_name_with_prefix(&sql, b"shoal_");
+        fn classifiers_accept_any_bytes(
+            sql in proptest::collection::vec(any::<u8>(), 0..200),
+            enc in encodings(),
+        ) {
+            let _ = classify(&sql, enc);
+            let _ = database_command(&sql, enc);
+            let _ = prepared_name_with_prefix(&sql, b"shoal_", enc);
+            let _ = listen_command(&sql, enc);
+            let _ = may_change_encoding(&sql);
             let n = leading_comments_len(&sql);
             prop_assert!(n <= sql.len());
-            if let Some(c) = named_statement_command(&sql) {
+            if let Some(c) = named_statement_command(&sql, enc) {
                 prop_assert!(c.name_at.end <= sql.len());
             }
         }
@@ -1267,11 +1463,11 @@ mod fuzz {
                 Just("temp "), Just("create "), Just("execute "), Just("shoal_1 "), Just("("),
                 Just("U&\""), Just("é"), Just("\r"), Just("UESCAPE '!'"), Just("!0073"),
                 Just("\\+00005F"), Just("\x0b"), Just("hold "), Just("with "),
-            ], 0..30)) {
+            ], 0..30), enc in encodings()) {
             let sql: String = parts.concat();
-            let _ = classify(sql.as_bytes());
-            let _ = named_statement_command(sql.as_bytes());
-            let _ = prepared_name_with_prefix(sql.as_bytes(), b"shoal_");
+            let _ = classify(sql.as_bytes(), enc);
+            let _ = named_statement_command(sql.as_bytes(), enc);
+            let _ = prepared_name_with_prefix(sql.as_bytes(), b"shoal_", enc);
             let n = leading_comments_len(sql.as_bytes());
             prop_assert!(sql.is_char_boundary(n));
         }
@@ -1291,9 +1487,17 @@ mod fuzz {
                 Just("BEGIN "), Just("end "), Just("commit "), Just("Rollback "), Just("start "),
                 Just("set "), Just("discard "), Just("deallocate "), Just("all "),
                 Just("\r"), Just("&"), Just("U&\"a\" "), Just("pg_settings "), Just("_set"),
-            ], 0..16)) {
+                Just("\u{30bd}"), Just("\u{8868}"),
+            ], 0..16), enc in encodings()) {
             let sql: String = parts.concat();
-            prop_assert_eq!(classify(sql.as_bytes()), classify_lexed(sql.as_bytes()), "{:?}", sql);
+            // Shift JIS's "ソ" (0x83 0x5C) and "表" (0x95 0x5C), as a client in SJIS sends them.
+            let sql = sql.replace('\u{30bd}', "\u{83}\\").replace('\u{8868}', "\u{95}\\");
+            let bytes: Vec<u8> = sql.chars().map(|c| if (c as u32) < 0x100 { c as u8 } else { b'?' }).collect();
+            // Unknown: the shortcut still reads a plain text right (no character's trailing
+            // byte can hide a special byte or a word), where the lexer gives up.
+            if enc != ClientEncoding::Unknown || bytes.is_ascii() {
+                prop_assert_eq!(classify(&bytes, enc), classify_lexed(&bytes, enc), "{:?} {:?}", sql, enc);
+            }
         }
     }
 

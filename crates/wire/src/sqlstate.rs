@@ -17,6 +17,8 @@ pub const QUERY_CANCELED: &str = "57014";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
+/// Also PostgreSQL's code for an invalid byte sequence in the client's encoding.
+pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
 pub const INTERNAL_ERROR: &str = "XX000";

@@ -34,19 +34,31 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("patch", "/api/tenants/{id}"),
     ("delete", "/api/tenants/{id}"),
     ("get", "/api/tenants/{id}/terminate"),
+    ("post", "/api/tenants/{id}/terminate"),
     ("get", "/api/tenants/{id}/pools"),
     ("delete", "/api/tenants/{id}/cache"),
 ];
+
+/// What a request does: a gate whose credential a browser sends by itself (a cookie) must
+/// know, since a page of another site can make a browser send reads it cannot see but
+/// writes that act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
 
 /// Who may use the tenant routes: a bearer token on `/api`, the dashboard's session on
 /// `/ui/api` (the same handlers, so both say the same things).
 pub trait Gate: Send + Sync {
     /// `Err` holds what the `401` says.
-    fn admits(&self, headers: &HeaderMap) -> Result<(), &'static str>;
+    fn admits(&self, headers: &HeaderMap, access: Access) -> Result<(), &'static str>;
 }
 
 impl Gate for auth::ApiAuth {
-    fn admits(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+    /// A bearer token travels only when a client puts it in the request itself: reads and
+    /// writes are admitted alike.
+    fn admits(&self, headers: &HeaderMap, _: Access) -> Result<(), &'static str> {
         let header = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
@@ -75,7 +87,15 @@ pub fn router(service: Arc<TenantService>, auth: Arc<auth::ApiAuth>) -> Router {
 
 /// The tenant routes under `prefix`, guarded by `gate`.
 pub fn tenant_routes(prefix: &str, service: Arc<TenantService>, gate: Arc<dyn Gate>) -> Router {
+    // Supavisor's clients terminate with a GET. Kept for bearer tokens only: a browser never
+    // sends one on its own, as it does the dashboard's cookie (`/ui/api` takes POST alone).
+    let get_terminate = prefix == "/api";
     let api = Arc::new(Api { service, gate });
+    let terminate_route = if get_terminate {
+        get(terminate).post(terminate)
+    } else {
+        axum::routing::post(terminate)
+    };
     Router::new()
         .route(&format!("{prefix}/tenants"), get(list))
         .route(
@@ -87,7 +107,7 @@ pub fn tenant_routes(prefix: &str, service: Arc<TenantService>, gate: Arc<dyn Ga
         )
         .route(
             &format!("{prefix}/tenants/{{id}}/terminate"),
-            get(terminate),
+            terminate_route,
         )
         .route(&format!("{prefix}/tenants/{{id}}/pools"), get(pools))
         .route(
@@ -141,8 +161,17 @@ fn service_error(e: ServiceError) -> Response {
 type Refusal = Box<Response>;
 
 fn authorized(api: &Api, headers: &HeaderMap) -> Result<(), Refusal> {
+    admitted(api, headers, Access::Read)
+}
+
+/// [`authorized`] for a request that changes something.
+fn authorized_to_change(api: &Api, headers: &HeaderMap) -> Result<(), Refusal> {
+    admitted(api, headers, Access::Write)
+}
+
+fn admitted(api: &Api, headers: &HeaderMap, access: Access) -> Result<(), Refusal> {
     api.gate
-        .admits(headers)
+        .admits(headers, access)
         .map_err(|why| Box::new(error(StatusCode::UNAUTHORIZED, why)))
 }
 
@@ -262,7 +291,7 @@ async fn put_tenant(
     q: Result<Query<PutQuery>, QueryRejection>,
     body: Bytes,
 ) -> Response {
-    if let Err(r) = authorized(&api, &headers) {
+    if let Err(r) = authorized_to_change(&api, &headers) {
         return *r;
     }
     let q = match query(q) {
@@ -305,7 +334,7 @@ async fn patch_tenant(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    if let Err(r) = authorized(&api, &headers) {
+    if let Err(r) = authorized_to_change(&api, &headers) {
         return *r;
     }
     let body = match tenant_body(&body) {
@@ -319,7 +348,7 @@ async fn patch_tenant(
 }
 
 async fn delete_tenant(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(r) = authorized(&api, &headers) {
+    if let Err(r) = authorized_to_change(&api, &headers) {
         return *r;
     }
     match api.service.delete(&id).await {
@@ -329,7 +358,7 @@ async fn delete_tenant(State(api): Shared, headers: HeaderMap, Path(id): Path<St
 }
 
 async fn terminate(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(r) = authorized(&api, &headers) {
+    if let Err(r) = authorized_to_change(&api, &headers) {
         return *r;
     }
     match api.service.terminate(&id).await {
@@ -341,7 +370,7 @@ async fn terminate(State(api): Shared, headers: HeaderMap, Path(id): Path<String
 /// Drops every reply the tenant's pools keep (after a migration, say: schema changes made
 /// outside Shoal are not seen by the cache until its entries expire).
 async fn purge_cache(State(api): Shared, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(r) = authorized(&api, &headers) {
+    if let Err(r) = authorized_to_change(&api, &headers) {
         return *r;
     }
     if api.service.routes.tenants.get(&id).is_none() {

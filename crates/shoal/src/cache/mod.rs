@@ -264,12 +264,17 @@ impl QueryCache {
 
     /// What the text of a statement a client runs (outside a proof of reading) does to
     /// kept results.
-    pub fn touches(&self, text: &[u8]) -> Touches {
+    /// What the statement `text`, in the client's encoding `enc`, may write to kept results
+    /// (everything, when it cannot be read as the server reads it).
+    pub fn touches(&self, text: &[u8], enc: shoal_wire::sql::ClientEncoding) -> Touches {
         let catalogue = self.freshness.catalogue();
         if !catalogue.loaded {
             return Touches::Everything;
         }
-        self.analyses.parsed(text).touches(&catalogue)
+        let Ok(text) = enc.as_utf8(text) else {
+            return Touches::Everything;
+        };
+        self.analyses.parsed(&text).touches(&catalogue)
     }
 
     /// Drops every entry.

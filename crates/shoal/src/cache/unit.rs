@@ -229,8 +229,20 @@ mod tests {
     fn a_named_statement_is_keyed_by_its_definition_not_its_name() {
         let registry = crate::prepared::StatementRegistry::sharing(Default::default());
         let def = b"SELECT $1\0\0\0".to_vec();
-        let one = ClientStatements::import(&registry, 0, vec![(b"a".to_vec(), def.clone())], None);
-        let two = ClientStatements::import(&registry, 0, vec![(b"b".to_vec(), def)], None);
+        let one = ClientStatements::import(
+            &registry,
+            0,
+            vec![(b"a".to_vec(), def.clone())],
+            None,
+            shoal_wire::sql::ClientEncoding::Utf8,
+        );
+        let two = ClientStatements::import(
+            &registry,
+            0,
+            vec![(b"b".to_vec(), def)],
+            None,
+            shoal_wire::sql::ClientEncoding::Utf8,
+        );
         let unit = |name: &str| {
             let mut b = bind(name, "7");
             b.extend(msg(b'E', b"\0\0\0\0\0"));

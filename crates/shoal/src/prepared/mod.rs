@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use shoal_wire::frame::{Reader, HEADER_LEN};
-use shoal_wire::sql::{self, Effects};
+use shoal_wire::sql::{self, ClientEncoding, Effects};
 
 use crate::sets::SetOp;
 
@@ -72,18 +72,22 @@ impl StatementDef {
 }
 
 /// The session `SET` a query text is, if any (cheap for everything else).
-pub fn set_of(text: &[u8]) -> Option<SetOp> {
-    set_of_with(sql::FirstWord::of(text), text)
+pub fn set_of(text: &[u8], enc: ClientEncoding) -> Option<SetOp> {
+    set_of_with(sql::FirstWord::of(text), text, enc)
 }
 
 /// [`set_of`] with the text's first word already read.
-pub fn set_of_with(first: sql::FirstWord, text: &[u8]) -> Option<SetOp> {
+pub fn set_of_with(first: sql::FirstWord, text: &[u8], enc: ClientEncoding) -> Option<SetOp> {
     // A match, not a list search: the compiler tests the length first, so the common
     // statements (six-letter `select`, `insert`, ...) cost no comparison call.
     match first.as_bytes() {
         b"set" | b"reset" | b"discard" | b"savepoint" | b"release" | b"rollback" | b"abort"
         | b"listen" | b"unlisten" => {}
         _ => return None,
+    }
+    if !enc.bytes_are_characters(text) {
+        // Not followed: its completion marks the server as holding state instead.
+        return None;
     }
     let text = &text[sql::leading_comments_len(text)..];
     std::str::from_utf8(text).ok().and_then(crate::sets::parse)
@@ -109,6 +113,18 @@ pub struct StatementRegistry {
     schema: Arc<AtomicU64>,
 }
 
+/// The registry key of a client's session parameters read in `enc`: the same bytes may
+/// be another statement in another encoding.
+fn with_encoding(params: u64, enc: ClientEncoding) -> u64 {
+    if enc == ClientEncoding::Utf8 {
+        return params;
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (params, enc).hash(&mut h);
+    h.finish()
+}
+
 /// A key for a client's session parameters, for [`StatementRegistry::intern`].
 pub fn params_key(params: &[(String, String)]) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -131,18 +147,24 @@ impl StatementRegistry {
         }
     }
 
-    pub fn intern(&self, params: u64, body: &[u8]) -> Arc<StatementDef> {
-        self.intern_with(params, body, |text| Derived {
-            set_op: set_of(text),
-            effects: sql::classify(text),
+    pub fn intern(&self, params: u64, body: &[u8], enc: ClientEncoding) -> Arc<StatementDef> {
+        self.intern_with(with_encoding(params, enc), body, |text| Derived {
+            set_op: set_of(text, enc),
+            effects: sql::classify(text, enc),
             depends: None,
         })
     }
 
     /// A statement whose text Shoal rewrote (an SQL command naming a client's statement):
     /// what it does is given, not read from the text.
-    pub fn intern_rewritten(&self, params: u64, body: &[u8], d: Derived) -> Arc<StatementDef> {
-        self.intern_with(params, body, move |_| d)
+    pub fn intern_rewritten(
+        &self,
+        params: u64,
+        body: &[u8],
+        d: Derived,
+        enc: ClientEncoding,
+    ) -> Arc<StatementDef> {
+        self.intern_with(with_encoding(params, enc), body, move |_| d)
     }
 
     fn intern_with(
@@ -261,13 +283,13 @@ impl ClientStatements {
     /// An unnamed Parse the client's unit carried was answered without a server (a reply
     /// from the result cache): its text is the client's unnamed statement now, parsed on
     /// whichever server runs the client's next use of it.
-    pub fn unnamed_parsed_without_server(&mut self, body: &[u8]) {
+    pub fn unnamed_parsed_without_server(&mut self, body: &[u8], enc: ClientEncoding) {
         self.unnamed_seq += 1;
         let text = parse_text(body);
         self.unnamed = Some(Unnamed {
             seq: self.unnamed_seq,
-            set_op: set_of(text),
-            dirty: sql::classify(text).dirty,
+            set_op: set_of(text, enc),
+            dirty: sql::classify(text, enc).dirty,
             depends: None,
             body: body.to_vec(),
         });
@@ -298,19 +320,20 @@ impl ClientStatements {
         params: u64,
         named: NamedBodies,
         unnamed: Option<Vec<u8>>,
+        enc: ClientEncoding,
     ) -> ClientStatements {
         let mut c = ClientStatements::default();
         for (name, body) in named {
             c.named
-                .insert(name.into_boxed_slice(), registry.intern(params, &body));
+                .insert(name.into_boxed_slice(), registry.intern(params, &body, enc));
         }
         if let Some(body) = unnamed {
             let text = parse_text(&body);
             c.unnamed_seq = 1;
             c.unnamed = Some(Unnamed {
                 seq: 1,
-                set_op: set_of(text),
-                dirty: sql::classify(text).dirty,
+                set_op: set_of(text, enc),
+                dirty: sql::classify(text, enc).dirty,
                 depends: None,
                 body,
             });
@@ -471,6 +494,7 @@ pub fn parse_without_server(
     params: &[(String, String)],
     client: &mut Option<Box<ClientStatements>>,
     msg: &[u8],
+    enc: ClientEncoding,
 ) -> bool {
     let mut r = Reader::new(&msg[HEADER_LEN..]);
     let Ok(name) = r.cstr_bytes() else {
@@ -480,7 +504,7 @@ pub fn parse_without_server(
         // A duplicate name must reach the relay, which reports it as PostgreSQL does.
         return false;
     }
-    let def = registry.intern(params_key(params), r.rest());
+    let def = registry.intern(params_key(params), r.rest(), enc);
     if !def.validated.load(Ordering::Relaxed) {
         return false;
     }

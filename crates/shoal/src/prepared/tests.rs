@@ -54,6 +54,8 @@ impl Fixture {
             queue: &mut self.queue,
             max_per_server: 2,
             dirty: &mut self.dirty,
+            encoding: shoal_wire::sql::ClientEncoding::Utf8,
+            recoding: &mut false,
             aborted: false,
         }
         .client_message(m, &mut out)
@@ -417,10 +419,27 @@ fn an_unnamed_statement_parsed_again_keeps_its_effects_and_a_new_text_is_read_an
 #[test]
 fn statements_parsed_after_ddl_are_fresh() {
     let f = Fixture::new();
-    let a = f.registry.intern(0, b"SELECT * FROM t\0\0\0");
-    assert_eq!(a.id, f.registry.intern(0, b"SELECT * FROM t\0\0\0").id);
+    let a = f.registry.intern(
+        0,
+        b"SELECT * FROM t\0\0\0",
+        shoal_wire::sql::ClientEncoding::Utf8,
+    );
+    assert_eq!(
+        a.id,
+        f.registry
+            .intern(
+                0,
+                b"SELECT * FROM t\0\0\0",
+                shoal_wire::sql::ClientEncoding::Utf8
+            )
+            .id
+    );
     f.registry.schema_changed();
-    let b = f.registry.intern(0, b"SELECT * FROM t\0\0\0");
+    let b = f.registry.intern(
+        0,
+        b"SELECT * FROM t\0\0\0",
+        shoal_wire::sql::ClientEncoding::Utf8,
+    );
     assert_ne!(a.id, b.id);
 }
 
@@ -461,7 +480,12 @@ fn stale_plan_errors_retire_the_statement_for_everyone() {
     });
     g.reply_msg(&e);
     assert!(def.is_stale());
-    assert_ne!(f.registry.intern(0, &def.body).id, def.id);
+    assert_ne!(
+        f.registry
+            .intern(0, &def.body, shoal_wire::sql::ClientEncoding::Utf8)
+            .id,
+        def.id
+    );
 }
 
 mod fuzz {

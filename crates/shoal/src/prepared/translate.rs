@@ -9,7 +9,7 @@ use bytes::{BufMut, BytesMut};
 use shoal_wire::backend::{put_cstr, put_message};
 use shoal_wire::frame::{FrameError, Reader, HEADER_LEN};
 use shoal_wire::frontend::tag as fe;
-use shoal_wire::sql;
+use shoal_wire::sql::{self, ClientEncoding};
 
 use super::{
     parse_text, set_of_with, ClientStatements, Derived, Expect, ServerStatements, StatementDef,
@@ -49,6 +49,11 @@ pub struct Translator<'a> {
     pub max_per_server: usize,
     /// Set when a message sent leaves session state behind on the server.
     pub dirty: &'a mut bool,
+    /// How the server reads the client's text now ([`ClientEncoding::Unknown`] while a
+    /// change may be on its way).
+    pub encoding: ClientEncoding,
+    /// Set when a message sent may change that (see [`sql::may_change_encoding`]).
+    pub recoding: &'a mut bool,
     /// The client's transaction block has failed (status `E`): PostgreSQL refuses to parse
     /// anything but a statement that ends it.
     pub aborted: bool,
@@ -162,6 +167,7 @@ impl Translator<'_> {
         }
         if dirty {
             *self.dirty = true;
+            *self.recoding = true;
         }
         true
     }
@@ -208,9 +214,9 @@ impl Translator<'_> {
     #[cold]
     #[inline(never)]
     fn rewrite_parse(&mut self, text: &[u8], rest: &[u8]) -> Option<(Vec<u8>, Derived)> {
-        let Some(cmd) = sql::named_statement_command(text) else {
+        let Some(cmd) = sql::named_statement_command(text, self.encoding) else {
             // `DEALLOCATE ALL`: the client's statements go, the server's copies stay.
-            let fx = sql::classify(text);
+            let fx = sql::classify(text, self.encoding);
             if !(sql::FirstWord::of(text).is(b"deallocate") && fx.drops_statements && !fx.multi) {
                 return None;
             }
@@ -258,7 +264,7 @@ impl Translator<'_> {
         }
         let fresh = self
             .registry
-            .intern(super::params_key(self.params), &def.body);
+            .intern(super::params_key(self.params), &def.body, self.encoding);
         if let Some(c) = self.client.as_mut() {
             c.named.insert(name.into(), fresh.clone());
         }
@@ -312,6 +318,7 @@ impl Translator<'_> {
                 }
                 if def.effects.dirty {
                     *self.dirty = true;
+                    *self.recoding = true;
                 }
                 self.ensure_prepared(&def, out);
                 if matches!(def.set_op, Some(SetOp::Deallocate(_))) {
@@ -385,6 +392,7 @@ impl Translator<'_> {
                 out.pass(msg);
                 // A function may change anything in the session.
                 *self.dirty = true;
+                *self.recoding = true;
                 self.queue.push_back(Expect::Query(None));
             }
             _ => out.pass(msg),
@@ -411,7 +419,12 @@ impl Translator<'_> {
             (first, sql::is_plain(first, text))
         });
         let reserved = match read {
-            Some((_, false)) => sql::prepared_name_with_prefix(text, RESERVED_PREFIX),
+            Some((_, false)) => {
+                if sql::may_change_encoding(text) {
+                    *self.recoding = true;
+                }
+                sql::prepared_name_with_prefix(text, RESERVED_PREFIX, self.encoding)
+            }
             _ => None,
         };
         if let Some(reserved) = reserved {
@@ -446,8 +459,8 @@ impl Translator<'_> {
             // Drivers without named statements parse the same text again and again: what it
             // does was read from it last time.
             if let Some((first, plain)) = read {
-                u.dirty = !plain && sql::classify_with(first, text).dirty;
-                u.set_op = set_of_with(first, text);
+                u.dirty = !plain && sql::classify_with(first, text, self.encoding).dirty;
+                u.set_op = set_of_with(first, text, self.encoding);
                 u.body.clear();
                 u.body.extend_from_slice(rest);
             }
@@ -457,8 +470,9 @@ impl Translator<'_> {
             return Ok(());
         }
         let ends = ends_transaction(text);
+        let enc = self.encoding;
         self.parse_named(name, ends, out, |registry, params| {
-            registry.intern(params, rest)
+            registry.intern(params, rest, enc)
         });
         Ok(())
     }
@@ -539,8 +553,9 @@ impl Translator<'_> {
             self.queue.push_back(Expect::ParseUnnamed(seq));
             return Ok(());
         }
+        let enc = self.encoding;
         self.parse_named(name, false, out, move |registry, params| {
-            registry.intern_rewritten(params, &body, derived)
+            registry.intern_rewritten(params, &body, derived, enc)
         });
         Ok(())
     }
@@ -557,7 +572,11 @@ impl Translator<'_> {
         let first = sql::FirstWord::of(text);
         let plain = sql::is_plain(first, text);
         if !plain {
-            if let Some(name) = sql::prepared_name_with_prefix(text, RESERVED_PREFIX) {
+            if sql::may_change_encoding(text) {
+                *self.recoding = true;
+            }
+            if let Some(name) = sql::prepared_name_with_prefix(text, RESERVED_PREFIX, self.encoding)
+            {
                 // The pooler's statements belong to no client: refuse by SQL, on the server (so
                 // a transaction block fails as it would for any error).
                 let sql = format!(
@@ -572,10 +591,11 @@ impl Translator<'_> {
         let fx = if plain {
             sql::Effects::default()
         } else {
-            sql::classify_with(first, text)
+            sql::classify_with(first, text, self.encoding)
         };
         if fx.dirty {
             *self.dirty = true;
+            *self.recoding = true;
         }
         if fx.drops_statements {
             self.server.clear();
@@ -584,7 +604,7 @@ impl Translator<'_> {
             }
         }
         if first.is_any(&[b"execute", b"deallocate", b"explain"]) {
-            if let Some(cmd) = sql::named_statement_command(text) {
+            if let Some(cmd) = sql::named_statement_command(text, self.encoding) {
                 let def = self
                     .client
                     .as_ref()
@@ -610,6 +630,7 @@ impl Translator<'_> {
                     }
                     if def.effects.dirty {
                         *self.dirty = true;
+                        *self.recoding = true;
                     }
                     put_message(out.buf(), fe::QUERY, |b| {
                         b.put_slice(&text[..cmd.name_at.start]);
@@ -624,7 +645,7 @@ impl Translator<'_> {
         }
         out.pass(msg);
         self.queue
-            .push_back(Expect::Query(set_of_with(first, text)));
+            .push_back(Expect::Query(set_of_with(first, text, self.encoding)));
         Ok(())
     }
 }

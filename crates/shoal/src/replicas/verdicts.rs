@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
 use shoal_wire::readonly::{self, Reads};
+use shoal_wire::sql::ClientEncoding;
 
 /// Statement texts remembered; past it the memory starts over (a workload with more
 /// distinct texts than this is parsed more often, never wrongly).
@@ -43,9 +44,14 @@ pub enum Unit {
 }
 
 impl Verdicts {
-    /// Whether the statement `text` only reads.
-    pub fn reads(&self, text: &[u8]) -> bool {
-        let proof = self.proof(text);
+    /// Whether the statement `text`, in the client's encoding `enc`, only reads. A text
+    /// that cannot be read in it (an encoding not known yet, bytes that are no characters)
+    /// does not.
+    pub fn reads(&self, text: &[u8], enc: ClientEncoding) -> bool {
+        let Ok(text) = enc.as_utf8(text) else {
+            return false;
+        };
+        let proof = self.proof(&text);
         let Some(reads) = proof else { return false };
         if reads.functions.is_empty() {
             return true;
@@ -111,7 +117,12 @@ impl Verdicts {
     /// The unit of work at the head of `buf` (whole messages): a simple Query alone, or
     /// extended-protocol messages up to and including their Sync. `statement_text` gives
     /// the text of a statement prepared before (by client name; `""` is the unnamed one).
-    pub fn unit<'s>(&self, buf: &[u8], statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>) -> Unit {
+    pub fn unit<'s>(
+        &self,
+        buf: &[u8],
+        enc: ClientEncoding,
+        statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>,
+    ) -> Unit {
         // Statements parsed inside this unit, by name: a Bind may use one before the
         // client's statement list has it. Kept on the stack (this runs for every unit); a
         // unit parsing more statements than this is sent to the primary.
@@ -133,7 +144,7 @@ impl Verdicts {
             at = end;
             match tag {
                 fe::QUERY => {
-                    let ok = messages == 1 && self.reads(cstr(body).0);
+                    let ok = messages == 1 && self.reads(cstr(body).0, enc);
                     return if ok {
                         Unit::Reads { messages }
                     } else {
@@ -142,7 +153,7 @@ impl Verdicts {
                 }
                 fe::PARSE => {
                     let (name, rest) = cstr(body);
-                    let ok = self.reads(cstr(rest).0);
+                    let ok = self.reads(cstr(rest).0, enc);
                     if n_parsed == PARSES_PER_UNIT {
                         return Unit::Writes;
                     }
@@ -156,7 +167,7 @@ impl Verdicts {
                     // The latest Parse of that name in this unit, else the client's.
                     let ok = match parsed[..n_parsed].iter().rev().find(|(n, _)| *n == name) {
                         Some((_, ok)) => *ok,
-                        None => statement_text(name).is_some_and(|t| self.reads(t)),
+                        None => statement_text(name).is_some_and(|t| self.reads(t, enc)),
                     };
                     reads &= ok;
                 }
@@ -192,6 +203,8 @@ mod tests {
     use super::*;
     use shoal_wire::frontend;
 
+    const U: ClientEncoding = ClientEncoding::Utf8;
+
     fn query(sql: &str) -> Vec<u8> {
         let mut b = bytes::BytesMut::new();
         frontend::query(&mut b, sql);
@@ -223,35 +236,35 @@ mod tests {
         let v = Verdicts::default();
         let none = |_: &[u8]| None;
         assert_eq!(
-            v.unit(&query("SELECT 1"), none),
+            v.unit(&query("SELECT 1"), U, none),
             Unit::Reads { messages: 1 }
         );
         assert_eq!(
-            v.unit(&query("INSERT INTO t VALUES (1)"), none),
+            v.unit(&query("INSERT INTO t VALUES (1)"), U, none),
             Unit::Writes
         );
         assert_eq!(
-            v.unit(&extended("SELECT $1", "s1"), none),
+            v.unit(&extended("SELECT $1", "s1"), U, none),
             Unit::Reads { messages: 4 }
         );
         assert_eq!(
-            v.unit(&extended("UPDATE t SET a = 1", ""), none),
+            v.unit(&extended("UPDATE t SET a = 1", ""), U, none),
             Unit::Writes
         );
         // A read followed, in the same batch, by a write: the batch is a write.
         let mut mixed = extended("SELECT 1", "");
         mixed.truncate(mixed.len() - 5);
         mixed.extend(extended("DELETE FROM t", ""));
-        assert_eq!(v.unit(&mixed, none), Unit::Writes);
+        assert_eq!(v.unit(&mixed, U, none), Unit::Writes);
         // Not all here yet: no decision.
         let partial = extended("SELECT 1", "");
         assert_eq!(
-            v.unit(&partial[..partial.len() - 5], none),
+            v.unit(&partial[..partial.len() - 5], U, none),
             Unit::Incomplete
         );
         // The first unit only: what follows its end is the next one's.
         let two = [query("SELECT 1"), query("DELETE FROM t")].concat();
-        assert_eq!(v.unit(&two, none), Unit::Reads { messages: 1 });
+        assert_eq!(v.unit(&two, U, none), Unit::Reads { messages: 1 });
     }
 
     #[test]
@@ -264,19 +277,19 @@ mod tests {
         bind.extend_from_slice(&[fe::SYNC, 0, 0, 0, 4]);
         let write = |n: &[u8]| (n == b"w").then_some(&b"DELETE FROM t"[..]);
         let read = |n: &[u8]| (n == b"w").then_some(&b"SELECT 1"[..]);
-        assert_eq!(v.unit(&bind, write), Unit::Writes);
-        assert_eq!(v.unit(&bind, read), Unit::Reads { messages: 2 });
-        assert_eq!(v.unit(&bind, |_: &[u8]| None), Unit::Writes, "unknown");
+        assert_eq!(v.unit(&bind, U, write), Unit::Writes);
+        assert_eq!(v.unit(&bind, U, read), Unit::Reads { messages: 2 });
+        assert_eq!(v.unit(&bind, U, |_: &[u8]| None), Unit::Writes, "unknown");
     }
 
     #[test]
     fn a_statement_with_other_values_is_known_by_its_shape() {
         let v = Verdicts::default();
-        assert!(v.reads(b"SELECT * FROM t WHERE id = 1"));
-        assert!(!v.reads(b"UPDATE t SET a = 1 WHERE id = 1"));
+        assert!(v.reads(b"SELECT * FROM t WHERE id = 1", U));
+        assert!(!v.reads(b"UPDATE t SET a = 1 WHERE id = 1", U));
         let parsed = v.lock().len();
-        assert!(v.reads(b"select *  from t where id = 2 -- again"));
-        assert!(!v.reads(b"UPDATE t SET a = 7 WHERE id = 99"));
+        assert!(v.reads(b"select *  from t where id = 2 -- again", U));
+        assert!(!v.reads(b"UPDATE t SET a = 7 WHERE id = 99", U));
         assert_eq!(
             v.lock().len(),
             parsed,
@@ -284,14 +297,33 @@ mod tests {
         );
     }
 
+    /// In SJIS, 0x83 0x5C is one character: the string ends at the next quote and a DELETE
+    /// follows. Read as bytes it would be one string in one SELECT.
+    #[test]
+    fn a_text_is_proven_as_the_server_reads_it() {
+        let v = Verdicts::default();
+        let sql = b"SELECT E'\x83\x5c'; DELETE FROM t; --'";
+        let sjis = ClientEncoding::Split(shoal_wire::encoding::Split::Sjis);
+        assert!(!v.reads(sql, sjis));
+        assert!(!v.reads(b"SELECT '\xe9'", ClientEncoding::Unknown));
+        assert!(
+            v.reads(b"SELECT 1", ClientEncoding::Unknown),
+            "ASCII reads the same"
+        );
+        // The same bytes, proven once as UTF-8 bytes (invalid there), are not taken for
+        // the SJIS text: the memo is keyed by what the server reads.
+        let _ = v.reads(sql, U);
+        assert!(!v.reads(sql, sjis));
+    }
+
     #[test]
     fn functions_must_be_known_non_volatile() {
         let v = Verdicts::default();
-        assert!(!v.reads(b"SELECT now()"), "catalogue not read yet");
+        assert!(!v.reads(b"SELECT now()", U), "catalogue not read yet");
         v.set_functions(["now".to_string(), "count".to_string()].into());
-        assert!(v.reads(b"SELECT now(), count(*) FROM t"));
-        assert!(v.reads(b"SELECT pg_catalog.now()"));
-        assert!(!v.reads(b"SELECT nextval('s')"));
-        assert!(v.reads(b"SELECT 1"));
+        assert!(v.reads(b"SELECT now(), count(*) FROM t", U));
+        assert!(v.reads(b"SELECT pg_catalog.now()", U));
+        assert!(!v.reads(b"SELECT nextval('s')", U));
+        assert!(v.reads(b"SELECT 1", U));
     }
 }

@@ -856,12 +856,18 @@ mod tests {
         let body = b"SELECT 1\0\0\0";
         let before: Vec<_> = [&du, &dv, &d2, &e]
             .iter()
-            .map(|p| p.statements.intern(0, body))
+            .map(|p| {
+                p.statements
+                    .intern(0, body, shoal_wire::sql::ClientEncoding::Utf8)
+            })
             .collect();
         du.statements.schema_changed();
         let after: Vec<_> = [&du, &dv, &d2, &e]
             .iter()
-            .map(|p| p.statements.intern(0, body))
+            .map(|p| {
+                p.statements
+                    .intern(0, body, shoal_wire::sql::ClientEncoding::Utf8)
+            })
             .collect();
         let fresh: Vec<bool> = before
             .iter()

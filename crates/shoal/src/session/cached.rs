@@ -9,6 +9,8 @@
 
 use std::sync::atomic::Ordering;
 
+use shoal_wire::sql::ClientEncoding;
+
 use crate::cache::{Fill, QueryCache};
 
 use super::{Extras, Session, SessionError};
@@ -25,11 +27,15 @@ impl Session {
             return Ok(false);
         };
         if self.skip_until_sync
-            || self
-                .extras
-                .as_ref()
-                .is_some_and(|x| x.listen.is_some() || x.capture.is_some())
+            || self.extras.as_ref().is_some_and(|x| {
+                x.listen.is_some() || x.capture.is_some() || x.holds_state || x.recoding
+            })
+            || super::encoding_of(&self.extras) != ClientEncoding::Utf8
         {
+            // Its server's session may differ from what the key says: state the client left
+            // there that Shoal does not replay (a `set_config`, a temporary table, `SET ROLE`
+            // among other statements), or text in another encoding. Such a client neither
+            // fills nor is served.
             return Ok(false);
         }
         let prefix = self.cache_prefix();
@@ -44,7 +50,7 @@ impl Session {
                     // As if the Parse had reached a server: the client's unnamed statement.
                     self.statements
                         .get_or_insert_with(Default::default)
-                        .unnamed_parsed_without_server(&self.cbuf[body]);
+                        .unnamed_parsed_without_server(&self.cbuf[body], ClientEncoding::Utf8);
                 }
                 self.stream.write_all(&reply).await?;
                 bytes::Buf::advance(&mut self.cbuf, candidate.len);
@@ -116,6 +122,7 @@ pub(super) fn note_writes(
     msg: &[u8],
     statements: Option<&crate::prepared::ClientStatements>,
     touched: &mut crate::cache::Touched,
+    enc: ClientEncoding,
 ) {
     use shoal_wire::frontend::tag as fe;
     let body = &msg[shoal_wire::frame::HEADER_LEN..];
@@ -139,5 +146,5 @@ pub(super) fn note_writes(
         }
         _ => return,
     };
-    touched.add(cache.touches(text));
+    touched.add(cache.touches(text, enc));
 }

@@ -164,6 +164,8 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
             lease: None,
             peer: image.peer,
             target: image.target,
+            // Refined by the image's held SETs in `restore`.
+            encoding: super::login::startup_encoding(&image.params),
         };
         let (mut session, _) = Session::new(&app, id, guard, stream, logged_in);
         session.restore(image);
@@ -174,15 +176,40 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
     started.await.unwrap_or(false)
 }
 
+/// How a client handed over reads its text: its held `SET client_encoding` (replayed on
+/// every server it uses), else its startup parameter, else UTF8.
+fn image_encoding(image: &SessionImage) -> shoal_wire::sql::ClientEncoding {
+    use shoal_wire::sql::ClientEncoding;
+    let held = image
+        .held_sets
+        .iter()
+        .rev()
+        .find(|(name, _)| name == "client_encoding" || name == "names")
+        .map(|(_, sql)| {
+            let value = sql.trim().trim_end_matches(';').rsplit(['=', ' ']).next();
+            value.map_or(ClientEncoding::Unknown, |v| {
+                ClientEncoding::from_name(v.trim_matches(|c| c == '\'' || c == '"'))
+            })
+        });
+    held.unwrap_or_else(|| super::login::startup_encoding(&image.params))
+}
+
 impl Session {
     /// Takes up the state an image of this client's session carries: its prepared
     /// statements, SETs, unread bytes.
     pub(super) fn restore(&mut self, image: SessionImage) {
+        let encoding = image_encoding(&image);
+        if encoding != shoal_wire::sql::ClientEncoding::Utf8 {
+            Extras::get(&mut self.extras).encoding = encoding;
+        }
         let statements = crate::prepared::ClientStatements::import(
             &self.pool.statements,
             crate::prepared::params_key(&image.params),
             image.statements,
             image.unnamed,
+            // Read as UTF8 until the server reports otherwise: the image does not carry the
+            // encoding, and a client of another encoding re-sends its SET on the new process.
+            shoal_wire::sql::ClientEncoding::Utf8,
         );
         self.statements = Some(Box::new(statements));
         if !image.held_sets.is_empty() {

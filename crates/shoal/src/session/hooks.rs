@@ -35,6 +35,10 @@ pub(super) struct HookCx<'a> {
     /// The pool's query rules, when it has any, and its name (for their log lines).
     pub(super) rules: Option<&'a crate::query_rules::QueryRules>,
     pub(super) pool_name: &'a str,
+    /// How the server reads the client's text now, and whether a message sent may change
+    /// that before the server says (see [`super::Extras::recoding`]).
+    pub(super) encoding: shoal_wire::sql::ClientEncoding,
+    pub(super) recoding: &'a mut bool,
 }
 
 pub(super) trait Hooks {
@@ -116,7 +120,7 @@ impl Hooks for Prepared {
         sink: &mut ClientSink<'_>,
     ) -> Result<(), FrameError> {
         let refusal = match cx.rules {
-            Some(rules) => rules.refusal(msg, cx.statements.as_deref(), cx.pool_name),
+            Some(rules) => rules.refusal(msg, cx.statements.as_deref(), cx.pool_name, cx.encoding),
             None => None,
         };
         let (statements, queue, dirty) = cx.server.translation();
@@ -129,16 +133,13 @@ impl Hooks for Prepared {
             queue,
             max_per_server: cx.max_prepared,
             dirty,
+            encoding: cx.encoding,
+            recoding: cx.recoding,
             aborted: cx.status == b'E',
         };
         match refusal {
-            Some(message) => {
-                t.refuse(
-                    msg[0],
-                    shoal_wire::sqlstate::INSUFFICIENT_PRIVILEGE,
-                    message,
-                    sink,
-                );
+            Some((code, message)) => {
+                t.refuse(msg[0], code, message, sink);
                 Ok(())
             }
             None => t.client_message(msg, sink),

@@ -1,7 +1,7 @@
 //! Database-wide commands that Shoal's own idle connections would block.
 
 use shoal_wire::frame::Reader;
-use shoal_wire::sql;
+use shoal_wire::sql::{self, ClientEncoding};
 
 use crate::app::App;
 
@@ -9,19 +9,19 @@ use crate::app::App;
 /// PostgreSQL refuse (`55006 database is being accessed by other users`), so they are closed
 /// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
 /// them to go.
-pub fn database_command(app: &App, query_body: &[u8]) {
-    database_command_text(app, query_body)
+pub fn database_command(app: &App, query_body: &[u8], enc: ClientEncoding) {
+    database_command_text(app, query_body, enc)
 }
 
 /// [`database_command`] for a Parse (its statement name comes before the text).
-pub fn database_command_parsed(app: &App, parse_body: &[u8]) {
+pub fn database_command_parsed(app: &App, parse_body: &[u8], enc: ClientEncoding) {
     let mut r = Reader::new(parse_body);
     if r.cstr_bytes().is_ok() {
-        database_command_text(app, r.rest());
+        database_command_text(app, r.rest(), enc);
     }
 }
 
-fn database_command_text(app: &App, query_body: &[u8]) {
+fn database_command_text(app: &App, query_body: &[u8], enc: ClientEncoding) {
     // Most queries start with another letter: decided without reading the first word.
     if query_body
         .first()
@@ -33,7 +33,7 @@ fn database_command_text(app: &App, query_body: &[u8]) {
         return;
     }
     let text = Reader::new(query_body).cstr_bytes().unwrap_or_default();
-    if let Some(cmd) = sql::database_command(text) {
+    if let Some(cmd) = sql::database_command(text, enc) {
         let name = String::from_utf8_lossy(&cmd.database);
         for pool in app.routes.pools() {
             if pool.upstream.dbname == name {

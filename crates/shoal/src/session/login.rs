@@ -144,6 +144,8 @@ pub(super) struct LoggedIn {
     pub(super) peer: Option<std::net::SocketAddr>,
     /// `target_session_attrs`, when the client gave one.
     pub(super) target: Option<crate::config::replicas::TargetSessionAttrs>,
+    /// How the client's text is read, as the server reported at login.
+    pub(super) encoding: shoal_wire::sql::ClientEncoding,
 }
 
 /// What a client asks for, and what is known of it before it proves who it is.
@@ -599,7 +601,18 @@ pub(super) async fn enter_pool(
     backend::ready_for_query(out, b'I');
     stream.write_all(out).await?;
     drop(pool);
+    let reported_value = |name: &str| {
+        reported
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let encoding = shoal_wire::sql::ClientEncoding::of_session(
+        reported_value("client_encoding"),
+        reported_value("server_encoding"),
+    );
     Ok(Box::new(LoggedIn {
+        encoding,
         pool: pool_client,
         params: std::mem::take(&mut req.startup.params),
         cancel,
@@ -607,6 +620,12 @@ pub(super) async fn enter_pool(
         peer: req.peer,
         target: req.startup.target,
     }))
+}
+
+/// How a client's text is read as its startup parameters say (UTF8 when they say nothing).
+pub(super) fn startup_encoding(params: &[(String, String)]) -> shoal_wire::sql::ClientEncoding {
+    let startup = params.iter().find(|(k, _)| k == "client_encoding");
+    shoal_wire::sql::ClientEncoding::of_session(startup.map(|(_, v)| v.as_str()), None)
 }
 
 /// Holds a client's startup `statement_timeout` to its pool's `max_statement_timeout`: a

@@ -33,6 +33,7 @@ use bytes::{Buf, BytesMut};
 use shoal_wire::backend::{self, ErrorFields, Severity};
 use shoal_wire::frame::next_frame_len;
 use shoal_wire::frontend::{self, tag as fe};
+use shoal_wire::sql::ClientEncoding;
 use shoal_wire::sqlstate;
 
 use crate::app::{App, ClientGuard};
@@ -192,11 +193,43 @@ pub struct Extras {
     pub target: Option<crate::config::replicas::TargetSessionAttrs>,
     /// The reply of the unit about to run is to be kept by the pool's cache.
     pub capture: Option<Box<crate::cache::Capture>>,
+    /// The client's `client_encoding` as its server last reported it, when not UTF8 (see
+    /// [`shoal_wire::encoding`]): how every statement of the client is read.
+    pub encoding: ClientEncoding,
+    /// The client left session state on a server that Shoal does not replay (its server
+    /// held state when one of its transactions ended): what it runs may depend on more than
+    /// a cache key says, for as long as it is connected.
+    pub holds_state: bool,
+    /// A statement sent may have changed it (`SET client_encoding`, `set_config`, ...):
+    /// until the server has answered everything sent, text is read as of an unknown
+    /// encoding (only ASCII is readable; the rest fails closed).
+    pub recoding: bool,
 }
 
 impl Extras {
     pub fn get(extras: &mut Option<Box<Extras>>) -> &mut Extras {
         extras.get_or_insert_with(Default::default)
+    }
+}
+
+/// How the client's next statement is to be read (UTF8 for a client that holds no extras).
+pub(super) fn encoding_of(extras: &Option<Box<Extras>>) -> ClientEncoding {
+    match extras {
+        Some(x) if x.recoding => ClientEncoding::Unknown,
+        Some(x) => x.encoding,
+        None => ClientEncoding::Utf8,
+    }
+}
+
+/// The server reported `client_encoding` (or `server_encoding`) as `value`.
+pub(super) fn encoding_reported(
+    extras: &mut Option<Box<Extras>>,
+    client_encoding: Option<&str>,
+    server_encoding: Option<&str>,
+) {
+    let enc = ClientEncoding::of_session(client_encoding, server_encoding);
+    if enc != ClientEncoding::Utf8 || extras.is_some() {
+        Extras::get(extras).encoding = enc;
     }
 }
 
@@ -234,6 +267,7 @@ impl Session {
             lease,
             peer: _,
             target,
+            encoding,
         } = done;
         // The session takes over the client count (released in `Drop`).
         client.into_session();
@@ -261,6 +295,9 @@ impl Session {
         };
         if target.is_some_and(|t| t != crate::config::replicas::TargetSessionAttrs::Any) {
             Extras::get(&mut session.extras).target = target;
+        }
+        if encoding != ClientEncoding::Utf8 {
+            Extras::get(&mut session.extras).encoding = encoding;
         }
         (session, lease.map(Box::new))
     }
@@ -519,6 +556,9 @@ impl Session {
         match end {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
+                if lease.session.fit(self.id) == crate::server_session::Fit::Own {
+                    Extras::get(&mut self.extras).holds_state = true;
+                }
                 if lease.session.take_listens() {
                     match Box::pin(self.unlisten(lease)).await {
                         Some(back) => lease = back,
@@ -704,14 +744,20 @@ impl Session {
                     if !self.skip_until_sync
                         && self.pool.settings.mode == PoolMode::Transaction
                         && self.pool.rules().is_none_or(|r| {
-                            r.refusal(&self.cbuf[..n], self.statements.as_deref(), &self.pool.name)
-                                .is_none()
+                            r.refusal(
+                                &self.cbuf[..n],
+                                self.statements.as_deref(),
+                                &self.pool.name,
+                                encoding_of(&self.extras),
+                            )
+                            .is_none()
                         })
                         && prepared::parse_without_server(
                             &self.pool.statements,
                             &self.params,
                             &mut self.statements,
                             &self.cbuf[..n],
+                            encoding_of(&self.extras),
                         ) =>
                 {
                     backend::put_message(&mut out, b'1', |_| {});

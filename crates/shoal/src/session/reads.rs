@@ -83,7 +83,12 @@ impl Session {
             _ if filling => None,
             ReadRouting::Primary => None,
             ReadRouting::Replicas => Some(0),
-            ReadRouting::Split => match unit(&self.pool, &self.cbuf, self.statements.as_deref()) {
+            ReadRouting::Split => match unit(
+                &self.pool,
+                &self.cbuf,
+                self.statements.as_deref(),
+                super::encoding_of(&self.extras),
+            ) {
                 Unit::Reads { messages } => Some(messages),
                 Unit::Writes | Unit::Incomplete => None,
             },
@@ -168,12 +173,17 @@ impl Session {
 }
 
 /// What the unit at the head of `buf` (the client's buffered messages) comes to.
-fn unit(pool: &Pool, buf: &[u8], statements: Option<&ClientStatements>) -> Unit {
+fn unit(
+    pool: &Pool,
+    buf: &[u8],
+    statements: Option<&ClientStatements>,
+    enc: shoal_wire::sql::ClientEncoding,
+) -> Unit {
     let Some(set) = pool.replicas() else {
         return Unit::Writes;
     };
     set.verdicts
-        .unit(buf, |name| statements.and_then(|s| s.text_of(name)))
+        .unit(buf, enc, |name| statements.and_then(|s| s.text_of(name)))
 }
 
 /// Whether the client message at the head of `buf` (with type `tag`) may go to the replica
@@ -185,12 +195,13 @@ pub(super) fn replica_may_take(
     tag: u8,
     flow: &Flow,
     out: &mut Outbound,
+    enc: shoal_wire::sql::ClientEncoding,
 ) -> bool {
     if out.cleared == 0 {
         if flow.is_idle() && flow.status != b'I' {
             out.cleared = UNTIL_UNIT_END;
         } else {
-            match unit(pool, buf, statements) {
+            match unit(pool, buf, statements, enc) {
                 Unit::Reads { messages } => out.cleared = messages,
                 Unit::Writes | Unit::Incomplete => return false,
             }

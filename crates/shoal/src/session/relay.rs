@@ -30,6 +30,7 @@ use crate::prepared::Expect;
 use crate::server::ServerConn;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend;
+use shoal_wire::sql::ClientEncoding;
 
 /// Read granularity; buffers grow beyond it only for larger messages.
 pub const READ_CHUNK: usize = 8192;
@@ -96,6 +97,7 @@ impl Session {
             self.id,
             &mut self.statements,
             rules,
+            super::encoding_of(&self.extras),
         );
         loop {
             if out.client_rest > 0 {
@@ -151,6 +153,7 @@ impl Session {
                     tag,
                     flow,
                     out,
+                    side.encoding,
                 )
             {
                 if out.reads_only {
@@ -173,11 +176,17 @@ impl Session {
                     msg,
                     side.statements.as_deref(),
                     &mut out.touched,
+                    side.encoding,
                 );
             }
+            let body = &msg[HEADER_LEN..];
             match tag {
-                fe::QUERY => super::hygiene::database_command(&self.app, &msg[HEADER_LEN..]),
-                fe::PARSE => super::hygiene::database_command_parsed(&self.app, &msg[HEADER_LEN..]),
+                fe::QUERY => super::hygiene::database_command(&self.app, body, side.encoding),
+                fe::PARSE => {
+                    super::hygiene::database_command_parsed(&self.app, body, side.encoding)
+                }
+                // A function called by its number may be `set_config`.
+                fe::FUNCTION_CALL => side.recoding = true,
                 _ => {}
             }
             if out.notify_active
@@ -199,6 +208,11 @@ impl Session {
             let (consumed, direct) = sink.settle();
             self.cbuf.advance(consumed);
             out.direct_to_server = direct;
+            if side.recoding && side.encoding != ClientEncoding::Unknown {
+                // What follows is read once the server has said how it reads it.
+                side.encoding = ClientEncoding::Unknown;
+                super::Extras::get(&mut self.extras).recoding = true;
+            }
         }
         if hooks.replies_due(&mut server.session) {
             out.spill_to_client(&mut server.buf);
@@ -375,6 +389,24 @@ fn take_server<H: Hooks>(
             be::PARAMETER_STATUS => {
                 let (k, v) = backend::parse_parameter_status_bytes(body)
                     .map_err(SessionError::server_protocol)?;
+                if k == b"client_encoding" || k == b"server_encoding" {
+                    let (client, server_enc) = {
+                        let get = |name: &str| {
+                            server
+                                .params
+                                .iter()
+                                .find(|(n, _)| n == name)
+                                .map(|(_, v)| v.as_str())
+                        };
+                        let v = std::str::from_utf8(v).ok();
+                        if k == b"client_encoding" {
+                            (v, get("server_encoding"))
+                        } else {
+                            (get("client_encoding"), v)
+                        }
+                    };
+                    super::encoding_reported(extras, client, server_enc);
+                }
                 // A reported setting changed under a client (`SET ROLE` changes
                 // `is_superuser`, `set_config` may change `application_name`): whatever
                 // did it, the next client must not inherit it.
@@ -445,6 +477,12 @@ fn take_server<H: Hooks>(
         if tag == be::READY_FOR_QUERY {
             // Only ReadyForQuery messages the client sees answer what it sent.
             flow.ready_for_query(body_first.unwrap_or(b'I'), forwarded);
+            if flow.is_idle() {
+                // Every change of encoding sent has been reported by now.
+                if let Some(x) = extras.as_mut() {
+                    x.recoding = false;
+                }
+            }
             if forwarded {
                 out.counts.queries += 1;
                 if let Some(t) = out.query_start.take() {
@@ -492,6 +530,9 @@ struct ClientSide<'a> {
     client_id: u64,
     statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
     max_prepared: usize,
+    encoding: shoal_wire::sql::ClientEncoding,
+    /// A message taken may change the encoding (see [`super::Extras::recoding`]).
+    recoding: bool,
 }
 
 impl<'a> ClientSide<'a> {
@@ -501,8 +542,11 @@ impl<'a> ClientSide<'a> {
         client_id: u64,
         statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
         rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+        encoding: shoal_wire::sql::ClientEncoding,
     ) -> Self {
         ClientSide {
+            encoding,
+            recoding: false,
             registry: &pool.statements,
             rules,
             pool_name: &pool.name,
@@ -529,6 +573,8 @@ impl<'a> ClientSide<'a> {
             status: flow.status,
             rules: self.rules.as_deref(),
             pool_name: self.pool_name,
+            encoding: self.encoding,
+            recoding: &mut self.recoding,
         }
     }
 }
@@ -762,6 +808,7 @@ impl Session {
                         self.id,
                         &mut self.statements,
                         None,
+                        super::encoding_of(&self.extras),
                     );
                     fatal = take_server(
                         hooks,
@@ -838,6 +885,7 @@ impl Session {
                 self.id,
                 &mut self.statements,
                 None,
+                super::encoding_of(&self.extras),
             );
             fatal = take_server(
                 hooks,

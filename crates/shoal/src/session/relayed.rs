@@ -349,6 +349,7 @@ fn resumed(
         .cancels
         .register_exact(pid, secret, info.clone())
         .unwrap_or_else(|| app.cancels.register(None, info));
+    let encoding = login::startup_encoding(&req.startup.params);
     Ok((
         Box::new(login::LoggedIn {
             pool: login::PoolClient(pool),
@@ -357,6 +358,8 @@ fn resumed(
             lease: None,
             peer: req.peer,
             target: req.startup.target,
+            // Refined by the image's held SETs when the session takes it up.
+            encoding,
         }),
         image,
     ))

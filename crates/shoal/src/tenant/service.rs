@@ -211,6 +211,10 @@ impl TenantService {
             return Err(field_error("tenant", "must be an object"));
         };
         let users_given = changes.contains_key("users");
+        // Write-only fields are never serialized, so they are not in `v`: a patch that does
+        // not name them keeps the stored ones.
+        let jwt_secret_given = changes.contains_key("jwt_secret");
+        let jwt_jwks_given = changes.contains_key("jwt_jwks");
         if let serde_json::Value::Object(obj) = &mut v {
             for (k, val) in changes {
                 obj.insert(k, val);
@@ -232,6 +236,12 @@ impl TenantService {
             }
         } else {
             t.users = current.users.clone();
+        }
+        if !jwt_secret_given {
+            t.jwt_secret = current.jwt_secret.clone();
+        }
+        if !jwt_jwks_given {
+            t.jwt_jwks = current.jwt_jwks.clone();
         }
         if t.external_id != id {
             return Err(field_error("external_id", "cannot be changed"));

@@ -189,14 +189,16 @@ async fn logout(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
 
 /// A request without a session (or from another site's page) gets `401` (`403`).
 fn guard(ui: &Ui, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    ui.sessions.admits(headers).map_err(|why| {
-        let status = if session::same_origin(headers) {
-            StatusCode::UNAUTHORIZED
-        } else {
-            StatusCode::FORBIDDEN
-        };
-        Box::new(refuse(status, why))
-    })
+    ui.sessions
+        .admits(headers, crate::api::Access::Read)
+        .map_err(|why| {
+            let status = if session::same_origin(headers) {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::FORBIDDEN
+            };
+            Box::new(refuse(status, why))
+        })
 }
 
 /// A guarded request's query string, or the answer refusing it.

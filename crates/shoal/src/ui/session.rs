@@ -87,10 +87,31 @@ pub fn same_origin(headers: &axum::http::HeaderMap) -> bool {
         .any(|h| authority.eq_ignore_ascii_case(h.trim()))
 }
 
+/// Whether a request that changes something surely comes from a page of this server. A
+/// browser sends `Origin` with every such `fetch`, and an `<img>` or a link sends none, so
+/// here a missing `Origin` is refused; `Sec-Fetch-Site` must not name another site, nor
+/// another port of the same host (`same-site`, where a `SameSite` cookie still travels).
+pub fn same_origin_change(headers: &axum::http::HeaderMap) -> bool {
+    let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
+    if get("sec-fetch-site").is_some_and(|s| s != "same-origin") {
+        return false;
+    }
+    get("origin").is_some() && same_origin(headers)
+}
+
 impl crate::api::Gate for Sessions {
-    fn admits(&self, headers: &axum::http::HeaderMap) -> Result<(), &'static str> {
+    fn admits(
+        &self,
+        headers: &axum::http::HeaderMap,
+        access: crate::api::Access,
+    ) -> Result<(), &'static str> {
         if !same_origin(headers) {
             return Err("the dashboard's requests must come from its own pages");
+        }
+        if access == crate::api::Access::Write && !same_origin_change(headers) {
+            return Err(
+                "a change must come from the dashboard's own page (a request with its Origin)",
+            );
         }
         match from_headers(headers) {
             Some(id) if self.valid(id) => Ok(()),
@@ -148,29 +169,54 @@ mod tests {
 
     #[test]
     fn requests_from_other_sites_are_refused() {
-        use crate::api::Gate;
+        use crate::api::{Access::Read, Gate};
         let s = Sessions::new(Duration::from_secs(60));
         let id = s.open();
         let mut h = axum::http::HeaderMap::new();
         h.insert("host", "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(s.admits(&h), Err("log in first (POST /ui/login)"));
+        assert_eq!(s.admits(&h, Read), Err("log in first (POST /ui/login)"));
         h.insert("cookie", format!("shoal_ui={id}").parse().unwrap());
         assert_eq!(
-            s.admits(&h),
+            s.admits(&h, Read),
             Ok(()),
             "no Origin: not a browser's cross-site request"
         );
         h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
-        assert_eq!(s.admits(&h), Ok(()));
+        assert_eq!(s.admits(&h, Read), Ok(()));
         h.insert("origin", "https://evil.example".parse().unwrap());
-        assert!(s.admits(&h).is_err());
+        assert!(s.admits(&h, Read).is_err());
         h.insert("origin", "https://shoal.example.com".parse().unwrap());
         h.insert("x-forwarded-host", "shoal.example.com".parse().unwrap());
-        assert_eq!(s.admits(&h), Ok(()), "the host a proxy was asked for");
+        assert_eq!(s.admits(&h, Read), Ok(()), "the host a proxy was asked for");
         h.remove("x-forwarded-host");
         h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
         h.insert("sec-fetch-site", "cross-site".parse().unwrap());
-        assert!(s.admits(&h).is_err());
+        assert!(s.admits(&h, Read).is_err());
+    }
+
+    #[test]
+    fn changes_need_the_pages_own_origin() {
+        use crate::api::{Access, Gate};
+        let s = Sessions::new(Duration::from_secs(60));
+        let id = s.open();
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("host", "127.0.0.1:4000".parse().unwrap());
+        h.insert("cookie", format!("shoal_ui={id}").parse().unwrap());
+        assert_eq!(s.admits(&h, Access::Read), Ok(()));
+        assert!(
+            s.admits(&h, Access::Write).is_err(),
+            "no Origin: an <img> or a link, not the dashboard's fetch"
+        );
+        h.insert("sec-fetch-site", "same-site".parse().unwrap());
+        assert!(
+            s.admits(&h, Access::Write).is_err(),
+            "another port of the same host"
+        );
+        h.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        h.insert("origin", "http://127.0.0.1:4000".parse().unwrap());
+        assert_eq!(s.admits(&h, Access::Write), Ok(()));
+        h.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
+        assert!(s.admits(&h, Access::Write).is_err());
     }
 
     #[test]

@@ -75,7 +75,7 @@ export function tenantsView(view, every) {
             onclick: () => {
               if (!confirm(`End every client and pool of ${id}? The tenant stays.`)) return;
               act(`Terminate ${id}`, async () => {
-                const r = await api(`${path}/terminate`);
+                const r = await api(`${path}/terminate`, { method: 'POST' });
                 return `${id}: ${r.clients} clients ended.`;
               });
             },
