@@ -352,6 +352,43 @@ async fn clients_with_other_settings_or_roles_never_share_an_entry() {
     assert_eq!(simple_rows(&one, sql).await, ["alice's note"]);
 }
 
+/// State a client leaves in its session that Shoal does not replay (a `set_config`, a
+/// `SET` among other statements, a temporary table shadowing a table) is not in any key:
+/// such a client neither fills the cache for others nor is served from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_no_key_holds_keeps_a_client_out_of_the_cache() {
+    let db = fresh_db(
+        "cache_state",
+        "CREATE SCHEMA s1;
+         CREATE TABLE public.t (v text); INSERT INTO public.t VALUES ('from public');
+         CREATE TABLE s1.t (v text); INSERT INTO s1.t VALUES ('from s1');",
+    );
+    let s = cached_shoal(&db, "cache = true\ncache_all_reads = true", "");
+    let sql = "SELECT v FROM t";
+    for setup in [
+        "SELECT set_config('search_path', 's1', false)",
+        "SET search_path = s1; SELECT 1",
+        "CREATE TEMP TABLE t AS SELECT 'from s1'::text AS v",
+    ] {
+        let a = s.connect(&db).await;
+        a.simple_query(setup).await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(simple_rows(&a, sql).await, ["from s1"], "{setup}");
+        }
+        let b = s.connect(&db).await;
+        assert_eq!(
+            until_hit(&s, &b, sql).await,
+            ["from public"],
+            "{setup}: B was served A's reply"
+        );
+        assert_eq!(
+            simple_rows(&a, sql).await,
+            ["from s1"],
+            "{setup}: A was served B's reply"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_what_is_opted_in_and_never_what_changes_by_itself_is_kept() {
     let db = fresh_db("cache_optin", ITEMS);

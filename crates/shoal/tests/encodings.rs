@@ -50,7 +50,9 @@ async fn rules_see_what_a_two_byte_character_would_hide() {
         + &format!("[[databases.{db}.rules]]\nname = \"no-drop\"\nstatement = \"DROP\"\naction = \"deny\"\n");
     let shoal = Shoal::start(&config);
     let d = direct(&db).await;
-    d.batch_execute("CREATE TABLE victim (id int)").await.unwrap();
+    d.batch_execute("CREATE TABLE victim (id int)")
+        .await
+        .unwrap();
 
     // The encoding given at login.
     let mut r = Raw::login(shoal.addr, "raw", &db, &[("client_encoding", "SJIS")]).await;
@@ -70,11 +72,19 @@ async fn rules_see_what_a_two_byte_character_would_hide() {
     let msgs = run(&mut r, b"SET client_encoding = 'SJIS'").await;
     assert!(error(&msgs).is_none(), "{msgs:?}");
     let msgs = run(&mut r, HIDDEN_DROP).await;
-    assert_eq!(error(&msgs).map(|e| e.code()), Some("42501".into()), "{msgs:?}");
+    assert_eq!(
+        error(&msgs).map(|e| e.code()),
+        Some("42501".into()),
+        "{msgs:?}"
+    );
     assert!(victim_exists(&db).await);
     // Set through set_config(), whose change only the server's report tells.
     let mut r = Raw::login(shoal.addr, "raw", &db, &[]).await;
-    let msgs = run(&mut r, b"SELECT set_config('client_encoding', 'BIG5', false)").await;
+    let msgs = run(
+        &mut r,
+        b"SELECT set_config('client_encoding', 'BIG5', false)",
+    )
+    .await;
     assert!(error(&msgs).is_none(), "{msgs:?}");
     let msgs = run(&mut r, HIDDEN_DROP).await;
     assert!(error(&msgs).is_some(), "{msgs:?}");
@@ -125,6 +135,10 @@ async fn session_hygiene_sees_what_a_two_byte_character_would_hide() {
     assert_eq!(seen, vec![""], "B inherited A's claims");
     // A keeps its own: it gets its server back once B is done with the pool's one.
     drop(b);
-    let msgs = run(&mut a, b"SELECT current_setting('request.jwt.claims', true)").await;
+    let msgs = run(
+        &mut a,
+        b"SELECT current_setting('request.jwt.claims', true)",
+    )
+    .await;
     assert!(error(&msgs).is_none(), "{msgs:?}");
 }

@@ -56,6 +56,7 @@ impl Fixture {
             dirty: &mut self.dirty,
             encoding: shoal_wire::sql::ClientEncoding::Utf8,
             recoding: &mut false,
+            untracked: &mut false,
             aborted: false,
         }
         .client_message(m, &mut out)

@@ -54,6 +54,10 @@ pub struct Translator<'a> {
     pub encoding: ClientEncoding,
     /// Set when a message sent may change that (see [`sql::may_change_encoding`]).
     pub recoding: &'a mut bool,
+    /// Set when a message sent leaves state that Shoal does not follow (anything dirty but
+    /// a session `SET` it replays): what the client's statements read may then depend on
+    /// more than its startup parameters and held SETs.
+    pub untracked: &'a mut bool,
     /// The client's transaction block has failed (status `E`): PostgreSQL refuses to parse
     /// anything but a statement that ends it.
     pub aborted: bool,
@@ -153,7 +157,7 @@ impl Translator<'_> {
             );
             return false;
         };
-        let (seq, dirty) = (u.seq, u.dirty);
+        let (seq, dirty, tracked) = (u.seq, u.dirty, u.set_op.is_some());
         if u.depends.is_some() || matches!(u.set_op, Some(SetOp::Deallocate(_))) {
             self.unnamed_prerequisites(out);
         }
@@ -166,6 +170,7 @@ impl Translator<'_> {
             self.server.unnamed_owner = Some(owner);
         }
         if dirty {
+            *self.untracked |= !tracked;
             *self.dirty = true;
             *self.recoding = true;
         }
@@ -317,6 +322,7 @@ impl Translator<'_> {
                     self.server.portal_set = def.set_op.clone();
                 }
                 if def.effects.dirty {
+                    *self.untracked |= def.set_op.is_none();
                     *self.dirty = true;
                     *self.recoding = true;
                 }
@@ -391,6 +397,7 @@ impl Translator<'_> {
             fe::FUNCTION_CALL => {
                 out.pass(msg);
                 // A function may change anything in the session.
+                *self.untracked = true;
                 *self.dirty = true;
                 *self.recoding = true;
                 self.queue.push_back(Expect::Query(None));
@@ -594,6 +601,7 @@ impl Translator<'_> {
             sql::classify_with(first, text, self.encoding)
         };
         if fx.dirty {
+            *self.untracked |= set_of_with(first, text, self.encoding).is_none();
             *self.dirty = true;
             *self.recoding = true;
         }
@@ -629,6 +637,7 @@ impl Translator<'_> {
                         self.queue.push_back(Expect::HideSync);
                     }
                     if def.effects.dirty {
+                        *self.untracked |= def.set_op.is_none();
                         *self.dirty = true;
                         *self.recoding = true;
                     }

@@ -39,6 +39,8 @@ pub(super) struct HookCx<'a> {
     /// that before the server says (see [`super::Extras::recoding`]).
     pub(super) encoding: shoal_wire::sql::ClientEncoding,
     pub(super) recoding: &'a mut bool,
+    /// A message sent leaves state Shoal does not follow (see [`super::Extras::holds_state`]).
+    pub(super) untracked: &'a mut bool,
 }
 
 pub(super) trait Hooks {
@@ -135,6 +137,7 @@ impl Hooks for Prepared {
             dirty,
             encoding: cx.encoding,
             recoding: cx.recoding,
+            untracked: cx.untracked,
             aborted: cx.status == b'E',
         };
         match refusal {

@@ -196,9 +196,10 @@ pub struct Extras {
     /// The client's `client_encoding` as its server last reported it, when not UTF8 (see
     /// [`shoal_wire::encoding`]): how every statement of the client is read.
     pub encoding: ClientEncoding,
-    /// The client left session state on a server that Shoal does not replay (its server
-    /// held state when one of its transactions ended): what it runs may depend on more than
-    /// a cache key says, for as long as it is connected.
+    /// The client sent a statement that leaves session state Shoal does not replay (a
+    /// `set_config`, a temporary table, a `SET` among other statements, a FunctionCall...):
+    /// what it runs may depend on more than a cache key says, for as long as it is
+    /// connected.
     pub holds_state: bool,
     /// A statement sent may have changed it (`SET client_encoding`, `set_config`, ...):
     /// until the server has answered everything sent, text is read as of an unknown
@@ -556,9 +557,6 @@ impl Session {
         match end {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
-                if lease.session.fit(self.id) == crate::server_session::Fit::Own {
-                    Extras::get(&mut self.extras).holds_state = true;
-                }
                 if lease.session.take_listens() {
                     match Box::pin(self.unlisten(lease)).await {
                         Some(back) => lease = back,

@@ -208,6 +208,10 @@ impl Session {
             let (consumed, direct) = sink.settle();
             self.cbuf.advance(consumed);
             out.direct_to_server = direct;
+            if side.untracked {
+                side.untracked = false;
+                super::Extras::get(&mut self.extras).holds_state = true;
+            }
             if side.recoding && side.encoding != ClientEncoding::Unknown {
                 // What follows is read once the server has said how it reads it.
                 side.encoding = ClientEncoding::Unknown;
@@ -533,6 +537,8 @@ struct ClientSide<'a> {
     encoding: shoal_wire::sql::ClientEncoding,
     /// A message taken may change the encoding (see [`super::Extras::recoding`]).
     recoding: bool,
+    /// A message taken leaves state Shoal does not follow.
+    untracked: bool,
 }
 
 impl<'a> ClientSide<'a> {
@@ -547,6 +553,7 @@ impl<'a> ClientSide<'a> {
         ClientSide {
             encoding,
             recoding: false,
+            untracked: false,
             registry: &pool.statements,
             rules,
             pool_name: &pool.name,
@@ -575,6 +582,7 @@ impl<'a> ClientSide<'a> {
             pool_name: self.pool_name,
             encoding: self.encoding,
             recoding: &mut self.recoding,
+            untracked: &mut self.untracked,
         }
     }
 }
