@@ -352,6 +352,69 @@ async fn clients_with_other_settings_or_roles_never_share_an_entry() {
     assert_eq!(simple_rows(&one, sql).await, ["alice's note"]);
 }
 
+/// Supabase's row security reads the caller's claims from a setting: such a table is never
+/// kept, so one user is never served another's rows (a policy on the role alone is kept,
+/// per role: see `clients_with_other_settings_or_roles_never_share_an_entry`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_security_that_reads_settings_is_never_kept() {
+    let db = fresh_db(
+        "cache_claims",
+        "CREATE ROLE authenticated;
+         CREATE TABLE notes (owner text, body text);
+         INSERT INTO notes VALUES ('u1', 'u1''s note'), ('u2', 'u2''s note');
+         ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY mine ON notes
+           USING (owner = current_setting('request.jwt.claims', true)::json->>'sub');
+         GRANT SELECT ON notes TO authenticated;",
+    );
+    let s = cached_shoal(&db, "cache = true\ncache_all_reads = true", "");
+    let sql = "SELECT body FROM notes";
+    for (user, note) in [
+        ("u1", "u1's note"),
+        ("u2", "u2's note"),
+        ("u1", "u1's note"),
+    ] {
+        let c = s.connect(&db).await;
+        // As PostgREST does: the claims and the role for one transaction.
+        let tx = format!(
+            "BEGIN; SELECT set_config('request.jwt.claims', '{{\"sub\": \"{user}\"}}', true); \
+             SET LOCAL ROLE authenticated; {sql}; COMMIT"
+        );
+        let rows: Vec<String> = c
+            .simple_query(&tx)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .filter(|v| v.ends_with("note"))
+            .collect();
+        assert_eq!(rows, [note], "{user}");
+    }
+    // Claims and role a client holds as session SETs (in its key): each client reads its
+    // own rows, and none of it is ever kept.
+    let hits = counter(&s, "hits").await;
+    for (user, note) in [("u1", "u1's note"), ("u2", "u2's note")] {
+        let c = s.connect(&db).await;
+        c.simple_query(&format!(
+            "SET request.jwt.claims = '{{\"sub\": \"{user}\"}}'"
+        ))
+        .await
+        .unwrap();
+        c.simple_query("SET ROLE authenticated").await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(simple_rows(&c, sql).await, [note], "{user}");
+        }
+    }
+    assert_eq!(
+        counter(&s, "hits").await,
+        hits,
+        "a table whose policy reads a setting was kept"
+    );
+}
+
 /// State a client leaves in its session that Shoal does not replay (a `set_config`, a
 /// `SET` among other statements, a temporary table shadowing a table) is not in any key:
 /// such a client neither fills the cache for others nor is served from it.
@@ -417,6 +480,7 @@ async fn only_what_is_opted_in_and_never_what_changes_by_itself_is_kept() {
         "/* shoal:cache */ SELECT now()",
         "/* shoal:cache */ SELECT CURRENT_TIMESTAMP",
         "/* shoal:cache */ SELECT 'now'::timestamptz",
+        "/* shoal:cache */ SELECT ('n' || 'ow')::timestamptz",
         "/* shoal:cache */ SELECT count(*) FROM pg_class",
     ] {
         let hits = counter(&s, "hits").await;

@@ -184,6 +184,110 @@ async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
     }
 }
 
+/// Writes that do not look like writes: a view over a writing function, a cast whose
+/// function writes, an operator whose function writes, a quoted name that is another
+/// function than its lower-case twin, functions that take a transaction id. Each must run
+/// (a replica refuses it with 25006), so each reached the primary. Inside a READ ONLY
+/// block, which cannot move, what is not proven is refused by Shoal, never trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_behind_views_casts_operators_and_names_reach_only_the_primary() {
+    let db = unique_db("hidden");
+    let r = cluster(&db);
+    psql_in(
+        &r.primary,
+        &db,
+        "CREATE TABLE log (at int);
+         CREATE FUNCTION bump() RETURNS int LANGUAGE sql VOLATILE
+           AS 'INSERT INTO log VALUES (1) RETURNING at';
+         CREATE VIEW v AS SELECT bump() AS n;
+         CREATE VIEW plain AS SELECT count(*) AS n FROM t;
+         CREATE FUNCTION g() RETURNS int LANGUAGE sql STABLE AS 'SELECT 1';
+         CREATE FUNCTION \"G\"() RETURNS int LANGUAGE sql VOLATILE
+           AS 'INSERT INTO log VALUES (2) RETURNING at';
+         CREATE TYPE mood AS (m int);
+         CREATE FUNCTION to_mood(int) RETURNS mood LANGUAGE sql VOLATILE
+           AS 'INSERT INTO log VALUES (3) RETURNING ROW(at)::mood';
+         CREATE CAST (int AS mood) WITH FUNCTION to_mood(int);
+         CREATE FUNCTION plus_log(int, int) RETURNS int LANGUAGE sql VOLATILE
+           AS 'INSERT INTO log VALUES (4) RETURNING $1 + $2';
+         CREATE OPERATOR ### (LEFTARG = int, RIGHTARG = int, FUNCTION = plus_log);",
+    );
+    r.wait_caught_up();
+    let s = shoal(&r, &db, "read_routing = \"split\"");
+    let c = s.connect(&db).await;
+    until_reads_reach_replicas(&r, &c).await;
+    // The catalogue the proof reads is the primary's as of the first checks: wait until a
+    // read of the new view is proven (it then goes to a replica).
+    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let row = c
+            .query_one("SELECT n, inet_server_port() FROM plain", &[])
+            .await
+            .unwrap();
+        if replica_ports.contains(&(row.get::<_, i32>(1) as u16)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "plain views never reached a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for sql in [
+        "SELECT * FROM v",
+        "SELECT 1::mood",
+        "SELECT 1 ### 2",
+        "SELECT \"G\"()",
+        "SELECT txid_current()",
+        "SELECT pg_current_xact_id()",
+    ] {
+        for _ in 0..5 {
+            if let Err(e) = c.simple_query(sql).await {
+                panic!("{sql} reached a replica: {e:?}");
+            }
+            if let Err(e) = c.query(sql, &[]).await {
+                panic!("{sql} (extended) reached a replica: {e:?}");
+            }
+        }
+    }
+    // A READ ONLY block may run on a replica; what it cannot prove there is refused, not
+    // passed: SET TRANSACTION READ WRITE, a COMMIT with a write behind it in one string.
+    for later in [
+        "SET TRANSACTION READ WRITE",
+        "SET transaction_read_only = off",
+        "COMMIT; INSERT INTO t (v) VALUES (9)",
+    ] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            c.simple_query("BEGIN READ ONLY").await.unwrap();
+            if port_of(&c).await != r.primary.port {
+                break;
+            }
+            c.simple_query("COMMIT").await.unwrap();
+            assert!(tokio::time::Instant::now() < deadline, "never on a replica");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let e = c.simple_query(later).await.expect_err(later);
+        assert_eq!(code(&e), "25006", "{later}: {e:?}");
+        let message = e
+            .as_db_error()
+            .map(|d| d.message().to_owned())
+            .unwrap_or_default();
+        assert!(
+            message.contains("read replica"),
+            "{later}: refused by Shoal, not the replica: {message}"
+        );
+        c.simple_query("ROLLBACK").await.unwrap();
+    }
+    // Every write above ran once per try on the primary, none on a replica.
+    let logged = psql_in(&r.primary, &db, "SELECT count(*) FROM log");
+    assert_eq!(
+        logged, "40",
+        "each of the four writing statements, ten times"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_always_reads_its_own_writes() {
     let db = unique_db("ryw");

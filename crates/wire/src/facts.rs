@@ -27,6 +27,10 @@ pub struct Facts {
     pub fingerprints: Vec<String>,
     /// Relations named anywhere (read or written), by name without schema.
     pub relations: Vec<String>,
+    /// Operators applied (each runs its function), and types cast to (each runs an input
+    /// or cast function), as the parser names them.
+    pub operators: Vec<String>,
+    pub casts: Vec<String>,
 }
 
 /// Why a text has no facts.
@@ -75,6 +79,8 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
         &mut f.settings,
         &mut f.executes,
         &mut f.relations,
+        &mut f.operators,
+        &mut f.casts,
     ] {
         v.sort();
         v.dedup();
@@ -100,6 +106,20 @@ fn walk(v: &Value, f: &mut Facts) {
                     if let Some(name) = func_name(inner) {
                         f.functions.push(name);
                     }
+                } else if key == "AExpr" {
+                    match last_name(inner.get("name")) {
+                        // BETWEEN and its kin compare with `>=` and `<=`.
+                        Some(op) if op.bytes().any(|b| b.is_ascii_alphabetic()) => {
+                            f.operators.extend([">=".to_owned(), "<=".to_owned()])
+                        }
+                        Some(op) => f.operators.push(op.to_owned()),
+                        None => {}
+                    }
+                } else if key == "TypeCast" {
+                    if let Some(t) = last_name(inner.get("type_name").and_then(|t| t.get("names")))
+                    {
+                        f.casts.push(t.to_owned());
+                    }
                 }
                 walk(inner, f);
             }
@@ -107,6 +127,17 @@ fn walk(v: &Value, f: &mut Facts) {
         Value::Array(items) => items.iter().for_each(|i| walk(i, f)),
         _ => {}
     }
+}
+
+/// The last part of a list of `String` nodes (an operator's or a type's name).
+fn last_name(list: Option<&Value>) -> Option<&str> {
+    list?
+        .as_array()?
+        .last()?
+        .get("node")?
+        .get("String")?
+        .get("sval")?
+        .as_str()
 }
 
 fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -218,6 +249,13 @@ mod tests {
 
     /// A tree deeper than the decoder reads is not a text PostgreSQL refuses: PostgreSQL
     /// runs the DROP. It must come out unknown, never as "does not parse".
+    #[test]
+    fn operators_and_casts_are_named() {
+        let f = facts("INSERT INTO t SELECT 1 ### 2, 'x'::date, CAST(1 AS mood)").unwrap();
+        assert_eq!(f.operators, ["###"]);
+        assert_eq!(f.casts, ["date", "mood"]);
+    }
+
     #[test]
     fn a_tree_too_deep_to_read_is_unknown_not_unparseable() {
         let sql = format!(

@@ -20,7 +20,18 @@ use pg_query::NodeEnum;
 /// case, schema-qualified as written, `.`-joined), each of which must be non-volatile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reads {
+    /// Functions called, as the parser names them (unquoted names folded, quoted ones kept:
+    /// `"G"()` is `G`, not `g`), qualified when written so.
     pub functions: Vec<String>,
+    /// Operators used (`=`, `||`, `~~` for LIKE, `>=` and `<=` for BETWEEN, ...): each runs
+    /// the function behind it (`oprcode`), which may be anything.
+    pub operators: Vec<String>,
+    /// Types cast to (`x::t`, `CAST(x AS t)`, `t 'literal'`; `_t` for an array of `t`): a
+    /// cast runs the type's input function or a cast function.
+    pub casts: Vec<String>,
+    /// Those of `casts` whose value is computed, not a constant or a parameter: a constant's
+    /// input can be looked at (`'now'`), a computed one's cannot (`('n'||'ow')::date`).
+    pub computed_casts: Vec<String>,
     /// The text opens a transaction block declared `READ ONLY`: the statements that follow
     /// it until its end are the client's promise, enforced by PostgreSQL.
     pub opens_read_only: bool,
@@ -81,8 +92,15 @@ fn classify_here(sql: &str) -> Option<Reads> {
         reads.statements += 1;
         statement(node, &mut reads)?;
     }
-    reads.functions.sort();
-    reads.functions.dedup();
+    for v in [
+        &mut reads.functions,
+        &mut reads.operators,
+        &mut reads.casts,
+        &mut reads.computed_casts,
+    ] {
+        v.sort();
+        v.dedup();
+    }
     let ctes = std::mem::take(&mut reads.ctes);
     reads
         .relations
@@ -353,6 +371,16 @@ fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
             opt(&t.val, r)
         }
         N::AExpr(e) => {
+            let op = e.name.last().and_then(|p| match p.node.as_ref() {
+                Some(N::String(s)) => Some(s.sval.as_str()),
+                _ => None,
+            })?;
+            if op.bytes().any(|b| b.is_ascii_alphabetic()) {
+                // BETWEEN and its kin compare with `>=` and `<=`.
+                r.operators.extend([">=".to_string(), "<=".to_string()]);
+            } else {
+                r.operators.push(op.to_string());
+            }
             opt(&e.lexpr, r)?;
             opt(&e.rexpr, r)
         }
@@ -366,7 +394,7 @@ fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
                     _ => None,
                 })
                 .collect::<Option<_>>()?;
-            r.functions.push(name.join(".").to_ascii_lowercase());
+            r.functions.push(name.join("."));
             list(&f.args, r)?;
             list(&f.agg_order, r)?;
             opt(&f.agg_filter, r)?;
@@ -397,8 +425,21 @@ fn node(n: &protobuf::Node, r: &mut Reads) -> Option<()> {
         }
         N::TypeCast(c) => {
             opt(&c.arg, r)?;
+            let constant = c
+                .arg
+                .as_ref()
+                .and_then(|a| a.node.as_ref())
+                .is_some_and(|a| matches!(a, N::AConst(_) | N::ParamRef(_)));
             match &c.type_name {
-                Some(t) => type_name(t, r),
+                Some(t) => {
+                    type_name(t, r)?;
+                    if !constant {
+                        if let Some(last) = r.casts.last().cloned() {
+                            r.computed_casts.push(last);
+                        }
+                    }
+                    Some(())
+                }
                 None => Some(()),
             }
         }
@@ -451,6 +492,15 @@ fn window(w: &protobuf::WindowDef, r: &mut Reads) -> Option<()> {
 }
 
 fn type_name(t: &protobuf::TypeName, r: &mut Reads) -> Option<()> {
+    let name = t.names.last().and_then(|p| match p.node.as_ref() {
+        Some(N::String(s)) => Some(s.sval.as_str()),
+        _ => None,
+    })?;
+    r.casts.push(if t.array_bounds.is_empty() {
+        name.to_string()
+    } else {
+        format!("_{name}")
+    });
     list(&t.typmods, r)?;
     list(&t.array_bounds, r)
 }

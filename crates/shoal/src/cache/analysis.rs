@@ -102,11 +102,7 @@ impl Parsed {
         if r.clock {
             return Err(NotKept::Volatile);
         }
-        if !r
-            .functions
-            .iter()
-            .all(|f| c.immutable.contains(unqualified(f)))
-        {
+        if !c.calls_only(r, true) {
             return Err(NotKept::Volatile);
         }
         let mut tables = Vec::with_capacity(r.relations.len());
@@ -129,12 +125,13 @@ impl Parsed {
     /// What running this text (when it may write) does to cached results.
     pub fn touches(&self, c: &Catalogue) -> Touches {
         if let Some(r) = &self.reads {
-            if r.functions
-                .iter()
-                .all(|f| c.non_volatile.contains(unqualified(f)))
-            {
-                return Touches::Nothing;
-            }
+            // A read writes only through a volatile function, operator or cast, and then
+            // anything.
+            return if c.calls_only(r, false) {
+                Touches::Nothing
+            } else {
+                Touches::Everything
+            };
         }
         let Some(f) = &self.facts else {
             return Touches::Everything;
@@ -158,6 +155,11 @@ impl Parsed {
             .functions
             .iter()
             .all(|n| c.non_volatile.contains(unqualified(n)))
+            || !f
+                .operators
+                .iter()
+                .all(|o| c.non_volatile_operators.contains(o))
+            || !f.casts.iter().all(|t| c.non_volatile_types.contains(t))
         {
             return Touches::Everything;
         }
@@ -242,6 +244,14 @@ mod tests {
             c.non_volatile.insert(f.into());
         }
         c.non_volatile.insert("now".into());
+        for o in ["=", "+"] {
+            c.immutable_operators.insert(o.into());
+            c.non_volatile_operators.insert(o.into());
+        }
+        c.non_volatile_operators.insert("@@".into());
+        c.immutable_types.insert("int4".into());
+        c.non_volatile_types
+            .extend(["int4".into(), "timestamptz".into(), "regclass".into()]);
         let table = Relation {
             cacheable: true,
             plain_writes: true,
@@ -278,6 +288,13 @@ mod tests {
             ("SELECT now()", NotKept::Volatile),
             ("SELECT CURRENT_TIMESTAMP", NotKept::Volatile),
             ("SELECT random()", NotKept::Volatile),
+            // The clock through a cast, a catalogue lookup, a stable operator, an
+            // operator or cast not known to be immutable.
+            ("SELECT ('n'||'ow')::timestamptz", NotKept::Volatile),
+            ("SELECT ('it' || 'ems')::regclass", NotKept::Volatile),
+            ("SELECT 'a' @@ 'b'", NotKept::Volatile),
+            ("SELECT 1 ### 2 FROM items", NotKept::Volatile),
+            ("SELECT 1::mood", NotKept::Volatile),
             ("SELECT * FROM v", NotKept::Relation),
             ("SELECT * FROM unknown", NotKept::Relation),
             ("SELECT * FROM pg_catalog.pg_class", NotKept::Relation),
@@ -307,6 +324,14 @@ mod tests {
         assert_eq!(t("INSERT INTO audited VALUES (1)"), Touches::Everything);
         assert_eq!(t("UPDATE v SET a = 1"), Touches::Everything);
         assert_eq!(t("SELECT nextval('s')"), Touches::Everything);
+        // An operator or a cast may run a function that writes.
+        assert_eq!(t("SELECT 1 ### 2"), Touches::Everything);
+        assert_eq!(t("INSERT INTO items SELECT 1 ### 2"), Touches::Everything);
+        assert_eq!(t("INSERT INTO items VALUES (1::mood)"), Touches::Everything);
+        assert_eq!(
+            t("UPDATE items SET n = n + 1::int4"),
+            Touches::Tables(vec!["items".into()])
+        );
         assert_eq!(t("ALTER TABLE items ADD c int"), Touches::Everything);
         assert_eq!(t("CALL p()"), Touches::Everything);
         assert_eq!(t("this is not sql"), Touches::Everything);

@@ -60,7 +60,50 @@ pub struct Catalogue {
     /// Function names whose every overload is STABLE or IMMUTABLE: a statement calling
     /// only these writes nothing through them.
     pub non_volatile: HashSet<String>,
+    /// Operators whose every function is IMMUTABLE or a built-in STABLE one (which reads
+    /// only settings the key holds: `timestamptz = date` reads `TimeZone`), and those whose
+    /// every function is non-volatile (an operator runs its function: `1 ### 2` may
+    /// write).
+    pub immutable_operators: HashSet<String>,
+    pub non_volatile_operators: HashSet<String>,
+    /// Types whose input function and every cast to them are IMMUTABLE (`'now'::date` and
+    /// `('n'||'ow')::timestamptz` read the clock: `date` and `timestamptz` are not), and
+    /// those where they are non-volatile.
+    pub immutable_types: HashSet<String>,
+    pub non_volatile_types: HashSet<String>,
     pub relations: HashMap<String, Relation>,
+}
+
+impl Catalogue {
+    /// Whether everything `r` calls, applies and casts is IMMUTABLE (`immutable`) or
+    /// non-volatile.
+    pub fn calls_only(&self, r: &shoal_wire::readonly::Reads, immutable: bool) -> bool {
+        let (functions, operators, types) = if immutable {
+            (
+                &self.immutable,
+                &self.immutable_operators,
+                &self.immutable_types,
+            )
+        } else {
+            (
+                &self.non_volatile,
+                &self.non_volatile_operators,
+                &self.non_volatile_types,
+            )
+        };
+        // A constant's cast is looked at by the time-word check; a computed value's is not.
+        let casts = if immutable {
+            &r.computed_casts
+        } else {
+            &r.casts
+        };
+        r.functions
+            .iter()
+            .all(|f| functions.contains(f.rsplit('.').next().unwrap_or(f)))
+            && r.operators.iter().all(|o| operators.contains(o))
+            && casts.iter().all(|t| types.contains(t))
+            && (!immutable || r.casts.iter().all(|t| self.non_volatile_types.contains(t)))
+    }
 }
 
 /// Every relation of one name (in any schema), as one.

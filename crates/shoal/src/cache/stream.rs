@@ -366,21 +366,32 @@ impl Stream {
     }
 }
 
-/// Everything the cache needs of the catalogue, in one row of JSON.
+/// Everything the cache needs of the catalogue, in one row of JSON. A table's row
+/// security is judged from its policies' expressions, parsed here (`pg_depend` records no
+/// dependency on built-in functions such as `current_setting`).
 const CATALOGUE: &str = "SELECT json_build_object(\
  'immutable', (SELECT coalesce(json_agg(proname), '[]') FROM (SELECT proname FROM pg_proc \
    GROUP BY proname HAVING bool_and(provolatile = 'i')) f), \
  'non_volatile', (SELECT coalesce(json_agg(proname), '[]') FROM (SELECT proname FROM pg_proc \
    GROUP BY proname HAVING bool_and(provolatile <> 'v')) f), \
+ 'operators', (SELECT coalesce(json_agg(json_build_array(oprname, i, nv)), '[]') FROM \
+   (SELECT o.oprname, bool_and(p.provolatile = 'i' OR (p.provolatile = 's' AND o.oid < 16384)) AS i, \
+      bool_and(p.provolatile <> 'v') AS nv \
+    FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode GROUP BY o.oprname) x), \
+ 'types', (SELECT coalesce(json_agg(json_build_array(typname, i, nv)), '[]') FROM \
+   (SELECT t.typname, bool_and(i.provolatile = 'i' AND NOT EXISTS (SELECT 1 FROM pg_cast c \
+      JOIN pg_proc f ON f.oid = c.castfunc WHERE c.casttarget = t.oid AND f.provolatile <> 'i')) AS i, \
+    bool_and(i.provolatile <> 'v' AND NOT EXISTS (SELECT 1 FROM pg_cast c \
+      JOIN pg_proc f ON f.oid = c.castfunc WHERE c.casttarget = t.oid AND f.provolatile = 'v')) AS nv \
+    FROM pg_type t JOIN pg_proc i ON i.oid = t.typinput GROUP BY t.typname) x), \
+ 'policies', (SELECT coalesce(json_agg(json_build_array(c.relname, \
+   coalesce(pg_get_expr(p.polqual, p.polrelid), 'true'), \
+   coalesce(pg_get_expr(p.polwithcheck, p.polrelid), 'true'))), '[]') \
+   FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid), \
  'relations', (SELECT coalesce(json_agg(json_build_array(\
    quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relname, \
-   c.relkind = 'r' AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT c.relhassubclass \
-     AND NOT (c.relrowsecurity AND EXISTS (SELECT 1 FROM pg_policy p JOIN pg_depend d \
-       ON d.classid = 'pg_policy'::regclass AND d.objid = p.oid \
-       WHERE p.polrelid = c.oid AND ((d.refclassid = 'pg_class'::regclass AND d.refobjid <> c.oid) \
-         OR (d.refclassid = 'pg_proc'::regclass AND EXISTS (SELECT 1 FROM pg_proc f \
-           WHERE f.oid = d.refobjid AND f.provolatile <> 'i'))))), \
-   c.relkind = 'r' AND NOT c.relhastriggers AND NOT c.relhasrules)), '[]') \
+   c.relkind = 'r' AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT c.relhassubclass, \
+   c.relkind = 'r' AND NOT c.relhastriggers AND NOT c.relhasrules, c.relrowsecurity)), '[]') \
    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
    WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') \
      AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -391,7 +402,14 @@ const CATALOGUE: &str = "SELECT json_build_object(\
 struct CatalogueRow {
     immutable: Vec<String>,
     non_volatile: Vec<String>,
-    relations: Vec<(String, String, bool, bool)>,
+    /// (name, every function IMMUTABLE, every function non-volatile).
+    operators: Vec<(String, bool, bool)>,
+    types: Vec<(String, bool, bool)>,
+    /// (table, USING expression, WITH CHECK expression).
+    policies: Vec<(String, String, String)>,
+    /// (schema.name quoted, name, cacheable but for row security, plain writes, row
+    /// security on).
+    relations: Vec<(String, String, bool, bool, bool)>,
 }
 
 async fn read_catalogue(c: &mut ServerConn) -> Result<Catalogue, StreamError> {
@@ -407,8 +425,43 @@ async fn read_catalogue(c: &mut ServerConn) -> Result<Catalogue, StreamError> {
 }
 
 fn catalogue_of(row: CatalogueRow) -> Catalogue {
+    let mut c = Catalogue {
+        loaded: true,
+        immutable: row.immutable.into_iter().collect(),
+        non_volatile: row.non_volatile.into_iter().collect(),
+        ..Catalogue::default()
+    };
+    for (name, immutable, non_volatile) in row.operators {
+        if immutable {
+            c.immutable_operators.insert(name.clone());
+        }
+        if non_volatile {
+            c.non_volatile_operators.insert(name);
+        }
+    }
+    for (name, immutable, non_volatile) in row.types {
+        if immutable {
+            c.immutable_types.insert(name.clone());
+        }
+        if non_volatile {
+            c.non_volatile_types.insert(name);
+        }
+    }
+    // Row security keeps a table's results only when every policy depends on nothing but
+    // the row and the role (which the key holds): no other table, nothing but IMMUTABLE
+    // calls. `current_setting('request.jwt.claims')` is STABLE: such a table is not kept.
+    let mut policies_ok: HashMap<&str, bool> = HashMap::new();
+    for (table, using, check) in &row.policies {
+        let ok = [using, check].iter().all(|expr| {
+            shoal_wire::readonly::classify(&format!("SELECT ({expr})"))
+                .is_some_and(|r| r.relations.is_empty() && !r.clock && c.calls_only(&r, true))
+        });
+        *policies_ok.entry(table).or_insert(true) &= ok;
+    }
     let mut relations: HashMap<String, Relation> = HashMap::new();
-    for (qualified, name, cacheable, plain_writes) in row.relations {
+    for (qualified, name, cacheable, plain_writes, row_security) in row.relations {
+        let cacheable =
+            cacheable && (!row_security || policies_ok.get(name.as_str()).copied().unwrap_or(true));
         let r = relations.entry(name).or_insert(Relation {
             cacheable: true,
             plain_writes: true,
@@ -419,12 +472,8 @@ fn catalogue_of(row: CatalogueRow) -> Catalogue {
         r.plain_writes &= plain_writes;
         r.qualified.push(qualified);
     }
-    Catalogue {
-        loaded: true,
-        immutable: row.immutable.into_iter().collect(),
-        non_volatile: row.non_volatile.into_iter().collect(),
-        relations,
-    }
+    c.relations = relations;
+    c
 }
 
 #[cfg(test)]
@@ -436,10 +485,13 @@ mod tests {
         let c = catalogue_of(CatalogueRow {
             immutable: vec!["abs".into()],
             non_volatile: vec!["abs".into(), "now".into()],
+            operators: vec![],
+            types: vec![],
+            policies: vec![],
             relations: vec![
-                ("public.t".into(), "t".into(), true, true),
-                ("app.t".into(), "t".into(), true, false),
-                ("public.v".into(), "v".into(), false, false),
+                ("public.t".into(), "t".into(), true, true, false),
+                ("app.t".into(), "t".into(), true, false, false),
+                ("public.v".into(), "v".into(), false, false, false),
             ],
         });
         let t = &c.relations["t"];
@@ -447,5 +499,35 @@ mod tests {
         assert_eq!(t.qualified, vec!["public.t", "app.t"]);
         assert!(!c.relations["v"].cacheable);
         assert!(c.loaded && c.immutable.contains("abs"));
+    }
+
+    /// A policy that reads a setting (Supabase's `current_setting('request.jwt.claims')`)
+    /// or another table makes its table not kept; one on the role alone does not.
+    #[test]
+    fn row_security_is_judged_by_what_its_policies_call() {
+        let table = |name: &str| (format!("public.{name}"), name.to_string(), true, true, true);
+        let c = catalogue_of(CatalogueRow {
+            immutable: vec!["lower".into()],
+            non_volatile: vec!["lower".into(), "current_setting".into()],
+            operators: vec![("=".into(), true, true), ("->>".into(), true, true)],
+            types: vec![("name".into(), true, true), ("text".into(), true, true), ("json".into(), true, true)],
+            policies: vec![
+                ("by_role".into(), "(owner = CURRENT_USER)".into(), "true".into()),
+                (
+                    "by_claims".into(),
+                    "(owner = ((current_setting('request.jwt.claims'::text))::json ->> 'sub'::text))".into(),
+                    "true".into(),
+                ),
+                ("by_table".into(), "(owner IN (SELECT u FROM allowed))".into(), "true".into()),
+            ],
+            relations: vec![table("by_role"), table("by_claims"), table("by_table"), table("no_policy")],
+        });
+        assert!(c.relations["by_role"].cacheable);
+        assert!(!c.relations["by_claims"].cacheable);
+        assert!(!c.relations["by_table"].cacheable);
+        assert!(
+            c.relations["no_policy"].cacheable,
+            "no policy: nothing is visible, to anyone"
+        );
     }
 }

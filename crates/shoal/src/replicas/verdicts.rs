@@ -1,6 +1,9 @@
 //! Whether the client's next unit of work only reads: the proof of
 //! [`shoal_wire::readonly`], remembered per statement text so that a repeated statement is
-//! parsed once, and checked against the functions the database knows as non-volatile.
+//! parsed once, and checked against the primary's catalogue: every function, operator and
+//! cast it runs non-volatile, every relation it reads one a standby reads alike (a table,
+//! or a view whose own definition is proven the same way). What the catalogue does not
+//! know (a table made since it was read, a temporary table) goes to the primary.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -26,10 +29,105 @@ type Proofs = HashMap<Box<[u8]>, Option<Arc<Reads>>, foldhash::fast::RandomState
 #[derive(Default)]
 pub struct Verdicts {
     known: Mutex<Proofs>,
-    /// Function names (unqualified) whose every overload, in every schema, is `STABLE` or
-    /// `IMMUTABLE`, as the primary's catalogue last said; empty until first read, when any
-    /// function call goes to the primary.
-    read_only_functions: RwLock<Arc<HashSet<String>>>,
+    /// What the primary's catalogue last said; empty until first read, when any statement
+    /// that calls, casts or reads a relation goes to the primary.
+    catalogue: RwLock<Arc<ReplicaCatalogue>>,
+}
+
+/// The primary's catalogue, as the proof needs it. Names are unqualified: a name stands
+/// for every object of that name in any schema, and is as safe as the least safe of them.
+#[derive(Debug, Default)]
+pub struct ReplicaCatalogue {
+    /// Functions whose every overload is `STABLE` or `IMMUTABLE` and takes no transaction
+    /// id (`txid_current()` is `STABLE` but cannot run on a standby).
+    pub functions: HashSet<String>,
+    /// Operators whose every function (`oprcode`) is non-volatile.
+    pub operators: HashSet<String>,
+    /// Types whose input function and every cast to them are non-volatile.
+    pub types: HashSet<String>,
+    /// Relations a standby reads as the primary would: tables, materialized views, foreign
+    /// and partitioned tables, and views whose definitions are proven.
+    pub readable: HashSet<String>,
+    /// An implicit or assignment cast runs a volatile function: any statement may call it
+    /// without naming it, so nothing is proven.
+    pub volatile_implicit_casts: bool,
+}
+
+impl ReplicaCatalogue {
+    /// Builds the catalogue from the primary's lists; `relations` are (name, relkind),
+    /// `views` (name, definition).
+    pub fn new(
+        functions: HashSet<String>,
+        operators: HashSet<String>,
+        types: HashSet<String>,
+        relations: Vec<(String, String)>,
+        views: Vec<(String, String)>,
+        volatile_implicit_casts: bool,
+    ) -> ReplicaCatalogue {
+        let mut c = ReplicaCatalogue {
+            functions,
+            operators,
+            types,
+            readable: HashSet::new(),
+            volatile_implicit_casts,
+        };
+        // A name any of whose relations is a view is readable once all its views are.
+        let mut view_names: HashSet<&str> = HashSet::new();
+        for (name, kind) in &relations {
+            if kind == "v" {
+                view_names.insert(name);
+            }
+        }
+        for (name, kind) in &relations {
+            if kind != "v" && !view_names.contains(name.as_str()) {
+                c.readable.insert(name.clone());
+            }
+        }
+        let proofs: Vec<(&str, Option<Reads>)> = views
+            .iter()
+            .map(|(name, def)| (name.as_str(), readonly::classify(def)))
+            .collect();
+        // Views on views: each round proves the views whose relations are proven; a view
+        // that never gets there (a cycle, a write, a volatile call) stays out.
+        loop {
+            let mut proven: HashMap<&str, bool> = HashMap::new();
+            for (name, proof) in &proofs {
+                let ok = proof.as_ref().is_some_and(|r| {
+                    r.only_queries && c.calls_only_safe(r) && c.reads_only_readable(r)
+                });
+                *proven.entry(name).or_insert(true) &= ok;
+            }
+            let before = c.readable.len();
+            for (name, ok) in proven {
+                if ok {
+                    c.readable.insert(name.to_string());
+                }
+            }
+            if c.readable.len() == before {
+                break;
+            }
+        }
+        c
+    }
+
+    fn calls_only_safe(&self, r: &Reads) -> bool {
+        !self.volatile_implicit_casts
+            && r.functions
+                .iter()
+                .all(|f| self.functions.contains(f.rsplit('.').next().unwrap_or(f)))
+            && r.operators.iter().all(|o| self.operators.contains(o))
+            && r.casts.iter().all(|t| self.types.contains(t))
+    }
+
+    fn reads_only_readable(&self, r: &Reads) -> bool {
+        r.relations
+            .iter()
+            .all(|rel| self.readable.contains(&rel.name))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.functions.is_empty()
+    }
 }
 
 /// What a unit of client work (a Query, or extended messages up to their Sync) comes to.
@@ -53,18 +151,19 @@ impl Verdicts {
         };
         let proof = self.proof(&text);
         let Some(reads) = proof else { return false };
-        if reads.functions.is_empty() {
+        if reads.functions.is_empty()
+            && reads.operators.is_empty()
+            && reads.casts.is_empty()
+            && reads.relations.is_empty()
+        {
             return true;
         }
-        let known = self
-            .read_only_functions
+        let c = self
+            .catalogue
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        reads
-            .functions
-            .iter()
-            .all(|f| known.contains(f.rsplit('.').next().unwrap_or(f)))
+        c.calls_only_safe(&reads) && c.reads_only_readable(&reads)
     }
 
     /// The proof for `text`: remembered by the text itself (a prepared statement, a repeated
@@ -99,19 +198,18 @@ impl Verdicts {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The catalogue's non-volatile function names (see [`health`](super::health)).
-    pub fn set_functions(&self, names: HashSet<String>) {
-        *self
-            .read_only_functions
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::new(names);
+    /// The primary's catalogue, read again (see [`health`](super::health)).
+    pub fn set_catalogue(&self, c: ReplicaCatalogue) {
+        *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
     }
 
-    pub fn functions_known(&self) -> usize {
-        self.read_only_functions
+    /// Whether the catalogue has been read.
+    pub fn catalogue_known(&self) -> bool {
+        !self
+            .catalogue
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .len()
+            .is_empty()
     }
 
     /// The unit of work at the head of `buf` (whole messages): a simple Query alone, or
@@ -205,6 +303,24 @@ mod tests {
 
     const U: ClientEncoding = ClientEncoding::Utf8;
 
+    fn set(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// A catalogue with table `t`, `now` and `count`, the `=` operator and `int4`.
+    fn known() -> Verdicts {
+        let v = Verdicts::default();
+        v.set_catalogue(ReplicaCatalogue::new(
+            set(&["now", "count"]),
+            set(&["="]),
+            set(&["int4"]),
+            vec![("t".into(), "r".into())],
+            vec![],
+            false,
+        ));
+        v
+    }
+
     fn query(sql: &str) -> Vec<u8> {
         let mut b = bytes::BytesMut::new();
         frontend::query(&mut b, sql);
@@ -233,7 +349,7 @@ mod tests {
 
     #[test]
     fn units_are_proven_whole() {
-        let v = Verdicts::default();
+        let v = known();
         let none = |_: &[u8]| None;
         assert_eq!(
             v.unit(&query("SELECT 1"), U, none),
@@ -269,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_bind_is_judged_by_its_statement() {
-        let v = Verdicts::default();
+        let v = known();
         let mut bind = Vec::new();
         bind.push(fe::BIND);
         bind.extend_from_slice(&(4 + 9u32).to_be_bytes());
@@ -284,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_statement_with_other_values_is_known_by_its_shape() {
-        let v = Verdicts::default();
+        let v = known();
         assert!(v.reads(b"SELECT * FROM t WHERE id = 1", U));
         assert!(!v.reads(b"UPDATE t SET a = 1 WHERE id = 1", U));
         let parsed = v.lock().len();
@@ -301,7 +417,7 @@ mod tests {
     /// follows. Read as bytes it would be one string in one SELECT.
     #[test]
     fn a_text_is_proven_as_the_server_reads_it() {
-        let v = Verdicts::default();
+        let v = known();
         let sql = b"SELECT E'\x83\x5c'; DELETE FROM t; --'";
         let sjis = ClientEncoding::Split(shoal_wire::encoding::Split::Sjis);
         assert!(!v.reads(sql, sjis));
@@ -320,10 +436,63 @@ mod tests {
     fn functions_must_be_known_non_volatile() {
         let v = Verdicts::default();
         assert!(!v.reads(b"SELECT now()", U), "catalogue not read yet");
-        v.set_functions(["now".to_string(), "count".to_string()].into());
+        let v = known();
         assert!(v.reads(b"SELECT now(), count(*) FROM t", U));
         assert!(v.reads(b"SELECT pg_catalog.now()", U));
         assert!(!v.reads(b"SELECT nextval('s')", U));
         assert!(v.reads(b"SELECT 1", U));
+    }
+
+    /// What a statement runs without writing it out: a view's definition, an operator's
+    /// function, a cast's function, a quoted name that is another function.
+    #[test]
+    fn what_runs_behind_names_is_proven_too() {
+        let v = Verdicts::default();
+        v.set_catalogue(ReplicaCatalogue::new(
+            set(&["g", "count"]),
+            set(&["=", "+"]),
+            set(&["int4", "text"]),
+            vec![
+                ("t".into(), "r".into()),
+                ("plain_view".into(), "v".into()),
+                ("writing_view".into(), "v".into()),
+                ("view_on_view".into(), "v".into()),
+                ("view_on_writer".into(), "v".into()),
+            ],
+            vec![
+                ("plain_view".into(), "SELECT count(*) FROM t".into()),
+                ("writing_view".into(), "SELECT bump() AS n".into()),
+                ("view_on_view".into(), "SELECT * FROM plain_view".into()),
+                ("view_on_writer".into(), "SELECT * FROM writing_view".into()),
+            ],
+            false,
+        ));
+        assert!(v.reads(b"SELECT * FROM plain_view", U));
+        assert!(v.reads(b"SELECT * FROM view_on_view", U));
+        assert!(
+            !v.reads(b"SELECT * FROM writing_view", U),
+            "its function writes"
+        );
+        assert!(!v.reads(b"SELECT * FROM view_on_writer", U));
+        assert!(
+            !v.reads(b"SELECT * FROM made_since", U),
+            "not in the catalogue"
+        );
+        assert!(v.reads(b"SELECT g()", U));
+        assert!(!v.reads(b"SELECT \"G\"()", U), "\"G\" is not g");
+        assert!(v.reads(b"SELECT 1 + 1", U));
+        assert!(!v.reads(b"SELECT 1 ### 1", U), "an operator not known");
+        assert!(v.reads(b"SELECT '1'::int4", U));
+        assert!(!v.reads(b"SELECT 'x'::mood", U), "a cast not known");
+        // A volatile implicit cast may run anywhere: nothing that calls or casts is proven.
+        v.set_catalogue(ReplicaCatalogue::new(
+            set(&["g"]),
+            set(&["="]),
+            set(&["int4"]),
+            vec![("t".into(), "r".into())],
+            vec![],
+            true,
+        ));
+        assert!(!v.reads(b"SELECT g()", U));
     }
 }

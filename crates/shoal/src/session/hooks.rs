@@ -41,6 +41,9 @@ pub(super) struct HookCx<'a> {
     pub(super) recoding: &'a mut bool,
     /// A message sent leaves state Shoal does not follow (see [`super::Extras::holds_state`]).
     pub(super) untracked: &'a mut bool,
+    /// This message is refused with `25006` and this message instead of being sent (a
+    /// statement not proven to read, in a READ ONLY block on a replica).
+    pub(super) refuse: Option<&'static str>,
 }
 
 pub(super) trait Hooks {
@@ -121,9 +124,12 @@ impl Hooks for Prepared {
         msg: &[u8],
         sink: &mut ClientSink<'_>,
     ) -> Result<(), FrameError> {
-        let refusal = match cx.rules {
-            Some(rules) => rules.refusal(msg, cx.statements.as_deref(), cx.pool_name, cx.encoding),
-            None => None,
+        let refusal = match (cx.refuse, cx.rules) {
+            (Some(why), _) => Some((shoal_wire::sqlstate::READ_ONLY_SQL_TRANSACTION, why.into())),
+            (None, Some(rules)) => {
+                rules.refusal(msg, cx.statements.as_deref(), cx.pool_name, cx.encoding)
+            }
+            (None, None) => None,
         };
         let (statements, queue, dirty) = cx.server.translation();
         let mut t = Translator {

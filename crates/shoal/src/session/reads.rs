@@ -6,8 +6,10 @@
 //! read-only. While it runs there, each further unit is proven before it is passed on; one
 //! that is not stays in the client's buffer (`Outbound::held`), the transaction ends at its
 //! boundary, and that unit starts the next transaction, on the primary. Inside a block the
-//! client opened `READ ONLY`, its statements pass as they are: PostgreSQL holds the client
-//! to that promise on any backend.
+//! client opened `READ ONLY` the transaction cannot move: each unit is proven all the same,
+//! and one that is not is refused (`25006`) rather than trusted. `READ ONLY` is a promise
+//! PostgreSQL enforces on the primary, not a proof: `SET TRANSACTION READ WRITE`, or a
+//! `COMMIT` followed by a write in the same string, would otherwise reach the replica.
 
 use std::sync::Arc;
 
@@ -186,8 +188,26 @@ fn unit(
         .unit(buf, enc, |name| statements.and_then(|s| s.text_of(name)))
 }
 
+/// What becomes of a client message while a transaction may only read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Take {
+    /// Proven (or part of a unit that was): it goes on.
+    Pass,
+    /// Not proven: it waits for the primary (or, on the primary, counts as a write).
+    Hold,
+    /// Inside a block on a replica, a unit not yet whole: read more before deciding.
+    Wait,
+    /// Inside a block on a replica, a unit not proven to read: refused, since the
+    /// transaction cannot move to the primary.
+    Refuse,
+}
+
+/// The refusal of [`Take::Refuse`].
+pub(super) const REFUSED_ON_REPLICA: &str = "cannot run this statement in a READ ONLY transaction on a read replica: Shoal cannot prove it only reads (a write, SET TRANSACTION READ WRITE, a COMMIT followed by more, or a function, operator, cast or view not proven), and the transaction cannot move to the primary; run it outside a READ ONLY block";
+
 /// Whether the client message at the head of `buf` (with type `tag`) may go to the replica
-/// this transaction runs on (`Outbound::reads_only`). False holds it for the primary.
+/// this transaction runs on (`Outbound::reads_only`), or, on the primary of a split pool,
+/// whether it is proven to read (`Outbound::track_writes`).
 pub(super) fn replica_may_take(
     pool: &Pool,
     buf: &[u8],
@@ -196,15 +216,20 @@ pub(super) fn replica_may_take(
     flow: &Flow,
     out: &mut Outbound,
     enc: shoal_wire::sql::ClientEncoding,
-) -> bool {
+) -> Take {
     if out.cleared == 0 {
-        if flow.is_idle() && flow.status != b'I' {
-            out.cleared = UNTIL_UNIT_END;
-        } else {
-            match unit(pool, buf, statements, enc) {
-                Unit::Reads { messages } => out.cleared = messages,
-                Unit::Writes | Unit::Incomplete => return false,
+        let in_block = flow.is_idle() && flow.status != b'I';
+        match unit(pool, buf, statements, enc) {
+            Unit::Reads { messages } => out.cleared = messages,
+            // On the primary, a block's units pass as they are (its first was a write).
+            _ if in_block && !out.reads_only => out.cleared = UNTIL_UNIT_END,
+            Unit::Incomplete if in_block => return Take::Wait,
+            Unit::Writes if in_block => {
+                // The rest of the unit follows the refused message; the server skips it.
+                out.cleared = UNTIL_UNIT_END;
+                return Take::Refuse;
             }
+            Unit::Writes | Unit::Incomplete => return Take::Hold,
         }
     }
     if out.cleared == UNTIL_UNIT_END {
@@ -214,7 +239,7 @@ pub(super) fn replica_may_take(
     } else {
         out.cleared -= 1;
     }
-    true
+    Take::Pass
 }
 
 /// The pool a session-mode client of `pool` takes its one server from: a replica's when

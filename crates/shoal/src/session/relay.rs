@@ -145,8 +145,9 @@ impl Session {
             let tag = self.cbuf[at];
             frontend::validate(tag, &self.cbuf[at + HEADER_LEN..at + n])
                 .map_err(SessionError::from_frame)?;
-            if (out.reads_only || out.track_writes)
-                && !super::reads::replica_may_take(
+            if out.reads_only || out.track_writes {
+                use super::reads::Take;
+                match super::reads::replica_may_take(
                     &self.pool,
                     &self.cbuf[at..],
                     side.statements.as_deref(),
@@ -154,16 +155,21 @@ impl Session {
                     flow,
                     out,
                     side.encoding,
-                )
-            {
-                if out.reads_only {
-                    // Not proven to read: it waits for the primary (see `super::reads`).
-                    out.held = true;
-                    break;
+                ) {
+                    Take::Pass => {}
+                    Take::Hold if out.reads_only => {
+                        // Not proven to read: it waits for the primary (see `super::reads`).
+                        out.held = true;
+                        break;
+                    }
+                    Take::Hold => {
+                        // On the primary: it may write, and the transaction counts as a write.
+                        out.wrote = true;
+                        out.track_writes = false;
+                    }
+                    Take::Wait => break,
+                    Take::Refuse => side.refuse = Some(super::reads::REFUSED_ON_REPLICA),
                 }
-                // On the primary: it may write, and the transaction counts as a write.
-                out.wrote = true;
-                out.track_writes = false;
             }
             if !flow.client(tag).map_err(SessionError::UnknownMessage)? {
                 return Ok(false);
@@ -539,6 +545,9 @@ struct ClientSide<'a> {
     recoding: bool,
     /// A message taken leaves state Shoal does not follow.
     untracked: bool,
+    /// The next message is refused with this (`25006`), not passed on (see
+    /// [`super::reads::Take::Refuse`]).
+    refuse: Option<&'static str>,
 }
 
 impl<'a> ClientSide<'a> {
@@ -554,6 +563,7 @@ impl<'a> ClientSide<'a> {
             encoding,
             recoding: false,
             untracked: false,
+            refuse: None,
             registry: &pool.statements,
             rules,
             pool_name: &pool.name,
@@ -583,6 +593,7 @@ impl<'a> ClientSide<'a> {
             encoding: self.encoding,
             recoding: &mut self.recoding,
             untracked: &mut self.untracked,
+            refuse: self.refuse.take(),
         }
     }
 }
@@ -833,7 +844,8 @@ impl Session {
                             .await?;
                     }
                     if out.held && flow.is_idle() && flow.status != b'I' {
-                        // The held unit is inside a block opened READ ONLY: it runs here.
+                        // The held unit is inside a block opened READ ONLY: it is proven
+                        // again now that the block is known, and refused if it is not.
                         out.held = false;
                         terminate = !self.take_client(hooks, server, flow, out)?;
                     }
