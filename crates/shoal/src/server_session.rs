@@ -28,6 +28,9 @@ pub struct ServerSession {
     /// A client's carried `LISTEN` ran here: the server listens until it is unlistened,
     /// which happens before it goes back to the pool (the pool's listener delivers).
     listens: bool,
+    /// A live client whose state the last plan cleaned away (0: none): it is told at its
+    /// next statement (see [`crate::pool::Pool::state_lost`]).
+    evicted: u64,
 }
 
 /// What an idle server is to a client about to take it.
@@ -37,7 +40,10 @@ pub enum Fit {
     Own,
     /// It holds no client's state.
     Clean,
-    /// It holds another client's state, which would be cleaned away.
+    /// It holds the state of a client that has left (or of no known client): nobody
+    /// loses anything when it is cleaned.
+    Orphaned,
+    /// It holds another, live client's state, which would be cleaned away.
     Other,
 }
 
@@ -71,8 +77,21 @@ impl ServerSession {
         match (self.dirty, self.dirty_owner) {
             (false, _) => Fit::Clean,
             (true, owner) if owner == client && client != 0 => Fit::Own,
+            (true, 0) => Fit::Orphaned,
             (true, _) => Fit::Other,
         }
+    }
+
+    /// The client whose state this is has left: the state is nobody's now.
+    pub fn owner_left(&mut self, client: u64) {
+        if self.dirty_owner == client {
+            self.dirty_owner = 0;
+        }
+    }
+
+    /// The live client whose state the last plan cleaned away, once.
+    pub fn take_evicted(&mut self) -> u64 {
+        std::mem::take(&mut self.evicted)
     }
 
     /// A client's message leaves state behind.
@@ -110,7 +129,11 @@ impl ServerSession {
             || (self.sets_applied != 0 && self.sets_applied != sets)
             || (always && self.last_client != 0 && self.last_client != client);
         if plan.clean {
+            let owner = self.dirty_owner;
             self.reset();
+            if self.dirty_was(owner, client) {
+                self.evicted = owner;
+            }
         }
         if plan.clean || self.applied[..] != *params {
             plan.reset_params = !plan.clean && !self.applied.is_empty();
@@ -127,6 +150,11 @@ impl ServerSession {
             self.statements.unnamed_dropped();
         }
         plan
+    }
+
+    /// Whether cleaning took state from `owner`, a live client other than `client`.
+    fn dirty_was(&self, owner: u64, client: u64) -> bool {
+        owner != 0 && owner != client
     }
 
     /// The session was reset (`DISCARD ALL` or the session-mode reset query): nothing of any
@@ -211,6 +239,29 @@ mod tests {
         );
         let p = s.plan(2, &params("b"), 0, false);
         assert!(p.reset_params && p.apply_params && !p.clean);
+    }
+
+    /// A client that left leaves nobody's state; a live owner's state taken is recorded
+    /// once, so the owner can be told.
+    #[test]
+    fn owners_that_left_lose_nothing_and_live_ones_are_recorded() {
+        let mut s = ServerSession::default();
+        s.mark_dirty();
+        s.transaction_ended(1);
+        assert_eq!(s.fit(1), Fit::Own);
+        assert_eq!(s.fit(2), Fit::Other);
+        s.owner_left(3);
+        assert_eq!(s.fit(2), Fit::Other, "another client left");
+        s.owner_left(1);
+        assert_eq!(s.fit(2), Fit::Orphaned);
+        assert!(s.plan(2, &[], 0, false).clean);
+        assert_eq!(s.take_evicted(), 0, "nobody lost anything");
+
+        s.mark_dirty();
+        s.transaction_ended(2);
+        assert!(s.plan(4, &[], 0, false).clean);
+        assert_eq!(s.take_evicted(), 2);
+        assert_eq!(s.take_evicted(), 0, "once");
     }
 
     #[test]

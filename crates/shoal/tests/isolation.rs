@@ -200,6 +200,76 @@ async fn own_state_is_kept_while_no_one_else_used_the_server() {
     }
 }
 
+/// Servers holding the state of clients that have left are cleaned for others before any
+/// live client's: A keeps its temporary table while clients come and go (pgx's
+/// `TestConnStress` lost its state this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_clients_state_outlasts_the_state_of_clients_that_left() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 2\n");
+    for i in 0..2 {
+        let gone = shoal.connect(&db).await;
+        gone.batch_execute(&format!("CREATE TEMP TABLE gone{i} (a int)"))
+            .await
+            .unwrap();
+    }
+    // Both servers now hold state of clients that have left (once their sessions end).
+    let a = shoal.connect(&db).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        a.batch_execute("DROP TABLE IF EXISTS keep; CREATE TEMP TABLE keep AS SELECT 7 AS v")
+            .await
+            .unwrap();
+        let b = shoal.connect(&db).await;
+        b.batch_execute("SELECT 1").await.unwrap();
+        drop(b);
+        match a.simple_query("SELECT v FROM keep").await {
+            Ok(_) => break,
+            // The orphans' sessions may not have ended yet when B came: try again.
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert_eq!(code(&e), "55000", "{e:?}");
+            }
+            Err(e) => panic!("A lost its temporary table to B: {e:?}"),
+        }
+    }
+    for _ in 0..5 {
+        let b = shoal.connect(&db).await;
+        b.batch_execute("SELECT 1").await.unwrap();
+        assert_eq!(simple_rows(&a, "SELECT v FROM keep").await, vec!["7"]);
+    }
+}
+
+/// When a full pool has nothing but a live client's server to give, that client's state is
+/// cleaned away, and its next statement is refused with an error saying so (never run
+/// silently without its state); it goes on afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_client_whose_state_is_taken_is_told() {
+    let db = unique_db("iso");
+    let shoal = shoal_for(&db, "[pool]\npool_size = 1\n");
+    let a = shoal.connect(&db).await;
+    a.batch_execute("CREATE TEMP TABLE keep AS SELECT 7 AS v")
+        .await
+        .unwrap();
+    let b = shoal.connect(&db).await;
+    assert_eq!(simple_rows(&b, "SELECT 1").await, vec!["1"]);
+    let e = a
+        .simple_query("SELECT v FROM keep")
+        .await
+        .expect_err("told");
+    assert_eq!(code(&e), "55000", "{e:?}");
+    let message = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains("temporary tables"), "{message}");
+    assert_eq!(simple_rows(&a, "SELECT 2").await, vec!["2"], "A goes on");
+    // Once: a client whose only state is SETs Shoal replays is not told anything.
+    let c = shoal.connect(&db).await;
+    c.batch_execute("SET application_name = 'c'").await.unwrap();
+    assert_eq!(simple_rows(&b, "SELECT 3").await, vec!["3"]);
+    assert_eq!(simple_rows(&c, "SHOW application_name").await, vec!["c"]);
+}
+
 /// pgx parses the unnamed statement in one transaction and binds it in a later one: the Bind
 /// must run this client's statement, never the one another client left on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,9 @@ pub struct Facts {
     pub settings: Vec<String>,
     /// SQL-level prepared statements run (`EXECUTE name`).
     pub executes: Vec<String>,
-    /// Each statement's fingerprint (pg_query's: literals and formatting do not count), hex.
+    /// Each statement's fingerprint (pg_query's: literals and formatting do not count), hex;
+    /// and, for a statement naming a relation with its schema, the fingerprint of the same
+    /// statement with the schemas left out (`public.docs` is matched as `docs` is).
     pub fingerprints: Vec<String>,
     /// Relations named anywhere (read or written), by name without schema.
     pub relations: Vec<String>,
@@ -62,15 +64,30 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
     let tree =
         serde_json::to_value(&parsed.protobuf).map_err(|e| FactsError::Parse(e.to_string()))?;
     let mut f = Facts::default();
-    walk(&tree, &mut f);
+    let mut qualified_at = Vec::new();
+    walk(&tree, &mut f, &mut qualified_at);
+    qualified_at.sort_unstable();
     for raw in &parsed.protobuf.stmts {
         let start = raw.stmt_location.max(0) as usize;
-        let text = match raw.stmt_len {
-            0 => sql.get(start..),
-            n => sql.get(start..start + n as usize),
+        let end = match raw.stmt_len {
+            0 => sql.len(),
+            n => start + n as usize,
         };
-        if let Some(fp) = text.and_then(|t| pg_query::fingerprint(t).ok()) {
+        let Some(text) = sql.get(start..end) else {
+            continue;
+        };
+        if let Ok(fp) = pg_query::fingerprint(text) {
             f.fingerprints.push(fp.hex);
+        }
+        let here: Vec<usize> = qualified_at
+            .iter()
+            .filter(|&&at| at >= start && at < end)
+            .map(|&at| at - start)
+            .collect();
+        if let Some(bare) = without_schemas(text, &here) {
+            if let Ok(fp) = pg_query::fingerprint(&bare) {
+                f.fingerprints.push(fp.hex);
+            }
         }
     }
     for v in [
@@ -88,8 +105,71 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
     Ok(f)
 }
 
+/// `text` with the qualifiers of the relation names starting at `at` (sorted byte offsets)
+/// cut off (`public.docs` → `docs`); `None` when there are none or one is not where the
+/// parser said.
+fn without_schemas(text: &str, at: &[usize]) -> Option<String> {
+    if at.is_empty() {
+        return None;
+    }
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for &start in at {
+        if start < copied {
+            return None;
+        }
+        // Every `name .` before the last name.
+        let mut i = start;
+        let mut cut = start;
+        loop {
+            i = identifier_end(b, i)?;
+            let mut j = i;
+            while b.get(j).is_some_and(u8::is_ascii_whitespace) {
+                j += 1;
+            }
+            if b.get(j) != Some(&b'.') {
+                break;
+            }
+            j += 1;
+            while b.get(j).is_some_and(u8::is_ascii_whitespace) {
+                j += 1;
+            }
+            cut = j;
+            i = j;
+        }
+        out.push_str(text.get(copied..start)?);
+        copied = cut;
+    }
+    out.push_str(text.get(copied..)?);
+    Some(out)
+}
+
+/// Past the identifier at `i` (quoted, or a run of name characters).
+fn identifier_end(b: &[u8], mut i: usize) -> Option<usize> {
+    if b.get(i) == Some(&b'"') {
+        i += 1;
+        loop {
+            match b.get(i)? {
+                b'"' if b.get(i + 1) == Some(&b'"') => i += 2,
+                b'"' => return Some(i + 1),
+                _ => i += 1,
+            }
+        }
+    }
+    let start = i;
+    while b
+        .get(i)
+        .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80)
+    {
+        i += 1;
+    }
+    (i > start).then_some(i)
+}
+
 /// Every node of the generic tree: a node is an object with one key naming its type.
-fn walk(v: &Value, f: &mut Facts) {
+/// `qualified_at`: where each relation named with its schema starts.
+fn walk(v: &Value, f: &mut Facts, qualified_at: &mut Vec<usize>) {
     match v {
         Value::Object(map) => {
             // A RangeVar: named as a node in lists, but held bare in fields such as an
@@ -97,6 +177,14 @@ fn walk(v: &Value, f: &mut Facts) {
             if map.contains_key("relpersistence") {
                 if let Some(name) = map.get("relname").and_then(Value::as_str) {
                     f.relations.push(name.to_owned());
+                }
+                let qualified = map
+                    .get("schemaname")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| !s.is_empty());
+                let at = map.get("location").and_then(Value::as_i64).unwrap_or(-1);
+                if qualified && at >= 0 {
+                    qualified_at.push(at as usize);
                 }
             }
             for (key, inner) in map {
@@ -121,10 +209,10 @@ fn walk(v: &Value, f: &mut Facts) {
                         f.casts.push(t.to_owned());
                     }
                 }
-                walk(inner, f);
+                walk(inner, f, qualified_at);
             }
         }
-        Value::Array(items) => items.iter().for_each(|i| walk(i, f)),
+        Value::Array(items) => items.iter().for_each(|i| walk(i, f, qualified_at)),
         _ => {}
     }
 }
@@ -249,6 +337,22 @@ mod tests {
 
     /// A tree deeper than the decoder reads is not a text PostgreSQL refuses: PostgreSQL
     /// runs the DROP. It must come out unknown, never as "does not parse".
+    /// A fingerprint rule written for `docs` holds for `public.docs` (and any schema's).
+    #[test]
+    fn a_statement_naming_schemas_also_has_the_fingerprint_without_them() {
+        let bare = &facts("SELECT * FROM docs WHERE id = 1")
+            .unwrap()
+            .fingerprints[0];
+        for sql in [
+            "SELECT * FROM public.docs WHERE id = 2",
+            "SELECT * FROM \"public\" . docs WHERE id = 3",
+            "select * from app.public.docs where id = 4",
+        ] {
+            assert!(facts(sql).unwrap().fingerprints.contains(bare), "{sql}");
+        }
+        assert_eq!(facts("SELECT * FROM docs").unwrap().fingerprints.len(), 1);
+    }
+
     #[test]
     fn operators_and_casts_are_named() {
         let f = facts("INSERT INTO t SELECT 1 ### 2, 'x'::date, CAST(1 AS mood)").unwrap();

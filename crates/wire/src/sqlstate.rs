@@ -26,4 +26,5 @@ pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
 pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
+pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const OUT_OF_MEMORY: &str = "53200";

@@ -184,14 +184,31 @@ impl Rule {
         match &self.matcher {
             Matcher::Statement(k) => facts.kinds.iter().any(|x| x == k),
             Matcher::Setting(p) => facts.settings.iter().any(|x| x == p),
-            Matcher::Function(f) => facts
-                .functions
-                .iter()
-                .any(|x| x == f || (!f.contains('.') && x.rsplit('.').next() == Some(f.as_str()))),
+            Matcher::Function(f) => facts.functions.iter().any(|x| function_may_be(x, f)),
             Matcher::Fingerprint(fp) => facts.fingerprints.iter().any(|x| x == fp),
             Matcher::Regex(re) => re.is_match(text),
         }
     }
+}
+
+/// Whether a call written `call` may run the function a rule names `rule`, as PostgreSQL
+/// resolves names: the same name, and either the same schema or a schema left to the
+/// search path (which may lead to the rule's; `pg_catalog` is always on it). Overloads
+/// are not told apart: a rule names them all.
+fn function_may_be(call: &str, rule: &str) -> bool {
+    let (call_schema, call_name) = match call.rsplit_once('.') {
+        Some((schema, name)) => (Some(schema), name),
+        None => (None, call),
+    };
+    let (rule_schema, rule_name) = match rule.rsplit_once('.') {
+        Some((schema, name)) => (Some(schema), name),
+        None => (None, rule),
+    };
+    call_name == rule_name
+        && match (call_schema, rule_schema) {
+            (Some(c), Some(r)) => c == r,
+            _ => true,
+        }
 }
 
 /// A list of rules as written (`at`: where, e.g. `databases.app.rules`), validated.
@@ -249,6 +266,16 @@ mod tests {
         }
         let sql = "SELECT 'pg_terminate_backend(1)'";
         assert!(!kill.matches(&facts(sql), sql), "a string is not a call");
+        // A rule naming the schema still matches a call left to the search path.
+        let sleep = rule("function = \"pg_catalog.pg_sleep\"\naction = \"deny\"").unwrap();
+        for sql in ["SELECT pg_sleep(1)", "SELECT pg_catalog.pg_sleep(1)"] {
+            assert!(sleep.matches(&facts(sql), sql), "{sql}");
+        }
+        let sql = "SELECT other.pg_sleep(1)";
+        assert!(
+            !sleep.matches(&facts(sql), sql),
+            "another schema's function"
+        );
         let set = rule("statement = \"SET statement_timeout\"\naction = \"deny\"").unwrap();
         let sql = "SET LOCAL Statement_Timeout = 0";
         assert!(set.matches(&facts(sql), sql));

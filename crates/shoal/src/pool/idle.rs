@@ -34,7 +34,8 @@ impl IdleList {
     }
 
     /// The server for `client`: one holding its own state, else the most recently returned
-    /// clean one, else (only with `take_others`) the most recent holding another's state.
+    /// clean one, else one whose owner has left (cleaning it takes nothing from anyone),
+    /// else (only with `take_others`) the most recent holding a live client's state.
     #[inline]
     pub(super) fn take(&mut self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
         if self.holding == 0 {
@@ -45,20 +46,30 @@ impl IdleList {
 
     /// [`IdleList::take`] when some servers hold a client's state.
     fn take_best(&mut self, client: u64, take_others: bool) -> Option<Box<ServerConn>> {
-        let (mut clean, mut other) = (None, None);
+        let (mut clean, mut orphaned, mut other) = (None, None, None);
         for i in (0..self.servers.len()).rev() {
             match self.servers[i].session.fit(client) {
                 Fit::Own => return self.remove(i),
                 Fit::Clean => {
                     clean.get_or_insert(i);
                 }
+                Fit::Orphaned => {
+                    orphaned.get_or_insert(i);
+                }
                 Fit::Other => {
                     other.get_or_insert(i);
                 }
             }
         }
-        let i = clean.or(other.filter(|_| take_others))?;
+        let i = clean.or(orphaned).or(other.filter(|_| take_others))?;
         self.remove(i)
+    }
+
+    /// `client` has left: the state it left on servers here is nobody's.
+    pub(super) fn owner_left(&mut self, client: u64) {
+        for c in self.servers.iter_mut() {
+            c.session.owner_left(client);
+        }
     }
 
     fn remove(&mut self, i: usize) -> Option<Box<ServerConn>> {

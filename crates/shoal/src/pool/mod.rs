@@ -172,6 +172,9 @@ pub struct Pool {
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
     idle: Box<[Mutex<IdleList>]>,
+    /// Live clients whose session state a full pool cleaned away, to be told at their next
+    /// statement.
+    lost_state: Mutex<std::collections::HashSet<u64>>,
     /// What a server reported after applying a given set of client startup parameters (the
     /// empty set: a fresh server), so later logins with the same set need no server at all.
     login_params: Mutex<HashMap<Params, SharedParams>>,
@@ -307,6 +310,7 @@ impl Pool {
             slow: Default::default(),
             settings,
             upstream,
+            lost_state: Mutex::default(),
             idle: (0..crate::shard::count())
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
@@ -576,13 +580,43 @@ impl Pool {
                 r?
             }
         };
-        match lease
+        let prepared = lease
             .prepare_for(client, params, sets, &self.settings)
-            .await
-        {
+            .await;
+        let evicted = lease.session.take_evicted();
+        if evicted != 0 {
+            // The last resort of a full pool (see `pop_idle`): that client is told.
+            tracing::warn!(pool = %self.name, client = evicted, "a live client's session state was cleaned away: the pool had no other server");
+            self.lost_state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(evicted);
+        }
+        match prepared {
             Ok(()) => Ok(lease),
             Err(e) => Err(ServerWait::Prepare(e)),
         }
+    }
+
+    /// A client that leaves: the state it left on idle servers is nobody's, and those
+    /// servers are taken before any live client's.
+    pub fn owner_left(&self, client: u64) {
+        for i in 0..self.idle.len() {
+            self.lock_shard(i).owner_left(client);
+        }
+        self.lost_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&client);
+    }
+
+    /// Whether `client`'s session state was cleaned away from its server since it last
+    /// asked (once).
+    pub fn state_lost(&self, client: u64) -> bool {
+        self.lost_state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&client)
     }
 
     /// Refuses a client at once rather than queue it (load shedding): when the last client

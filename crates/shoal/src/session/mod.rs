@@ -201,6 +201,9 @@ pub struct Extras {
     /// what it runs may depend on more than a cache key says, for as long as it is
     /// connected.
     pub holds_state: bool,
+    /// A transaction of this client ended on a server it left its state on: the pool is
+    /// told when it leaves, and it is told if a full pool cleaned that state away.
+    pub owns_servers: bool,
     /// A statement sent may have changed it (`SET client_encoding`, `set_config`, ...):
     /// until the server has answered everything sent, text is read as of an unknown
     /// encoding (only ASCII is readable; the rest fails closed).
@@ -234,8 +237,14 @@ pub(super) fn encoding_reported(
     }
 }
 
+/// What a client is told when a full pool cleaned its server's session away.
+const STATE_LOST: &str = "this session's state on its server was lost and the statement was not run: every server of the pool was in use or held another client's state, so Shoal cleaned this client's server (DISCARD ALL) for another client; temporary tables, advisory locks, WITH HOLD cursors, SQL PREPAREd statements and settings made with set_config() or among other statements are gone (settings made with single SET statements are restored); raise pool_size or end such state sooner";
+
 impl Drop for Session {
     fn drop(&mut self) {
+        if self.extras.as_ref().is_some_and(|x| x.owns_servers) {
+            self.pool.owner_left(self.id);
+        }
         if let Some(fd) = self.stream.raw_fd() {
             self.app.lifecycle.client_fds.remove(fd);
             self.pool.client_fds.remove(fd);
@@ -523,6 +532,16 @@ impl Session {
     /// Serves the buffered messages that need a server: checkout, relay to the transaction
     /// boundary, checkin. Returns true when the client is gone.
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
+        if self.extras.as_ref().is_some_and(|x| x.owns_servers)
+            && self.pool.state_lost(self.id)
+            && self.extras.as_ref().is_some_and(|x| x.holds_state)
+        {
+            // Never silence: the statement would run without the state it may rely on.
+            // (A client whose only state is SETs Shoal replays lost nothing.)
+            self.fail_unit(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, STATE_LOST)
+                .await?;
+            return Ok(false);
+        }
         self.cancel.slot.mark_busy();
         if let Some(sub) = self.extras.as_ref().and_then(|x| x.listen.as_ref()) {
             // Its notifications now wait for the transaction's end.
@@ -557,6 +576,11 @@ impl Session {
         match end {
             Ok(RelayEnd::Boundary) => {
                 lease.session.transaction_ended(self.id);
+                if lease.session.fit(self.id) == crate::server_session::Fit::Own {
+                    // Told when it leaves (its servers become nobody's) or when a full
+                    // pool takes its server (see `run_transaction`).
+                    Extras::get(&mut self.extras).owns_servers = true;
+                }
                 if lease.session.take_listens() {
                     match Box::pin(self.unlisten(lease)).await {
                         Some(back) => lease = back,
