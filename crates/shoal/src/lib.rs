@@ -41,12 +41,16 @@
 //! - [`reuseport`]: steering new connections to the open shards' listening sockets.
 //! - [`memory`]: the allocator (jemalloc) and giving freed heap back after connect storms.
 //! - [`login_failures`]: failed logins per (address, user): growing delays, then a ban.
+//! - [`analysis`]: each statement text of a pool analysed once, as the server reads it in
+//!   the client's encoding: what query rules, the result cache and the replica split
+//!   decide on.
 
 // The control plane's modules, under the names the pooler has always used for them.
 pub use shoal_control::runtime as control;
 pub use shoal_control::{config, logsafe, upstream_tls};
 
 pub mod admin;
+pub mod analysis;
 pub mod api;
 pub mod app;
 pub mod auth_query;

@@ -41,12 +41,14 @@ pub struct QueryRules {
     /// A function rule is in force: a FunctionCall message (which names its function by
     /// OID) is refused, since it could not be checked.
     functions: bool,
+    /// Verdicts by text (the text's analysis is the pool's: see [`crate::analysis`]).
     known: Mutex<Known>,
+    analyses: Arc<crate::analysis::Analyses>,
 }
 
 impl QueryRules {
     /// `None` when there are no rules.
-    pub fn new(rules: Vec<Rule>) -> Option<QueryRules> {
+    pub fn new(rules: Vec<Rule>, analyses: Arc<crate::analysis::Analyses>) -> Option<QueryRules> {
         if rules.is_empty() {
             return None;
         }
@@ -58,6 +60,7 @@ impl QueryRules {
             rules,
             functions,
             known: Mutex::new(HashMap::default()),
+            analyses,
         })
     }
 
@@ -155,18 +158,21 @@ impl QueryRules {
         )
     }
 
-    /// The verdict on `text`, and the SQL-level statements it EXECUTEs.
+    /// The verdict on `text` (UTF-8, as the server reads it), and the SQL-level statements
+    /// it EXECUTEs. The verdict is remembered by text; what the text does comes from the
+    /// pool's analysis, which the cache and the replica split read as well.
     fn verdict(&self, text: &[u8]) -> (Verdict, Vec<String>) {
         if let Some(v) = self.lock().get(text) {
             return v.clone();
         }
         let s = String::from_utf8_lossy(text);
-        let judged = match shoal_wire::facts::facts(&s) {
+        let analysis = self.analyses.of_utf8(text);
+        let judged = match &analysis.facts {
             Ok(f) => {
                 let mut logs = Vec::new();
                 let mut deny = None;
                 for (i, r) in self.rules.iter().enumerate() {
-                    if r.matches(&f, &s) {
+                    if r.matches(f, &s) {
                         match r.action {
                             Action::Deny => {
                                 deny = Some(i);
@@ -181,7 +187,7 @@ impl QueryRules {
                     None if logs.is_empty() => Verdict::Pass,
                     None => Verdict::Log(logs),
                 };
-                (v, f.executes)
+                (v, f.executes.clone())
             }
             // PostgreSQL cannot parse it either, and runs none of it; regular expressions
             // still apply to the text.

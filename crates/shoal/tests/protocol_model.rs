@@ -6,7 +6,9 @@
 //! savepoint) over a pool of ONE server. A model of each client says exactly what it must
 //! receive; the property is that no client ever receives a row, an error or a setting that
 //! was produced for the other, and that every request is answered (a server released before
-//! a true boundary would leave the next client hanging or reading foreign replies).
+//! a true boundary would leave the next client hanging or reading foreign replies). A client
+//! whose lasting state the other's turn cleaned away is told so once (`55000`), its request
+//! not run.
 //!
 //! Cases are bounded (`SHOAL_PROPTEST_CASES`, default 40) so the suite stays quick; raise it
 //! to search longer.
@@ -170,7 +172,17 @@ impl Client {
 
     async fn round(&mut self, out: &BytesMut) -> Vec<Msg> {
         self.raw.send(out).await;
-        self.raw.until_ready().await
+        let msgs = self.raw.until_ready().await;
+        let lost = msgs.iter().any(|m| m.tag == 'E' && m.code() == "55000");
+        if lost && (self.model.own_search_path || self.model.own_cursors) {
+            // The other client needed the pool's one server while this one held state on
+            // it: that state is gone, and this client is told once, its request not run.
+            self.model.own_search_path = false;
+            self.model.own_cursors = false;
+            self.raw.send(out).await;
+            return self.raw.until_ready().await;
+        }
+        msgs
     }
 
     /// Runs one operation and checks every reply against the model.
@@ -324,8 +336,14 @@ impl Client {
                 let v = self.value();
                 raw::query(&mut out, &format!("SELECT '{v}'"));
                 put_copy_data(&mut out, 70_000, 100);
-                let msgs = self.round(&out).await;
-                expect(&ctx, rows(&msgs), vec![v])?;
+                // Not sent twice (see `round`): the CopyData it starts never ends.
+                self.raw.send(&out).await;
+                let msgs = self.raw.until_ready().await;
+                let told = errors(&msgs) == ["55000"]
+                    && (self.model.own_search_path || self.model.own_cursors);
+                if !told {
+                    expect(&ctx, rows(&msgs), vec![v])?;
+                }
                 *self = Client::new(self.tag).await;
             }
             Op::SavepointSet => {

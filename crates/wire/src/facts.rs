@@ -36,7 +36,7 @@ pub struct Facts {
 }
 
 /// Why a text has no facts.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum FactsError {
     #[error("the statement does not parse: {0}")]
     Parse(String),
@@ -50,9 +50,14 @@ pub fn facts(sql: &str) -> Result<Facts, FactsError> {
 }
 
 fn facts_here(sql: &str) -> Result<Facts, FactsError> {
-    let parsed = pg_query::parse(sql).map_err(|e| match e {
-        // The grammar's own limits, and a tree deeper than the decoder reads: PostgreSQL
-        // may well run such a text, so it is not "unparseable" but unknown.
+    facts_of(sql, &pg_query::parse(sql).map_err(parse_error)?)
+}
+
+/// Why pg_query could not give a tree: the grammar's own limits, and a tree deeper than
+/// the decoder reads, are not "unparseable" (PostgreSQL may well run such a text) but
+/// unknown.
+pub(crate) fn parse_error(e: pg_query::Error) -> FactsError {
+    match e {
         pg_query::Error::Parse(m)
             if m.contains("stack depth limit exceeded") || m.contains("memory exhausted") =>
         {
@@ -60,7 +65,11 @@ fn facts_here(sql: &str) -> Result<Facts, FactsError> {
         }
         pg_query::Error::Parse(m) => FactsError::Parse(m),
         _ => FactsError::TooDeep,
-    })?;
+    }
+}
+
+/// [`facts`] of `sql`, parsed already.
+pub(crate) fn facts_of(sql: &str, parsed: &pg_query::ParseResult) -> Result<Facts, FactsError> {
     let tree =
         serde_json::to_value(&parsed.protobuf).map_err(|e| FactsError::Parse(e.to_string()))?;
     let mut f = Facts::default();

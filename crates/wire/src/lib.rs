@@ -15,6 +15,7 @@
 //! - [`md5`]: PostgreSQL's MD5 password scheme.
 //! - [`facts`]: what SQL runs and calls (every node of its parse tree), for query rules.
 //! - [`readonly`]: whether SQL only reads (parsed by PostgreSQL's grammar), for replicas.
+//! - [`statement`]: both of the above from one parse: the analysis every feature reads.
 //! - [`pgoutput`]: logical replication's stream and the `pgoutput` plugin's messages.
 //! - [`sql`]: a SQL lexer and classifier: what a query leaves behind in its session.
 //! - [`encoding`]: how a client's `client_encoding` makes bytes into characters.
@@ -31,5 +32,6 @@ pub mod scram;
 pub mod sql;
 pub mod sqlstate;
 pub mod startup;
+pub mod statement;
 
 pub use frame::{Frame, FrameError};

@@ -75,7 +75,11 @@ pub(crate) fn on_parse_stack<R>(sql: &str, parse: impl FnOnce() -> R) -> Option<
 }
 
 fn classify_here(sql: &str) -> Option<Reads> {
-    let parsed = pg_query::parse(sql).ok()?;
+    reads_of(&pg_query::parse(sql).ok()?)
+}
+
+/// [`classify`] of a text parsed already.
+pub(crate) fn reads_of(parsed: &pg_query::ParseResult) -> Option<Reads> {
     let mut reads = Reads {
         only_queries: true,
         ..Reads::default()

@@ -23,6 +23,11 @@ pub struct Effects {
     /// Leaves session state behind that Shoal does not replay: the server must be cleaned
     /// before another client gets it.
     pub dirty: bool,
+    /// Of `dirty`, what surely lasts past its transaction (a temporary table, a setting, a
+    /// `WITH HOLD` cursor, a session advisory lock, an SQL `PREPARE`, a `LOAD`), rather than
+    /// what only might (a `DO` block, a `CALL`, a statement not known here): a client that
+    /// would lose it is told.
+    pub keeps: bool,
     /// Changes the schema (CREATE/ALTER/DROP...): prepared statements planned before may
     /// describe the old one.
     pub ddl: bool,
@@ -673,6 +678,7 @@ fn classify_lexed(sql: &[u8], enc: ClientEncoding) -> Effects {
     if enc == ClientEncoding::Unknown && !sql.is_ascii() {
         // Which bytes are characters cannot be told: anything may be hidden.
         fx.dirty = true;
+        fx.keeps = true;
         fx.ambiguous = true;
         fx.multi = true;
         return fx;
@@ -720,18 +726,15 @@ fn classify_lexed(sql: &[u8], enc: ClientEncoding) -> Effects {
 }
 
 fn scan_anywhere(t: &Token<'_>, prev: Option<&Token<'_>>, fx: &mut Effects) {
-    if t.name_starts_with(b"pg_temp") {
+    let keeps = t.name_starts_with(b"pg_temp")
+        || SESSION_FUNCTIONS.iter().any(|f| t.name_eq(f))
+        || ((t.is("temp") || t.is("temporary"))
+            && prev.is_some_and(|p| {
+                p.is("create") || p.is("global") || p.is("local") || p.is("into") || p.is("replace")
+            }));
+    if keeps {
         fx.dirty = true;
-    }
-    if SESSION_FUNCTIONS.iter().any(|f| t.name_eq(f)) {
-        fx.dirty = true;
-    }
-    if (t.is("temp") || t.is("temporary"))
-        && prev.is_some_and(|p| {
-            p.is("create") || p.is("global") || p.is("local") || p.is("into") || p.is("replace")
-        })
-    {
-        fx.dirty = true;
+        fx.keeps = true;
     }
 }
 
@@ -757,6 +760,7 @@ impl Seen {
 fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
     if seen.update && seen.pg_settings {
         fx.dirty = true;
+        fx.keeps = true;
     }
     let w = |i: usize| words.get(i);
     let is = |i: usize, k: &str| w(i).is_some_and(|t| t.is(k));
@@ -788,6 +792,7 @@ fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
             // SET LOCAL / SET TRANSACTION / SET CONSTRAINTS end with the transaction.
             if !(is(1, "local") || is(1, "transaction") || is(1, "constraints")) {
                 fx.dirty = true;
+                fx.keeps = true;
             }
         }
         b"create" | b"alter" | b"drop" | b"comment" => {
@@ -808,7 +813,12 @@ fn classify_statement(words: &[Token<'_>], seen: Seen, fx: &mut Effects) {
         b"declare" => {
             if seen.with_hold {
                 fx.dirty = true;
+                fx.keeps = true;
             }
+        }
+        b"prepare" | b"load" => {
+            fx.dirty = true;
+            fx.keeps = true;
         }
         // PREPARE, EXECUTE of SQL-prepared statements, LOAD, RESET, anonymous code
         // blocks and procedures (which may do anything), and whatever this list does not know.

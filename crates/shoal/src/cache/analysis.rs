@@ -1,31 +1,12 @@
-//! What the cache needs to know of a statement text, parsed once per text (and per shape:
-//! texts that differ only in their values share one parse): whether its result may be kept
-//! and what it depends on, and, for a statement that may write, which tables it touches.
-//!
-//! The parse results are remembered; the verdicts that depend on the catalogue (which
+//! What the cache decides on a statement's analysis (the pool's, see [`crate::analysis`]):
+//! whether its result may be kept and what it depends on, and, for a statement that may
+//! write, which tables it touches. The verdicts that depend on the catalogue (which
 //! functions are immutable, which relations are plain tables) are taken afresh each time
 //! from the catalogue of the moment.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use shoal_wire::readonly::{self, Reads};
+use shoal_wire::statement::Analysis;
 
 use super::freshness::Catalogue;
-
-/// Texts remembered; past it the memory starts over.
-const REMEMBERED: usize = 8192;
-/// Longer texts are parsed each time.
-const LONGEST_KEPT: usize = 16 * 1024;
-
-/// One text, parsed.
-#[derive(Debug)]
-pub struct Parsed {
-    /// Its proof of reading only, if it has one.
-    pub reads: Option<Reads>,
-    /// What a write touches: the relations named, the kinds of statement, the functions.
-    pub facts: Option<shoal_wire::facts::Facts>,
-}
 
 /// What a statement that may write does to cached results.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,49 +33,16 @@ pub enum NotKept {
     TimeWord,
 }
 
-#[derive(Default)]
-pub struct Analyses {
-    known: Mutex<HashMap<Box<[u8]>, Arc<Parsed>, foldhash::fast::RandomState>>,
-}
-
-impl Analyses {
-    pub fn parsed(&self, text: &[u8]) -> Arc<Parsed> {
-        if let Some(p) = self.lock().get(text) {
-            return p.clone();
-        }
-        let shape = readonly::normalized(text).filter(|s| s.as_slice() != text);
-        if let Some(p) = shape.as_deref().and_then(|s| self.lock().get(s).cloned()) {
-            return p;
-        }
-        let s = String::from_utf8_lossy(text);
-        let parsed = Arc::new(Parsed {
-            reads: readonly::classify(&s),
-            facts: shoal_wire::facts::facts(&s).ok(),
-        });
-        if text.len() <= LONGEST_KEPT {
-            let mut known = self.lock();
-            if known.len() + 2 > REMEMBERED {
-                known.clear();
-            }
-            if let Some(shape) = shape {
-                known.insert(shape.into(), parsed.clone());
-            }
-            known.insert(text.into(), parsed.clone());
-        }
-        parsed
-    }
-
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<Box<[u8]>, Arc<Parsed>, foldhash::fast::RandomState>>
-    {
-        self.known.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Parsed {
+/// What the cache reads of a statement's analysis (see [`crate::analysis`]).
+pub trait ForCache {
     /// The tables a kept result of this text depends on, or why it is not kept.
-    pub fn keepable<'a>(&'a self, c: &Catalogue) -> Result<Vec<&'a str>, NotKept> {
+    fn keepable<'a>(&'a self, c: &Catalogue) -> Result<Vec<&'a str>, NotKept>;
+    /// What running this text (when it may write) does to cached results.
+    fn touches(&self, c: &Catalogue) -> Touches;
+}
+
+impl ForCache for Analysis {
+    fn keepable<'a>(&'a self, c: &Catalogue) -> Result<Vec<&'a str>, NotKept> {
         let r = self.reads.as_ref().ok_or(NotKept::NotARead)?;
         if !r.only_queries || r.statements != 1 {
             return Err(NotKept::NotARead);
@@ -122,8 +70,7 @@ impl Parsed {
         Ok(tables)
     }
 
-    /// What running this text (when it may write) does to cached results.
-    pub fn touches(&self, c: &Catalogue) -> Touches {
+    fn touches(&self, c: &Catalogue) -> Touches {
         if let Some(r) = &self.reads {
             // A read writes only through a volatile function, operator or cast, and then
             // anything.
@@ -133,7 +80,7 @@ impl Parsed {
                 Touches::Everything
             };
         }
-        let Some(f) = &self.facts else {
+        let Ok(f) = &self.facts else {
             return Touches::Everything;
         };
         const PLAIN: &[&str] = &[
@@ -271,8 +218,8 @@ mod tests {
         c
     }
 
-    fn parsed(sql: &str) -> Arc<Parsed> {
-        Analyses::default().parsed(sql.as_bytes())
+    fn parsed(sql: &str) -> std::sync::Arc<Analysis> {
+        crate::analysis::Analyses::default().of_utf8(sql.as_bytes())
     }
 
     #[test]

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use shoal_control::config::cache::Cache as CacheConfig;
 
 use crate::prepared::ClientStatements;
-use analysis::{Analyses, NotKept, Touches};
+use analysis::{ForCache, NotKept, Touches};
 pub use capture::Capture;
 use freshness::{Freshness, Snapshot, Table};
 
@@ -68,7 +68,8 @@ pub struct QueryCache {
     pub config: CacheConfig,
     fingerprints: HashSet<String>,
     pub freshness: Arc<Freshness>,
-    analyses: Analyses,
+    /// The pool's statement analysis (shared with its rules and replica split).
+    analyses: Arc<crate::analysis::Analyses>,
     store: moka::sync::Cache<Box<[u8]>, Arc<Entry>>,
     filling: Mutex<HashMap<Box<[u8]>, Arc<tokio::sync::Notify>, foldhash::fast::RandomState>>,
     pub stats: Stats,
@@ -117,7 +118,11 @@ pub enum Fill {
 }
 
 impl QueryCache {
-    pub fn new(config: CacheConfig, freshness: Arc<Freshness>) -> QueryCache {
+    pub fn new(
+        config: CacheConfig,
+        freshness: Arc<Freshness>,
+        analyses: Arc<crate::analysis::Analyses>,
+    ) -> QueryCache {
         let evictions = Arc::new(AtomicU64::new(0));
         let counted = evictions.clone();
         let store = moka::sync::Cache::builder()
@@ -135,7 +140,7 @@ impl QueryCache {
             max_entry: (config.max_memory / 8).min(16 << 20) as usize,
             config,
             freshness,
-            analyses: Analyses::default(),
+            analyses,
             store,
             filling: Mutex::default(),
             stats: Stats {
@@ -163,7 +168,8 @@ impl QueryCache {
             return pass();
         }
         let hint = analysis::hint(u.text);
-        let parsed = self.analyses.parsed(u.text);
+        // Only UTF8 clients come here (see `session::cached`).
+        let parsed = self.analyses.of_utf8(u.text);
         if hint.is_none() && !self.config.all_reads && !self.listed(&parsed) {
             return pass();
         }
@@ -188,10 +194,13 @@ impl QueryCache {
         })
     }
 
-    fn listed(&self, parsed: &analysis::Parsed) -> bool {
+    /// Whether the statement's fingerprint (with or without its schemas) is listed.
+    fn listed(&self, parsed: &shoal_wire::statement::Analysis) -> bool {
         !self.fingerprints.is_empty()
-            && parsed.facts.as_ref().is_some_and(|f| {
-                f.fingerprints.len() == 1 && self.fingerprints.contains(&f.fingerprints[0])
+            && parsed.facts.as_ref().is_ok_and(|f| {
+                f.fingerprints
+                    .iter()
+                    .any(|fp| self.fingerprints.contains(fp))
             })
     }
 
@@ -271,10 +280,10 @@ impl QueryCache {
         if !catalogue.loaded {
             return Touches::Everything;
         }
-        let Ok(text) = enc.as_utf8(text) else {
-            return Touches::Everything;
-        };
-        self.analyses.parsed(&text).touches(&catalogue)
+        match self.analyses.of(text, enc) {
+            Ok(a) => a.touches(&catalogue),
+            Err(_) => Touches::Everything,
+        }
     }
 
     /// Drops every entry.

@@ -172,6 +172,9 @@ pub struct Pool {
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
     idle: Box<[Mutex<IdleList>]>,
+    /// Each statement text its clients send, analysed once: what its rules, cache and
+    /// replica split decide on (see [`crate::analysis`]).
+    pub analyses: Arc<crate::analysis::Analyses>,
     /// Live clients whose session state a full pool cleaned away, to be told at their next
     /// statement.
     lost_state: Mutex<std::collections::HashSet<u64>>,
@@ -311,6 +314,7 @@ impl Pool {
             settings,
             upstream,
             lost_state: Mutex::default(),
+            analyses: Arc::default(),
             idle: (0..crate::shard::count())
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
@@ -340,7 +344,7 @@ impl Pool {
         if current.as_ref().map_or(&[][..], |r| r.rules()) == rules.as_slice() {
             return;
         }
-        let new = crate::query_rules::QueryRules::new(rules).map(Arc::new);
+        let new = crate::query_rules::QueryRules::new(rules, self.analyses.clone()).map(Arc::new);
         self.has_rules.store(new.is_some(), Ordering::Release);
         *current = new;
     }
@@ -398,7 +402,13 @@ impl Pool {
         if current.as_ref().map(|c| &c.config) == config.as_ref() {
             return;
         }
-        let new = config.map(|c| Arc::new(crate::cache::QueryCache::new(c, freshness())));
+        let new = config.map(|c| {
+            Arc::new(crate::cache::QueryCache::new(
+                c,
+                freshness(),
+                self.analyses.clone(),
+            ))
+        });
         if let Some(c) = &new {
             c.freshness.start();
         }

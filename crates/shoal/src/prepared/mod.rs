@@ -224,6 +224,8 @@ pub struct Unnamed {
     body: Vec<u8>,
     set_op: Option<SetOp>,
     dirty: bool,
+    /// Of `dirty`, what surely lasts (see [`sql::Effects::keeps`]).
+    keeps: bool,
     /// The client statement its SQL `EXECUTE` names (see [`StatementDef::depends`]).
     depends: Option<Arc<StatementDef>>,
 }
@@ -290,6 +292,7 @@ impl ClientStatements {
             seq: self.unnamed_seq,
             set_op: set_of(text, enc),
             dirty: sql::classify(text, enc).dirty,
+            keeps: sql::classify(text, enc).keeps,
             depends: None,
             body: body.to_vec(),
         });
@@ -334,6 +337,7 @@ impl ClientStatements {
                 seq: 1,
                 set_op: set_of(text, enc),
                 dirty: sql::classify(text, enc).dirty,
+                keeps: sql::classify(text, enc).keeps,
                 depends: None,
                 body,
             });

@@ -57,6 +57,7 @@ impl Fixture {
             encoding: shoal_wire::sql::ClientEncoding::Utf8,
             recoding: &mut false,
             untracked: &mut false,
+            keeps: &mut false,
             aborted: false,
         }
         .client_message(m, &mut out)

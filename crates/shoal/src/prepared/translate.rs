@@ -58,6 +58,9 @@ pub struct Translator<'a> {
     /// a session `SET` it replays): what the client's statements read may then depend on
     /// more than its startup parameters and held SETs.
     pub untracked: &'a mut bool,
+    /// Of `untracked`, state that surely lasts past its transaction (see
+    /// [`sql::Effects::keeps`]): a client that would lose it is told.
+    pub keeps: &'a mut bool,
     /// The client's transaction block has failed (status `E`): PostgreSQL refuses to parse
     /// anything but a statement that ends it.
     pub aborted: bool,
@@ -157,7 +160,7 @@ impl Translator<'_> {
             );
             return false;
         };
-        let (seq, dirty, tracked) = (u.seq, u.dirty, u.set_op.is_some());
+        let (seq, dirty, keeps, tracked) = (u.seq, u.dirty, u.keeps, u.set_op.is_some());
         if u.depends.is_some() || matches!(u.set_op, Some(SetOp::Deallocate(_))) {
             self.unnamed_prerequisites(out);
         }
@@ -171,6 +174,7 @@ impl Translator<'_> {
         }
         if dirty {
             *self.untracked |= !tracked;
+            *self.keeps |= keeps && !tracked;
             *self.dirty = true;
             *self.recoding = true;
         }
@@ -323,6 +327,7 @@ impl Translator<'_> {
                 }
                 if def.effects.dirty {
                     *self.untracked |= def.set_op.is_none();
+                    *self.keeps |= def.effects.keeps && def.set_op.is_none();
                     *self.dirty = true;
                     *self.recoding = true;
                 }
@@ -466,7 +471,13 @@ impl Translator<'_> {
             // Drivers without named statements parse the same text again and again: what it
             // does was read from it last time.
             if let Some((first, plain)) = read {
-                u.dirty = !plain && sql::classify_with(first, text, self.encoding).dirty;
+                let fx = if plain {
+                    sql::Effects::default()
+                } else {
+                    sql::classify_with(first, text, self.encoding)
+                };
+                u.dirty = fx.dirty;
+                u.keeps = fx.keeps;
                 u.set_op = set_of_with(first, text, self.encoding);
                 u.body.clear();
                 u.body.extend_from_slice(rest);
@@ -550,6 +561,7 @@ impl Translator<'_> {
             let u = c.unnamed.get_or_insert_with(Unnamed::default);
             u.seq = c.unnamed_seq;
             u.dirty = derived.effects.dirty;
+            u.keeps = derived.effects.keeps;
             u.set_op = derived.set_op;
             u.depends = derived.depends;
             u.body.clear();
@@ -601,7 +613,9 @@ impl Translator<'_> {
             sql::classify_with(first, text, self.encoding)
         };
         if fx.dirty {
-            *self.untracked |= set_of_with(first, text, self.encoding).is_none();
+            let untracked = set_of_with(first, text, self.encoding).is_none();
+            *self.untracked |= untracked;
+            *self.keeps |= fx.keeps && untracked;
             *self.dirty = true;
             *self.recoding = true;
         }
@@ -638,6 +652,7 @@ impl Translator<'_> {
                     }
                     if def.effects.dirty {
                         *self.untracked |= def.set_op.is_none();
+                        *self.keeps |= def.effects.keeps && def.set_op.is_none();
                         *self.dirty = true;
                         *self.recoding = true;
                     }

@@ -199,7 +199,7 @@ impl ReplicaSet {
         ReplicaSet {
             config,
             members,
-            verdicts: verdicts::Verdicts::default(),
+            verdicts: verdicts::Verdicts::new(primary.analyses.clone()),
             checker: OnceLock::new(),
             writer: AtomicUsize::new(0),
             primary_role: AtomicU8::new(Role::Unknown as u8),

@@ -1,34 +1,25 @@
-//! Whether the client's next unit of work only reads: the proof of
-//! [`shoal_wire::readonly`], remembered per statement text so that a repeated statement is
-//! parsed once, and checked against the primary's catalogue: every function, operator and
+//! Whether the client's next unit of work only reads: the proof in the pool's statement
+//! analysis ([`crate::analysis`], parsed once per text and shape), checked against the
+//! primary's catalogue: every function, operator and
 //! cast it runs non-volatile, every relation it reads one a standby reads alike (a table,
 //! or a view whose own definition is proven the same way). What the catalogue does not
 //! know (a table made since it was read, a temporary table) goes to the primary.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
 use shoal_wire::readonly::{self, Reads};
 use shoal_wire::sql::ClientEncoding;
 
-/// Statement texts remembered; past it the memory starts over (a workload with more
-/// distinct texts than this is parsed more often, never wrongly).
-const REMEMBERED: usize = 8192;
 /// Parse messages one unit may hold and still go to a replica.
 const PARSES_PER_UNIT: usize = 16;
-/// Texts longer than this are parsed each time rather than kept.
-const LONGEST_KEPT: usize = 16 * 1024;
-
-/// Statement text → its proof (`None`: it may write). Hashed with foldhash: every read on a
-/// replica looks its text up, and SipHash's resistance to chosen keys buys nothing here
-/// (the map is bounded and cleared when full).
-type Proofs = HashMap<Box<[u8]>, Option<Arc<Reads>>, foldhash::fast::RandomState>;
 
 #[derive(Default)]
 pub struct Verdicts {
-    known: Mutex<Proofs>,
+    /// The pool's statement analysis (shared with its rules and cache).
+    analyses: Arc<crate::analysis::Analyses>,
     /// What the primary's catalogue last said; empty until first read, when any statement
     /// that calls, casts or reads a relation goes to the primary.
     catalogue: RwLock<Arc<ReplicaCatalogue>>,
@@ -146,11 +137,12 @@ impl Verdicts {
     /// that cannot be read in it (an encoding not known yet, bytes that are no characters)
     /// does not.
     pub fn reads(&self, text: &[u8], enc: ClientEncoding) -> bool {
-        let Ok(text) = enc.as_utf8(text) else {
+        let Ok(analysis) = self.analyses.of(text, enc) else {
             return false;
         };
-        let proof = self.proof(&text);
-        let Some(reads) = proof else { return false };
+        let Some(reads) = &analysis.reads else {
+            return false;
+        };
         if reads.functions.is_empty()
             && reads.operators.is_empty()
             && reads.casts.is_empty()
@@ -163,39 +155,15 @@ impl Verdicts {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        c.calls_only_safe(&reads) && c.reads_only_readable(&reads)
+        c.calls_only_safe(reads) && c.reads_only_readable(reads)
     }
 
-    /// The proof for `text`: remembered by the text itself (a prepared statement, a repeated
-    /// query), else by its shape with the values taken out (a query with its values written
-    /// in), else parsed and remembered both ways.
-    fn proof(&self, text: &[u8]) -> Option<Arc<Reads>> {
-        if let Some(v) = self.lock().get(text) {
-            return v.clone();
+    /// Verdicts over the pool's analysis.
+    pub fn new(analyses: Arc<crate::analysis::Analyses>) -> Verdicts {
+        Verdicts {
+            analyses,
+            ..Verdicts::default()
         }
-        let shape = readonly::normalized(text).filter(|s| s.as_slice() != text);
-        if let Some(v) = shape.as_deref().and_then(|s| self.lock().get(s).cloned()) {
-            return v;
-        }
-        let proof = std::str::from_utf8(text)
-            .ok()
-            .and_then(readonly::classify)
-            .map(Arc::new);
-        if text.len() <= LONGEST_KEPT {
-            let mut known = self.lock();
-            if known.len() + 2 > REMEMBERED {
-                known.clear();
-            }
-            if let Some(shape) = shape {
-                known.insert(shape.into(), proof.clone());
-            }
-            known.insert(text.into(), proof.clone());
-        }
-        proof
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Proofs> {
-        self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The primary's catalogue, read again (see [`health`](super::health)).
@@ -403,11 +371,11 @@ mod tests {
         let v = known();
         assert!(v.reads(b"SELECT * FROM t WHERE id = 1", U));
         assert!(!v.reads(b"UPDATE t SET a = 1 WHERE id = 1", U));
-        let parsed = v.lock().len();
+        let parsed = v.analyses.remembered();
         assert!(v.reads(b"select *  from t where id = 2 -- again", U));
         assert!(!v.reads(b"UPDATE t SET a = 7 WHERE id = 99", U));
         assert_eq!(
-            v.lock().len(),
+            v.analyses.remembered(),
             parsed,
             "found by shape: nothing parsed or added"
         );

@@ -41,6 +41,8 @@ pub(super) struct HookCx<'a> {
     pub(super) recoding: &'a mut bool,
     /// A message sent leaves state Shoal does not follow (see [`super::Extras::holds_state`]).
     pub(super) untracked: &'a mut bool,
+    /// Of it, state that surely lasts (see [`super::Extras::keeps_state`]).
+    pub(super) keeps: &'a mut bool,
     /// This message is refused with `25006` and this message instead of being sent (a
     /// statement not proven to read, in a READ ONLY block on a replica).
     pub(super) refuse: Option<&'static str>,
@@ -144,6 +146,7 @@ impl Hooks for Prepared {
             encoding: cx.encoding,
             recoding: cx.recoding,
             untracked: cx.untracked,
+            keeps: cx.keeps,
             aborted: cx.status == b'E',
         };
         match refusal {

@@ -201,6 +201,10 @@ pub struct Extras {
     /// what it runs may depend on more than a cache key says, for as long as it is
     /// connected.
     pub holds_state: bool,
+    /// Of it, state that surely lasts past its transaction (a temporary table, a setting, a
+    /// `WITH HOLD` cursor, an advisory lock, an SQL `PREPARE`): told if a full pool cleans
+    /// it away. (A `DO` block or a `CALL` only might leave state.)
+    pub keeps_state: bool,
     /// A transaction of this client ended on a server it left its state on: the pool is
     /// told when it leaves, and it is told if a full pool cleaned that state away.
     pub owns_servers: bool,
@@ -534,10 +538,14 @@ impl Session {
     async fn run_transaction(&mut self) -> Result<bool, SessionError> {
         if self.extras.as_ref().is_some_and(|x| x.owns_servers)
             && self.pool.state_lost(self.id)
-            && self.extras.as_ref().is_some_and(|x| x.holds_state)
+            && self.extras.as_ref().is_some_and(|x| x.keeps_state)
         {
             // Never silence: the statement would run without the state it may rely on.
-            // (A client whose only state is SETs Shoal replays lost nothing.)
+            // (A client whose only state is SETs Shoal replays lost nothing.) What lasted is
+            // gone now: told once.
+            if let Some(x) = self.extras.as_mut() {
+                x.keeps_state = false;
+            }
             self.fail_unit(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, STATE_LOST)
                 .await?;
             return Ok(false);

@@ -216,7 +216,9 @@ impl Session {
             out.direct_to_server = direct;
             if side.untracked {
                 side.untracked = false;
-                super::Extras::get(&mut self.extras).holds_state = true;
+                let x = super::Extras::get(&mut self.extras);
+                x.holds_state = true;
+                x.keeps_state |= std::mem::take(&mut side.keeps);
             }
             if side.recoding && side.encoding != ClientEncoding::Unknown {
                 // What follows is read once the server has said how it reads it.
@@ -543,8 +545,9 @@ struct ClientSide<'a> {
     encoding: shoal_wire::sql::ClientEncoding,
     /// A message taken may change the encoding (see [`super::Extras::recoding`]).
     recoding: bool,
-    /// A message taken leaves state Shoal does not follow.
+    /// A message taken leaves state Shoal does not follow; of it, state that surely lasts.
     untracked: bool,
+    keeps: bool,
     /// The next message is refused with this (`25006`), not passed on (see
     /// [`super::reads::Take::Refuse`]).
     refuse: Option<&'static str>,
@@ -563,6 +566,7 @@ impl<'a> ClientSide<'a> {
             encoding,
             recoding: false,
             untracked: false,
+            keeps: false,
             refuse: None,
             registry: &pool.statements,
             rules,
@@ -593,6 +597,7 @@ impl<'a> ClientSide<'a> {
             encoding: self.encoding,
             recoding: &mut self.recoding,
             untracked: &mut self.untracked,
+            keeps: &mut self.keeps,
             refuse: self.refuse.take(),
         }
     }
