@@ -32,7 +32,10 @@ enum Verdict {
 }
 
 /// A verdict and the SQL-level statements the text EXECUTEs.
-type Known = HashMap<Box<[u8]>, (Verdict, Vec<String>), foldhash::fast::RandomState>;
+type Known = HashMap<Box<[u8]>, Judged, foldhash::fast::RandomState>;
+
+/// A verdict, the SQL-level statements the text EXECUTEs and those it PREPAREs.
+type Judged = (Verdict, Vec<String>, Vec<String>);
 
 pub struct QueryRules {
     rules: Vec<Rule>,
@@ -117,7 +120,7 @@ impl QueryRules {
             Ok(t) => t,
             Err(why) => return Some(unreadable(why)),
         };
-        let (verdict, executes) = self.verdict(&text);
+        let (verdict, executes, prepares) = self.verdict(&text);
         match verdict {
             Verdict::Deny(i) => {
                 self.matched[i].fetch_add(1, Ordering::Relaxed);
@@ -138,12 +141,29 @@ impl QueryRules {
             }
             Verdict::Pass => {}
         }
-        // `EXECUTE name`: the statement it runs is held to the rules too.
+        // `EXECUTE name`: the statement it runs is held to the rules too, whenever it was
+        // prepared (a protocol-level statement, or one made by SQL `PREPARE`). One made in
+        // the same text was judged with it. One whose text Shoal never read cannot be
+        // shown harmless.
         if depth == 0 {
             for name in executes {
-                if let Some(t) = statements.and_then(|s| s.text_of(name.as_bytes())) {
-                    if let Some(r) = self.judge_text(t, statements, pool, 1, enc) {
-                        return Some(r);
+                let made_here = prepares.contains(&name);
+                let known = statements.and_then(|s| {
+                    s.text_of(name.as_bytes())
+                        .or_else(|| s.sql_prepared_text(name.as_bytes()))
+                });
+                match known {
+                    Some(t) => {
+                        if let Some(r) = self.judge_text(t, statements, pool, 1, enc) {
+                            return Some(r);
+                        }
+                    }
+                    None if made_here => {}
+                    None => {
+                        return Some((
+                            sqlstate::INSUFFICIENT_PRIVILEGE,
+                            format!("permission denied: the query rules cannot check what EXECUTE {name} runs (Shoal did not see it prepared: a PREPARE among other statements, or from a function); PREPARE it as a statement of its own"),
+                        ))
                     }
                 }
             }
@@ -161,7 +181,7 @@ impl QueryRules {
     /// The verdict on `text` (UTF-8, as the server reads it), and the SQL-level statements
     /// it EXECUTEs. The verdict is remembered by text; what the text does comes from the
     /// pool's analysis, which the cache and the replica split read as well.
-    fn verdict(&self, text: &[u8]) -> (Verdict, Vec<String>) {
+    fn verdict(&self, text: &[u8]) -> Judged {
         if let Some(v) = self.lock().get(text) {
             return v.clone();
         }
@@ -187,7 +207,7 @@ impl QueryRules {
                     None if logs.is_empty() => Verdict::Pass,
                     None => Verdict::Log(logs),
                 };
-                (v, f.executes.clone())
+                (v, f.executes.clone(), f.prepares.clone())
             }
             // PostgreSQL cannot parse it either, and runs none of it; regular expressions
             // still apply to the text.
@@ -197,10 +217,14 @@ impl QueryRules {
                         && matches!(r.matcher, Matcher::Regex(_))
                         && r.matches(&Default::default(), &s)
                 });
-                (deny.map_or(Verdict::Pass, Verdict::Deny), Vec::new())
+                (
+                    deny.map_or(Verdict::Pass, Verdict::Deny),
+                    Vec::new(),
+                    Vec::new(),
+                )
             }
             // Cannot be shown harmless.
-            Err(FactsError::TooDeep) => (Verdict::Unchecked, Vec::new()),
+            Err(FactsError::TooDeep) => (Verdict::Unchecked, Vec::new(), Vec::new()),
         };
         let mut known = self.lock();
         if known.len() >= REMEMBERED {

@@ -164,6 +164,14 @@ async fn rules_change_live_and_hold_statements_prepared_before() {
     c.simple_query("SELECT pg_advisory_unlock_all()")
         .await
         .unwrap();
+    // An SQL PREPARE before the rule, and one among other statements (which Shoal does not
+    // follow).
+    c.simple_query("PREPARE sql_lock(bigint) AS SELECT pg_advisory_lock($1)")
+        .await
+        .unwrap();
+    c.simple_query("SELECT 1; PREPARE hidden AS SELECT pg_advisory_lock(2)")
+        .await
+        .unwrap();
     let path = s.config_dir.path().join("shoal.toml");
     let config = base_config(pg(), &[&db], "")
         + &rules(
@@ -182,6 +190,20 @@ async fn rules_change_live_and_hold_statements_prepared_before() {
     // The same client, its statement prepared before the rule: held to it now.
     let e = c.query(&lock, &[&1i64]).await.unwrap_err();
     assert_eq!(code(&e), "42501", "{e:?}");
+    // So is the SQL-prepared one; one Shoal never saw prepared cannot be shown harmless.
+    for sql in ["EXECUTE sql_lock(1)", "EXECUTE hidden"] {
+        let e = c.simple_query(sql).await.unwrap_err();
+        assert_eq!(code(&e), "42501", "{sql}: {e:?}");
+    }
+    // A function rule naming the schema holds for a call left to the search path.
+    assert_eq!(
+        code(
+            &c.simple_query("SELECT pg_catalog.pg_advisory_lock(3)")
+                .await
+                .unwrap_err()
+        ),
+        "42501"
+    );
     // A log rule lets the statement run and says so.
     c.simple_query("SELECT 1").await.unwrap();
     eventually("the log rule's line", Duration::from_secs(5), || {

@@ -21,8 +21,9 @@ pub struct Facts {
     pub functions: Vec<String>,
     /// Parameters set (`SET name`, `RESET name`, `SET LOCAL name`), lower case.
     pub settings: Vec<String>,
-    /// SQL-level prepared statements run (`EXECUTE name`).
+    /// SQL-level prepared statements run (`EXECUTE name`), and made (`PREPARE name`).
     pub executes: Vec<String>,
+    pub prepares: Vec<String>,
     /// Each statement's fingerprint (pg_query's: literals and formatting do not count), hex;
     /// and, for a statement naming a relation with its schema, the fingerprint of the same
     /// statement with the schemas left out (`public.docs` is matched as `docs` is).
@@ -287,7 +288,12 @@ fn note_statement(kind: &str, node: &Value, f: &mut Facts) {
         }
         "Transaction" => add("TRANSACTION"),
         "Explain" => add("EXPLAIN"),
-        "Prepare" => add("PREPARE"),
+        "Prepare" => {
+            add("PREPARE");
+            if let Some(name) = str_field(node, "name") {
+                f.prepares.push(name.to_owned());
+            }
+        }
         "Deallocate" => add("DEALLOCATE"),
         "Listen" => add("LISTEN"),
         "Unlisten" => add("UNLISTEN"),

@@ -942,6 +942,23 @@ pub fn named_statement_command(sql: &[u8], enc: ClientEncoding) -> Option<NamedS
     })
 }
 
+/// The name a text starting `PREPARE name` gives its statement, as PostgreSQL folds it.
+pub fn prepare_name(sql: &[u8], enc: ClientEncoding) -> Option<Vec<u8>> {
+    if enc == ClientEncoding::Unknown && !sql.is_ascii() {
+        return None;
+    }
+    let mut lex = Lexer::new(sql, enc);
+    if !lex.next()?.is("prepare") {
+        return None;
+    }
+    let name = lex.next()?;
+    if name.is("transaction") {
+        // PREPARE TRANSACTION: two-phase commit, not a statement.
+        return None;
+    }
+    identifier(name)
+}
+
 /// `LISTEN`, `UNLISTEN` and `UNLISTEN *` as the only statement of a text, with the channel
 /// named as PostgreSQL names it (what its NotificationResponse messages carry).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1082,6 +1099,18 @@ mod tests {
     }
 
     const SJIS: ClientEncoding = ClientEncoding::Split(Split::Sjis);
+
+    #[test]
+    fn prepared_names_are_read_as_postgresql_folds_them() {
+        let n = |s: &str| prepare_name(s.as_bytes(), U);
+        assert_eq!(n("PREPARE Foo(int) AS SELECT $1"), Some(b"foo".to_vec()));
+        assert_eq!(
+            n("/* x */ prepare \"Bar\" AS SELECT 1"),
+            Some(b"Bar".to_vec())
+        );
+        assert_eq!(n("PREPARE TRANSACTION 'x'"), None);
+        assert_eq!(n("SELECT 1"), None);
+    }
 
     #[test]
     fn changes_of_encoding_are_seen() {

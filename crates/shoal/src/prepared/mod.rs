@@ -239,6 +239,10 @@ pub struct ClientStatements {
     named: HashMap<Box<[u8]>, Arc<StatementDef>>,
     unnamed: Option<Unnamed>,
     unnamed_seq: u64,
+    /// Statements the client made with SQL `PREPARE`: name → the text that made it, so a
+    /// later `EXECUTE` is held to the query rules in force then (a rule added after the
+    /// `PREPARE` applies to it too).
+    sql_prepared: HashMap<Box<[u8]>, Box<[u8]>>,
 }
 
 impl ClientStatements {
@@ -263,6 +267,16 @@ impl ClientStatements {
         } else {
             self.named.remove(name);
         }
+    }
+
+    /// A statement made by SQL `PREPARE name` in `text`.
+    pub fn sql_prepared(&mut self, name: &[u8], text: &[u8]) {
+        self.sql_prepared.insert(name.into(), text.into());
+    }
+
+    /// The text that made the client's SQL-prepared statement `name`.
+    pub fn sql_prepared_text(&self, name: &[u8]) -> Option<&[u8]> {
+        self.sql_prepared.get(name).map(|t| &t[..])
     }
 
     /// The SQL text of the client's statement `name` (`""`: its unnamed one).

@@ -430,6 +430,13 @@ impl Translator<'_> {
             let first = sql::FirstWord::of(text);
             (first, sql::is_plain(first, text))
         });
+        if read.is_some_and(|(f, _)| f.is(b"prepare")) {
+            if let Some(sql_name) = sql::prepare_name(text, self.encoding) {
+                self.client
+                    .get_or_insert_with(Default::default)
+                    .sql_prepared(&sql_name, text);
+            }
+        }
         let reserved = match read {
             Some((_, false)) => {
                 if sql::may_change_encoding(text) {
@@ -665,6 +672,13 @@ impl Translator<'_> {
                     self.queue.push_back(Expect::Query(None));
                     return Ok(());
                 }
+            }
+        }
+        if first.is(b"prepare") {
+            if let Some(name) = sql::prepare_name(text, self.encoding) {
+                self.client
+                    .get_or_insert_with(Default::default)
+                    .sql_prepared(&name, text);
             }
         }
         out.pass(msg);
