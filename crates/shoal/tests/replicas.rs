@@ -977,3 +977,211 @@ async fn a_session_mode_client_keeps_a_replica_for_its_session() {
     }
     assert_eq!(seen.len(), 2, "sessions spread over both replicas");
 }
+
+/// What the split sends to a standby must run there: generated statements (calls, casts,
+/// operators, views, quoting, comments, dollar quotes, Unicode escapes, READ ONLY blocks,
+/// text in SJIS whose two-byte characters end in a backslash) go through Shoal to a
+/// primary and a hot standby, and none may fail as only a standby fails it (`25006`, or a
+/// transaction id refused during recovery): PostgreSQL's own verdict on what Shoal called
+/// read-only. Cases: `SHOAL_PROPTEST_CASES` (default 40).
+mod split_model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    struct Env {
+        addr: std::net::SocketAddr,
+        db: String,
+        replica_ports: Vec<u16>,
+        _shoal: Shoal,
+        _cluster: Replicated,
+    }
+
+    fn env() -> &'static Env {
+        static ENV: OnceLock<Env> = OnceLock::new();
+        ENV.get_or_init(|| {
+            let db = unique_db("splitmodel");
+            let r = cluster(&db);
+            psql_in(
+                &r.primary,
+                &db,
+                "CREATE TABLE log (at int);
+                 CREATE FUNCTION bump() RETURNS int LANGUAGE sql VOLATILE
+                   AS 'INSERT INTO log VALUES (1) RETURNING at';
+                 CREATE VIEW v AS SELECT bump() AS n;
+                 CREATE VIEW plain AS SELECT count(*)::int AS n FROM t;
+                 CREATE FUNCTION g() RETURNS int LANGUAGE sql STABLE AS 'SELECT 1';
+                 CREATE FUNCTION \"G\"() RETURNS int LANGUAGE sql VOLATILE
+                   AS 'INSERT INTO log VALUES (2) RETURNING at';
+                 CREATE TYPE mood AS (m int);
+                 CREATE FUNCTION to_mood(int) RETURNS mood LANGUAGE sql VOLATILE
+                   AS 'INSERT INTO log VALUES (3) RETURNING ROW(at)::mood';
+                 CREATE CAST (int AS mood) WITH FUNCTION to_mood(int);
+                 CREATE FUNCTION plus_log(int, int) RETURNS int LANGUAGE sql VOLATILE
+                   AS 'INSERT INTO log VALUES (4) RETURNING $1 + $2';
+                 CREATE OPERATOR ### (LEFTARG = int, RIGHTARG = int, FUNCTION = plus_log);",
+            );
+            r.wait_caught_up();
+            let s = shoal(&r, &db, "read_routing = \"split\"");
+            let replica_ports = r.replicas.iter().map(|p| p.port).collect();
+            Env {
+                addr: s.addr,
+                db,
+                replica_ports,
+                _shoal: s,
+                _cluster: r,
+            }
+        })
+    }
+
+    fn expr() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just("1"),
+            Just("'x'"),
+            Just("E'a\\'b'"),
+            Just("$q$;INSERT INTO log VALUES (5);$q$"),
+            Just("U&'\\0041'"),
+            Just("g()"),
+            Just("\"G\"()"),
+            Just("bump()"),
+            Just("txid_current()"),
+            Just("pg_current_xact_id()"),
+            Just("now()"),
+            Just("1 ### 2"),
+            Just("1::mood"),
+            Just("'7'::int"),
+            Just("(1 + 2)"),
+            Just("lower('A')"),
+            Just("nextval('s')"),
+            Just("(SELECT n FROM plain)"),
+            Just("(SELECT n FROM v)"),
+            Just("inet_server_port()"),
+        ]
+    }
+
+    fn from() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just(""),
+            Just(" FROM t"),
+            Just(" FROM plain"),
+            Just(" FROM v"),
+            Just(" FROM t /* ; INSERT INTO log VALUES (6) */"),
+            Just(" FROM t -- ; DELETE FROM log\n"),
+        ]
+    }
+
+    /// One client request: its bytes and the client_encoding to send them in.
+    fn request() -> impl Strategy<Value = (Vec<u8>, bool)> {
+        prop_oneof![
+            4 => (proptest::collection::vec(expr(), 1..3), from()).prop_map(|(es, f)| {
+                (format!("SELECT {}{f}", es.join(", ")).into_bytes(), false)
+            }),
+            1 => Just((b"BEGIN READ ONLY".to_vec(), false)),
+            1 => Just((b"COMMIT".to_vec(), false)),
+            1 => Just((b"SET TRANSACTION READ WRITE".to_vec(), false)),
+            1 => Just((b"COMMIT; INSERT INTO log VALUES (7)".to_vec(), false)),
+            // In SJIS, 0x83 0x5C is one character: the INSERT is a statement of its own.
+            1 => Just((b"SELECT E'\x83\x5c'; INSERT INTO log VALUES (8); --'".to_vec(), true)),
+        ]
+    }
+
+    fn cases() -> u32 {
+        std::env::var("SHOAL_PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40)
+    }
+
+    /// The requests, in order, on one connection (`sjis` for the client's encoding);
+    /// `Err` names a request that failed as only a standby fails.
+    async fn run(requests: &[(Vec<u8>, bool)], sjis: bool) -> Result<usize, String> {
+        let e = env();
+        let extra: &[(&str, &str)] = if sjis {
+            &[("client_encoding", "SJIS")]
+        } else {
+            &[]
+        };
+        let mut c = Raw::login(e.addr, "raw", &e.db, extra).await;
+        let mut on_replica = 0;
+        // Inside a READ ONLY block PostgreSQL refuses writes on any backend (25006): only
+        // what a standby alone says counts there.
+        let mut in_block = false;
+        for (sql, wants_sjis) in requests {
+            if *wants_sjis != sjis {
+                continue;
+            }
+            let mut b = BytesMut::new();
+            shoal_wire::backend::put_message(&mut b, b'Q', |m| {
+                bytes::BufMut::put_slice(m, sql);
+                bytes::BufMut::put_u8(m, 0);
+            });
+            c.send(&b).await;
+            for m in c.until_ready().await {
+                if m.tag == 'Z' {
+                    in_block = m.body.first().is_some_and(|&s| s != b'I');
+                }
+                if m.tag == 'E' {
+                    let text = m.text();
+                    let standby_only = matches!(m.code().as_str(), "25006" | "25000")
+                        && !text.contains("Shoal")
+                        && !in_block;
+                    if standby_only || text.contains("during recovery") {
+                        return Err(format!("{}: {text}", String::from_utf8_lossy(sql)));
+                    }
+                }
+                if m.tag == 'D' && sql.starts_with(b"SELECT inet_server_port()") {
+                    let port: u16 = raw::first_column(&m).parse().unwrap_or(0);
+                    on_replica += usize::from(e.replica_ports.contains(&port));
+                }
+            }
+        }
+        let mut b = BytesMut::new();
+        raw::query(&mut b, "ROLLBACK");
+        c.send(&b).await;
+        c.until_ready().await;
+        Ok(on_replica)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: cases(),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        #[test]
+        fn what_the_split_sends_to_a_standby_runs_there(
+            requests in proptest::collection::vec(request(), 1..8)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let result = rt.block_on(async {
+                run(&requests, false).await?;
+                run(&requests, true).await
+            });
+            prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+        }
+    }
+
+    /// The model is not empty: proven reads do reach the standby.
+    #[test]
+    fn reads_reach_the_standby() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let reads = vec![(b"SELECT inet_server_port(), g()".to_vec(), false); 5];
+                if run(&reads, false).await.unwrap() > 0 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no read reached the standby"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+}
