@@ -14,6 +14,12 @@ pub fn set(handle: tokio::runtime::Handle) {
     let _ = CONTROL.set(handle);
 }
 
+/// Whether [`spawn`] can run a task here: a control runtime was named, or this thread is
+/// in a runtime (not so in unit tests of plain structures).
+pub fn available() -> bool {
+    CONTROL.get().is_some() || tokio::runtime::Handle::try_current().is_ok()
+}
+
 /// Runs `task` on the control runtime (on the current one where none was named, as in
 /// tests that run Shoal's parts in one runtime).
 pub fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>

@@ -345,6 +345,15 @@ impl Pool {
             return;
         }
         let new = crate::query_rules::QueryRules::new(rules, self.analyses.clone()).map(Arc::new);
+        if let Some(r) = new.as_ref().filter(|r| r.needs_catalogue()) {
+            if crate::control::available() {
+                crate::query_rules::catalogue::keep_current(
+                    r,
+                    self.upstream.clone(),
+                    self.settings.connect_timeout,
+                );
+            }
+        }
         self.has_rules.store(new.is_some(), Ordering::Release);
         *current = new;
     }

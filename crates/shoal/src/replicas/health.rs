@@ -175,7 +175,10 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
             return;
         };
         let timeout = primary.settings.connect_timeout.max(interval);
-        if round.is_multiple_of(CATALOGUE_EVERY) || !set.verdicts.catalogue_known() {
+        if round.is_multiple_of(CATALOGUE_EVERY)
+            || !set.verdicts.catalogue_known()
+            || set.verdicts.take_stale()
+        {
             if let Ok(row) = primary_probe.row(CATALOGUE, timeout).await {
                 let text = row.first().cloned().flatten().unwrap_or_default();
                 match catalogue_of(&text) {

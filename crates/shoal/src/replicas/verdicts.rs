@@ -23,6 +23,8 @@ pub struct Verdicts {
     /// What the primary's catalogue last said; empty until first read, when any statement
     /// that calls, casts or reads a relation goes to the primary.
     catalogue: RwLock<Arc<ReplicaCatalogue>>,
+    /// DDL passed through Shoal since the catalogue was read.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 /// The primary's catalogue, as the proof needs it. Names are unqualified: a name stands
@@ -169,6 +171,16 @@ impl Verdicts {
     /// The primary's catalogue, read again (see [`health`](super::health)).
     pub fn set_catalogue(&self, c: ReplicaCatalogue) {
         *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+    }
+
+    /// DDL passed through Shoal: the catalogue is read again at the next check.
+    pub fn catalogue_changed(&self) {
+        self.stale.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether DDL passed since the catalogue was last read (once).
+    pub fn take_stale(&self) -> bool {
+        self.stale.swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the catalogue has been read.

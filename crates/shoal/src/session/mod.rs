@@ -550,6 +550,11 @@ impl Session {
                 .await?;
             return Ok(false);
         }
+        if let Some(r) = self.pool.rules() {
+            // Until the catalogue is read, a function rule cannot see behind operators,
+            // casts and views: the first transactions wait for it.
+            r.catalogue_read(self.pool.settings.connect_timeout).await;
+        }
         self.cancel.slot.mark_busy();
         if let Some(sub) = self.extras.as_ref().and_then(|x| x.listen.as_ref()) {
             // Its notifications now wait for the transaction's end.

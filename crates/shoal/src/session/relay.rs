@@ -521,8 +521,15 @@ fn take_server<H: Hooks>(
                 }
             }
             if flow.status == b'I' && std::mem::take(&mut flow.schema_changed) {
-                // Committed DDL: statements parsed from now on must see it.
+                // Committed DDL: statements parsed from now on must see it, and what the
+                // rules and the replica split know of the catalogue is read again.
                 registry.schema_changed();
+                if let Some(r) = side.pool.rules() {
+                    r.catalogue_changed();
+                }
+                if let Some(set) = side.pool.replicas() {
+                    set.verdicts.catalogue_changed();
+                }
             }
         }
         if hooks.replies_due(&mut server.session) {
@@ -536,6 +543,8 @@ fn take_server<H: Hooks>(
 /// The client's side of the session, lent to hooks while messages pass.
 struct ClientSide<'a> {
     registry: &'a crate::prepared::StatementRegistry,
+    /// For what DDL makes stale (rare: read from the pool when it happens).
+    pool: &'a crate::pool::Pool,
     rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
     pool_name: &'a str,
     params: &'a [(String, String)],
@@ -563,6 +572,7 @@ impl<'a> ClientSide<'a> {
         encoding: shoal_wire::sql::ClientEncoding,
     ) -> Self {
         ClientSide {
+            pool,
             encoding,
             recoding: false,
             untracked: false,

@@ -9,6 +9,8 @@
 //! (which functions are volatile, which relations are views) is not remembered here: each
 //! feature judges the analysis against its catalogue of the moment.
 
+pub mod calls;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

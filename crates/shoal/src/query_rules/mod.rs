@@ -10,7 +10,11 @@ use std::sync::{Arc, Mutex};
 
 use shoal_control::config::rules::{Action, Matcher, Rule};
 use shoal_wire::encoding::Unreadable;
-use shoal_wire::facts::FactsError;
+pub mod catalogue;
+
+use shoal_wire::facts::{Facts, FactsError};
+
+use crate::analysis::calls::Calls;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
 use shoal_wire::sql::ClientEncoding;
@@ -29,6 +33,9 @@ enum Verdict {
     Log(Vec<usize>),
     Deny(usize),
     Unchecked,
+    /// It uses an operator, a cast or a relation, and the catalogue saying what runs
+    /// behind them has not been read yet.
+    NoCatalogue,
 }
 
 /// A verdict and the SQL-level statements the text EXECUTEs.
@@ -47,6 +54,12 @@ pub struct QueryRules {
     /// Verdicts by text (the text's analysis is the pool's: see [`crate::analysis`]).
     known: Mutex<Known>,
     analyses: Arc<crate::analysis::Analyses>,
+    /// What runs behind the database's operators, casts and views, once read (see
+    /// [`catalogue`]); only function rules need it.
+    calls: std::sync::RwLock<Option<Arc<Calls>>>,
+    calls_read: tokio::sync::Notify,
+    /// DDL passed: read the catalogue again now.
+    stale: Arc<tokio::sync::Notify>,
 }
 
 impl QueryRules {
@@ -64,7 +77,49 @@ impl QueryRules {
             functions,
             known: Mutex::new(HashMap::default()),
             analyses,
+            calls: std::sync::RwLock::new(None),
+            calls_read: tokio::sync::Notify::new(),
+            stale: Arc::default(),
         })
+    }
+
+    /// Whether the rules need the catalogue (a rule names a function).
+    pub fn needs_catalogue(&self) -> bool {
+        self.functions
+    }
+
+    /// What runs behind names, read from the catalogue: verdicts start over.
+    pub fn set_calls(&self, calls: Calls) {
+        *self.calls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(calls));
+        self.lock().clear();
+        self.calls_read.notify_waiters();
+    }
+
+    fn calls(&self) -> Option<Arc<Calls>> {
+        self.calls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// DDL passed through Shoal: operators, casts and views may have changed.
+    pub fn catalogue_changed(&self) {
+        if self.functions {
+            self.stale.notify_one();
+        }
+    }
+
+    /// Waits (up to `timeout`) until the catalogue has been read once, when the rules need
+    /// it: until then, a statement with an operator, a cast or a relation cannot be
+    /// checked, and is refused.
+    pub async fn catalogue_read(&self, timeout: std::time::Duration) {
+        if !self.functions || self.calls().is_some() {
+            return;
+        }
+        let read = self.calls_read.notified();
+        let mut read = std::pin::pin!(read);
+        read.as_mut().enable();
+        if self.calls().is_some() {
+            return;
+        }
+        let _ = crate::timer::timeout(timeout, read).await;
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -129,7 +184,14 @@ impl QueryRules {
             Verdict::Unchecked => {
                 return Some((
                     sqlstate::INSUFFICIENT_PRIVILEGE,
-                    "permission denied: the statement nests too deep for the query rules to check"
+                    "permission denied: the query rules cannot check this statement (it nests too deep, or reads a view Shoal cannot read)"
+                        .into(),
+                ))
+            }
+            Verdict::NoCatalogue => {
+                return Some((
+                    sqlstate::CANNOT_CONNECT_NOW,
+                    "the query rules cannot check this statement yet: the database's catalogue (what runs behind its operators, casts and views) has not been read; try again"
                         .into(),
                 ))
             }
@@ -179,8 +241,8 @@ impl QueryRules {
     }
 
     /// The verdict on `text` (UTF-8, as the server reads it), and the SQL-level statements
-    /// it EXECUTEs. The verdict is remembered by text; what the text does comes from the
-    /// pool's analysis, which the cache and the replica split read as well.
+    /// it EXECUTEs and PREPAREs. The verdict is remembered by text; what the text does comes
+    /// from the pool's analysis, which the cache and the replica split read as well.
     fn verdict(&self, text: &[u8]) -> Judged {
         if let Some(v) = self.lock().get(text) {
             return v.clone();
@@ -188,27 +250,22 @@ impl QueryRules {
         let s = String::from_utf8_lossy(text);
         let analysis = self.analyses.of_utf8(text);
         let judged = match &analysis.facts {
-            Ok(f) => {
-                let mut logs = Vec::new();
-                let mut deny = None;
-                for (i, r) in self.rules.iter().enumerate() {
-                    if r.matches(f, &s) {
-                        match r.action {
-                            Action::Deny => {
-                                deny = Some(i);
-                                break;
-                            }
-                            Action::Log => logs.push(i),
-                        }
-                    }
-                }
-                let v = match deny {
-                    Some(i) => Verdict::Deny(i),
-                    None if logs.is_empty() => Verdict::Pass,
-                    None => Verdict::Log(logs),
+            Ok(f) if self.functions && hides_calls(f) => {
+                // Functions behind its operators, casts and views count as called.
+                let Some(calls) = self.calls() else {
+                    // Not remembered: the catalogue may come any moment.
+                    return (Verdict::NoCatalogue, Vec::new(), Vec::new());
                 };
-                (v, f.executes.clone(), f.prepares.clone())
+                let behind = calls.behind(f);
+                if behind.iter().any(|b| b == crate::analysis::calls::UNKNOWN) {
+                    (Verdict::Unchecked, Vec::new(), Vec::new())
+                } else {
+                    let mut seen = f.clone();
+                    seen.functions.extend(behind);
+                    self.judge_facts(&seen, &s)
+                }
             }
+            Ok(f) => self.judge_facts(f, &s),
             // PostgreSQL cannot parse it either, and runs none of it; regular expressions
             // still apply to the text.
             Err(FactsError::Parse(_)) => {
@@ -234,9 +291,38 @@ impl QueryRules {
         judged
     }
 
+    /// The first deny rule `f` (of text `s`) matches, else the log rules it matches.
+    fn judge_facts(&self, f: &Facts, s: &str) -> Judged {
+        let mut logs = Vec::new();
+        let mut deny = None;
+        for (i, r) in self.rules.iter().enumerate() {
+            if r.matches(f, s) {
+                match r.action {
+                    Action::Deny => {
+                        deny = Some(i);
+                        break;
+                    }
+                    Action::Log => logs.push(i),
+                }
+            }
+        }
+        let v = match deny {
+            Some(i) => Verdict::Deny(i),
+            None if logs.is_empty() => Verdict::Pass,
+            None => Verdict::Log(logs),
+        };
+        (v, f.executes.clone(), f.prepares.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Whether a statement uses a name something may run behind: an operator, a cast, or a
+/// relation (a view).
+fn hides_calls(f: &Facts) -> bool {
+    !(f.operators.is_empty() && f.casts.is_empty() && f.relations.is_empty())
 }
 
 /// The refusal of a text the rules cannot read as the server will (see
