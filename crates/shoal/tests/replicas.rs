@@ -286,6 +286,47 @@ async fn writes_behind_views_casts_operators_and_names_reach_only_the_primary() 
         logged, "40",
         "each of the four writing statements, ten times"
     );
+
+    // In a READ ONLY block on a replica, a client that waits for its Parse's answer before
+    // it sends the rest (Flush) is answered: each message is proven as it comes.
+    let mut raw = Raw::login(s.addr, "raw", &db, &[]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        raw.simple("BEGIN READ ONLY").await.unwrap();
+        let port: u16 = raw.simple("SELECT inet_server_port()").await.unwrap()[0]
+            .parse()
+            .unwrap();
+        if port != r.primary.port {
+            break;
+        }
+        raw.simple("COMMIT").await.unwrap();
+        assert!(tokio::time::Instant::now() < deadline, "never on a replica");
+    }
+    let mut b = BytesMut::new();
+    raw::parse(&mut b, "ro", "SELECT count(*) FROM t");
+    raw::describe(&mut b, b'S', "ro");
+    raw::flush(&mut b);
+    raw.send(&b).await;
+    assert_eq!(raw.recv().await.map(|m| m.tag), Some('1'), "ParseComplete");
+    assert_eq!(raw.recv().await.map(|m| m.tag), Some('t'));
+    assert_eq!(raw.recv().await.map(|m| m.tag), Some('T'));
+    let mut b = BytesMut::new();
+    raw::bind(&mut b, "", "ro", &[]);
+    raw::execute(&mut b, "");
+    raw::sync(&mut b);
+    raw.send(&b).await;
+    let tags: String = raw.until_ready().await.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, "2DCZ");
+    // A write's Parse in the block is refused, and the rest of its unit skipped.
+    let mut b = BytesMut::new();
+    raw::parse(&mut b, "", "SELECT bump()");
+    raw::bind(&mut b, "", "", &[]);
+    raw::execute(&mut b, "");
+    raw::sync(&mut b);
+    raw.send(&b).await;
+    let msgs = raw.until_ready().await;
+    assert_eq!(msgs[0].code(), "25006", "{}", msgs[0].text());
+    assert_eq!(raw.simple("ROLLBACK").await.unwrap(), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

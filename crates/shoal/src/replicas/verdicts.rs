@@ -192,6 +192,30 @@ impl Verdicts {
             .is_empty()
     }
 
+    /// Whether the one client message `msg` (whole, with its header) only reads: a Query
+    /// or a Parse by its text, a Bind by its statement's; the others carry no SQL. For a
+    /// transaction that cannot move (a block on a replica), each message is judged as it
+    /// comes: a client may wait for a Parse's answer before it sends the rest.
+    pub fn message_reads<'s>(
+        &self,
+        msg: &[u8],
+        enc: ClientEncoding,
+        statement_text: impl Fn(&[u8]) -> Option<&'s [u8]>,
+    ) -> bool {
+        let Some(&tag) = msg.first() else { return true };
+        let body = msg.get(HEADER_LEN..).unwrap_or_default();
+        match tag {
+            fe::QUERY => self.reads(cstr(body).0, enc),
+            fe::PARSE => self.reads(cstr(cstr(body).1).0, enc),
+            fe::BIND => {
+                let name = cstr(cstr(body).1).0;
+                statement_text(name).is_some_and(|t| self.reads(t, enc))
+            }
+            fe::FUNCTION_CALL => false,
+            _ => true,
+        }
+    }
+
     /// The unit of work at the head of `buf` (whole messages): a simple Query alone, or
     /// extended-protocol messages up to and including their Sync. `statement_text` gives
     /// the text of a statement prepared before (by client name; `""` is the unnamed one).

@@ -51,6 +51,9 @@ pub(super) struct Outbound {
     pub(super) reads_only: bool,
     /// Messages of the current unit already proven (see [`super::reads`]).
     pub(super) cleared: u32,
+    /// Inside a block on a replica, a unit is under way (its messages are proven one by
+    /// one, and the flow is not idle between them).
+    pub(super) in_block_unit: bool,
     /// A unit not proven to read waits in the client's buffer for the transaction's end.
     pub(super) held: bool,
     /// On the primary of a split pool: units are proven as they pass, to tell whether the
@@ -90,6 +93,7 @@ impl Outbound {
             reads_only: false,
             cleared: 0,
             held: false,
+            in_block_unit: false,
             track_writes: false,
             wrote: false,
             rules: None,

@@ -195,8 +195,6 @@ pub(super) enum Take {
     Pass,
     /// Not proven: it waits for the primary (or, on the primary, counts as a write).
     Hold,
-    /// Inside a block on a replica, a unit not yet whole: read more before deciding.
-    Wait,
     /// Inside a block on a replica, a unit not proven to read: refused, since the
     /// transaction cannot move to the primary.
     Refuse,
@@ -217,24 +215,40 @@ pub(super) fn replica_may_take(
     out: &mut Outbound,
     enc: shoal_wire::sql::ClientEncoding,
 ) -> Take {
+    let ends_unit = matches!(tag, fe::SYNC | fe::QUERY | fe::FUNCTION_CALL);
+    let in_block = flow.status != b'I' && (flow.is_idle() || out.in_block_unit);
+    if in_block && out.reads_only && out.cleared != UNTIL_UNIT_END {
+        // The transaction cannot move: each message is proven as it comes, and one that
+        // is not is refused; the server then skips the rest of its unit, which passes.
+        out.in_block_unit = !ends_unit;
+        let n = shoal_wire::frame::next_frame_len(buf, u32::MAX as usize)
+            .ok()
+            .flatten()
+            .unwrap_or(buf.len());
+        let text = |name: &[u8]| statements.and_then(|s| s.text_of(name));
+        let proven = pool
+            .replicas()
+            .is_some_and(|set| set.verdicts.message_reads(&buf[..n], enc, text));
+        if proven {
+            return Take::Pass;
+        }
+        if !ends_unit {
+            out.cleared = UNTIL_UNIT_END;
+        }
+        return Take::Refuse;
+    }
     if out.cleared == 0 {
-        let in_block = flow.is_idle() && flow.status != b'I';
         match unit(pool, buf, statements, enc) {
             Unit::Reads { messages } => out.cleared = messages,
             // On the primary, a block's units pass as they are (its first was a write).
-            _ if in_block && !out.reads_only => out.cleared = UNTIL_UNIT_END,
-            Unit::Incomplete if in_block => return Take::Wait,
-            Unit::Writes if in_block => {
-                // The rest of the unit follows the refused message; the server skips it.
-                out.cleared = UNTIL_UNIT_END;
-                return Take::Refuse;
-            }
+            _ if in_block => out.cleared = UNTIL_UNIT_END,
             Unit::Writes | Unit::Incomplete => return Take::Hold,
         }
     }
     if out.cleared == UNTIL_UNIT_END {
-        if matches!(tag, fe::SYNC | fe::QUERY | fe::FUNCTION_CALL) {
+        if ends_unit {
             out.cleared = 0;
+            out.in_block_unit = false;
         }
     } else {
         out.cleared -= 1;

@@ -167,7 +167,6 @@ impl Session {
                         out.wrote = true;
                         out.track_writes = false;
                     }
-                    Take::Wait => break,
                     Take::Refuse => side.refuse = Some(super::reads::REFUSED_ON_REPLICA),
                 }
             }
