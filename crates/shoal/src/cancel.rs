@@ -262,8 +262,12 @@ impl CancelRegistry {
         }
     }
 
-    /// Registers a client handed over by another process under the key it was given there;
-    /// `None` if a client here already has that process id.
+    /// Registers a client handed over by another process (or resumed by a relaying node)
+    /// under the key it was given there; `None` if another client here has that process id.
+    /// The same key with the same secret is this client's own earlier session, still ending
+    /// (a relayed client that parked and came straight back): the new session takes the key
+    /// over, so the client's cancel requests reach the query it runs now. (The old
+    /// registration's drop leaves the new one in place.)
     pub fn register_exact(
         self: &Arc<Self>,
         process_id: i32,
@@ -271,8 +275,11 @@ impl CancelRegistry {
         info: ClientInfo,
     ) -> Option<Registration> {
         let mut map = self.lock();
-        if map.contains_key(&process_id) {
-            return None;
+        if let Some(old) = map.get(&process_id) {
+            // Constant-time: the secret is a credential.
+            if !bool::from(old.secret.to_be_bytes().ct_eq(&secret.to_be_bytes())) {
+                return None;
+            }
         }
         let slot = Arc::new(CancelSlot {
             secret,
@@ -369,6 +376,26 @@ mod tests {
 
     /// Every connected client holds one slot: with its reference counts it must fit the
     /// allocator's 128-byte size class (the next is 160).
+    #[test]
+    fn a_resumed_client_takes_over_its_own_key_from_a_session_still_ending() {
+        let registry = Arc::new(CancelRegistry::default());
+        let old = registry
+            .register_exact(77, 1234, ClientInfo::default())
+            .unwrap();
+        assert!(
+            registry
+                .register_exact(77, 999, ClientInfo::default())
+                .is_none(),
+            "another secret: another client's key"
+        );
+        let new = registry
+            .register_exact(77, 1234, ClientInfo::default())
+            .expect("the same client");
+        drop(old);
+        let slot = registry.find(77, 1234).expect("still registered");
+        assert!(Arc::ptr_eq(&slot, &new.slot), "the new session's");
+    }
+
     #[test]
     fn a_slot_fits_in_128_bytes() {
         assert!(2 * std::mem::size_of::<usize>() + std::mem::size_of::<CancelSlot>() <= 128);
