@@ -378,8 +378,37 @@ pub fn router(service: Arc<Service>) -> axum::Router {
             "/t/{tenant}/realtime/v1/websocket",
             axum::routing::get(upgrade_named),
         )
+        .route("/socket/websocket/websocket", axum::routing::get(doubled))
+        .route(
+            "/realtime/v1/websocket/websocket",
+            axum::routing::get(doubled),
+        )
+        .route(
+            "/t/{tenant}/socket/websocket/websocket",
+            axum::routing::get(doubled),
+        )
+        .route(
+            "/t/{tenant}/realtime/v1/websocket/websocket",
+            axum::routing::get(doubled),
+        )
         .merge(crate::rest::routes())
         .with_state(service)
+}
+
+/// Supabase's clients append `/websocket` to the endpoint they are given, so a user who
+/// copies a full socket URL into `new RealtimeClient(…)` asks for `/websocket/websocket`.
+/// realtime-js reports only "transport failure" for a bare 404: the body says what to use.
+async fn doubled(uri: axum::http::Uri) -> Response {
+    let endpoint = uri.path().trim_end_matches("/websocket/websocket");
+    Refusal::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "{} asks for /websocket twice: Supabase's clients add /websocket to the endpoint \
+             themselves. Give the client the endpoint {endpoint} instead.",
+            uri.path()
+        ),
+    )
+    .upgrade_response()
 }
 
 pub(crate) fn refuse(status: StatusCode, message: &str) -> Response {

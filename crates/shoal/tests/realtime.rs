@@ -240,6 +240,13 @@ async fn bad_tokens_and_unknown_tenants_are_refused_before_the_upgrade() {
             400,
             "vsn",
         ),
+        (
+            // realtime-js adds /websocket itself: a user who gives it the socket's URL is
+            // told the endpoint to give instead.
+            format!("/t/acme/realtime/v1/websocket/websocket?vsn=2.0.0&apikey={good}"),
+            404,
+            "Give the client the endpoint /t/acme/realtime/v1 instead",
+        ),
     ] {
         let (got, body) = upgrade(rt, &path);
         assert_eq!(got, want, "{path}: {body}");

@@ -75,11 +75,10 @@ pub fn validate(section: &str, k: &CacheKeys<'_>) -> Result<Cache, String> {
     Ok(c)
 }
 
-/// A TTL as written: `"30s"`, `"500ms"`, `"5m"`, `"1h"` (humantime's forms); at least a
+/// A TTL as written (see [`super::duration`]): `"30s"`, `"500ms"`, `"5m"`, `30`; at least a
 /// millisecond, at most [`MAX_TTL`].
 pub fn parse_ttl(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("\"{text}\" is not a duration like \"30s\" ({e})"))?;
+    let d = super::duration::parse(text)?;
     if d < Duration::from_millis(1) || d > MAX_TTL {
         return Err(format!("\"{text}\" is outside 1ms..24h"));
     }

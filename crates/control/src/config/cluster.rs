@@ -17,10 +17,16 @@ pub struct ClusterSection {
     /// The address other nodes relay clients to this node on.
     pub relay_listen: SocketAddr,
     /// Seconds a node stays registered without renewing (default 5).
-    #[serde(default = "default_lease_ttl")]
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_lease_ttl"
+    )]
     pub lease_ttl: f64,
     /// Seconds a relayed client stays idle before its owner lets its session go (0: never).
-    #[serde(default = "default_park_idle_after")]
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_park_idle_after"
+    )]
     pub park_idle_after: f64,
     /// Environment variable holding the secret node links authenticate with.
     pub secret_env: String,

@@ -51,9 +51,8 @@ pub fn validate(section: &str, k: &LimitKeys<'_>) -> Result<Limits, String> {
         ..Limits::default()
     };
     if let Some(t) = k.max_statement_timeout {
-        let d = humantime::parse_duration(t.trim()).map_err(|e| {
-            format!("{section}.max_statement_timeout: \"{t}\" is not a duration like \"30s\" ({e})")
-        })?;
+        let d = super::duration::parse(t)
+            .map_err(|e| format!("{section}.max_statement_timeout: {e}"))?;
         if d < Duration::from_millis(1) {
             return Err(format!("{section}.max_statement_timeout: at least 1ms"));
         }
@@ -85,9 +84,7 @@ pub fn validate(section: &str, k: &LimitKeys<'_>) -> Result<Limits, String> {
         l.concurrency = Some(c);
     }
     if let Some(w) = k.limit_wait {
-        l.wait = humantime::parse_duration(w.trim()).map_err(|e| {
-            format!("{section}.limit_wait: \"{w}\" is not a duration like \"5s\" ({e})")
-        })?;
+        l.wait = super::duration::parse(w).map_err(|e| format!("{section}.limit_wait: {e}"))?;
     }
     Ok(l)
 }

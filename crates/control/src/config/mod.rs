@@ -13,6 +13,7 @@ use shoal_wire::{md5, scram::Verifier};
 
 pub mod cache;
 mod cluster;
+pub mod duration;
 pub mod limits;
 pub mod replicas;
 pub mod rules;
@@ -726,6 +727,20 @@ mod tests {
         // A newcomer's first `psql ... dbname=pgbouncer` works as the quickstart's user.
         assert!(c.users.contains_key("shoal"));
         assert_eq!(c.admin.users, vec!["shoal".to_string()]);
+    }
+
+    /// A user who writes `lease_ttl = "3s"` where the docs once wrote `lease_ttl = 3`, or
+    /// `cache_ttl = 30`, means what they wrote.
+    #[test]
+    fn durations_are_written_either_way() {
+        let text = "[pool]\nserver_idle_timeout = \"10m\"\nquery_wait_timeout = 90\n\
+                    [databases.app]\ncache = true\ncache_ttl = 30\nreplica_ban_time = \"1500ms\"\n";
+        let c = Config::parse(text, "f.toml", &no_env).unwrap();
+        assert_eq!(c.pool.server_idle_timeout, 600.0);
+        assert_eq!(c.pool.query_wait_timeout, 90.0);
+        let text = "[pool]\nserver_lifetime = \"an hour\"\n";
+        let err = Config::parse(text, "f.toml", &no_env).unwrap_err().to_string();
+        assert!(err.contains("a duration such as"), "{err}");
     }
 
     #[test]

@@ -73,13 +73,18 @@ pub struct ServerSection {
     pub max_logins_in_progress: usize,
     pub max_logins_per_address: usize,
     pub auth_failure_ban: u32,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub auth_failure_window: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub client_login_timeout: f64,
     pub max_packet_size: usize,
     pub max_large_message_memory: usize,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub shutdown_timeout: f64,
     pub tcp_keepalive: bool,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub tcp_keepalive_idle: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub tcp_keepalive_interval: f64,
     pub worker_threads: usize,
     pub runtime: Runtime,
@@ -132,16 +137,24 @@ pub struct PoolSection {
     pub pool_size: usize,
     pub min_pool_size: usize,
     pub max_client_conn: usize,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub server_idle_timeout: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub server_lifetime: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub server_connect_timeout: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub query_wait_timeout: f64,
     pub server_reset_query: String,
     pub server_reset: ServerReset,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub server_reset_timeout: f64,
     pub max_prepared_statements: usize,
+    #[serde(deserialize_with = "super::duration::whole_seconds")]
     pub stats_period: u64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub client_idle_timeout: f64,
+    #[serde(deserialize_with = "super::duration::seconds")]
     pub slow_query_threshold: f64,
 }
 
@@ -188,6 +201,7 @@ pub struct DatabaseSection {
     pub client_tls: Option<ClientTls>,
     pub auth_user: Option<String>,
     pub auth_query: Option<String>,
+    #[serde(default, deserialize_with = "super::duration::opt_seconds")]
     pub auth_query_cache_ttl: Option<f64>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
@@ -200,7 +214,9 @@ pub struct DatabaseSection {
     pub read_routing: Option<super::replicas::ReadRouting>,
     pub max_replica_lag: Option<super::replicas::MaxLagSection>,
     pub replica_fallback: Option<super::replicas::ReplicaFallback>,
+    #[serde(default, deserialize_with = "super::duration::opt_seconds")]
     pub replica_check_interval: Option<f64>,
+    #[serde(default, deserialize_with = "super::duration::opt_seconds")]
     pub replica_ban_time: Option<f64>,
     pub prefer_zone: Option<String>,
     /// Query rules (`[[databases.NAME.rules]]`).
@@ -208,16 +224,19 @@ pub struct DatabaseSection {
     pub rules: Vec<super::rules::RuleSection>,
     /// The result cache (see `cache`).
     pub cache: Option<bool>,
+    #[serde(default, deserialize_with = "super::duration::opt_text")]
     pub cache_ttl: Option<String>,
     pub cache_all_reads: Option<bool>,
     #[serde(default)]
     pub cache_fingerprints: Vec<String>,
     pub cache_max_memory: Option<String>,
     /// Limits (see `limits`).
+    #[serde(default, deserialize_with = "super::duration::opt_text")]
     pub max_statement_timeout: Option<String>,
     pub rate_limit: Option<f64>,
     pub rate_burst: Option<f64>,
     pub max_concurrency: Option<usize>,
+    #[serde(default, deserialize_with = "super::duration::opt_text")]
     pub limit_wait: Option<String>,
 }
 

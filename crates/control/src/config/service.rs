@@ -43,7 +43,10 @@ pub struct StoreSection {
     pub encryption_key_env: String,
     /// Seconds between full re-reads of a shared store (notifications carry changes at once;
     /// this heals a missed one).
-    #[serde(default = "default_resync")]
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_resync"
+    )]
     pub resync_interval: f64,
     /// TLS to a shared (postgres) store, with libpq's meanings as for `[databases]`.
     #[serde(default)]
@@ -106,7 +109,10 @@ pub struct TenantsSection {
     pub sni_base_domain: Option<String>,
     /// Seconds a tenant pool may sit with no client before it is closed (its memory freed);
     /// the next login makes it again.
-    #[serde(default = "default_pool_idle_close")]
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_pool_idle_close"
+    )]
     pub pool_idle_close: f64,
 }
 
@@ -157,7 +163,10 @@ pub struct RealtimeSection {
     pub tenant_header: Option<String>,
     /// Seconds a socket may stay silent (no heartbeat, no message) before it is closed
     /// and its presences leave.
-    #[serde(default = "default_heartbeat_timeout")]
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_heartbeat_timeout"
+    )]
     pub heartbeat_timeout: f64,
 }
 

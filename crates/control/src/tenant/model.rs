@@ -42,7 +42,7 @@ pub struct Tenant {
     #[serde(default)]
     pub default_max_clients: Option<usize>,
     /// Seconds an idle client may stay connected (0: forever).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::duration::whole_seconds")]
     pub client_idle_timeout: u64,
     /// Connect to PostgreSQL over TLS.
     #[serde(default)]
@@ -75,7 +75,7 @@ pub struct Tenant {
     #[serde(default)]
     pub feature_flags: serde_json::Map<String, serde_json::Value>,
     /// Shoal: seconds a secret found by auth_query is trusted (default 10).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::config::duration::opt_seconds")]
     pub auth_query_cache_ttl: Option<f64>,
     /// Shoal: `always` cleans a server before every other client gets it (see
     /// `[pool] server_reset`); default `[pool]`'s.
@@ -99,7 +99,11 @@ pub struct Tenant {
     /// Shoal: the result cache, as `[databases.NAME] cache` and its keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::config::duration::opt_text"
+    )]
     pub cache_ttl: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_all_reads: Option<bool>,
@@ -108,7 +112,11 @@ pub struct Tenant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_max_memory: Option<String>,
     /// Shoal: limits on all the tenant's clients together (as `[databases.NAME]`'s).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::config::duration::opt_text"
+    )]
     pub max_statement_timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<f64>,
@@ -116,7 +124,11 @@ pub struct Tenant {
     pub rate_burst: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::config::duration::opt_text"
+    )]
     pub limit_wait: Option<String>,
     /// Realtime: the secret the tenant's JWTs are signed with (HS256/384/512); realtime is
     /// on for the tenant when it has one. Write-only: never serialized back out of the API

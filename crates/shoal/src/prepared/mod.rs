@@ -302,11 +302,12 @@ impl ClientStatements {
     pub fn unnamed_parsed_without_server(&mut self, body: &[u8], enc: ClientEncoding) {
         self.unnamed_seq += 1;
         let text = parse_text(body);
+        let effects = sql::classify(text, enc);
         self.unnamed = Some(Unnamed {
             seq: self.unnamed_seq,
             set_op: set_of(text, enc),
-            dirty: sql::classify(text, enc).dirty,
-            keeps: sql::classify(text, enc).keeps,
+            dirty: effects.dirty,
+            keeps: effects.keeps,
             depends: None,
             body: body.to_vec(),
         });
@@ -346,12 +347,13 @@ impl ClientStatements {
         }
         if let Some(body) = unnamed {
             let text = parse_text(&body);
+            let effects = sql::classify(text, enc);
             c.unnamed_seq = 1;
             c.unnamed = Some(Unnamed {
                 seq: 1,
                 set_op: set_of(text, enc),
-                dirty: sql::classify(text, enc).dirty,
-                keeps: sql::classify(text, enc).keeps,
+                dirty: effects.dirty,
+                keeps: effects.keeps,
                 depends: None,
                 body,
             });
