@@ -274,10 +274,23 @@ async fn create_connect_validate_and_list() {
     let (code, e) = http.authed(
         "PUT",
         "/api/tenants/typed",
-        Some(json!({"tenant": {"db_host": "h", "db_port": "not a number"}})),
+        Some(json!({"tenant": {"db_host": "h", "db_port": "not a number",
+            "default_pool_size": "ten", "limit_wait": "3 parsecs", "users": []}})),
     );
     assert_eq!(code, 422);
-    assert!(e["errors"].get("db_port").is_some(), "{e}");
+    // Every problem at once, in words: the fields serde refuses and the rules the rest
+    // breaks (no database named).
+    assert_eq!(
+        e["errors"]["db_port"][0], "a port between 1 and 65535, not \"not a number\"",
+        "{e}"
+    );
+    assert_eq!(
+        e["errors"]["default_pool_size"][0], "a whole number, 0 or more, not \"ten\"",
+        "{e}"
+    );
+    let wait = e["errors"]["limit_wait"][0].as_str().unwrap_or("");
+    assert!(wait.contains("is not a duration such as \"5s\""), "{e}");
+    assert!(e["errors"].get("db_database").is_some(), "{e}");
     // server_reset: one of two words, kept and returned.
     let mut always = tenant_body(pg(), &db, 3);
     always["tenant"]["server_reset"] = json!("always");

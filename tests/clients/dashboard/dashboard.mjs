@@ -110,8 +110,16 @@ try {
   const tps = async () => numeric(await page.locator('#tile-tps .tile-value').textContent());
   const first = await until('transactions a second above zero', async () => { const v = await tps(); return v > 0 && v; });
   const second = await until('the transactions tile to change', async () => { const v = await tps(); return v > 0 && v !== first && v; });
-  const points = await page.locator('figure.chart polyline').first().getAttribute('points');
-  assert.ok(points && points.split(' ').length > 1, 'the clients chart has a line');
+  const line = await page.locator('figure.chart path.series').first().getAttribute('d');
+  assert.ok(line && line.split(' ').length > 1, 'the clients chart has a line');
+  // Seconds without samples break a line instead of joining its ends with a ramp.
+  const runs = await page.evaluate(async () => {
+    const { runsOf } = await import('/ui/assets/charts.js');
+    const at = [0, 1000, 2000, 30000, 31000, 32000, 33000];
+    return runsOf(at.map((t, i) => ({ at: t, n: i === 5 ? null : i })), (s) => s.n, 3000)
+      .map((r) => r.map((p) => p.at));
+  });
+  assert.deepEqual(runs, [[0, 1000, 2000], [30000, 31000], [33000]]);
   await page.screenshot({ path: join(SHOTS, 'overview.png') });
   step(`live numbers move (${first} then ${second} transactions/s)`);
 
@@ -151,16 +159,25 @@ try {
   await page.getByLabel('Pool size', { exact: true }).fill('2');
   const allow = page.getByLabel(/Allowed client networks/);
   await allow.fill('127.0.0.0/8\nnot-a-network');
+  const wait = page.getByLabel('Wait for a limit up to');
+  await wait.fill('3 parsecs');
   await page.getByRole('button', { name: 'Create tenant' }).click();
   const allowError = page.locator('[data-field="allow_list"] .field-error');
   await until('the allow list\'s error', async () => (await allowError.textContent()).includes('line 2: is not a CIDR'));
   assert.equal(await allow.getAttribute('aria-invalid'), 'true');
+  // Every invalid field is marked at once, the duration in words.
+  const waitError = await page.locator('[data-field="limit_wait"] .field-error').textContent();
+  assert.ok(waitError.includes('is not a duration such as "5s"'), waitError);
+  assert.equal(await wait.getAttribute('aria-invalid'), 'true');
   assert.equal(await page.evaluate(() => document.activeElement.name), 'allow_list', 'the bad field has the focus');
   await page.screenshot({ path: join(SHOTS, 'tenant-invalid.png'), fullPage: true });
   step('a validation error shown beside its field');
   await allow.fill('127.0.0.0/8\n::1/128');
+  await wait.fill('');
   await page.getByRole('button', { name: 'Create tenant' }).click();
   await page.locator(`tr[data-tenant="${tenant}"]`).waitFor();
+  assert.equal(await page.locator(`tr[data-tenant="${tenant}"] td.num`).textContent(), '2',
+    'the list shows the user\'s own pool size, not the default');
   const tenantUser = `app.${tenant}`;
   const q = await run('psql', psqlArgs(tenantUser, 'SELECT 40 + 2')).ended;
   assert.equal(q.code, 0, q.err);
@@ -172,7 +189,7 @@ try {
   await until('the filled-in form', async () => (await page.getByLabel('Host').inputValue()) === '127.0.0.1');
   assert.equal(await page.getByLabel('Database user').inputValue(), 'app');
   assert.equal(await page.getByLabel('Password').inputValue(), '', 'passwords are never shown');
-  await page.getByLabel('Default pool size').fill('4');
+  await page.getByLabel('Pool size', { exact: true }).fill('4');
   await page.getByRole('button', { name: 'Save' }).click();
   await until('the new pool size in the list', async () =>
     (await page.locator(`tr[data-tenant="${tenant}"] td.num`).textContent()) === '4');

@@ -15,10 +15,12 @@ pub mod cache;
 mod cluster;
 pub mod duration;
 pub mod limits;
+pub mod reading;
 pub mod replicas;
 pub mod rules;
 mod sections;
 mod service;
+pub mod words;
 pub use cluster::{host_name, Cluster, ClusterSection, ClusterTls};
 pub use sections::*;
 pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
@@ -49,6 +51,24 @@ pub enum ConfigError {
         line: usize,
         message: String,
     },
+    /// Several problems, each on a line of its own, in the order of the file.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<ConfigError>),
+}
+
+impl ConfigError {
+    /// One error for `problems` (at least one): itself when alone, else [`ConfigError::Several`].
+    fn all(mut problems: Vec<ConfigError>) -> ConfigError {
+        problems.sort_by_key(|p| match p {
+            ConfigError::Syntax { line, .. } | ConfigError::Invalid { line, .. } => *line,
+            _ => 0,
+        });
+        if problems.len() == 1 {
+            problems.remove(0)
+        } else {
+            ConfigError::Several(problems)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -289,7 +309,7 @@ impl Config {
         origin: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let doc: toml::Table = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
             ConfigError::Syntax {
                 origin: origin.to_owned(),
@@ -298,23 +318,40 @@ impl Config {
                 message: e.message().to_owned(),
             }
         })?;
-        let invalid = |section: &str, message: String| ConfigError::Invalid {
-            origin: origin.to_owned(),
-            line: section_line(text, section),
-            message,
+        // Every key serde refuses, then every rule the rest breaks: all told in one run.
+        let (raw, refused) = reading::read_every::<RawConfig, _>(&toml::Value::Table(doc));
+        let mut problems = Problems {
+            text,
+            origin,
+            refused: refused
+                .iter()
+                .filter(|p| !p.unknown_key)
+                .map(reading::Problem::path_text)
+                .collect(),
+            list: refused
+                .iter()
+                .map(|p| ConfigError::Invalid {
+                    origin: origin.to_owned(),
+                    line: reading::toml_line(text, &p.path).unwrap_or(1),
+                    message: format!("{}: {}", p.path_text(), p.message),
+                })
+                .collect(),
+        };
+        let Some(raw) = raw else {
+            return Err(ConfigError::all(problems.list));
         };
         let s = &raw.server;
         if s.listen.is_empty() && s.unix_socket_dir.is_none() {
-            return Err(invalid(
+            problems.add(
                 "server",
                 "nothing to listen on: set server.listen or server.unix_socket_dir".into(),
-            ));
+            );
         }
         if s.max_packet_size < 1024 {
-            return Err(invalid(
+            problems.add(
                 "server",
                 "server.max_packet_size must be at least 1024 bytes".into(),
-            ));
+            );
         }
         for (key, v) in [
             ("client_login_timeout", s.client_login_timeout),
@@ -327,10 +364,7 @@ impl Config {
             ("server_reset_timeout", raw.pool.server_reset_timeout),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(invalid(
-                    "server",
-                    format!("{key} must be a number of seconds ≥ 0"),
-                ));
+                problems.add("server", format!("{key} must be a number of seconds ≥ 0"));
             }
         }
         let (open, close) = (s.shard_open_busy, s.shard_close_busy);
@@ -341,39 +375,42 @@ impl Config {
             && s.shard_open_idle_cores.is_finite()
             && s.shard_open_idle_cores >= 0.0)
         {
-            return Err(invalid(
+            problems.add(
                 "server",
                 "server.shard_open_busy must be in (0, 1], server.shard_close_busy in [0, shard_open_busy) and server.shard_open_idle_cores ≥ 0".into(),
-            ));
+            );
         }
         if raw.pool.pool_size == 0 {
-            return Err(invalid("pool", "pool.pool_size must be at least 1".into()));
+            problems.add("pool", "pool.pool_size must be at least 1".into());
         }
         let mut databases = BTreeMap::new();
         for (name, d) in raw.databases {
             let section = format!("databases.{name}");
             if name == WILDCARD_DATABASE && d.dbname.is_some() {
-                return Err(invalid(
+                problems.add(
                     &section,
                     format!("{section}.dbname cannot be set: the wildcard database passes the client's database name through"),
-                ));
+                );
             }
             if d.pool_size == Some(0) {
-                return Err(invalid(
-                    &section,
-                    format!("{section}.pool_size must be at least 1"),
-                ));
+                problems.add(&section, format!("{section}.pool_size must be at least 1"));
             }
-            let key_password = key_password(&section, &d.sslpassword, &d.sslpassword_env, env)
-                .map_err(|m| invalid(&section, m))?;
-            let replicas = replicas::validate(&section, &d.replica_keys())
-                .map_err(|m| invalid(&section, m))?;
-            let rules = rules::validate(&format!("{section}.rules"), &d.rules)
-                .map_err(|m| invalid(&section, m))?;
-            let cache =
-                cache::validate(&section, &d.cache_keys()).map_err(|m| invalid(&section, m))?;
-            let limits =
-                limits::validate(&section, &d.limit_keys()).map_err(|m| invalid(&section, m))?;
+            let key_password = key_password(&section, &d.sslpassword, &d.sslpassword_env, env);
+            let replicas = replicas::validate(&section, &d.replica_keys());
+            let rules = rules::validate(&format!("{section}.rules"), &d.rules);
+            let cache = cache::validate(&section, &d.cache_keys());
+            let limits = limits::validate(&section, &d.limit_keys());
+            let (key_password, replicas, rules, cache, limits) =
+                match (key_password, replicas, rules, cache, limits) {
+                    (Ok(k), Ok(r), Ok(ru), Ok(c), Ok(l)) => (k, r, ru, c, l),
+                    (k, r, ru, c, l) => {
+                        let errors = [k.err(), r.err(), ru.err(), c.err(), l.err()];
+                        for m in errors.into_iter().flatten() {
+                            problems.add(&section, m);
+                        }
+                        continue;
+                    }
+                };
             databases.insert(
                 name.clone(),
                 Database {
@@ -413,15 +450,16 @@ impl Config {
         let mut users = BTreeMap::new();
         for (name, u) in raw.users {
             let section = format!("users.{name}");
-            let user = resolve_user(&name, u, env).map_err(|m| invalid(&section, m))?;
-            users.insert(name, user);
+            match resolve_user(&name, u, env) {
+                Ok(user) => {
+                    users.insert(name, user);
+                }
+                Err(m) => problems.add(&section, m),
+            }
         }
         let t = &raw.tls;
         if t.cert_file.is_some() != t.key_file.is_some() {
-            return Err(invalid(
-                "tls",
-                "tls.cert_file and tls.key_file go together".into(),
-            ));
+            problems.add("tls", "tls.cert_file and tls.key_file go together".into());
         }
         let overrides_need_tls = databases
             .values()
@@ -429,21 +467,21 @@ impl Config {
             .chain(users.values().map(|u: &User| u.client_tls))
             .any(|m| m.is_some_and(|m| m != ClientTls::Disable));
         if (t.mode() != ClientTls::Disable || overrides_need_tls) && t.cert_file.is_none() {
-            return Err(invalid(
+            problems.add(
                 "tls",
                 "tls.client_tls needs a certificate: set tls.cert_file and tls.key_file".into(),
-            ));
+            );
         }
         for d in databases.values() {
             if let Some(aq) = &d.auth_query {
                 if !users.contains_key(&aq.user) {
-                    return Err(invalid(
+                    problems.add(
                         &format!("databases.{}", d.name),
                         format!(
                             "databases.{}.auth_user: \"{}\" is not a configured user",
                             d.name, aq.user
                         ),
-                    ));
+                    );
                 }
             }
         }
@@ -452,40 +490,44 @@ impl Config {
                 .iter()
                 .find(|(_, u): &(&String, &User)| matches!(u.auth, ClientAuth::Cert))
             {
-                return Err(invalid(
+                problems.add(
                     &format!("users.{name}"),
                     format!("users.{name}: auth_method = \"cert\" needs tls.ca_file"),
-                ));
+                );
             }
         }
         if let Some(bad) = databases.keys().find(|n| n.contains(':')) {
-            return Err(invalid(
+            problems.add(
                 "databases",
                 format!("database name \"{bad}\" contains ':', which Shoal keeps for tenants"),
-            ));
+            );
         }
         let listen_port = raw.server.listen.first().map(|a| a.port());
-        let cluster = match raw.cluster {
-            Some(c) => Some(
-                c.resolve(listen_port, env)
-                    .map_err(|m| invalid("cluster", m))?,
-            ),
+        let cluster = match raw.cluster.map(|c| c.resolve(listen_port, env)) {
+            Some(Ok(c)) => Some(c),
+            Some(Err(m)) => {
+                problems.add("cluster", m);
+                None
+            }
             None => None,
         };
         if let Some(rt) = &raw.realtime {
             if !(rt.heartbeat_timeout.is_finite()
                 && (1.0..=86_400.0).contains(&rt.heartbeat_timeout))
             {
-                return Err(invalid(
+                problems.add(
                     "realtime",
                     "realtime.heartbeat_timeout must be between 1 and 86400 seconds".into(),
-                ));
+                );
             }
         }
         // The API needs a store; a store alone serves the tenants it holds.
         let store = raw
             .store
             .or_else(|| raw.api.as_ref().map(|_| StoreSection::default()));
+        if !problems.list.is_empty() {
+            return Err(ConfigError::all(problems.list));
+        }
         Ok(Config {
             server: raw.server,
             tls: raw.tls,
@@ -697,6 +739,35 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The problems found in one file, in the order found.
+struct Problems<'a> {
+    text: &'a str,
+    origin: &'a str,
+    /// The paths of the keys serde refused (`server.listen[0]`).
+    refused: Vec<String>,
+    list: Vec<ConfigError>,
+}
+
+impl Problems<'_> {
+    /// A rule `section` breaks. A section with a refused key is read without it, so what
+    /// its rules say then follows from the refusal (an address refused leaves nothing to
+    /// listen on): it is not told twice.
+    fn add(&mut self, section: &str, message: String) {
+        let follows = self.refused.iter().any(|r| {
+            r == section
+                || r.strip_prefix(section)
+                    .is_some_and(|rest| rest.starts_with(['.', '[']))
+        });
+        if !follows {
+            self.list.push(ConfigError::Invalid {
+                origin: self.origin.to_owned(),
+                line: section_line(self.text, section),
+                message,
+            });
+        }
+    }
+}
+
 /// The line of a `[section]` header (1 if absent), so semantic errors point at the file.
 fn section_line(text: &str, section: &str) -> usize {
     let quoted = section
@@ -739,8 +810,51 @@ mod tests {
         assert_eq!(c.pool.server_idle_timeout, 600.0);
         assert_eq!(c.pool.query_wait_timeout, 90.0);
         let text = "[pool]\nserver_lifetime = \"an hour\"\n";
-        let err = Config::parse(text, "f.toml", &no_env).unwrap_err().to_string();
+        let err = Config::parse(text, "f.toml", &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("a duration such as"), "{err}");
+    }
+
+    /// A file with several mistakes is told all of them, each at its line, in words.
+    #[test]
+    fn every_problem_is_told_in_one_run() {
+        let text = "[server]\nlisten = [\"127.0.0.1:6432\"]\nshutdown_timeout = \"soon\"\n\n\
+                    [pool]\npool_sise = 4\npool_size = 0\n\n\
+                    [databases.app]\nport = \"five\"\n\n\
+                    [databases.other]\ncache_ttl = \"3 parsecs\"\n\n\
+                    [users.bob]\nauth_method = \"md5\"\n";
+        let err = Config::parse(text, "f.toml", &no_env)
+            .unwrap_err()
+            .to_string();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 6, "{err}");
+        for (line, says) in [
+            (
+                3,
+                "server.shutdown_timeout: \"soon\" is not a duration such as",
+            ),
+            (5, "pool.pool_size must be at least 1"),
+            (
+                6,
+                "pool.pool_sise: `pool_sise` is not a key here; did you mean `pool_size`?",
+            ),
+            (
+                10,
+                "databases.app.port: a port between 1 and 65535, not \"five\"",
+            ),
+            (
+                13,
+                "databases.other.cache_ttl: \"3 parsecs\" is not a duration such as",
+            ),
+            (15, "users.bob: no password"),
+        ] {
+            let prefix = format!("f.toml:{line}: {says}");
+            assert!(
+                lines.iter().any(|l| l.starts_with(&prefix)),
+                "{prefix}\n{err}"
+            );
+        }
     }
 
     #[test]

@@ -352,6 +352,52 @@ pub fn valid_external_id(id: &str) -> bool {
 }
 
 impl Tenant {
+    /// A tenant as the API's JSON gives it, with every problem at once: each field whose
+    /// value is refused (in words: "a port between 1 and 65535, not \"x\""), and every rule
+    /// the other fields break. A field that follows from a refused one is not told twice.
+    /// `id` is the tenant's id from the URL, which a body need not repeat.
+    pub fn from_json(v: &serde_json::Value, id: &str) -> Result<Tenant, FieldErrors> {
+        let (got, mut errors) = Tenant::read_json(v);
+        let Some(mut t) = got else {
+            return Err(errors);
+        };
+        if t.external_id.is_empty() {
+            t.external_id = id.to_owned();
+        }
+        let refused: Vec<String> = errors.keys().cloned().collect();
+        if let Err(more) = t.validate() {
+            for (field, messages) in more {
+                let follows = refused.iter().any(|r| {
+                    r == &field
+                        || field.starts_with(&format!("{r}."))
+                        || field.starts_with(&format!("{r}["))
+                });
+                if !follows {
+                    errors.entry(field).or_default().extend(messages);
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(t)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The tenant the JSON's readable fields make, if they make one, and every field whose
+    /// value is refused; no rule checked yet (see [`Tenant::validate`]).
+    pub fn read_json(v: &serde_json::Value) -> (Option<Tenant>, FieldErrors) {
+        let (got, refused) = crate::config::reading::read_every::<Tenant, _>(v);
+        let mut errors = FieldErrors::new();
+        for p in &refused {
+            errors
+                .entry(p.path_text())
+                .or_default()
+                .push(p.message.clone());
+        }
+        (got, errors)
+    }
+
     /// Checks every field; the errors name the fields.
     pub fn validate(&self) -> Result<(), FieldErrors> {
         let mut errors = FieldErrors::new();

@@ -305,12 +305,9 @@ async fn put_tenant(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let t: Tenant = match serde_path_to_error::deserialize(body) {
+    let t = match Tenant::from_json(&body, &id) {
         Ok(t) => t,
-        Err(e) => {
-            let path = e.path().to_string();
-            return one_field(&path, &e.inner().to_string());
-        }
+        Err(errors) => return field_errors(errors),
     };
     match api.service.put(t, &id, q.check.unwrap_or(true)).await {
         Ok(created) => {

@@ -220,8 +220,10 @@ impl TenantService {
                 obj.insert(k, val);
             }
         }
-        let mut t: Tenant = serde_json::from_value(v)
-            .map_err(|e| field_error("tenant", format!("invalid value: {e}")))?;
+        let mut t = match Tenant::read_json(&v) {
+            (Some(t), errors) if errors.is_empty() => t,
+            (_, errors) => return Err(ServiceError::Invalid(errors)),
+        };
         // Passwords are never read back out: a user patched without one keeps the stored
         // user's of the same name (a new user must bring its own).
         if users_given {

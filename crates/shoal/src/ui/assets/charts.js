@@ -34,6 +34,37 @@ function niceMax(max) {
 }
 
 /**
+ * The runs of `samples` a line may join: a run ends where a value is missing or where more
+ * than `maxGapMs` passed between two samples (Shoal was stopped, or the page was asleep), so
+ * a chart shows the gap instead of a ramp that never happened. Each run is [{at, v}].
+ */
+export function runsOf(samples, valueOf, maxGapMs) {
+  const runs = [];
+  let run = [];
+  let lastAt = null;
+  for (const s of samples) {
+    const v = valueOf(s);
+    const gap = lastAt !== null && s.at - lastAt > maxGapMs;
+    if (gap || v === null || v === undefined || !Number.isFinite(v)) {
+      if (run.length) runs.push(run);
+      run = [];
+    }
+    if (v !== null && v !== undefined && Number.isFinite(v)) run.push({ at: s.at, v });
+    lastAt = s.at;
+  }
+  if (run.length) runs.push(run);
+  return runs;
+}
+
+/** The usual time between samples (their median spacing), and at least a second. */
+function spacing(samples) {
+  const d = [];
+  for (let i = 1; i < samples.length; i++) d.push(samples[i].at - samples[i - 1].at);
+  d.sort((a, b) => a - b);
+  return Math.max(1000, d.length ? d[d.length >> 1] : 1000);
+}
+
+/**
  * A chart of `series` ({name, key, color}) over samples; `update(samples)` redraws it.
  * It spans the samples kept (at least a minute, at most `windowMs`), ending at the newest.
  */
@@ -51,7 +82,7 @@ export function lineChart(container, { title, series, unit = '', windowMs = 15 *
     svg.append(el('line', { x1: 0, x2: W, y1: H * f, y2: H * f, class: 'grid', 'vector-effect': 'non-scaling-stroke' }));
   }
   const lines = series.map((s) => {
-    const p = el('polyline', { fill: 'none', stroke: s.color, 'stroke-width': 2, 'vector-effect': 'non-scaling-stroke' });
+    const p = el('path', { fill: 'none', class: 'series', stroke: s.color, 'stroke-width': 2, 'vector-effect': 'non-scaling-stroke' });
     svg.append(p);
     return p;
   });
@@ -84,17 +115,16 @@ export function lineChart(container, { title, series, unit = '', windowMs = 15 *
       const minutes = Math.round(span / 60000);
       head.querySelector('.chart-max').textContent = `last ${minutes} min · max ${fmt(top, unit)}`;
       const spoken = [];
+      const shown = samples.filter((s) => s.at >= start);
+      const maxGap = 3 * spacing(shown);
       series.forEach((se, i) => {
-        const pts = [];
-        for (const s of samples) {
-          if (s.at < start) continue;
-          const v = se.value ? se.value(s) : s[se.key];
-          if (v === null || v === undefined || !Number.isFinite(v)) continue;
-          const x = ((s.at - start) / span) * W;
+        const valueOf = (s) => (se.value ? se.value(s) : s[se.key]);
+        const d = runsOf(shown, valueOf, maxGap).map((run) => run.map(({ at, v }, j) => {
+          const x = ((at - start) / span) * W;
           const y = H - (v / top) * (H - 4) - 2;
-          pts.push(`${x.toFixed(1)},${y.toFixed(1)}`);
-        }
-        lines[i].setAttribute('points', pts.join(' '));
+          return `${j ? 'L' : 'M'}${x.toFixed(1)},${y.toFixed(1)}`;
+        }).join(' ')).join(' ');
+        lines[i].setAttribute('d', d);
         const last = samples.length ? samples[samples.length - 1] : null;
         const v = last ? (se.value ? se.value(last) : last[se.key]) : null;
         values[i].textContent = fmt(v, unit);

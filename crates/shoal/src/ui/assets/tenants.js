@@ -13,6 +13,14 @@ function loggedOut(e) {
   return false;
 }
 
+// What each user's pool really holds: its own size, else the tenant's default, else 15.
+function poolSizes(t) {
+  const fallback = t.default_pool_size ?? 15;
+  if (!t.users.length) return String(fallback);
+  const many = t.users.length > 1;
+  return t.users.map((u) => `${many ? `${u.db_user} ` : ''}${u.pool_size ?? fallback}`).join(', ');
+}
+
 export function tenantsView(view, every) {
   const search = h('input', { id: 'tenant-search', type: 'search', value: state.search, placeholder: 'tenant id' });
   const message = h('p', { class: 'message', role: 'status' });
@@ -50,7 +58,7 @@ export function tenantsView(view, every) {
         h('th', { scope: 'row' }, h('a', { href: `#/tenants/edit/${encodeURIComponent(id)}` }, id)),
         h('td', {}, `${t.db_host}:${t.db_port}/${t.db_database}`),
         h('td', {}, t.users.map((u) => u.db_user).join(', ')),
-        h('td', { class: 'num' }, t.default_pool_size ?? 15),
+        h('td', { class: 'num' }, poolSizes(t)),
         h('td', {}, banned ? h('span', { class: 'badge bad' }, 'banned') : h('span', { class: 'badge' }, 'active')),
         h('td', { class: 'actions' },
           h('button', {
