@@ -170,6 +170,8 @@ async fn api_tokens_are_required_and_checked() {
     let (code, doc) = http.call("GET", "/api/openapi.json", None, None);
     assert_eq!(code, 200);
     assert_eq!(doc["openapi"], "3.0.3");
+    // Also where Supavisor's users look for it.
+    assert_eq!(http.call("GET", "/api/openapi", None, None), (200, doc));
     let (code, body) = http.call("GET", "/api/tenants", None, None);
     assert_eq!(code, 401);
     assert!(body.get("data").is_none(), "no data without a token");

@@ -28,6 +28,7 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/health"),
     ("get", "/api/openapi.json"),
+    ("get", "/api/openapi"),
     ("get", "/api/tenants"),
     ("get", "/api/tenants/{id}"),
     ("put", "/api/tenants/{id}"),
@@ -81,6 +82,8 @@ pub fn router(service: Arc<TenantService>, auth: Arc<auth::ApiAuth>) -> Router {
     Router::new()
         .route("/api/health", get(health))
         .route("/api/openapi.json", get(openapi))
+        // Where Supavisor serves its document, for tools pointed at a Supavisor.
+        .route("/api/openapi", get(openapi))
         .merge(tenant_routes("/api", service, auth))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
 }
