@@ -66,6 +66,14 @@ enum Command {
     CheckConfig { file: PathBuf },
     /// Print the embedded default configuration.
     DefaultConfig,
+    /// Write a Shoal configuration equivalent to a PgBouncer one to stdout; what cannot be
+    /// carried over is named on stderr (and in the file's comments).
+    ImportPgbouncer {
+        /// PgBouncer's `pgbouncer.ini`.
+        ini: PathBuf,
+        /// Its `auth_file` (`userlist.txt`): the users and their passwords.
+        userlist: Option<PathBuf>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +93,9 @@ fn main() -> anyhow::Result<()> {
         Some(Command::DefaultConfig) => {
             print!("{}", shoal::config::EMBEDDED_DEFAULT);
             return Ok(());
+        }
+        Some(Command::ImportPgbouncer { ini, userlist }) => {
+            return import_pgbouncer(&ini, userlist.as_deref());
         }
         None => {}
     }
@@ -167,5 +178,26 @@ fn main() -> anyhow::Result<()> {
         )
         .await
     })?;
+    Ok(())
+}
+
+/// `shoal import-pgbouncer`: the configuration on stdout, the notes on stderr, and the result
+/// checked as `check-config` would.
+fn import_pgbouncer(ini: &std::path::Path, userlist: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    let ini_text = read(ini)?;
+    let users = userlist.map(read).transpose()?;
+    let got = shoal::config::pgbouncer::import(&ini_text, users.as_deref());
+    print!("{}", got.toml);
+    for n in &got.notes {
+        eprintln!("note: {n}");
+    }
+    if let Err(e) = Config::parse(&got.toml, "the imported configuration", &|k| {
+        std::env::var(k).ok()
+    }) {
+        eprintln!("The imported configuration needs these changes before Shoal runs it:\n{e}");
+    }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! long-lived objects: after a 19,000-client connect storm that was ~500 bytes of RSS per idle
 //! client on top of the ~850 it really holds. jemalloc's size classes (256, 384, ...) are
 //! naturally aligned, so those objects pack without gaps; it is the global allocator wherever
-//! it builds (everywhere but MSVC), for the binary and the test suite alike.
+//! it builds (everywhere but MSVC), for the binary and the test suite alike, unless the
+//! `jemalloc` feature is left out (scripts/quickstart's build, which skips its C build).
 //!
 //! A connect storm also leaves pages of freed login state (and a wave of relayed clients
 //! parking, their relays' state). jemalloc returns dirty pages after a decay period, but only
@@ -21,7 +22,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -57,7 +58,7 @@ fn purge() {
 }
 
 /// `mallctl("arena.<MALLCTL_ARENAS_ALL>.purge")`; 0 on success, else an errno.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[allow(unsafe_code)]
 fn purge_arenas() -> i32 {
     // SAFETY: the name is NUL-terminated; a control that neither reads nor writes takes null
@@ -73,7 +74,19 @@ fn purge_arenas() -> i32 {
     }
 }
 
-#[cfg(target_env = "msvc")]
+/// Without jemalloc (a quick build), glibc's malloc gives back what it can.
+#[cfg(all(not(feature = "jemalloc"), target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn purge_arenas() -> i32 {
+    // SAFETY: malloc_trim only walks glibc's own arenas; it takes no pointer.
+    unsafe { libc::malloc_trim(0) };
+    0
+}
+
+#[cfg(any(
+    target_env = "msvc",
+    all(not(feature = "jemalloc"), not(target_env = "gnu"))
+))]
 fn purge_arenas() -> i32 {
     0
 }

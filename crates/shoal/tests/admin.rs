@@ -419,3 +419,45 @@ async fn the_embedded_default_user_reaches_the_console() {
         "{rows:?}"
     );
 }
+
+/// A PgBouncer user's way in: `shoal import-pgbouncer pgbouncer.ini userlist.txt` writes a
+/// configuration Shoal runs as is; the same client logs in with the same password, and the
+/// settings Shoal cannot carry over are named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pgbouncer_configuration_is_imported_and_served() {
+    let db = unique_db("pgbimport");
+    pg().create_database(&db);
+    let dir = tempfile::tempdir().unwrap();
+    let ini = dir.path().join("pgbouncer.ini");
+    let users = dir.path().join("userlist.txt");
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\n{db} = host=127.0.0.1 port={} pool_size=3\n\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = 0\nauth_type = scram-sha-256\n\
+             auth_file = {}\npool_mode = transaction\nadmin_users = app\n\
+             reserve_pool_size = 2\nlogfile = /var/log/pgbouncer.log\n",
+            pg().port,
+            users.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(&users, format!("\"app\" \"{APP_PASSWORD}\"\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["import-pgbouncer"])
+        .args([&ini, &users])
+        .output()
+        .expect("shoal runs");
+    assert!(out.status.success());
+    let config = String::from_utf8(out.stdout).unwrap();
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert!(notes.contains("reserve_pool_size"), "{notes}");
+    assert!(notes.contains("logfile"), "{notes}");
+    assert!(!notes.contains("needs these changes"), "{notes}\n{config}");
+    let shoal = Shoal::start(&config);
+    let c = shoal.connect(&db).await;
+    assert_eq!(simple_rows(&c, "SELECT 40 + 2").await, vec!["42"]);
+    let console = shoal.connect_as("app", APP_PASSWORD, "pgbouncer").await;
+    let (cols, rows) = show(&console, "SHOW POOLS").await;
+    assert!(rows.iter().any(|r| col(&cols, r, "database") == db), "{rows:?}");
+}

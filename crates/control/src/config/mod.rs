@@ -15,6 +15,7 @@ pub mod cache;
 mod cluster;
 pub mod duration;
 pub mod limits;
+pub mod pgbouncer;
 pub mod reading;
 pub mod replicas;
 pub mod rules;
