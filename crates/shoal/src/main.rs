@@ -183,7 +183,10 @@ fn main() -> anyhow::Result<()> {
 
 /// `shoal import-pgbouncer`: the configuration on stdout, the notes on stderr, and the result
 /// checked as `check-config` would.
-fn import_pgbouncer(ini: &std::path::Path, userlist: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn import_pgbouncer(
+    ini: &std::path::Path,
+    userlist: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let read = |p: &std::path::Path| {
         std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
     };

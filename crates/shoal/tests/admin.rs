@@ -459,5 +459,8 @@ async fn a_pgbouncer_configuration_is_imported_and_served() {
     assert_eq!(simple_rows(&c, "SELECT 40 + 2").await, vec!["42"]);
     let console = shoal.connect_as("app", APP_PASSWORD, "pgbouncer").await;
     let (cols, rows) = show(&console, "SHOW POOLS").await;
-    assert!(rows.iter().any(|r| col(&cols, r, "database") == db), "{rows:?}");
+    assert!(
+        rows.iter().any(|r| col(&cols, r, "database") == db),
+        "{rows:?}"
+    );
 }

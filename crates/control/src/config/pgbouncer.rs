@@ -89,7 +89,10 @@ fn parse_userlist(text: &str, notes: &mut Vec<String>) -> Vec<(String, String)> 
             .collect();
         match quoted.as_slice() {
             [user, secret, ..] => out.push((user.clone(), secret.clone())),
-            _ => notes.push(format!("userlist line {}: not \"user\" \"password\"", i + 1)),
+            _ => notes.push(format!(
+                "userlist line {}: not \"user\" \"password\"",
+                i + 1
+            )),
         }
     }
     out
@@ -135,7 +138,10 @@ fn left_behind(key: &str) -> Option<&'static str> {
         "server_check_query" | "server_check_delay" => {
             "Shoal checks an idle server's socket without a query before reuse"
         }
-        "server_round_robin" | "dns_max_ttl" | "dns_nxdomain_ttl" | "dns_zone_check_period"
+        "server_round_robin"
+        | "dns_max_ttl"
+        | "dns_nxdomain_ttl"
+        | "dns_zone_check_period"
         | "resolv_conf" => "Shoal resolves each server address when it connects",
         "so_reuseport" | "pkt_buf" | "sbuf_loopcnt" | "tcp_defer_accept" | "tcp_socket_buffer"
         | "tcp_user_timeout" | "tcp_keepcnt" => "not a setting in Shoal (its defaults apply)",
@@ -224,7 +230,11 @@ pub fn import(ini_text: &str, userlist: Option<&str>) -> Imported {
                     .filter(|n| !n.is_empty())
                     .map(Value::from)
                     .collect();
-                let k = if key == "admin_users" { "users" } else { "stats_users" };
+                let k = if key == "admin_users" {
+                    "users"
+                } else {
+                    "stats_users"
+                };
                 put(&["admin"], k, Some(Value::Array(names)));
             }
             "auth_type" => auth_type = v.to_owned(),
@@ -257,11 +267,14 @@ pub fn import(ini_text: &str, userlist: Option<&str>) -> Imported {
             "client_tls_cert_file" => put(&["tls"], "cert_file", Some(v.into())),
             "client_tls_key_file" => put(&["tls"], "key_file", Some(v.into())),
             "client_tls_ca_file" => put(&["tls"], "ca_file", Some(v.into())),
-            "client_tls_protocols" | "client_tls_ciphers" | "client_tls_ecdhcurve"
-            | "client_tls_dheparams" | "server_tls_protocols" | "server_tls_ciphers" => notes
-                .push(at(
-                    "Shoal uses rustls' safe defaults (TLS 1.2 and 1.3, modern ciphers)",
-                )),
+            "client_tls_protocols"
+            | "client_tls_ciphers"
+            | "client_tls_ecdhcurve"
+            | "client_tls_dheparams"
+            | "server_tls_protocols"
+            | "server_tls_ciphers" => notes.push(at(
+                "Shoal uses rustls' safe defaults (TLS 1.2 and 1.3, modern ciphers)",
+            )),
             "server_tls_sslmode" => server_tls.push(("sslmode", v.into())),
             "server_tls_ca_file" => server_tls.push(("sslrootcert", v.into())),
             "server_tls_cert_file" => server_tls.push(("sslcert", v.into())),
@@ -415,7 +428,9 @@ fn import_users(
                     Ok(n) => {
                         u.insert("pool_size".into(), n.into());
                     }
-                    Err(_) => notes.push(format!("[users] {user} (line {line}): pool_size \"{v}\"")),
+                    Err(_) => {
+                        notes.push(format!("[users] {user} (line {line}): pool_size \"{v}\""))
+                    }
                 },
                 _ => notes.push(format!(
                     "[users] {user} (line {line}): {k} is not carried over"

@@ -11,6 +11,13 @@ pub enum Command {
     Kill(String),
     Shutdown,
     WaitClose(Option<String>),
+    /// Replace every server of a database (or all) as it is released.
+    Reconnect(Option<String>),
+    /// Refuse (`Disable`) or accept again (`Enable`) new logins to a database.
+    Disable(String),
+    Enable(String),
+    /// PgBouncer's `SET key = value`: refused with how Shoal changes settings.
+    Set(String),
     /// Empty text (`;` alone).
     Empty,
 }
@@ -47,6 +54,10 @@ pub fn parse(text: &str) -> Result<Command, String> {
         "KILL" => Command::Kill(arg(1).ok_or("KILL needs a database name")?),
         "SHUTDOWN" => Command::Shutdown,
         "WAIT_CLOSE" => Command::WaitClose(arg(1)),
+        "RECONNECT" => Command::Reconnect(arg(1)),
+        "DISABLE" => Command::Disable(arg(1).ok_or("DISABLE needs a database name")?),
+        "ENABLE" => Command::Enable(arg(1).ok_or("ENABLE needs a database name")?),
+        "SET" => return Ok(Command::Set(text.trim().to_owned())),
         other => {
             return Err(format!(
                 "unknown admin console command \"{other}\": SHOW HELP lists the commands"
@@ -106,6 +117,16 @@ mod tests {
         assert!(parse("DROP TABLE x").is_err());
         assert!(parse("RELOAD now").is_err());
         assert!(parse("SHOW").is_err());
+        assert_eq!(parse("reconnect").unwrap(), Command::Reconnect(None));
+        assert_eq!(
+            parse("DISABLE app").unwrap(),
+            Command::Disable("app".into())
+        );
+        assert!(parse("ENABLE").is_err());
+        assert!(matches!(
+            parse("SET default_pool_size = 5").unwrap(),
+            Command::Set(_)
+        ));
         assert!(Command::Show("STATS".into()).read_only());
         assert!(!Command::Reload.read_only());
     }

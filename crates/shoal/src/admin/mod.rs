@@ -255,6 +255,32 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
             }
             command_complete(out, "WAIT_CLOSE");
         }
+        Command::Reconnect(db) => {
+            let pools = app.routes.pools_of(db.as_deref());
+            for p in &pools {
+                p.reconnect().await;
+            }
+            tracing::info!(database = ?db, pools = pools.len(), "RECONNECT: servers replaced as released");
+            command_complete(out, "RECONNECT");
+        }
+        Command::Disable(ref db) | Command::Enable(ref db) => {
+            let disable = matches!(cmd, Command::Disable(_));
+            app.routes.set_disabled(db, disable);
+            let tag = if disable { "DISABLE" } else { "ENABLE" };
+            tracing::info!(database = %db, "{tag}");
+            command_complete(out, tag);
+        }
+        Command::Set(text) => {
+            error(
+                out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                &format!(
+                    "\"{text}\": Shoal's settings change in its configuration file: edit it and \
+                     run RELOAD (SHOW CONFIG shows what is in effect)"
+                ),
+            );
+            return false;
+        }
         Command::Shutdown => {
             tracing::info!(
                 clients = app.admission.clients.load(Ordering::Relaxed),

@@ -561,10 +561,54 @@ pub fn lists(app: &App) -> ResultSet {
     r
 }
 
+/// `SHOW TOTALS`: `SHOW STATS` over every database, as (name, value) rows. Counts, bytes and
+/// their rates add up; the average times are weighted by each database's transactions (or
+/// queries) a second.
+pub fn totals(app: &App) -> ResultSet {
+    let stats = stats(app);
+    let num = |row: &[Option<String>], i: usize| -> u64 {
+        row.get(i)
+            .and_then(|v| v.as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let col = |name: &str| stats.columns.iter().position(|(c, _)| *c == name);
+    let mut r = ResultSet::new(&[("name", Text), ("value", Int)]);
+    for (i, (name, _)) in stats.columns.iter().enumerate().skip(1) {
+        let weight = match *name {
+            "avg_xact_time" | "avg_wait_time" => col("avg_xact_count"),
+            "avg_query_time" => col("avg_query_count"),
+            _ => None,
+        };
+        let value = match weight {
+            None => stats.rows.iter().map(|row| num(row, i)).sum::<u64>(),
+            Some(w) => {
+                let total: u64 = stats.rows.iter().map(|row| num(row, w)).sum();
+                let weighted: u64 = stats.rows.iter().map(|row| num(row, i) * num(row, w)).sum();
+                weighted.checked_div(total).unwrap_or(0)
+            }
+        };
+        r.row(vec![t(*name), n(value)]);
+    }
+    r
+}
+
+/// `SHOW STATE`: whether Shoal accepts work, as PgBouncer answers it.
+pub fn state(app: &App) -> ResultSet {
+    let yes = |b: bool| t(if b { "yes" } else { "no" });
+    let paused = app.routes.paused_all();
+    let mut r = ResultSet::new(&[("key", Text), ("value", Text)]);
+    r.row(vec![t("active"), yes(!paused)]);
+    r.row(vec![t("paused"), yes(paused)]);
+    r.row(vec![t("suspended"), yes(paused)]);
+    r
+}
+
 pub fn version() -> ResultSet {
     let mut r = ResultSet::new(&[("version", Text)]);
     r.row(vec![t(format!(
-        "Shoal {} (console compatible with PgBouncer 1.23.1)",
+        "Shoal {} (console compatible with PgBouncer 1.23.1: its SHOW columns and commands; \
+         no SHOW FDS, MEM or SOCKETS, and SET is refused)",
         env!("CARGO_PKG_VERSION")
     ))]);
     r
@@ -573,12 +617,15 @@ pub fn version() -> ResultSet {
 pub fn help() -> ResultSet {
     let mut r = ResultSet::new(&[("command", Text)]);
     for c in [
-        "SHOW POOLS|STATS|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|LIMITS|HELP",
+        "SHOW POOLS|STATS|TOTALS|STATE|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|LIMITS|HELP",
         "PAUSE [db]",
         "RESUME [db]",
         "SUSPEND",
         "RELOAD",
         "KILL db",
+        "RECONNECT [db]",
+        "DISABLE db",
+        "ENABLE db",
         "WAIT_CLOSE [db]",
         "SHUTDOWN",
     ] {
@@ -592,6 +639,15 @@ pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
     Ok(match what {
         "POOLS" => pools(app),
         "STATS" => stats(app),
+        "TOTALS" => totals(app),
+        "STATE" => state(app),
+        "FDS" | "MEM" | "SOCKETS" | "ACTIVE_SOCKETS" => {
+            return Err(format!(
+                "SHOW {what} describes PgBouncer's own process (its file descriptors for an \
+                 online restart, its memory caches): Shoal restarts with --upgrade-socket, and \
+                 SHOW LISTS and /metrics give its counts"
+            ))
+        }
         "DATABASES" => databases(app),
         "USERS" => users(app),
         "CLIENTS" => clients(app),

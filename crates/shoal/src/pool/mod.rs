@@ -205,6 +205,8 @@ pub struct Pool {
     servers_info: Mutex<HashMap<u64, ServerInfo>>,
     /// `PAUSE`: checkouts wait until `RESUME`.
     paused: std::sync::atomic::AtomicBool,
+    /// `RECONNECT`: servers opened before this (ms, the coarse clock) close when released.
+    reconnect_before: AtomicU64,
     resumed: tokio::sync::Notify,
     /// Per-second averages over the last `stats_period` (`SHOW STATS`).
     pub averages: Mutex<Averages>,
@@ -297,6 +299,7 @@ impl Pool {
             metrics: Default::default(),
             servers_info: Mutex::new(HashMap::new()),
             paused: std::sync::atomic::AtomicBool::new(false),
+            reconnect_before: AtomicU64::new(0),
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
             notify: Default::default(),
@@ -849,6 +852,15 @@ impl Pool {
 
     fn past_lifetime(&self, conn: &ServerConn) -> bool {
         clock::now_ms().saturating_sub(conn.created) >= self.settings.lifetime.as_millis() as u64
+            || conn.created < self.reconnect_before.load(Ordering::Relaxed)
+    }
+
+    /// `RECONNECT`: every server open now is replaced: the idle ones are closed at once, the
+    /// busy ones when their client releases them (as past their lifetime).
+    pub async fn reconnect(&self) {
+        self.reconnect_before
+            .store(clock::now_ms() + 1, Ordering::Relaxed);
+        self.close_idle().await;
     }
 
     /// Closes idle servers past their idle timeout or lifetime (keeping `min_pool_size`) and
@@ -863,7 +875,8 @@ impl Pool {
         for shard in 0..self.idle.len() {
             // Oldest-returned first: those are the ones the LIFO checkout leaves unused.
             expired.extend(self.lock_shard(shard).sweep(|c| {
-                let too_old = now.saturating_sub(c.created) >= lifetime;
+                let too_old = now.saturating_sub(c.created) >= lifetime
+                    || c.created < self.reconnect_before.load(Ordering::Relaxed);
                 let too_idle = removable > 0 && now.saturating_sub(c.last_used) >= idle_timeout;
                 let gone = too_old || too_idle || c.is_stale();
                 if gone {

@@ -49,6 +49,8 @@ pub enum RouteError {
     TenantBanned(String, String),
     #[error("connections from this address are not allowed for tenant \"{0}\"")]
     AddressNotAllowed(String),
+    #[error("database \"{0}\" does not allow new connections: an administrator ran DISABLE (ENABLE lifts it)")]
+    Disabled(String),
 }
 
 impl RouteError {
@@ -72,6 +74,7 @@ impl RouteError {
             RouteError::TenantConflict(..) => sqlstate::INVALID_AUTHORIZATION,
             RouteError::TenantBanned(..) => sqlstate::CONNECTION_REJECTED,
             RouteError::AddressNotAllowed(_) => sqlstate::INVALID_AUTHORIZATION,
+            RouteError::Disabled(_) => sqlstate::CANNOT_CONNECT_NOW,
         }
     }
 }
@@ -150,6 +153,8 @@ pub struct Registry {
     paused: Mutex<std::collections::HashSet<String>>,
     /// Pools taken out of routing whose servers may still be open (`WAIT_CLOSE`).
     retired: Mutex<Vec<std::sync::Weak<Pool>>>,
+    /// Databases the admin console disabled (`DISABLE db`): new logins are refused.
+    disabled: Mutex<std::collections::HashSet<String>>,
     /// A schema counter per database (host, port, name), shared by its pools.
     schemas: Mutex<HashMap<(String, u16, String), Arc<std::sync::atomic::AtomicU64>>>,
     /// Rate and concurrency limiters, by scope (`db:NAME`, `user:NAME/USER`), kept while
@@ -183,6 +188,7 @@ impl Registry {
             pools: Mutex::new(HashMap::new()),
             paused: Mutex::new(Default::default()),
             retired: Mutex::new(Vec::new()),
+            disabled: Mutex::new(Default::default()),
             schemas: Mutex::new(HashMap::new()),
             freshness: Mutex::new(HashMap::new()),
             limiters: Mutex::new(HashMap::new()),
@@ -314,8 +320,42 @@ impl Registry {
         })
     }
 
-    /// The pool serving an authenticated `user` for `routed`, made on first use.
+    /// The pool serving an authenticated `user` for `routed`, made on first use; refused
+    /// while its database is disabled.
     pub fn pool(&self, routed: &Routed, user: &User) -> Result<Arc<Pool>, RouteError> {
+        let pool = self.pool_for(routed, user)?;
+        if self
+            .disabled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(pool.database())
+        {
+            return Err(RouteError::Disabled(pool.database().to_owned()));
+        }
+        Ok(pool)
+    }
+
+    /// `DISABLE db` / `ENABLE db`: whether new logins to `database` are refused (clients
+    /// already in stay).
+    pub fn set_disabled(&self, database: &str, disabled: bool) {
+        let mut d = self.disabled.lock().unwrap_or_else(|e| e.into_inner());
+        if disabled {
+            d.insert(database.to_owned());
+        } else {
+            d.remove(database);
+        }
+    }
+
+    /// `SHOW STATE`'s flags: whether every pool is paused (`PAUSE` or `SUSPEND` with no
+    /// database), and whether any database is disabled.
+    pub fn paused_all(&self) -> bool {
+        self.paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains("*")
+    }
+
+    fn pool_for(&self, routed: &Routed, user: &User) -> Result<Arc<Pool>, RouteError> {
         let (db, settings) = match &routed.scope {
             Scope::File(config, name) => {
                 let db = config
