@@ -135,6 +135,8 @@ impl Meter {
     }
 
     /// Counts a socket in, unless the tenant has its most; undone by [`Meter::user_left`].
+    // `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
+    #[allow(deprecated)]
     pub fn admit_user(&self) -> Result<(), Over> {
         let max = self.limits().max_concurrent_users.unwrap_or(usize::MAX);
         self.users

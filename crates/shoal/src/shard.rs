@@ -111,6 +111,8 @@ pub fn client_arrived(shard: usize) {
 }
 
 /// A client left `shard` (ended, or moved away).
+// `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
+#[allow(deprecated)]
 pub fn client_left(shard: usize) {
     if let Some(c) = clients().get(shard) {
         let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

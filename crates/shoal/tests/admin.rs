@@ -464,3 +464,67 @@ async fn a_pgbouncer_configuration_is_imported_and_served() {
         "{rows:?}"
     );
 }
+
+/// The rest of what PgBouncer's console answers: RECONNECT, DISABLE/ENABLE, SHOW TOTALS and
+/// STATE; SET and SHOW FDS are refused with what to do instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_disable_enable_totals_and_state() {
+    let db = unique_db("adminmore");
+    pg().create_database(&db);
+    let shoal = Shoal::start(&admin_config(pg(), &db, "[pool]\npool_size = 1\n"));
+    let admin = console(&shoal, "admin", ADMIN_PASSWORD).await;
+    // RECONNECT: the idle server is closed, the next transaction gets a new backend.
+    let c = shoal.connect(&db).await;
+    let before = simple_rows(&c, "SELECT pg_backend_pid()").await;
+    admin.simple_query("RECONNECT").await.unwrap();
+    let after = simple_rows(&c, "SELECT pg_backend_pid()").await;
+    assert_ne!(before, after, "a new server after RECONNECT");
+    // DISABLE: new logins are refused and told why; a connected client goes on; ENABLE.
+    admin.simple_query(&format!("DISABLE {db}")).await.unwrap();
+    let e = shoal
+        .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
+        .await
+        .err()
+        .expect("a login to a disabled database is refused");
+    assert_eq!(code(&e), "57P03");
+    assert!(format!("{e:?}").contains("DISABLE"), "{e:?}");
+    assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
+    admin.simple_query(&format!("ENABLE {db}")).await.unwrap();
+    shoal
+        .connect(&db)
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    // SHOW TOTALS: every database's transactions together.
+    let (cols, rows) = show(&admin, "SHOW TOTALS").await;
+    let xacts = rows
+        .iter()
+        .find(|r| col(&cols, r, "name") == "total_xact_count")
+        .map(|r| col(&cols, r, "value").parse::<u64>().unwrap())
+        .expect("a total_xact_count row");
+    assert!(xacts >= 3, "{rows:?}");
+    // SHOW STATE follows PAUSE and RESUME.
+    let state = |rows: &[Vec<Option<String>>], cols: &[String], key: &str| {
+        rows.iter()
+            .find(|r| col(cols, r, "key") == key)
+            .map(|r| col(cols, r, "value").to_owned())
+    };
+    let (cols, rows) = show(&admin, "SHOW STATE").await;
+    assert_eq!(state(&rows, &cols, "active").as_deref(), Some("yes"));
+    admin.simple_query("PAUSE").await.unwrap();
+    let (cols, rows) = show(&admin, "SHOW STATE").await;
+    assert_eq!(state(&rows, &cols, "paused").as_deref(), Some("yes"));
+    admin.simple_query("RESUME").await.unwrap();
+    let (cols, rows) = show(&admin, "SHOW STATE").await;
+    assert_eq!(state(&rows, &cols, "paused").as_deref(), Some("no"));
+    // SET and SHOW FDS say what Shoal does instead.
+    let e = admin
+        .simple_query("SET default_pool_size = 5")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), "0A000");
+    assert!(format!("{e:?}").contains("RELOAD"), "{e:?}");
+    let e = admin.simple_query("SHOW FDS").await.unwrap_err();
+    assert!(format!("{e:?}").contains("--upgrade-socket"), "{e:?}");
+}

@@ -735,6 +735,8 @@ impl Pool {
     }
 
     /// Takes room for one more server within `pool_size`, if there is room.
+    // `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
+    #[allow(deprecated)]
     fn reserve_server(&self) -> bool {
         self.stats
             .servers

@@ -36,6 +36,8 @@ pub fn account(
 
 /// [`account`] against a given counter: the process's, or a test's own (tests run in
 /// parallel and must not share one budget).
+// `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
+#[allow(deprecated)]
 fn account_in(
     in_use_kib: &AtomicUsize,
     buf: &mut BytesMut,
