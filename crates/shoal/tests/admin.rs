@@ -481,11 +481,12 @@ async fn reconnect_disable_enable_totals_and_state() {
     assert_ne!(before, after, "a new server after RECONNECT");
     // DISABLE: new logins are refused and told why; a connected client goes on; ENABLE.
     admin.simple_query(&format!("DISABLE {db}")).await.unwrap();
-    let e = shoal
+    let Err(e) = shoal
         .try_connect(&shoal.conninfo("app", APP_PASSWORD, &db))
         .await
-        .err()
-        .expect("a login to a disabled database is refused");
+    else {
+        panic!("a login to a disabled database is refused");
+    };
     assert_eq!(code(&e), "57P03");
     assert!(format!("{e:?}").contains("DISABLE"), "{e:?}");
     assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1"]);
