@@ -126,7 +126,7 @@ fn table<'a>(root: &'a mut Table, path: &[&str]) -> &'a mut Table {
 fn left_behind(key: &str) -> Option<&'static str> {
     Some(match key {
         "logfile" | "syslog" | "syslog_ident" | "syslog_facility" => {
-            "Shoal logs to stderr (structured, `RUST_LOG`); let the service manager keep it"
+            "Shoal logs to stderr (structured, SHOAL_LOG sets the level); let the service manager keep it"
         }
         "pidfile" | "user" => "run Shoal under a service manager (systemd) as the user you want",
         "reserve_pool_size" | "reserve_pool_timeout" => {
@@ -146,7 +146,7 @@ fn left_behind(key: &str) -> Option<&'static str> {
         "so_reuseport" | "pkt_buf" | "sbuf_loopcnt" | "tcp_defer_accept" | "tcp_socket_buffer"
         | "tcp_user_timeout" | "tcp_keepcnt" => "not a setting in Shoal (its defaults apply)",
         "verbose" | "log_disconnections" | "log_pooler_errors" | "log_stats" => {
-            "Shoal's log level is RUST_LOG; log_connections covers logins and disconnections"
+            "Shoal's log level is SHOAL_LOG; log_connections covers logins and disconnections"
         }
         "application_name_add_host" | "track_extra_parameters" | "ignore_startup_parameters" => {
             "Shoal tracks and replays every session parameter a client sets"
