@@ -84,7 +84,8 @@ NODE_VERSION=20.20.2
 NODE_SHA256=c3e7aaf69557617ff16376e83078daf2e862f086399b32b341f68ebcd5e72781
 ensure_node() {
   use_tools
-  local major; major=$(node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/')
+  # (|| true: with pipefail, a missing node would end the calling script here.)
+  local major; major=$(node --version 2>/dev/null | sed -E 's/^v([0-9]+).*/\1/' || true)
   [ "${major:-0}" -ge 20 ] && return 0
   if [ "$(uname -m)" != x86_64 ]; then
     echo "The tests need Node.js 20 or newer (found: $(node --version 2>/dev/null || echo none))." >&2
@@ -103,7 +104,7 @@ GO_VERSION=1.23.12
 GO_SHA256=7bf9a01c191c452bf1fa9266a547abe0e437ff46d16adc9ec55fcc4fea24c121
 ensure_go() {
   use_tools
-  local v; v=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  local v; v=$(go env GOVERSION 2>/dev/null | sed 's/^go//' || true)
   [ -n "$v" ] && [ "$(printf '%s\n1.22\n' "$v" | sort -V | head -n 1)" = 1.22 ] && return 0
   if [ "$(uname -m)" != x86_64 ]; then
     echo "The tests need Go 1.22 or newer (found: ${v:-none})." >&2
@@ -133,7 +134,7 @@ ensure_rust() {
     export PATH="$HOME/.cargo/bin:$PATH"
   fi
   local v
-  v=$(rustc --version 2>/dev/null | awk '{print $2}')
+  v=$(rustc --version 2>/dev/null | awk '{print $2}' || true)
   if [ -z "$v" ] || [ "$(printf '%s\n1.87.0\n' "$v" | sort -V | head -n 1)" != "1.87.0" ]; then
     echo "Shoal needs Rust 1.87 or newer (found: ${v:-none}). Update it (rustup update" >&2
     echo "stable) or install it with rustup (https://rustup.rs), then run this again." >&2
