@@ -90,10 +90,23 @@ pub fn bind(config: &Config) -> std::io::Result<Listeners> {
             .first()
             .and_then(|t| t.local_addr().ok())
             .map_or(6432, |a| a.port());
-        let u = listener::bind_unix(dir, port, s.listen_backlog).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", dir.display()))
-        })?;
-        l.unix.push(u);
+        match listener::bind_unix(dir, port, s.listen_backlog) {
+            Ok(u) => l.unix.push(u),
+            // The embedded default's socket is where PgBouncer's is on Debian, for `psql -p
+            // 6432 pgbouncer`; a machine without that directory (or a user who may not write
+            // there) still gets the TCP listener.
+            Err(e) if config.source.is_none() => tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "no Unix socket: the directory is missing or not writable"
+            ),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}: {e}", dir.display()),
+                ))
+            }
+        }
     }
     Ok(l)
 }

@@ -274,6 +274,45 @@ async fn unix_socket_listener_serves_clients() {
     tokio::spawn(conn);
     let v: i32 = c.query_one("SELECT 5", &[]).await.unwrap().get(0);
     assert_eq!(v, 5);
+    // PgBouncer's peer login: over the socket, a client running as Shoal's OS user reaches
+    // the console under a name that is not configured, with no password (`psql -p 6432
+    // pgbouncer` on a Debian host), and only the console.
+    let sock = dir.path().display().to_string();
+    let psql = |user: &str, database: &str| {
+        std::process::Command::new("psql")
+            .args([
+                "-XAtq",
+                "-h",
+                &sock,
+                "-p",
+                &port.to_string(),
+                "-U",
+                user,
+                "-d",
+                database,
+            ])
+            .args(["-c", "SHOW STATE"])
+            .env_remove("PGPASSWORD")
+            .env("PGCONNECT_TIMEOUT", "5")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("psql runs")
+    };
+    let out = psql("operator", "pgbouncer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("active|yes"));
+    // A configured user still gives its password; a database is never reached that way.
+    let out = psql("app", "pgbouncer");
+    assert!(
+        !out.status.success(),
+        "a configured user needs its password"
+    );
+    let out = psql("operator", &db);
+    assert!(!out.status.success(), "only the console");
     // And raw TCP still works next to it.
     let mut r = Raw::login(
         format!("127.0.0.1:{port}").parse().unwrap(),

@@ -13,8 +13,7 @@ use shoal_wire::sqlstate;
 use super::{auth, finish, handshake, Session, SessionError};
 use crate::app::{App, ClientGuard};
 use crate::cancel::Registration;
-use crate::config::PoolMode;
-use crate::config::User;
+use crate::config::{ClientAuth, PoolMode, User};
 use crate::error::ErrorKind;
 use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
@@ -193,10 +192,15 @@ async fn login(
     };
     admit(app, &req)?;
     let routed = resolve(app, &req).await?;
-    let found = credentials(app, &routed).await?;
+    let peer_admin = console_peer(stream, &req, &routed);
+    let found = if peer_admin {
+        Ok(Cow::Owned(User::named(&routed.user, ClientAuth::Trust)))
+    } else {
+        credentials(app, &routed).await?
+    };
     require_tls(app, stream, &routed, &found)?;
     let user = Box::pin(authenticate(app, stream, &mut req, &routed, found)).await?;
-    let to = destination(app, &req, &routed, &user)?;
+    let to = destination(app, &req, &routed, &user, peer_admin)?;
     let to = match (to, app.cluster.get()) {
         (Destination::Pool(pool), Some(node)) => Box::pin(placed(node, &req, pool, &user)).await?,
         (to, _) => to,
@@ -492,17 +496,35 @@ async fn placed(
     Ok(Destination::Relay(Box::new((pool, to, open))))
 }
 
+/// PgBouncer's peer login to its console: over the Unix socket, a client running as the
+/// same OS user as Shoal (who could read its configuration and signal it anyway) reaches
+/// the admin console under any user name that is not configured, without a password.
+fn console_peer(stream: &Stream, req: &Request, routed: &Routed) -> bool {
+    let Stream::Unix(s) = stream else {
+        return false;
+    };
+    routed.tenant().is_none()
+        && crate::admin::is_console(&req.startup.database)
+        && routed.database().is_none()
+        && routed.configured_user().is_none()
+        && s.peer_cred()
+            .is_ok_and(|c| c.uid() == nix::unistd::geteuid().as_raw())
+}
+
 fn destination(
     app: &App,
     req: &Request,
     routed: &Routed,
     user: &User,
+    peer_admin: bool,
 ) -> Result<Destination, SessionError> {
     if routed.tenant().is_none()
         && crate::admin::is_console(&req.startup.database)
         && routed.database().is_none()
     {
-        return match crate::admin::access(app, &user.name) {
+        let access = crate::admin::access(app, &user.name)
+            .or(peer_admin.then_some(crate::admin::Access::Admin));
+        return match access {
             Some(access) => Ok(Destination::Admin(user.name.clone(), access)),
             None => Err(SessionError::fatal(
                 ErrorKind::Routing,
