@@ -46,6 +46,8 @@ ensure_packages() {
   # libpg_query (PostgreSQL's parser, which proves statements read-only for replicas).
   command -v protoc >/dev/null || missing+=(protobuf-compiler)
   ls /usr/lib/llvm-*/lib/libclang*.so >/dev/null 2>&1 || missing+=(libclang-dev)
+  # The quick build links the system's SQLite (the release build compiles its own in).
+  [ -e /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev pkg-config)
   apt_install "${missing[@]}"
 }
 

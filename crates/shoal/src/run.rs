@@ -117,7 +117,32 @@ pub async fn serve(
     config: Config,
     ready_file: Option<&Path>,
     upgrade_socket: Option<&Path>,
-    stop: impl Future<Output = ()>,
+    stop: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    serve_from(config, ready_file, upgrade_socket, Box::pin(stop)).await
+}
+
+/// What stops a server. Boxed, like [`Served`], so that the whole server is compiled once, in
+/// this crate, rather than again in every binary (and every test) that brings its own kind of
+/// stop: an async function's body is compiled where its future is polled, and a future boxed
+/// by a function that is not generic is polled through a vtable made here.
+type Stop<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+type Served<'a> = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send + 'a>>;
+
+fn serve_from<'a>(
+    config: Config,
+    ready_file: Option<&'a Path>,
+    upgrade_socket: Option<&'a Path>,
+    stop: Stop<'a>,
+) -> Served<'a> {
+    Box::pin(serve_taking_over(config, ready_file, upgrade_socket, stop))
+}
+
+async fn serve_taking_over(
+    config: Config,
+    ready_file: Option<&Path>,
+    upgrade_socket: Option<&Path>,
+    stop: Stop<'_>,
 ) -> std::io::Result<()> {
     let takeover = match upgrade_socket {
         Some(p) => crate::upgrade::take_over(p)?,
@@ -137,6 +162,16 @@ pub async fn serve(
     serve_with(config, listeners, ready_file, upgrade, stop).await
 }
 
+/// [`serve_with`], boxed here (see [`Stop`]).
+fn serve_boxed<'a>(
+    config: Config,
+    listeners: Listeners,
+    ready_file: Option<&'a Path>,
+    stop: Stop<'a>,
+) -> Served<'a> {
+    Box::pin(serve_with(config, listeners, ready_file, None, stop))
+}
+
 /// Zero-downtime upgrade state: the control socket's path, and the line to the previous
 /// process when this one took its sockets over.
 struct Upgrade {
@@ -151,9 +186,9 @@ pub async fn serve_on(
     config: Config,
     listeners: Listeners,
     ready_file: Option<&Path>,
-    stop: impl Future<Output = ()>,
+    stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    serve_with(config, listeners, ready_file, None, stop).await
+    serve_boxed(config, listeners, ready_file, Box::pin(stop)).await
 }
 
 async fn serve_with(
@@ -161,7 +196,7 @@ async fn serve_with(
     mut listeners: Listeners,
     ready_file: Option<&Path>,
     upgrade: Option<Upgrade>,
-    stop: impl Future<Output = ()>,
+    stop: Stop<'_>,
 ) -> std::io::Result<()> {
     use crate::upgrade::Role;
     use std::os::fd::AsRawFd;
