@@ -488,6 +488,9 @@ fn take_server<H: Hooks>(
         if tag == be::READY_FOR_QUERY {
             // Only ReadyForQuery messages the client sees answer what it sent.
             flow.ready_for_query(body_first.unwrap_or(b'I'), forwarded);
+            if forwarded {
+                crate::shard::note_answered();
+            }
             if flow.is_idle() {
                 // Every change of encoding sent has been reported by now.
                 if let Some(x) = extras.as_mut() {

@@ -12,12 +12,12 @@
 //!
 //! Shards open as load needs them (*packing*): on a machine whose cores are shared with
 //! PostgreSQL and the clients, a second pooler thread that mostly sleeps and wakes costs more
-//! CPU per transaction than it gives. Only the first [`open`] shards take clients; a monitor
-//! ([`monitor`]) opens one more when every open shard is busier than `open_at` (fraction of
-//! wall time spent running tasks) and closes the last when the open shards' work would fit in
-//! one fewer at `close_at`. Clients accepted on a closed shard are handed to an open one, and
-//! idle transaction-mode clients (no server, no buffer) move to balance the open shards at
-//! the moment they go idle ([`placement`]); servers follow their clients at checkout.
+//! CPU per transaction than it gives, while on a many-core machine too few starve. Only the
+//! first [`open`] shards take clients; [`monitor`] reads each shard's demand (time runnable)
+//! and the queries answered every interval, and [`Packer`] decides. Clients accepted on a
+//! closed shard are handed to an open one, and idle transaction-mode clients (no server, no
+//! buffer) move to balance the open shards at the moment they go idle ([`placement`]);
+//! servers follow their clients at checkout.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,39 +148,11 @@ pub fn placement(here: usize) -> Option<usize> {
     (target != here && mine > least + 2.max(mine / 8)).then_some(target)
 }
 
-/// What the monitor decides from: each open shard's busy fraction over the last interval and
-/// the machine's idle cores over the same time.
-#[derive(Debug, Clone, Copy)]
-pub struct Thresholds {
-    /// Every open shard busier than this (and a core free): open one more.
-    pub open_at: f64,
-    /// Open shards' total work fits in one fewer at this: close the last.
-    pub close_at: f64,
-    /// Idle cores the machine must have for a new shard to be worth opening.
-    pub idle_cores: f64,
-}
+mod packing;
+mod signals;
 
-/// The packing decision, pure: how many shards should be open next. A shard opens only when
-/// every open one is busy *and* a core is free for it (on a machine whose cores PostgreSQL and
-/// the clients already use, another pooler thread only competes with them); the last closes
-/// when the work would fit in fewer, or when the machine is saturated while the open shards
-/// are not (the pooler is not what limits throughput then).
-pub fn next_open(busy: &[f64], open: usize, shards: usize, idle: f64, t: Thresholds) -> usize {
-    let busy = &busy[..open.min(busy.len())];
-    if busy.is_empty() {
-        return open.max(1);
-    }
-    let all_busy = busy.iter().all(|&b| b > t.open_at);
-    if open < shards && all_busy && idle >= t.idle_cores {
-        return open + 1;
-    }
-    let total: f64 = busy.iter().sum();
-    let saturated = idle < t.idle_cores / 5.0;
-    if open > 1 && (total < t.close_at * (open - 1) as f64 || (saturated && !all_busy)) {
-        return open - 1;
-    }
-    open
-}
+pub use packing::{Packer, Reading, Thresholds, SUSTAINED};
+pub use signals::note_answered;
 
 /// Idle and total jiffies of the machine (the first line of `/proc/stat`).
 fn machine_jiffies() -> Option<(u64, u64)> {
@@ -195,59 +167,28 @@ fn machine_jiffies() -> Option<(u64, u64)> {
     Some((idle, v.iter().take(8).sum()))
 }
 
-/// Monitor intervals a change must be called for in a row before it is made (1 s at 200 ms).
-pub const SUSTAINED: u32 = 5;
-
-/// Opens and closes shards as their load says, every `every`, until the process ends. A
-/// change is made only once the same one was called for over [`SUSTAINED`] intervals in a
-/// row: a burst (a login storm, a benchmark's first second) does not make clients move back
-/// and forth.
+/// Opens and closes shards as [`Packer`] decides from each interval's signals, every
+/// `every`, until the process ends.
 // Runs on the main runtime (tokio's timers work there).
 #[allow(clippy::disallowed_methods)]
 pub async fn monitor(t: Thresholds, every: std::time::Duration) {
     let n = count();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
-    let busy_of = |i: usize| {
-        handle(i).map_or(std::time::Duration::ZERO, |h| {
-            h.metrics().worker_total_busy_duration(0)
-        })
-    };
-    let mut last: Vec<std::time::Duration> = (0..n).map(busy_of).collect();
+    let mut packer = Packer::new(n, t);
+    let mut seen = signals::Seen::new(n);
     let mut last_cpu = machine_jiffies();
-    let mut at = std::time::Instant::now();
-    // The change called for, and for how many intervals in a row.
-    let mut pending = (0usize, 0u32);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = std::time::Instant::now();
-        let wall = now.duration_since(at).as_secs_f64().max(1e-3);
-        let busy: Vec<f64> = (0..n)
-            .map(|i| {
-                let b = busy_of(i);
-                let f = b.saturating_sub(last[i]).as_secs_f64() / wall;
-                last[i] = b;
-                f
-            })
-            .collect();
-        at = now;
         let open = open();
-        // The machine's idle cores matter only to open a shard when every open one is busy,
-        // or to close one of several: reading /proc/stat five times a second costs an idle
-        // node more than the rest of this loop, so a lone shard not busy skips it.
-        if open == 1 && busy.first().is_none_or(|&b| b <= t.open_at) {
-            last_cpu = None;
-            pending = (open, 0);
-            continue;
-        }
-        let cpu = machine_jiffies();
-        if last_cpu.is_none() && cpu.is_some() {
-            // The first look after a pause: the next interval says how idle the machine is.
-            last_cpu = cpu;
-            continue;
-        }
-        // Without /proc, assume a core is free (the thresholds on busy time still apply).
+        let interval = seen.next(open);
+        let cpu = if interval.quiet {
+            None
+        } else {
+            machine_jiffies()
+        };
+        // Without /proc, assume a core is free (the thresholds on demand still apply).
         let idle = match (last_cpu, cpu) {
             (Some((i0, t0)), Some((i1, t1))) if t1 > t0 => {
                 cores * (i1.saturating_sub(i0)) as f64 / (t1 - t0) as f64
@@ -255,20 +196,20 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
             _ => cores,
         };
         last_cpu = cpu;
-        let next = next_open(&busy, open, n, idle, t);
-        if next == open {
-            pending = (open, 0);
-            continue;
-        }
-        pending = if pending.0 == next {
-            (next, pending.1 + 1)
-        } else {
-            (next, 1)
-        };
-        if pending.1 >= SUSTAINED {
-            tracing::info!(open = next, busy = ?busy, idle_cores = idle, "per-core data plane: {} shard(s) open", next);
+        let was_trying = packer.trying();
+        let next = packer.step(&Reading {
+            demand: &interval.demand,
+            idle_cores: idle,
+            work: interval.work,
+        });
+        if next != open {
+            let trial = match (packer.trying(), was_trying) {
+                (true, _) => "started",
+                (false, true) => "failed",
+                (false, false) => "none",
+            };
+            tracing::info!(open = next, trial, demand = ?&interval.demand[..open], idle_cores = idle, work = interval.work, "per-core data plane: {} shard(s) open", next);
             OPEN.store(next, Ordering::Relaxed);
-            pending = (next, 0);
         }
     }
 }
@@ -278,6 +219,7 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
 pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
     set_count(n);
     let _ = CLIENTS.set((0..n).map(|_| AtomicUsize::new(0)).collect());
+    signals::init(n);
     OPEN.store(if packing { 1 } else { n }, Ordering::Relaxed);
     let mut handles = Vec::new();
     for i in 0..n {
@@ -300,6 +242,7 @@ pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
                     let _ = tx.send(Err(e));
                     return;
                 }
+                signals::note_thread(i);
                 let _ = tx.send(Ok(rt.handle().clone()));
                 rt.block_on(std::future::pending::<()>());
             })?;
@@ -307,39 +250,4 @@ pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
     }
     let _ = HANDLES.set(handles);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{next_open, Thresholds};
-
-    const T: Thresholds = Thresholds {
-        open_at: 0.75,
-        close_at: 0.35,
-        idle_cores: 0.5,
-    };
-
-    #[test]
-    fn shards_open_under_load_with_a_free_core_and_close_when_it_fits_in_fewer() {
-        // One shard, busy, a core free: open a second; not busy: stay.
-        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 1.0, T), 2);
-        assert_eq!(next_open(&[0.5, 0.0], 1, 2, 1.0, T), 1);
-        // Busy, but the machine has no core to give (the database and clients use them).
-        assert_eq!(next_open(&[0.9, 0.0], 1, 2, 0.2, T), 1);
-        // All open: cannot open more.
-        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 1.0, T), 2);
-        // Two open, one of them idle: not every open shard is busy, and the total (0.8) does
-        // not fit in one at 0.35: stay.
-        assert_eq!(next_open(&[0.8, 0.0, 0.0], 2, 3, 1.0, T), 2);
-        // Two open, little total work: close one.
-        assert_eq!(next_open(&[0.2, 0.1], 2, 2, 1.0, T), 1);
-        // Two open, half busy each, the machine saturated: the pooler does not limit
-        // throughput, its second thread only competes: close.
-        assert_eq!(next_open(&[0.45, 0.45], 2, 2, 0.05, T), 1);
-        // Saturated by the pooler itself (every shard busy): keep.
-        assert_eq!(next_open(&[0.9, 0.9], 2, 2, 0.05, T), 2);
-        // Never below one.
-        assert_eq!(next_open(&[0.0], 1, 1, 1.0, T), 1);
-        assert_eq!(next_open(&[], 1, 2, 1.0, T), 1);
-    }
 }

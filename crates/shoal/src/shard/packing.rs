@@ -1,0 +1,255 @@
+//! The packing decision, pure: how many shards should be open, from what one monitor interval
+//! showed. Replayed in tests on signals recorded by `bench/shard-signals`.
+//!
+//! A shard's *demand* is the fraction of the interval its thread was runnable: on a CPU, or
+//! waiting in the run queue for one (`/proc/self/task/<tid>/schedstat`). Busy time by the
+//! shard's own clock misses the waiting: on a machine whose cores PostgreSQL and the clients
+//! keep busy, an open shard can be runnable all the time yet run a third of it, and the old
+//! busy-fraction rule read that as room to spare while clients queued behind it.
+//!
+//! Every open shard in demand and a core free: open one more. Every open shard fairly in
+//! demand and no core free: whether another thread helps (it gets the pooler a larger share of the CPUs)
+//! or only competes (with PostgreSQL for the same cores) depends on the machine; the packing
+//! tries it and keeps it only if the work done (queries answered per second) rises. On a
+//! saturated machine with several shards open it likewise tries one fewer, and keeps that
+//! if the work holds. A trial that fails is not tried again for a while (longer after each
+//! failure, at once when the load changes).
+
+use std::collections::VecDeque;
+
+/// Monitor intervals a change must be called for in a row before it is made or tried (1 s at
+/// 200 ms): a burst (a login storm, a benchmark's first second) does not move clients back and
+/// forth.
+pub const SUSTAINED: u32 = 5;
+/// Intervals after a trial's change before its work is counted: clients move to a newly opened
+/// shard only when they next go idle.
+const SETTLE: u32 = 2;
+/// A trial opens a shard at this share of `open_at`: a trial is measured, so it may be
+/// called for on weaker evidence (on 2 cores at 500 clients one shard was runnable two thirds
+/// of the time, and a second one did 11 % more work).
+const TRY_SHARE: f64 = 2.0 / 3.0;
+/// How much more work a shard opened on a saturated machine must bring to stay.
+const GAIN: f64 = 0.04;
+/// How much less work a trial with one shard fewer may do and still be kept (fewer threads
+/// cost less CPU per query).
+const LOSS: f64 = 0.02;
+/// Intervals before a failed trial is tried again: 10 s at 200 ms, doubling to 5 minutes.
+const BACKOFF_FIRST: u64 = 50;
+const BACKOFF_MAX: u64 = 1500;
+/// A change of load this large (work per second, relative) makes a failed trial worth
+/// trying again at once.
+const LOAD_CHANGED: f64 = 0.3;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// Every open shard's demand above this: open one more (or try to).
+    pub open_at: f64,
+    /// Open shards' total demand fits in one fewer at this: close the last.
+    pub close_at: f64,
+    /// Idle cores the machine must have for a shard to open without a trial; under a fifth
+    /// of it the machine counts as saturated.
+    pub idle_cores: f64,
+}
+
+/// One monitor interval.
+#[derive(Debug, Clone, Copy)]
+pub struct Reading<'a> {
+    /// Each shard's demand (all shards; only the open ones are read).
+    pub demand: &'a [f64],
+    /// The machine's idle cores over the interval.
+    pub idle_cores: f64,
+    /// Queries answered per second, all shards together.
+    pub work: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Want {
+    Stay,
+    Open,
+    Close,
+    TryOpen,
+    TryClose,
+}
+
+#[derive(Debug)]
+struct Trial {
+    from: usize,
+    baseline: f64,
+    seen: u32,
+    sum: f64,
+}
+
+/// When a kind of trial may run again.
+#[derive(Debug, Default)]
+struct Backoff {
+    until: u64,
+    wait: u64,
+    load: f64,
+}
+
+impl Backoff {
+    fn allows(&self, tick: u64, load: f64) -> bool {
+        tick >= self.until || (load - self.load).abs() > LOAD_CHANGED * self.load.max(1.0)
+    }
+
+    fn failed(&mut self, tick: u64, load: f64) {
+        self.wait = (self.wait * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+        self.until = tick + self.wait;
+        self.load = load;
+    }
+
+    fn succeeded(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+/// The packing's state across intervals.
+#[derive(Debug)]
+pub struct Packer {
+    t: Thresholds,
+    shards: usize,
+    open: usize,
+    tick: u64,
+    /// The change called for, and for how many intervals in a row.
+    streak: (Want, u32),
+    /// Work of the last intervals at the current open count.
+    recent: VecDeque<f64>,
+    trial: Option<Trial>,
+    up: Backoff,
+    down: Backoff,
+}
+
+impl Packer {
+    pub fn new(shards: usize, t: Thresholds) -> Packer {
+        Packer {
+            t,
+            shards: shards.max(1),
+            open: 1,
+            tick: 0,
+            streak: (Want::Stay, 0),
+            recent: VecDeque::with_capacity(SUSTAINED as usize),
+            trial: None,
+            up: Backoff::default(),
+            down: Backoff::default(),
+        }
+    }
+
+    pub fn open(&self) -> usize {
+        self.open
+    }
+
+    /// Whether a trial is running (its change made, its verdict not yet given).
+    pub fn trying(&self) -> bool {
+        self.trial.is_some()
+    }
+
+    /// Takes one interval's reading; returns how many shards should be open now.
+    pub fn step(&mut self, r: &Reading) -> usize {
+        self.tick += 1;
+        if self.trial.is_some() {
+            self.judge_trial(r.work);
+            return self.open;
+        }
+        if self.recent.len() == SUSTAINED as usize {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(r.work);
+        let want = self.wants(r);
+        self.streak = if self.streak.0 == want {
+            (want, self.streak.1 + 1)
+        } else {
+            (want, 1)
+        };
+        if want == Want::Stay || self.streak.1 < SUSTAINED {
+            return self.open;
+        }
+        let load = self.recent.iter().sum::<f64>() / self.recent.len() as f64;
+        match want {
+            Want::Open => self.change(self.open + 1),
+            Want::Close => self.change(self.open - 1),
+            Want::TryOpen if self.up.allows(self.tick, load) => {
+                self.start_trial(self.open + 1, load)
+            }
+            Want::TryClose if self.down.allows(self.tick, load) => {
+                self.start_trial(self.open - 1, load)
+            }
+            _ => {}
+        }
+        self.open
+    }
+
+    fn wants(&self, r: &Reading) -> Want {
+        let demand = &r.demand[..self.open.min(r.demand.len())];
+        if demand.is_empty() {
+            return Want::Stay;
+        }
+        let core_free = r.idle_cores >= self.t.idle_cores;
+        if self.open < self.shards {
+            if core_free && demand.iter().all(|&d| d > self.t.open_at) {
+                return Want::Open;
+            }
+            if !core_free && demand.iter().all(|&d| d > self.t.open_at * TRY_SHARE) {
+                return Want::TryOpen;
+            }
+        }
+        let total: f64 = demand.iter().sum();
+        if self.open > 1 && total < self.t.close_at * (self.open - 1) as f64 {
+            return Want::Close;
+        }
+        let saturated = r.idle_cores < self.t.idle_cores / 5.0;
+        if self.open > 1 && saturated {
+            return Want::TryClose;
+        }
+        Want::Stay
+    }
+
+    fn change(&mut self, open: usize) {
+        self.open = open.clamp(1, self.shards);
+        self.streak = (Want::Stay, 0);
+        self.recent.clear();
+    }
+
+    fn start_trial(&mut self, open: usize, baseline: f64) {
+        let from = self.open;
+        self.change(open);
+        self.trial = Some(Trial {
+            from,
+            baseline,
+            seen: 0,
+            sum: 0.0,
+        });
+    }
+
+    fn judge_trial(&mut self, work: f64) {
+        let Some(trial) = self.trial.as_mut() else {
+            return;
+        };
+        trial.seen += 1;
+        if trial.seen > SETTLE {
+            trial.sum += work;
+        }
+        if trial.seen < SETTLE + SUSTAINED {
+            return;
+        }
+        let got = trial.sum / SUSTAINED as f64;
+        let (from, baseline) = (trial.from, trial.baseline);
+        self.trial = None;
+        let opened = self.open > from;
+        let kept = if opened {
+            got >= baseline * (1.0 + GAIN)
+        } else {
+            got >= baseline * (1.0 - LOSS)
+        };
+        let backoff = if opened { &mut self.up } else { &mut self.down };
+        if kept {
+            backoff.succeeded();
+            self.change(self.open);
+        } else {
+            backoff.failed(self.tick, baseline);
+            self.change(from);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,197 @@
+//! The packing replayed on simulated machines whose answers to each open-shard count come
+//! from recordings (`bench/shard-signals`, 2 cores) or from the 16-core runs reported in
+//! issue 55.
+
+use super::{Packer, Reading, Thresholds, SUSTAINED};
+
+/// The defaults of `[server]`.
+const T: Thresholds = Thresholds {
+    open_at: 0.75,
+    close_at: 0.35,
+    idle_cores: 0.5,
+};
+
+/// What the machine shows with `open` shards open: each open shard's demand, idle cores, and
+/// queries answered per second.
+struct Machine {
+    shards: usize,
+    signals: Box<dyn Fn(usize) -> (f64, f64, f64)>,
+}
+
+/// Runs the packing for `intervals` and returns how many intervals it spent at each open
+/// count. The work jitters by ±1.5 % from one interval to the next, as pgbench's does.
+fn replay(m: &Machine, intervals: usize) -> Vec<usize> {
+    let mut p = Packer::new(m.shards, T);
+    let mut time_at = vec![0; m.shards + 1];
+    let mut demand = vec![0.0; m.shards];
+    for i in 0..intervals {
+        let open = p.open();
+        time_at[open] += 1;
+        let (d, idle, work) = (m.signals)(open);
+        demand.iter_mut().for_each(|x| *x = 0.0);
+        demand[..open].iter_mut().for_each(|x| *x = d);
+        let jitter = [1.0, 1.015, 0.985, 1.01, 0.99][i % 5];
+        p.step(&Reading {
+            demand: &demand,
+            idle_cores: idle,
+            work: work * jitter,
+        });
+    }
+    time_at
+}
+
+/// `bench/shard-signals --clients 500,50 --duration 10` on a 2-core machine
+/// (bench/results/shard-signals-20261127.txt): means over each timed run, one shard open
+/// (packing) and two (packing off).
+fn two_cores(clients: usize) -> Machine {
+    let signals: Box<dyn Fn(usize) -> (f64, f64, f64)> = match clients {
+        50 => Box::new(|open| match open {
+            1 => (0.34 + 0.62, 0.14, 20185.0),
+            _ => (0.21 + 0.71, 0.11, 17474.0),
+        }),
+        _ => Box::new(|open| match open {
+            1 => (0.28 + 0.40, 0.11, 15577.0),
+            _ => (0.15 + 0.46, 0.10, 17336.0),
+        }),
+    };
+    Machine { shards: 2, signals }
+}
+
+#[test]
+fn on_two_busy_cores_one_shard_stays_when_a_second_does_less_work() {
+    let time_at = replay(&two_cores(50), 3000);
+    // Trials of a second shard fail and back off: almost all the time one shard is open.
+    assert!(
+        time_at[2] * 50 < time_at[1],
+        "two shards open {} of {} intervals",
+        time_at[2],
+        time_at[1] + time_at[2]
+    );
+}
+
+#[test]
+fn on_two_busy_cores_a_second_shard_stays_when_it_does_more_work() {
+    let time_at = replay(&two_cores(500), 3000);
+    assert!(
+        time_at[2] > time_at[1] * 20,
+        "one shard open {} of {} intervals",
+        time_at[1],
+        time_at[1] + time_at[2]
+    );
+}
+
+/// Issue 55's 16-core run at 1,250 clients: PostgreSQL and pgbench keep 12 or more cores
+/// busy, the open shards run 30-50 % of the time by their own clock and wait in the run queue
+/// for much of the rest, and the work grows with each shard opened up to about ten (150.6k
+/// tps with all sixteen open against 84.6k with five).
+fn sixteen_cores(idle: f64) -> Machine {
+    Machine {
+        shards: 16,
+        signals: Box::new(move |open| {
+            let work = 17_000.0 * open.min(9) as f64 + 500.0 * open.saturating_sub(9) as f64;
+            (0.4 + 0.5, idle, work)
+        }),
+    }
+}
+
+#[test]
+fn on_sixteen_cores_starved_shards_open_while_a_core_is_free() {
+    let time_at = replay(&sixteen_cores(2.5), 1000);
+    // Direct opens, one per sustained second: all sixteen are open within 16 seconds.
+    let first_all = 15 * SUSTAINED as usize + 1;
+    assert!(time_at[16] >= 1000 - first_all, "{time_at:?}");
+}
+
+#[test]
+fn on_sixteen_saturated_cores_shards_open_as_long_as_they_bring_work() {
+    let time_at = replay(&sixteen_cores(0.05), 5000);
+    // Trials open shards while each brings more than 4 % more work (up to nine; the tenth
+    // brings 3 %), and trials of one fewer fail: the packing spends most of its time at nine.
+    let at_nine_or_more: usize = time_at[9..].iter().sum();
+    let below_five: usize = time_at[..5].iter().sum();
+    assert!(at_nine_or_more > 4000, "{time_at:?}");
+    assert!(below_five < 300, "{time_at:?}");
+}
+
+#[test]
+fn shards_close_when_their_work_fits_in_fewer() {
+    let quiet = Machine {
+        shards: 4,
+        signals: Box::new(|_| (0.05, 3.0, 100.0)),
+    };
+    let mut p = Packer::new(4, T);
+    // Open all four under demand with free cores...
+    let busy = [0.9; 4];
+    for _ in 0..(3 * SUSTAINED) {
+        p.step(&Reading {
+            demand: &busy,
+            idle_cores: 3.0,
+            work: 10_000.0,
+        });
+    }
+    assert_eq!(p.open(), 4);
+    // ...then quiet: back to one, a shard a second.
+    let quiet_demand = [0.05; 4];
+    for _ in 0..(3 * SUSTAINED) {
+        p.step(&Reading {
+            demand: &quiet_demand,
+            idle_cores: 3.0,
+            work: 100.0,
+        });
+    }
+    assert_eq!(p.open(), 1);
+    // And a quiet machine never opens a second.
+    assert_eq!(replay(&quiet, 500)[1], 500);
+}
+
+#[test]
+fn a_burst_shorter_than_a_second_changes_nothing() {
+    let mut p = Packer::new(2, T);
+    for i in 0..100 {
+        // Demand in bursts of four intervals, then quiet.
+        let d = if i % 6 < 4 { 0.95 } else { 0.1 };
+        p.step(&Reading {
+            demand: &[d, 0.0],
+            idle_cores: 1.0,
+            work: 1000.0,
+        });
+        assert_eq!(p.open(), 1);
+    }
+}
+
+#[test]
+fn a_failed_trial_is_tried_again_at_once_when_the_load_changes() {
+    let mut p = Packer::new(2, T);
+    let step = |p: &mut Packer, open_work: [f64; 2]| {
+        let w = open_work[p.open() - 1];
+        p.step(&Reading {
+            demand: &[0.9, 0.9],
+            idle_cores: 0.05,
+            work: w,
+        });
+    };
+    // A second shard does less: the trial fails and backs off.
+    for _ in 0..(SUSTAINED as usize + 20) {
+        step(&mut p, [1000.0, 900.0]);
+    }
+    assert_eq!(p.open(), 1);
+    assert!(!p.trying());
+    // Within the backoff, the same load tries nothing.
+    for _ in 0..20 {
+        step(&mut p, [1000.0, 900.0]);
+        assert!(!p.trying());
+    }
+    // The load doubles (more clients): a trial starts within a sustained second, and a
+    // second shard that now brings more work stays (but for trials of one fewer, which fail
+    // and back off).
+    for _ in 0..(2 * SUSTAINED as usize + 2) {
+        step(&mut p, [2000.0, 2600.0]);
+    }
+    assert_eq!(p.open(), 2);
+    let mut at_two = 0;
+    for _ in 0..300 {
+        step(&mut p, [2000.0, 2600.0]);
+        at_two += usize::from(p.open() == 2);
+    }
+    assert!(at_two > 270, "{at_two} of 300 intervals at two shards");
+}
