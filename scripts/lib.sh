@@ -34,7 +34,8 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get "${wait[@]}" install -y -qq "$@" >/dev/null
 }
 
-ensure_packages() {
+# The Debian packages that building and running Shoal needs and this machine lacks.
+missing_packages() {
   local missing=()
   [ -n "$(pg_bindir)" ] || missing+=(postgresql postgresql-contrib)
   command -v psql >/dev/null || missing+=(postgresql-client)
@@ -48,7 +49,13 @@ ensure_packages() {
   ls /usr/lib/llvm-*/lib/libclang*.so >/dev/null 2>&1 || missing+=(libclang-dev)
   # The quick build links the system's SQLite (the release build compiles its own in).
   [ -e /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev pkg-config)
-  apt_install "${missing[@]}"
+  echo "${missing[@]}"
+}
+
+ensure_packages() {
+  # (Word splitting wanted: package names have no spaces.)
+  # shellcheck disable=SC2046
+  apt_install $(missing_packages)
 }
 
 # What the whole test suite needs beyond running Shoal: etcd for the cluster's tests, and
