@@ -38,6 +38,32 @@ pub struct Upstream {
     pub dial: Option<std::sync::Arc<dyn Dial>>,
 }
 
+#[cfg(test)]
+impl Upstream {
+    /// An upstream nothing listens on, for parts that are built but never connect.
+    pub fn nowhere() -> Upstream {
+        Upstream {
+            host: "127.0.0.1".into(),
+            port: 1,
+            family: Default::default(),
+            dbname: "d".into(),
+            user: "u".into(),
+            password: None,
+            tls: None,
+            tls_settings: crate::config::UpstreamTlsSettings {
+                mode: Default::default(),
+                rootcert: None,
+                cert: None,
+                key: None,
+                key_password: None,
+                sni: false,
+            },
+            passthrough: None,
+            dial: None,
+        }
+    }
+}
+
 /// The server a cancel should go to.
 #[derive(Clone, Copy, Debug)]
 pub struct CancelTarget {

@@ -415,6 +415,60 @@ async fn row_security_that_reads_settings_is_never_kept() {
     );
 }
 
+/// Row security turned on outside Shoal (no DDL passes through it, the change stream
+/// carries none): the catalogue's version check sees it, what was kept is no longer
+/// served, and the table is not kept again while its policy reads a setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_made_outside_shoal_ends_what_was_kept() {
+    let db = fresh_db(
+        "cache_late_policy",
+        "CREATE ROLE reader;
+         CREATE TABLE notes (owner text, body text);
+         INSERT INTO notes VALUES ('u1', 'u1''s note'), ('u2', 'u2''s note');
+         GRANT SELECT ON notes TO reader;",
+    );
+    let s = cached_shoal(
+        &db,
+        "cache = true\ncache_all_reads = true\ncache_ttl = \"1h\"",
+        "",
+    );
+    let c = s.connect(&db).await;
+    c.simple_query("SET request.jwt.claims = '{\"sub\": \"u1\"}'")
+        .await
+        .unwrap();
+    c.simple_query("SET ROLE reader").await.unwrap();
+    let sql = "SELECT body FROM notes ORDER BY body";
+    assert_eq!(until_hit(&s, &c, sql).await, ["u1's note", "u2's note"]);
+    direct_to(&db)
+        .await
+        .batch_execute(
+            "ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY mine ON notes
+               USING (owner = current_setting('request.jwt.claims', true)::json->>'sub');",
+        )
+        .await
+        .unwrap();
+    until_rows(&c, sql, &["u1's note"]).await;
+    let hits = counter(&s, "hits").await;
+    for _ in 0..3 {
+        assert_eq!(simple_rows(&c, sql).await, ["u1's note"]);
+    }
+    assert_eq!(
+        counter(&s, "hits").await,
+        hits,
+        "kept after its policy came"
+    );
+    // Seen by a version check, not by DDL through Shoal: the catalogue read twice.
+    let (cols, rows) = console_rows(&s, "SHOW CATALOGUES").await;
+    let row: HashMap<String, String> = cols.into_iter().zip(rows[0].clone()).collect();
+    assert_eq!(row["read"], "yes", "{row:?}");
+    assert!(row["generation"].parse::<u64>().unwrap() >= 2, "{row:?}");
+    assert!(
+        row["version_checks"].parse::<u64>().unwrap() >= 1,
+        "{row:?}"
+    );
+}
+
 /// State a client leaves in its session that Shoal does not replay (a `set_config`, a
 /// `SET` among other statements, a temporary table shadowing a table) is not in any key:
 /// such a client neither fills the cache for others nor is served from it.

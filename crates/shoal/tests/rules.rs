@@ -249,7 +249,8 @@ async fn function_rules_see_behind_operators_casts_and_views() {
     c.simple_query("SELECT 1::nap").await.unwrap();
     assert_eq!(simple_rows(&c, "SELECT n FROM fine").await, ["1"]);
     // Such a view cannot be made through Shoal (its CREATE calls the function); one made
-    // elsewhere is seen once any DDL passes through Shoal (or within a minute).
+    // elsewhere is seen at once when any DDL passes through Shoal, and by the catalogue's
+    // version check (every 2 s) when none does.
     refused(&c, "CREATE VIEW later AS SELECT ## 0.0 AS s", "no-sleep").await;
     direct(&db)
         .await
@@ -266,6 +267,20 @@ async fn function_rules_see_behind_operators_casts_and_views() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     refused(&c, "SELECT * FROM later", "no-sleep").await;
+    direct(&db)
+        .await
+        .batch_execute("CREATE VIEW unseen AS SELECT 1 AS s FROM pg_sleep(0)")
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while c.simple_query("SELECT * FROM unseen").await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a view made outside Shoal was not seen by the version check"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    refused(&c, "SELECT * FROM unseen", "no-sleep").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! The console's `SHOW REPLICAS`, `SHOW RULES`, `SHOW CACHE` and `SHOW LIMITS`: the
-//! feature layers' state, per pool.
+//! The console's `SHOW REPLICAS`, `SHOW RULES`, `SHOW CACHE`, `SHOW CATALOGUES` and
+//! `SHOW LIMITS`: the feature layers' state, per pool.
 
 use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
 use crate::app::App;
@@ -116,6 +116,39 @@ pub fn show_cache(app: &App) -> ResultSet {
             n(c.invalidations[0]),
             n(c.invalidations[1]),
             n(c.invalidations[2]),
+        ]);
+    }
+    r
+}
+
+/// `SHOW CATALOGUES`: the catalogue each pool's rules, cache or replica split judge by
+/// (one per database, shared), and how its reading goes.
+pub fn show_catalogues(app: &App) -> ResultSet {
+    let mut r = ResultSet::new(&[
+        ("pool", Text),
+        ("database", Text),
+        ("read", Text),
+        ("generation", Int),
+        ("readings", Int),
+        ("version_checks", Int),
+        ("last_error", Text),
+    ]);
+    let mut pools = app.routes.pools();
+    pools.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in pools {
+        let c = p.catalogue();
+        if !c.running() {
+            continue;
+        }
+        let s = c.status();
+        r.row(vec![
+            t(p.name.clone()),
+            t(c.label.clone()),
+            t(if s.loaded { "yes" } else { "no" }),
+            n(s.generation),
+            n(s.readings),
+            n(s.checks),
+            s.last_error,
         ]);
     }
     r

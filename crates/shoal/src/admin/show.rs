@@ -617,7 +617,7 @@ pub fn version() -> ResultSet {
 pub fn help() -> ResultSet {
     let mut r = ResultSet::new(&[("command", Text)]);
     for c in [
-        "SHOW POOLS|STATS|TOTALS|STATE|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|LIMITS|HELP",
+        "SHOW POOLS|STATS|TOTALS|STATE|CLIENTS|SERVERS|DATABASES|USERS|CONFIG|VERSION|LISTS|NODES|REPLICAS|RULES|CACHE|CATALOGUES|LIMITS|HELP",
         "PAUSE [db]",
         "RESUME [db]",
         "SUSPEND",
@@ -660,6 +660,7 @@ pub fn show(app: &App, what: &str) -> Result<ResultSet, String> {
         "REPLICAS" => super::replicas::show(app),
         "RULES" => super::replicas::show_rules(app),
         "CACHE" => super::replicas::show_cache(app),
+        "CATALOGUES" => super::replicas::show_catalogues(app),
         "LIMITS" => super::replicas::show_limits(app),
         other => {
             return Err(format!(

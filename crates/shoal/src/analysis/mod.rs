@@ -9,7 +9,7 @@
 //! (which functions are volatile, which relations are views) is not remembered here: each
 //! feature judges the analysis against its catalogue of the moment.
 
-pub mod calls;
+pub mod catalogue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

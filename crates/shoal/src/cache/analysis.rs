@@ -6,7 +6,7 @@
 
 use shoal_wire::statement::Analysis;
 
-use super::freshness::Catalogue;
+use crate::analysis::catalogue::Catalogue;
 
 /// What a statement that may write does to cached results.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,7 +179,7 @@ pub fn hint(text: &[u8]) -> Option<Option<std::time::Duration>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::freshness::Relation;
+    use crate::analysis::catalogue::Relation;
 
     fn catalogue() -> Catalogue {
         let mut c = Catalogue {

@@ -12,10 +12,11 @@
 //! its changes; only covered tables' results are kept. When the stream is lost, nothing is
 //! covered and the epoch moves on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::analysis::catalogue::{Catalogue, Source};
 use crate::server::Upstream;
 
 /// One table name's state (by name without schema: a change to `a.t` counts for `b.t`
@@ -50,75 +51,6 @@ impl Table {
     }
 }
 
-/// What the database's catalogue says of the names statements use, as last read.
-#[derive(Debug, Default)]
-pub struct Catalogue {
-    pub loaded: bool,
-    /// Function names whose every overload is IMMUTABLE: a result calling only these
-    /// depends on nothing but its inputs.
-    pub immutable: HashSet<String>,
-    /// Function names whose every overload is STABLE or IMMUTABLE: a statement calling
-    /// only these writes nothing through them.
-    pub non_volatile: HashSet<String>,
-    /// Operators whose every function is IMMUTABLE or a built-in STABLE one (which reads
-    /// only settings the key holds: `timestamptz = date` reads `TimeZone`), and those whose
-    /// every function is non-volatile (an operator runs its function: `1 ### 2` may
-    /// write).
-    pub immutable_operators: HashSet<String>,
-    pub non_volatile_operators: HashSet<String>,
-    /// Types whose input function and every cast to them are IMMUTABLE (`'now'::date` and
-    /// `('n'||'ow')::timestamptz` read the clock: `date` and `timestamptz` are not), and
-    /// those where they are non-volatile.
-    pub immutable_types: HashSet<String>,
-    pub non_volatile_types: HashSet<String>,
-    pub relations: HashMap<String, Relation>,
-}
-
-impl Catalogue {
-    /// Whether everything `r` calls, applies and casts is IMMUTABLE (`immutable`) or
-    /// non-volatile.
-    pub fn calls_only(&self, r: &shoal_wire::readonly::Reads, immutable: bool) -> bool {
-        let (functions, operators, types) = if immutable {
-            (
-                &self.immutable,
-                &self.immutable_operators,
-                &self.immutable_types,
-            )
-        } else {
-            (
-                &self.non_volatile,
-                &self.non_volatile_operators,
-                &self.non_volatile_types,
-            )
-        };
-        // A constant's cast is looked at by the time-word check; a computed value's is not.
-        let casts = if immutable {
-            &r.computed_casts
-        } else {
-            &r.casts
-        };
-        r.functions
-            .iter()
-            .all(|f| functions.contains(f.rsplit('.').next().unwrap_or(f)))
-            && r.operators.iter().all(|o| operators.contains(o))
-            && casts.iter().all(|t| types.contains(t))
-            && (!immutable || r.casts.iter().all(|t| self.non_volatile_types.contains(t)))
-    }
-}
-
-/// Every relation of one name (in any schema), as one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Relation {
-    /// Plain, permanent, logged tables without inheritance children, whose row security
-    /// (if on) depends on nothing but the row and the session: results reading them may be
-    /// kept, and the stream sees every change to them.
-    pub cacheable: bool,
-    /// Plain tables without triggers or rules: a write to them changes only them.
-    pub plain_writes: bool,
-    /// `schema.name`, quoted, for the publication.
-    pub qualified: Vec<String>,
-}
-
 /// Why the stream is not covering tables, for SHOW CACHE.
 #[derive(Debug, Clone, Default)]
 pub struct StreamState {
@@ -135,10 +67,11 @@ pub struct Freshness {
     pub upstream: Upstream,
     epoch: AtomicU64,
     tables: RwLock<HashMap<String, Arc<Table>, foldhash::fast::RandomState>>,
-    catalogue: RwLock<Arc<Catalogue>>,
-    /// Wakes the stream task: a table to cover, a catalogue to read again.
+    /// The database's catalogue: which results may be kept, what a write touches. A new
+    /// reading that differs moves the epoch (see [`Freshness::epoch`]).
+    pub catalogue: Arc<Source>,
+    /// Wakes the stream task: a table to cover.
     pub(super) wake: tokio::sync::Notify,
-    pub(super) catalogue_wanted: AtomicBool,
     pub(super) state: Mutex<StreamState>,
     /// Changes the stream saw, by cause (`stream`, `truncate`).
     pub(super) invalidations: [AtomicU64; 3],
@@ -151,30 +84,33 @@ pub const BY_STREAM: usize = 1;
 pub const BY_RESET: usize = 2;
 
 impl Freshness {
-    pub fn new(label: String, upstream: Upstream) -> Arc<Freshness> {
+    pub fn new(label: String, upstream: Upstream, catalogue: Arc<Source>) -> Arc<Freshness> {
         Arc::new(Freshness {
             label,
             upstream,
             epoch: AtomicU64::new(1),
             tables: RwLock::default(),
-            catalogue: RwLock::default(),
+            catalogue,
             wake: tokio::sync::Notify::new(),
-            catalogue_wanted: AtomicBool::new(true),
             state: Mutex::default(),
             invalidations: Default::default(),
             started: std::sync::Once::new(),
         })
     }
 
-    /// Starts the database's stream task (once).
+    /// Starts the database's stream task (once), and the catalogue's.
     pub fn start(self: &Arc<Self>) {
+        self.catalogue.start();
         self.started.call_once(|| {
             crate::control::spawn(super::stream::run(Arc::downgrade(self)));
         });
     }
 
+    /// Moves when anything may have changed unseen, and when the catalogue changed (a
+    /// policy that makes a table's results depend on a setting, a function made volatile):
+    /// the sum of two counters that only grow.
     pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+        self.epoch.load(Ordering::Acquire) + self.catalogue.generation()
     }
 
     /// Everything may have changed: no entry made before now is served (`cause`: a write
@@ -235,22 +171,14 @@ impl Freshness {
         }
     }
 
+    /// The catalogue's reading of the moment.
     pub fn catalogue(&self) -> Arc<Catalogue> {
-        self.catalogue
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub(super) fn set_catalogue(&self, c: Catalogue) {
-        *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+        self.catalogue.current()
     }
 
     /// Asks for the catalogue to be read again (a statement named a relation it lacks).
     pub fn want_catalogue(&self) {
-        if !self.catalogue_wanted.swap(true, Ordering::AcqRel) {
-            self.wake.notify_one();
-        }
+        self.catalogue.want();
     }
 
     pub fn stream_state(&self) -> StreamState {
@@ -299,30 +227,11 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn freshness() -> Arc<Freshness> {
-        Freshness::new(
-            "test".into(),
-            Upstream {
-                host: "127.0.0.1".into(),
-                port: 1,
-                family: Default::default(),
-                dbname: "d".into(),
-                user: "u".into(),
-                password: None,
-                tls: None,
-                tls_settings: crate::config::UpstreamTlsSettings {
-                    mode: Default::default(),
-                    rootcert: None,
-                    cert: None,
-                    key: None,
-                    key_password: None,
-                    sni: false,
-                },
-                passthrough: None,
-                dial: None,
-            },
-        )
+        let catalogue = Source::new("test".into(), Upstream::nowhere(), Duration::from_secs(1));
+        Freshness::new("test".into(), Upstream::nowhere(), catalogue)
     }
 
     #[test]
@@ -348,5 +257,19 @@ mod tests {
         let s = Snapshot::take(&f, std::slice::from_ref(&t)).unwrap();
         t.set_covered(false);
         assert!(!s.current(&f), "the stream no longer covers it");
+        t.set_covered(true);
+        let s = Snapshot::take(&f, std::slice::from_ref(&t)).unwrap();
+        let reading = |version: &str| Catalogue {
+            loaded: true,
+            version: version.into(),
+            ..Catalogue::default()
+        };
+        f.catalogue.set(reading("1"));
+        assert!(!s.current(&f), "the first reading of the catalogue");
+        let s = Snapshot::take(&f, std::slice::from_ref(&t)).unwrap();
+        f.catalogue.set(reading("1"));
+        assert!(s.current(&f), "read again, unchanged");
+        f.catalogue.set(reading("2"));
+        assert!(!s.current(&f), "the catalogue changed");
     }
 }

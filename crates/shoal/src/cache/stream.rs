@@ -4,7 +4,8 @@
 //! [`super::freshness`]).
 //!
 //! Runs on the control runtime, with two connections as the pool's user: one for SQL (the
-//! catalogue, the publication, markers) and one in replication mode. The slot is
+//! publication, markers) and one in replication mode; which tables it may follow is the
+//! database's catalogue's to say ([`crate::analysis::catalogue`]). The slot is
 //! `TEMPORARY`: PostgreSQL drops it when the connection ends, so no WAL is ever kept for
 //! a Shoal that is gone; a new connection starts a new slot from the present, and
 //! everything kept before is dropped (the epoch moves), since changes in between were
@@ -23,7 +24,8 @@ use std::time::Duration;
 use shoal_wire::backend::tag as be;
 use shoal_wire::pgoutput::{self, Message, ReplicationMessage};
 
-use super::freshness::{Catalogue, Freshness, Relation, Table, BY_RESET, BY_STREAM};
+use super::freshness::{Freshness, Table, BY_RESET, BY_STREAM};
+use crate::analysis::catalogue::Relation;
 use crate::server::{ServerConn, ServerError};
 
 /// The publication every Shoal streams its cached tables from.
@@ -33,8 +35,6 @@ const MARKER: &str = "shoal-cache";
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the server hears how far the stream was read (so the slot lets WAL go).
 const STATUS_EVERY: Duration = Duration::from_secs(5);
-/// How often the catalogue is read again without being asked.
-const CATALOGUE_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
@@ -112,14 +112,12 @@ struct Stream {
     next_marker: u64,
     /// Markers written and not yet back, with the tables each covers.
     markers: HashMap<u64, Vec<Arc<Table>>>,
-    catalogue_read: u64,
     status_sent: u64,
 }
 
 impl Stream {
     async fn open(f: &Freshness) -> Result<Stream, StreamError> {
         let mut control = ServerConn::connect(&f.upstream, TIMEOUT).await?;
-        f.set_catalogue(read_catalogue(&mut control).await?);
         let create = format!("CREATE PUBLICATION {PUBLICATION}");
         match crate::timer::timeout(TIMEOUT, control.simple_query(&create)).await {
             Ok(Ok(())) => {}
@@ -158,7 +156,6 @@ impl Stream {
             read_lsn: 0,
             next_marker: 1,
             markers: HashMap::new(),
-            catalogue_read: now,
             status_sent: now,
         })
     }
@@ -173,15 +170,11 @@ impl Stream {
                     let frame = frame?;
                     self.on_frame(f, frame.tag(), frame.body()).await?;
                 }
-                () = f.wake.notified() => {
-                    self.refresh(f, false).await?;
-                    self.cover(f).await?;
-                }
+                () = f.wake.notified() => self.cover(f).await?,
                 () = tick.tick() => {
                     if Arc::strong_count(f) <= 1 {
                         return Err(StreamError::Ended);
                     }
-                    self.refresh(f, false).await?;
                     self.cover(f).await?;
                     let now = crate::clock::now_ms();
                     if now.saturating_sub(self.status_sent) >= STATUS_EVERY.as_millis() as u64 {
@@ -287,20 +280,6 @@ impl Stream {
         Ok(())
     }
 
-    /// Reads the catalogue again when asked (at most once a second) or when it is old.
-    async fn refresh(&mut self, f: &Freshness, force: bool) -> Result<(), StreamError> {
-        let now = crate::clock::now_ms();
-        let asked = f.catalogue_wanted.load(Ordering::Acquire);
-        let since = now.saturating_sub(self.catalogue_read);
-        if !(force || (asked && since >= 1000) || since >= CATALOGUE_EVERY.as_millis() as u64) {
-            return Ok(());
-        }
-        f.catalogue_wanted.store(false, Ordering::Release);
-        self.catalogue_read = now;
-        f.set_catalogue(read_catalogue(&mut self.control).await?);
-        Ok(())
-    }
-
     /// Adds the tables wanted and not covered to the publication, and writes a marker.
     async fn cover(&mut self, f: &Freshness) -> Result<(), StreamError> {
         let pending: Vec<Arc<Table>> = self.markers.values().flatten().cloned().collect();
@@ -320,13 +299,19 @@ impl Stream {
         let catalogue = f.catalogue();
         let mut covering = Vec::new();
         for t in wanted {
-            let Some(Relation {
-                cacheable: true,
-                qualified,
-                ..
-            }) = catalogue.relations.get(&t.name)
-            else {
-                continue;
+            let qualified = match catalogue.relations.get(&t.name) {
+                Some(Relation {
+                    cacheable: true,
+                    qualified,
+                    ..
+                }) => qualified,
+                // Not a table the stream can follow.
+                Some(_) => continue,
+                // Made since the catalogue was read: looked at again on the next tick.
+                None => {
+                    f.want_catalogue();
+                    continue;
+                }
             };
             let mut ok = true;
             for q in qualified {
@@ -363,171 +348,5 @@ impl Stream {
             .map_err(|_| StreamError::Protocol("writing a marker timed out".into()))??;
         self.markers.insert(seq, covering);
         Ok(())
-    }
-}
-
-/// Everything the cache needs of the catalogue, in one row of JSON. A table's row
-/// security is judged from its policies' expressions, parsed here (`pg_depend` records no
-/// dependency on built-in functions such as `current_setting`).
-const CATALOGUE: &str = "SELECT json_build_object(\
- 'immutable', (SELECT coalesce(json_agg(proname), '[]') FROM (SELECT proname FROM pg_proc \
-   GROUP BY proname HAVING bool_and(provolatile = 'i')) f), \
- 'non_volatile', (SELECT coalesce(json_agg(proname), '[]') FROM (SELECT proname FROM pg_proc \
-   GROUP BY proname HAVING bool_and(provolatile <> 'v')) f), \
- 'operators', (SELECT coalesce(json_agg(json_build_array(oprname, i, nv)), '[]') FROM \
-   (SELECT o.oprname, bool_and(p.provolatile = 'i' OR (p.provolatile = 's' AND o.oid < 16384)) AS i, \
-      bool_and(p.provolatile <> 'v') AS nv \
-    FROM pg_operator o JOIN pg_proc p ON p.oid = o.oprcode GROUP BY o.oprname) x), \
- 'types', (SELECT coalesce(json_agg(json_build_array(typname, i, nv)), '[]') FROM \
-   (SELECT t.typname, bool_and(i.provolatile = 'i' AND NOT EXISTS (SELECT 1 FROM pg_cast c \
-      JOIN pg_proc f ON f.oid = c.castfunc WHERE c.casttarget = t.oid AND f.provolatile <> 'i')) AS i, \
-    bool_and(i.provolatile <> 'v' AND NOT EXISTS (SELECT 1 FROM pg_cast c \
-      JOIN pg_proc f ON f.oid = c.castfunc WHERE c.casttarget = t.oid AND f.provolatile = 'v')) AS nv \
-    FROM pg_type t JOIN pg_proc i ON i.oid = t.typinput GROUP BY t.typname) x), \
- 'policies', (SELECT coalesce(json_agg(json_build_array(c.relname, \
-   coalesce(pg_get_expr(p.polqual, p.polrelid), 'true'), \
-   coalesce(pg_get_expr(p.polwithcheck, p.polrelid), 'true'))), '[]') \
-   FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid), \
- 'relations', (SELECT coalesce(json_agg(json_build_array(\
-   quote_ident(n.nspname) || '.' || quote_ident(c.relname), c.relname, \
-   c.relkind = 'r' AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT c.relhassubclass, \
-   c.relkind = 'r' AND NOT c.relhastriggers AND NOT c.relhasrules, c.relrowsecurity)), '[]') \
-   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-   WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') \
-     AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-     AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%')\
-)::text";
-
-#[derive(serde::Deserialize)]
-struct CatalogueRow {
-    immutable: Vec<String>,
-    non_volatile: Vec<String>,
-    /// (name, every function IMMUTABLE, every function non-volatile).
-    operators: Vec<(String, bool, bool)>,
-    types: Vec<(String, bool, bool)>,
-    /// (table, USING expression, WITH CHECK expression).
-    policies: Vec<(String, String, String)>,
-    /// (schema.name quoted, name, cacheable but for row security, plain writes, row
-    /// security on).
-    relations: Vec<(String, String, bool, bool, bool)>,
-}
-
-async fn read_catalogue(c: &mut ServerConn) -> Result<Catalogue, StreamError> {
-    let row = crate::timer::timeout(TIMEOUT, c.query_row(CATALOGUE, &[]))
-        .await
-        .map_err(|_| StreamError::Protocol("reading the catalogue timed out".into()))??;
-    let text = row
-        .and_then(|r| r.into_iter().next().flatten())
-        .ok_or_else(|| StreamError::Protocol("the catalogue query returned nothing".into()))?;
-    let row: CatalogueRow =
-        serde_json::from_str(&text).map_err(|e| StreamError::Protocol(e.to_string()))?;
-    Ok(catalogue_of(row))
-}
-
-fn catalogue_of(row: CatalogueRow) -> Catalogue {
-    let mut c = Catalogue {
-        loaded: true,
-        immutable: row.immutable.into_iter().collect(),
-        non_volatile: row.non_volatile.into_iter().collect(),
-        ..Catalogue::default()
-    };
-    for (name, immutable, non_volatile) in row.operators {
-        if immutable {
-            c.immutable_operators.insert(name.clone());
-        }
-        if non_volatile {
-            c.non_volatile_operators.insert(name);
-        }
-    }
-    for (name, immutable, non_volatile) in row.types {
-        if immutable {
-            c.immutable_types.insert(name.clone());
-        }
-        if non_volatile {
-            c.non_volatile_types.insert(name);
-        }
-    }
-    // Row security keeps a table's results only when every policy depends on nothing but
-    // the row and the role (which the key holds): no other table, nothing but IMMUTABLE
-    // calls. `current_setting('request.jwt.claims')` is STABLE: such a table is not kept.
-    let mut policies_ok: HashMap<&str, bool> = HashMap::new();
-    for (table, using, check) in &row.policies {
-        let ok = [using, check].iter().all(|expr| {
-            shoal_wire::readonly::classify(&format!("SELECT ({expr})"))
-                .is_some_and(|r| r.relations.is_empty() && !r.clock && c.calls_only(&r, true))
-        });
-        *policies_ok.entry(table).or_insert(true) &= ok;
-    }
-    let mut relations: HashMap<String, Relation> = HashMap::new();
-    for (qualified, name, cacheable, plain_writes, row_security) in row.relations {
-        let cacheable =
-            cacheable && (!row_security || policies_ok.get(name.as_str()).copied().unwrap_or(true));
-        let r = relations.entry(name).or_insert(Relation {
-            cacheable: true,
-            plain_writes: true,
-            qualified: Vec::new(),
-        });
-        // A name in several schemas is as safe as its least safe table.
-        r.cacheable &= cacheable;
-        r.plain_writes &= plain_writes;
-        r.qualified.push(qualified);
-    }
-    c.relations = relations;
-    c
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_name_in_several_schemas_is_as_safe_as_its_least_safe_table() {
-        let c = catalogue_of(CatalogueRow {
-            immutable: vec!["abs".into()],
-            non_volatile: vec!["abs".into(), "now".into()],
-            operators: vec![],
-            types: vec![],
-            policies: vec![],
-            relations: vec![
-                ("public.t".into(), "t".into(), true, true, false),
-                ("app.t".into(), "t".into(), true, false, false),
-                ("public.v".into(), "v".into(), false, false, false),
-            ],
-        });
-        let t = &c.relations["t"];
-        assert!(t.cacheable && !t.plain_writes);
-        assert_eq!(t.qualified, vec!["public.t", "app.t"]);
-        assert!(!c.relations["v"].cacheable);
-        assert!(c.loaded && c.immutable.contains("abs"));
-    }
-
-    /// A policy that reads a setting (Supabase's `current_setting('request.jwt.claims')`)
-    /// or another table makes its table not kept; one on the role alone does not.
-    #[test]
-    fn row_security_is_judged_by_what_its_policies_call() {
-        let table = |name: &str| (format!("public.{name}"), name.to_string(), true, true, true);
-        let c = catalogue_of(CatalogueRow {
-            immutable: vec!["lower".into()],
-            non_volatile: vec!["lower".into(), "current_setting".into()],
-            operators: vec![("=".into(), true, true), ("->>".into(), true, true)],
-            types: vec![("name".into(), true, true), ("text".into(), true, true), ("json".into(), true, true)],
-            policies: vec![
-                ("by_role".into(), "(owner = CURRENT_USER)".into(), "true".into()),
-                (
-                    "by_claims".into(),
-                    "(owner = ((current_setting('request.jwt.claims'::text))::json ->> 'sub'::text))".into(),
-                    "true".into(),
-                ),
-                ("by_table".into(), "(owner IN (SELECT u FROM allowed))".into(), "true".into()),
-            ],
-            relations: vec![table("by_role"), table("by_claims"), table("by_table"), table("no_policy")],
-        });
-        assert!(c.relations["by_role"].cacheable);
-        assert!(!c.relations["by_claims"].cacheable);
-        assert!(!c.relations["by_table"].cacheable);
-        assert!(
-            c.relations["no_policy"].cacheable,
-            "no policy: nothing is visible, to anyone"
-        );
     }
 }

@@ -175,6 +175,8 @@ pub struct Pool {
     /// Each statement text its clients send, analysed once: what its rules, cache and
     /// replica split decide on (see [`crate::analysis`]).
     pub analyses: Arc<crate::analysis::Analyses>,
+    /// See [`Pool::catalogue`].
+    catalogue: std::sync::OnceLock<Arc<crate::analysis::catalogue::Source>>,
     /// Live clients whose session state a full pool cleaned away, to be told at their next
     /// statement.
     lost_state: Mutex<std::collections::HashSet<u64>>,
@@ -318,6 +320,7 @@ impl Pool {
             upstream,
             lost_state: Mutex::default(),
             analyses: Arc::default(),
+            catalogue: std::sync::OnceLock::new(),
             idle: (0..crate::shard::count())
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
@@ -347,15 +350,14 @@ impl Pool {
         if current.as_ref().map_or(&[][..], |r| r.rules()) == rules.as_slice() {
             return;
         }
-        let new = crate::query_rules::QueryRules::new(rules, self.analyses.clone()).map(Arc::new);
-        if let Some(r) = new.as_ref().filter(|r| r.needs_catalogue()) {
-            if crate::control::available() {
-                crate::query_rules::catalogue::keep_current(
-                    r,
-                    self.upstream.clone(),
-                    self.settings.connect_timeout,
-                );
-            }
+        let new = crate::query_rules::QueryRules::new(
+            rules,
+            self.analyses.clone(),
+            self.catalogue().clone(),
+        )
+        .map(Arc::new);
+        if new.as_ref().is_some_and(|r| r.needs_catalogue()) {
+            self.catalogue().start();
         }
         self.has_rules.store(new.is_some(), Ordering::Release);
         *current = new;
@@ -426,6 +428,27 @@ impl Pool {
         }
         self.has_cache.store(new.is_some(), Ordering::Release);
         *current = new;
+    }
+
+    /// The catalogue its statements are judged against: its database's, when shared (see
+    /// [`share_catalogue`](Self::share_catalogue)), else its own.
+    pub fn catalogue(&self) -> &Arc<crate::analysis::catalogue::Source> {
+        self.catalogue.get_or_init(|| {
+            crate::analysis::catalogue::Source::new(
+                format!(
+                    "{}:{}/{}",
+                    self.upstream.host, self.upstream.port, self.upstream.dbname
+                ),
+                self.upstream.clone(),
+                self.settings.connect_timeout,
+            )
+        })
+    }
+
+    /// Judges its statements against `source` (its database's, shared by its pools), if
+    /// it has none yet.
+    pub fn share_catalogue(&self, source: Arc<crate::analysis::catalogue::Source>) {
+        let _ = self.catalogue.set(source);
     }
 
     /// Gives the pool its replicas (once, as it is made).

@@ -10,16 +10,13 @@ use std::sync::{Arc, Mutex};
 
 use shoal_control::config::rules::{Action, Matcher, Rule};
 use shoal_wire::encoding::Unreadable;
-pub mod catalogue;
-
 use shoal_wire::facts::{Facts, FactsError};
-
-use crate::analysis::calls::Calls;
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
 use shoal_wire::sql::ClientEncoding;
 use shoal_wire::sqlstate;
 
+use crate::analysis::catalogue::{calls, Source};
 use crate::prepared::ClientStatements;
 
 /// Statement texts whose verdict is remembered; past it the memory starts over.
@@ -38,8 +35,12 @@ enum Verdict {
     NoCatalogue,
 }
 
-/// A verdict and the SQL-level statements the text EXECUTEs.
-type Known = HashMap<Box<[u8]>, Judged, foldhash::fast::RandomState>;
+/// Verdicts by text, made on one reading of the catalogue.
+#[derive(Default)]
+struct Known {
+    generation: u64,
+    verdicts: HashMap<Box<[u8]>, Judged, foldhash::fast::RandomState>,
+}
 
 /// A verdict, the SQL-level statements the text EXECUTEs and those it PREPAREs.
 type Judged = (Verdict, Vec<String>, Vec<String>);
@@ -54,17 +55,18 @@ pub struct QueryRules {
     /// Verdicts by text (the text's analysis is the pool's: see [`crate::analysis`]).
     known: Mutex<Known>,
     analyses: Arc<crate::analysis::Analyses>,
-    /// What runs behind the database's operators, casts and views, once read (see
-    /// [`catalogue`]); only function rules need it.
-    calls: std::sync::RwLock<Option<Arc<Calls>>>,
-    calls_read: tokio::sync::Notify,
-    /// DDL passed: read the catalogue again now.
-    stale: Arc<tokio::sync::Notify>,
+    /// What runs behind the database's operators, casts and views (the pool's catalogue,
+    /// see [`crate::analysis::catalogue`]); only function rules need it.
+    catalogue: Arc<Source>,
 }
 
 impl QueryRules {
     /// `None` when there are no rules.
-    pub fn new(rules: Vec<Rule>, analyses: Arc<crate::analysis::Analyses>) -> Option<QueryRules> {
+    pub fn new(
+        rules: Vec<Rule>,
+        analyses: Arc<crate::analysis::Analyses>,
+        catalogue: Arc<Source>,
+    ) -> Option<QueryRules> {
         if rules.is_empty() {
             return None;
         }
@@ -75,11 +77,9 @@ impl QueryRules {
             matched: rules.iter().map(|_| AtomicU64::new(0)).collect(),
             rules,
             functions,
-            known: Mutex::new(HashMap::default()),
+            known: Mutex::default(),
             analyses,
-            calls: std::sync::RwLock::new(None),
-            calls_read: tokio::sync::Notify::new(),
-            stale: Arc::default(),
+            catalogue,
         })
     }
 
@@ -88,38 +88,13 @@ impl QueryRules {
         self.functions
     }
 
-    /// What runs behind names, read from the catalogue: verdicts start over.
-    pub fn set_calls(&self, calls: Calls) {
-        *self.calls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(calls));
-        self.lock().clear();
-        self.calls_read.notify_waiters();
-    }
-
-    fn calls(&self) -> Option<Arc<Calls>> {
-        self.calls.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// DDL passed through Shoal: operators, casts and views may have changed.
-    pub fn catalogue_changed(&self) {
-        if self.functions {
-            self.stale.notify_one();
-        }
-    }
-
     /// Waits (up to `timeout`) until the catalogue has been read once, when the rules need
     /// it: until then, a statement with an operator, a cast or a relation cannot be
     /// checked, and is refused.
     pub async fn catalogue_read(&self, timeout: std::time::Duration) {
-        if !self.functions || self.calls().is_some() {
-            return;
+        if self.functions {
+            self.catalogue.loaded(timeout).await;
         }
-        let read = self.calls_read.notified();
-        let mut read = std::pin::pin!(read);
-        read.as_mut().enable();
-        if self.calls().is_some() {
-            return;
-        }
-        let _ = crate::timer::timeout(timeout, read).await;
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -244,7 +219,9 @@ impl QueryRules {
     /// it EXECUTEs and PREPAREs. The verdict is remembered by text; what the text does comes
     /// from the pool's analysis, which the cache and the replica split read as well.
     fn verdict(&self, text: &[u8]) -> Judged {
-        if let Some(v) = self.lock().get(text) {
+        // Taken first: a verdict made on an older reading is not remembered past a newer.
+        let generation = self.catalogue.generation();
+        if let Some(v) = self.lock(generation).verdicts.get(text) {
             return v.clone();
         }
         let s = String::from_utf8_lossy(text);
@@ -252,12 +229,13 @@ impl QueryRules {
         let judged = match &analysis.facts {
             Ok(f) if self.functions && hides_calls(f) => {
                 // Functions behind its operators, casts and views count as called.
-                let Some(calls) = self.calls() else {
+                let catalogue = self.catalogue.current();
+                if !catalogue.loaded {
                     // Not remembered: the catalogue may come any moment.
                     return (Verdict::NoCatalogue, Vec::new(), Vec::new());
-                };
-                let behind = calls.behind(f);
-                if behind.iter().any(|b| b == crate::analysis::calls::UNKNOWN) {
+                }
+                let behind = catalogue.calls.behind(f);
+                if behind.iter().any(|b| b == calls::UNKNOWN) {
                     (Verdict::Unchecked, Vec::new(), Vec::new())
                 } else {
                     let mut seen = f.clone();
@@ -283,11 +261,13 @@ impl QueryRules {
             // Cannot be shown harmless.
             Err(FactsError::TooDeep) => (Verdict::Unchecked, Vec::new(), Vec::new()),
         };
-        let mut known = self.lock();
-        if known.len() >= REMEMBERED {
-            known.clear();
+        let mut known = self.lock(generation);
+        if known.generation == generation {
+            if known.verdicts.len() >= REMEMBERED {
+                known.verdicts.clear();
+            }
+            known.verdicts.insert(text.into(), judged.clone());
         }
-        known.insert(text.into(), judged.clone());
         judged
     }
 
@@ -314,8 +294,14 @@ impl QueryRules {
         (v, f.executes.clone(), f.prepares.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    /// The remembered verdicts, forgotten when the catalogue moved past them.
+    fn lock(&self, generation: u64) -> std::sync::MutexGuard<'_, Known> {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.generation < generation {
+            known.verdicts.clear();
+            known.generation = generation;
+        }
+        known
     }
 }
 

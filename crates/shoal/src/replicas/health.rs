@@ -1,6 +1,7 @@
 //! The checker of a pool's replicas: on each `replica_check_interval`, every replica's role
 //! (`pg_is_in_recovery()`) and replay position, the primary's WAL position, and from them
-//! each replica's lag; now and then the primary's catalogue of non-volatile functions.
+//! each replica's lag. (The primary's catalogue, which the read-only proof reads, is the
+//! database's: see [`crate::analysis::catalogue`].)
 //!
 //! Lag in time is how old the state a replica shows is: the time since the primary was at
 //! the position the replica has replayed, from the primary positions this checker saw
@@ -10,7 +11,7 @@
 //! Runs on the control runtime, one connection per backend kept open between checks (as
 //! the pool's user, so it sees what the pool's servers see).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
@@ -24,55 +25,6 @@ use crate::server::{ServerConn, ServerError, Upstream};
 /// replay position).
 const CHECK: &str = "SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() \
      THEN COALESCE(pg_last_wal_replay_lsn(), '0/0') ELSE pg_current_wal_insert_lsn() END::text";
-
-/// What the read-only proof needs of the primary's catalogue (see
-/// [`super::verdicts::ReplicaCatalogue`]), in one row of JSON. `txid_current()` and
-/// `pg_current_xact_id()` are `STABLE` but take a transaction id, which a standby cannot.
-const CATALOGUE: &str = "SELECT json_build_object(\
- 'functions', (SELECT coalesce(json_agg(proname), '[]') FROM (SELECT proname FROM pg_proc \
-   GROUP BY proname HAVING bool_and(provolatile <> 'v')) f \
-   WHERE proname NOT IN ('txid_current', 'pg_current_xact_id')), \
- 'operators', (SELECT coalesce(json_agg(oprname), '[]') FROM (SELECT o.oprname FROM pg_operator o \
-   JOIN pg_proc p ON p.oid = o.oprcode GROUP BY o.oprname HAVING bool_and(p.provolatile <> 'v')) x), \
- 'types', (SELECT coalesce(json_agg(typname), '[]') FROM (SELECT t.typname FROM pg_type t \
-   JOIN pg_proc i ON i.oid = t.typinput GROUP BY t.typname HAVING bool_and(i.provolatile <> 'v' \
-   AND NOT EXISTS (SELECT 1 FROM pg_cast c JOIN pg_proc f ON f.oid = c.castfunc \
-     WHERE c.casttarget = t.oid AND f.provolatile = 'v'))) x), \
- 'relations', (SELECT coalesce(json_agg(json_build_array(c.relname, c.relkind)), '[]') \
-   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-   WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT LIKE 'pg\\_toast%' \
-     AND n.nspname NOT LIKE 'pg\\_temp%'), \
- 'views', (SELECT coalesce(json_agg(json_build_array(c.relname, pg_get_viewdef(c.oid))), '[]') \
-   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-   WHERE c.relkind = 'v' AND n.nspname NOT LIKE 'pg\\_temp%'), \
- 'volatile_implicit_casts', EXISTS (SELECT 1 FROM pg_cast c JOIN pg_proc f ON f.oid = c.castfunc \
-   WHERE c.castcontext IN ('i', 'a') AND f.provolatile = 'v'))::text";
-
-#[derive(serde::Deserialize)]
-struct CatalogueRow {
-    functions: HashSet<String>,
-    operators: HashSet<String>,
-    types: HashSet<String>,
-    relations: Vec<(String, String)>,
-    views: Vec<(String, String)>,
-    volatile_implicit_casts: bool,
-}
-
-/// The catalogue row made into what the proof reads (views proven here, off the data path).
-fn catalogue_of(text: &str) -> Option<super::verdicts::ReplicaCatalogue> {
-    let row: CatalogueRow = serde_json::from_str(text).ok()?;
-    Some(super::verdicts::ReplicaCatalogue::new(
-        row.functions,
-        row.operators,
-        row.types,
-        row.relations,
-        row.views,
-        row.volatile_implicit_casts,
-    ))
-}
-
-/// How often the function catalogue is read again, in checks.
-const CATALOGUE_EVERY: u64 = 60;
 
 /// A check's connection, opened on demand and dropped when it fails.
 struct Probe {
@@ -167,7 +119,6 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
         (s.config.check_interval, probes, primary_probe)
     };
     let mut tick = crate::timer::interval(interval);
-    let mut round = 0u64;
     let mut seen = Positions::default();
     loop {
         tick.tick().await;
@@ -175,19 +126,6 @@ pub async fn run(set: Weak<ReplicaSet>, primary: Weak<Pool>) {
             return;
         };
         let timeout = primary.settings.connect_timeout.max(interval);
-        if round.is_multiple_of(CATALOGUE_EVERY)
-            || !set.verdicts.catalogue_known()
-            || set.verdicts.take_stale()
-        {
-            if let Ok(row) = primary_probe.row(CATALOGUE, timeout).await {
-                let text = row.first().cloned().flatten().unwrap_or_default();
-                match catalogue_of(&text) {
-                    Some(c) => set.verdicts.set_catalogue(c),
-                    None => tracing::warn!("the primary's catalogue could not be read for the read-only proof; statements go to the primary"),
-                }
-            }
-        }
-        round += 1;
         let configured = primary_probe.check(timeout).await;
         let mut answers = Vec::with_capacity(probes.len());
         for probe in probes.iter_mut() {

@@ -199,7 +199,10 @@ impl ReplicaSet {
         ReplicaSet {
             config,
             members,
-            verdicts: verdicts::Verdicts::new(primary.analyses.clone()),
+            verdicts: verdicts::Verdicts::new(
+                primary.analyses.clone(),
+                primary.catalogue().clone(),
+            ),
             checker: OnceLock::new(),
             writer: AtomicUsize::new(0),
             primary_role: AtomicU8::new(Role::Unknown as u8),
@@ -215,6 +218,7 @@ impl ReplicaSet {
     /// Starts the checker of `primary`'s replicas, once.
     pub fn start(self: &Arc<Self>, primary: &Arc<Pool>) {
         self.checker.get_or_init(|| {
+            primary.catalogue().start();
             crate::control::spawn(health::run(Arc::downgrade(self), Arc::downgrade(primary)));
         });
     }

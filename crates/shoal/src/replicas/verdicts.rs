@@ -5,122 +5,24 @@
 //! or a view whose own definition is proven the same way). What the catalogue does not
 //! know (a table made since it was read, a temporary table) goes to the primary.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use shoal_wire::frame::HEADER_LEN;
 use shoal_wire::frontend::tag as fe;
-use shoal_wire::readonly::{self, Reads};
 use shoal_wire::sql::ClientEncoding;
+
+use crate::analysis::catalogue::Source;
 
 /// Parse messages one unit may hold and still go to a replica.
 const PARSES_PER_UNIT: usize = 16;
 
-#[derive(Default)]
 pub struct Verdicts {
     /// The pool's statement analysis (shared with its rules and cache).
     analyses: Arc<crate::analysis::Analyses>,
-    /// What the primary's catalogue last said; empty until first read, when any statement
-    /// that calls, casts or reads a relation goes to the primary.
-    catalogue: RwLock<Arc<ReplicaCatalogue>>,
-    /// DDL passed through Shoal since the catalogue was read.
-    stale: std::sync::atomic::AtomicBool,
-}
-
-/// The primary's catalogue, as the proof needs it. Names are unqualified: a name stands
-/// for every object of that name in any schema, and is as safe as the least safe of them.
-#[derive(Debug, Default)]
-pub struct ReplicaCatalogue {
-    /// Functions whose every overload is `STABLE` or `IMMUTABLE` and takes no transaction
-    /// id (`txid_current()` is `STABLE` but cannot run on a standby).
-    pub functions: HashSet<String>,
-    /// Operators whose every function (`oprcode`) is non-volatile.
-    pub operators: HashSet<String>,
-    /// Types whose input function and every cast to them are non-volatile.
-    pub types: HashSet<String>,
-    /// Relations a standby reads as the primary would: tables, materialized views, foreign
-    /// and partitioned tables, and views whose definitions are proven.
-    pub readable: HashSet<String>,
-    /// An implicit or assignment cast runs a volatile function: any statement may call it
-    /// without naming it, so nothing is proven.
-    pub volatile_implicit_casts: bool,
-}
-
-impl ReplicaCatalogue {
-    /// Builds the catalogue from the primary's lists; `relations` are (name, relkind),
-    /// `views` (name, definition).
-    pub fn new(
-        functions: HashSet<String>,
-        operators: HashSet<String>,
-        types: HashSet<String>,
-        relations: Vec<(String, String)>,
-        views: Vec<(String, String)>,
-        volatile_implicit_casts: bool,
-    ) -> ReplicaCatalogue {
-        let mut c = ReplicaCatalogue {
-            functions,
-            operators,
-            types,
-            readable: HashSet::new(),
-            volatile_implicit_casts,
-        };
-        // A name any of whose relations is a view is readable once all its views are.
-        let mut view_names: HashSet<&str> = HashSet::new();
-        for (name, kind) in &relations {
-            if kind == "v" {
-                view_names.insert(name);
-            }
-        }
-        for (name, kind) in &relations {
-            if kind != "v" && !view_names.contains(name.as_str()) {
-                c.readable.insert(name.clone());
-            }
-        }
-        let proofs: Vec<(&str, Option<Reads>)> = views
-            .iter()
-            .map(|(name, def)| (name.as_str(), readonly::classify(def)))
-            .collect();
-        // Views on views: each round proves the views whose relations are proven; a view
-        // that never gets there (a cycle, a write, a volatile call) stays out.
-        loop {
-            let mut proven: HashMap<&str, bool> = HashMap::new();
-            for (name, proof) in &proofs {
-                let ok = proof.as_ref().is_some_and(|r| {
-                    r.only_queries && c.calls_only_safe(r) && c.reads_only_readable(r)
-                });
-                *proven.entry(name).or_insert(true) &= ok;
-            }
-            let before = c.readable.len();
-            for (name, ok) in proven {
-                if ok {
-                    c.readable.insert(name.to_string());
-                }
-            }
-            if c.readable.len() == before {
-                break;
-            }
-        }
-        c
-    }
-
-    fn calls_only_safe(&self, r: &Reads) -> bool {
-        !self.volatile_implicit_casts
-            && r.functions
-                .iter()
-                .all(|f| self.functions.contains(f.rsplit('.').next().unwrap_or(f)))
-            && r.operators.iter().all(|o| self.operators.contains(o))
-            && r.casts.iter().all(|t| self.types.contains(t))
-    }
-
-    fn reads_only_readable(&self, r: &Reads) -> bool {
-        r.relations
-            .iter()
-            .all(|rel| self.readable.contains(&rel.name))
-    }
-
-    fn is_empty(&self) -> bool {
-        self.functions.is_empty()
-    }
+    /// The primary's catalogue (its database's, shared with the rules and the cache);
+    /// until first read, any statement that calls, casts or reads a relation goes to the
+    /// primary.
+    catalogue: Arc<Source>,
 }
 
 /// What a unit of client work (a Query, or extended messages up to their Sync) comes to.
@@ -152,44 +54,16 @@ impl Verdicts {
         {
             return true;
         }
-        let c = self
-            .catalogue
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        c.calls_only_safe(reads) && c.reads_only_readable(reads)
+        let c = self.catalogue.current();
+        c.loaded && c.standby_reads(reads)
     }
 
-    /// Verdicts over the pool's analysis.
-    pub fn new(analyses: Arc<crate::analysis::Analyses>) -> Verdicts {
+    /// Verdicts over the pool's analysis and catalogue.
+    pub fn new(analyses: Arc<crate::analysis::Analyses>, catalogue: Arc<Source>) -> Verdicts {
         Verdicts {
             analyses,
-            ..Verdicts::default()
+            catalogue,
         }
-    }
-
-    /// The primary's catalogue, read again (see [`health`](super::health)).
-    pub fn set_catalogue(&self, c: ReplicaCatalogue) {
-        *self.catalogue.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
-    }
-
-    /// DDL passed through Shoal: the catalogue is read again at the next check.
-    pub fn catalogue_changed(&self) {
-        self.stale.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether DDL passed since the catalogue was last read (once).
-    pub fn take_stale(&self) -> bool {
-        self.stale.swap(false, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether the catalogue has been read.
-    pub fn catalogue_known(&self) -> bool {
-        !self
-            .catalogue
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
     }
 
     /// Whether the one client message `msg` (whole, with its header) only reads: a Query
@@ -303,26 +177,80 @@ fn cstr(b: &[u8]) -> (&[u8], &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::catalogue::{Catalogue, RelationRow, Row, ViewRow};
     use shoal_wire::frontend;
 
     const U: ClientEncoding = ClientEncoding::Utf8;
 
-    fn set(names: &[&str]) -> HashSet<String> {
-        names.iter().map(|n| n.to_string()).collect()
+    /// A catalogue where `functions`, `operators` and `types` are non-volatile and
+    /// `relations` (name, relkind) exist, `views` (name, definition) among them.
+    fn catalogue(
+        functions: &[&str],
+        operators: &[&str],
+        types: &[&str],
+        relations: &[(&str, &str)],
+        views: &[(&str, &str)],
+        volatile_implicit_casts: bool,
+    ) -> Catalogue {
+        let non_volatile = |names: &[&str]| -> Vec<(String, bool, bool)> {
+            names.iter().map(|n| (n.to_string(), false, true)).collect()
+        };
+        Catalogue::from_row(Row {
+            version: "1".into(),
+            functions: non_volatile(functions),
+            operators: non_volatile(operators),
+            types: non_volatile(types),
+            volatile_implicit_casts,
+            relations: relations
+                .iter()
+                .map(|(name, kind)| RelationRow {
+                    qualified: format!("public.{name}"),
+                    name: name.to_string(),
+                    kind: kind.to_string(),
+                    system: false,
+                    plain: *kind == "r",
+                    plain_writes: *kind == "r",
+                    row_security: false,
+                })
+                .collect(),
+            views: views
+                .iter()
+                .map(|(name, def)| ViewRow {
+                    name: name.to_string(),
+                    definition: def.to_string(),
+                    kind: "v".into(),
+                    user: true,
+                    temporary: false,
+                })
+                .collect(),
+            ..Row::default()
+        })
+    }
+
+    fn verdicts(c: Catalogue) -> Verdicts {
+        Verdicts::new(Arc::default(), Source::fixed(c))
+    }
+
+    /// Verdicts before the catalogue was read.
+    fn unread() -> Verdicts {
+        let c = Source::new(
+            "test".into(),
+            crate::server::Upstream::nowhere(),
+            std::time::Duration::from_secs(1),
+        );
+        Verdicts::new(Arc::default(), c)
     }
 
     /// A catalogue with table `t`, `now` and `count`, the `=` operator and `int4`.
     fn known() -> Verdicts {
-        let v = Verdicts::default();
-        v.set_catalogue(ReplicaCatalogue::new(
-            set(&["now", "count"]),
-            set(&["="]),
-            set(&["int4"]),
-            vec![("t".into(), "r".into())],
-            vec![],
+        verdicts(catalogue(
+            &["now", "count"],
+            &["="],
+            &["int4"],
+            &[("t", "r")],
+            &[],
             false,
-        ));
-        v
+        ))
     }
 
     fn query(sql: &str) -> Vec<u8> {
@@ -438,7 +366,7 @@ mod tests {
 
     #[test]
     fn functions_must_be_known_non_volatile() {
-        let v = Verdicts::default();
+        let v = unread();
         assert!(!v.reads(b"SELECT now()", U), "catalogue not read yet");
         let v = known();
         assert!(v.reads(b"SELECT now(), count(*) FROM t", U));
@@ -451,23 +379,22 @@ mod tests {
     /// function, a cast's function, a quoted name that is another function.
     #[test]
     fn what_runs_behind_names_is_proven_too() {
-        let v = Verdicts::default();
-        v.set_catalogue(ReplicaCatalogue::new(
-            set(&["g", "count"]),
-            set(&["=", "+"]),
-            set(&["int4", "text"]),
-            vec![
-                ("t".into(), "r".into()),
-                ("plain_view".into(), "v".into()),
-                ("writing_view".into(), "v".into()),
-                ("view_on_view".into(), "v".into()),
-                ("view_on_writer".into(), "v".into()),
+        let v = verdicts(catalogue(
+            &["g", "count"],
+            &["=", "+"],
+            &["int4", "text"],
+            &[
+                ("t", "r"),
+                ("plain_view", "v"),
+                ("writing_view", "v"),
+                ("view_on_view", "v"),
+                ("view_on_writer", "v"),
             ],
-            vec![
-                ("plain_view".into(), "SELECT count(*) FROM t".into()),
-                ("writing_view".into(), "SELECT bump() AS n".into()),
-                ("view_on_view".into(), "SELECT * FROM plain_view".into()),
-                ("view_on_writer".into(), "SELECT * FROM writing_view".into()),
+            &[
+                ("plain_view", "SELECT count(*) FROM t"),
+                ("writing_view", "SELECT bump() AS n"),
+                ("view_on_view", "SELECT * FROM plain_view"),
+                ("view_on_writer", "SELECT * FROM writing_view"),
             ],
             false,
         ));
@@ -489,12 +416,12 @@ mod tests {
         assert!(v.reads(b"SELECT '1'::int4", U));
         assert!(!v.reads(b"SELECT 'x'::mood", U), "a cast not known");
         // A volatile implicit cast may run anywhere: nothing that calls or casts is proven.
-        v.set_catalogue(ReplicaCatalogue::new(
-            set(&["g"]),
-            set(&["="]),
-            set(&["int4"]),
-            vec![("t".into(), "r".into())],
-            vec![],
+        let v = verdicts(catalogue(
+            &["g"],
+            &["="],
+            &["int4"],
+            &[("t", "r")],
+            &[],
             true,
         ));
         assert!(!v.reads(b"SELECT g()", U));

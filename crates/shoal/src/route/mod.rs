@@ -163,6 +163,9 @@ pub struct Registry {
     /// Each database's cache freshness, while a pool caches its results.
     freshness:
         Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::cache::freshness::Freshness>>>,
+    /// Each database's catalogue, shared by its pools (see [`crate::analysis::catalogue`]).
+    catalogues:
+        Mutex<HashMap<(String, u16, String), std::sync::Weak<crate::analysis::catalogue::Source>>>,
     /// How pools made from now on reach their servers, when not by host and port.
     dial: std::sync::OnceLock<Arc<dyn crate::server::Dial>>,
     /// Told of tenants changed or ended, for the services beside the pooler (realtime),
@@ -191,6 +194,7 @@ impl Registry {
             disabled: Mutex::new(Default::default()),
             schemas: Mutex::new(HashMap::new()),
             freshness: Mutex::new(HashMap::new()),
+            catalogues: Mutex::new(HashMap::new()),
             limiters: Mutex::new(HashMap::new()),
             dial: std::sync::OnceLock::new(),
         }
@@ -412,6 +416,7 @@ impl Registry {
                 dial: self.dial.get().cloned(),
             },
         );
+        self.share_catalogue(&pool, db);
         pool.set_rules(rules_for(db, user));
         self.set_cache(&pool, db, user);
         self.set_limits(&pool, db, user);
@@ -451,6 +456,18 @@ impl Registry {
             .clone()
     }
 
+    /// Gives `pool` its database's catalogue, read through the first pool that needed it.
+    fn share_catalogue(&self, pool: &Pool, d: &Database) {
+        let key = (d.host.clone(), d.port, d.dbname.clone());
+        let mut all = self.catalogues.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = all.get(&key).and_then(std::sync::Weak::upgrade) {
+            pool.share_catalogue(c);
+            return;
+        }
+        all.retain(|_, w| w.strong_count() > 0);
+        all.insert(key, Arc::downgrade(pool.catalogue()));
+    }
+
     /// Gives `pool` the result cache `d` and `u` call for (transaction mode only: a
     /// session-mode client's server keeps its own state), sharing its database's freshness.
     fn set_cache(&self, pool: &Pool, d: &Database, u: &User) {
@@ -465,6 +482,7 @@ impl Registry {
             let f = crate::cache::freshness::Freshness::new(
                 format!("{}:{}/{}", d.host, d.port, d.dbname),
                 pool.upstream.clone(),
+                pool.catalogue().clone(),
             );
             all.insert(key, Arc::downgrade(&f));
             f

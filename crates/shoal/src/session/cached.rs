@@ -38,6 +38,13 @@ impl Session {
             // fills nor is served.
             return Ok(false);
         }
+        // A new pool's first statements wait for the catalogue (once, briefly) rather than
+        // all pass uncached.
+        cache
+            .freshness
+            .catalogue
+            .loaded(self.pool.settings.connect_timeout)
+            .await;
         let prefix = self.cache_prefix();
         let Some(candidate) = cache.candidate(&self.cbuf, self.statements.as_deref(), prefix)
         else {

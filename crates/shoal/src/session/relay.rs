@@ -523,15 +523,11 @@ fn take_server<H: Hooks>(
                 }
             }
             if flow.status == b'I' && std::mem::take(&mut flow.schema_changed) {
-                // Committed DDL: statements parsed from now on must see it, and what the
-                // rules and the replica split know of the catalogue is read again.
+                // Committed DDL: statements parsed from now on must see it, and the
+                // catalogue the rules, the cache and the replica split judge by is read
+                // again.
                 registry.schema_changed();
-                if let Some(r) = side.pool.rules() {
-                    r.catalogue_changed();
-                }
-                if let Some(set) = side.pool.replicas() {
-                    set.verdicts.catalogue_changed();
-                }
+                side.pool.catalogue().changed();
             }
         }
         if hooks.replies_due(&mut server.session) {

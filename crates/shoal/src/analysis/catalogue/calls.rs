@@ -5,8 +5,8 @@
 //!
 //! Only objects made in the database count (object ids past PostgreSQL's own): the
 //! built-in operators and casts run built-in comparison and conversion functions that no
-//! rule names. Views are followed through views. The catalogue is read off the data path
-//! (see [`load`]) and read again after DDL passes through Shoal, and every minute.
+//! rule names. Views are followed through views. Built with the rest of the pool's
+//! catalogue (see [`super`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,48 +24,32 @@ pub struct Calls {
     relations: HashMap<String, Vec<String>>,
 }
 
-/// One row of JSON: the database's own operators, casts and views.
-pub const CATALOGUE: &str = "SELECT json_build_object(\
- 'operators', (SELECT coalesce(json_agg(json_build_array(o.oprname, \
-   pn.nspname || '.' || p.proname)), '[]') FROM pg_operator o \
-   JOIN pg_proc p ON p.oid = o.oprcode JOIN pg_namespace pn ON pn.oid = p.pronamespace \
-   WHERE o.oid >= 16384), \
- 'casts', (SELECT coalesce(json_agg(json_build_array(t.typname, \
-   pn.nspname || '.' || p.proname)), '[]') FROM pg_cast c \
-   JOIN pg_type t ON t.oid = c.casttarget JOIN pg_proc p ON p.oid = c.castfunc \
-   JOIN pg_namespace pn ON pn.oid = p.pronamespace WHERE c.oid >= 16384), \
- 'views', (SELECT coalesce(json_agg(json_build_array(c.relname, pg_get_viewdef(c.oid))), '[]') \
-   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-   WHERE c.relkind IN ('v', 'm') AND c.oid >= 16384))::text";
-
-#[derive(serde::Deserialize)]
-struct Row {
-    operators: Vec<(String, String)>,
-    casts: Vec<(String, String)>,
-    views: Vec<(String, String)>,
-}
-
 impl Calls {
-    /// Builds it from the catalogue's row ([`CATALOGUE`]); views' definitions are parsed
-    /// here. `None` for a row that is not what the query returns.
-    pub fn from_row(text: &str) -> Option<Calls> {
-        let row: Row = serde_json::from_str(text).ok()?;
+    /// Builds it from the catalogue's lists (see [`super::row`]): operators and casts made
+    /// in the database with their functions, and views with their definitions (parsed here).
+    pub(super) fn new(
+        operators: &[(String, String)],
+        casts: &[(String, String)],
+        views: &[(&str, &str)],
+    ) -> Calls {
         let mut c = Calls::default();
-        for (name, f) in row.operators {
-            c.operators.entry(name).or_default().push(f.to_lowercase());
+        for (name, f) in operators {
+            c.operators
+                .entry(name.clone())
+                .or_default()
+                .push(f.to_lowercase());
         }
-        for (name, f) in row.casts {
-            c.casts.entry(name).or_default().push(f.to_lowercase());
+        for (name, f) in casts {
+            c.casts
+                .entry(name.clone())
+                .or_default()
+                .push(f.to_lowercase());
         }
         // A view that cannot be parsed calls anything: it is named as calling "*", which
         // no rule names, and refused by `unknown` instead.
-        let defs: HashMap<String, Option<Facts>> = row
-            .views
-            .into_iter()
-            .map(|(name, def)| {
-                let facts = shoal_wire::facts::facts(&def).ok();
-                (name, facts)
-            })
+        let defs: HashMap<String, Option<Facts>> = views
+            .iter()
+            .map(|(name, def)| (name.to_string(), shoal_wire::facts::facts(def).ok()))
             .collect();
         for name in defs.keys() {
             let mut seen = HashSet::new();
@@ -75,7 +59,7 @@ impl Calls {
             out.dedup();
             c.relations.insert(name.clone(), out);
         }
-        Some(c)
+        c
     }
 
     /// Every function `name`'s definition runs, and those of the views it reads.
@@ -132,18 +116,16 @@ mod tests {
 
     #[test]
     fn functions_behind_operators_casts_and_views_are_found() {
-        let row = serde_json::json!({
-            "operators": [["##", "pg_catalog.pg_sleep"]],
-            "casts": [["mood", "public.to_mood"]],
-            "views": [
-                ["slow", "SELECT pg_sleep(1) AS s"],
-                ["on_slow", "SELECT * FROM slow"],
-                ["via_op", "SELECT ## 1.0 AS s"],
-                ["plain", "SELECT 1 AS n"],
+        let c = Calls::new(
+            &[("##".into(), "pg_catalog.pg_sleep".into())],
+            &[("mood".into(), "public.to_mood".into())],
+            &[
+                ("slow", "SELECT pg_sleep(1) AS s"),
+                ("on_slow", "SELECT * FROM slow"),
+                ("via_op", "SELECT ## 1.0 AS s"),
+                ("plain", "SELECT 1 AS n"),
             ],
-        })
-        .to_string();
-        let c = Calls::from_row(&row).unwrap();
+        );
         let behind = |sql: &str| c.behind(&shoal_wire::facts::facts(sql).unwrap());
         assert_eq!(behind("SELECT ## 0.1"), ["pg_catalog.pg_sleep"]);
         assert_eq!(behind("SELECT 1::mood"), ["public.to_mood"]);
