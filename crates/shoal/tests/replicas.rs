@@ -327,6 +327,36 @@ async fn writes_behind_views_casts_operators_and_names_reach_only_the_primary() 
     let msgs = raw.until_ready().await;
     assert_eq!(msgs[0].code(), "25006", "{}", msgs[0].text());
     assert_eq!(raw.simple("ROLLBACK").await.unwrap(), Vec::<String>::new());
+
+    // A view redefined to write, straight on the primary (no DDL through Shoal): the
+    // catalogue's version check sees it, and its reads go to the primary from then on.
+    psql_in(
+        &r.primary,
+        &db,
+        "CREATE OR REPLACE VIEW plain AS SELECT bump()::bigint AS n",
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        // Until it is seen, a replica may refuse the write (25006): no harm, and retried.
+        let on = c
+            .query_one("SELECT n, inet_server_port() FROM plain", &[])
+            .await;
+        if on.is_ok_and(|row| row.get::<_, i32>(1) as u16 == r.primary.port) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a view redefined outside Shoal was still sent to a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..5 {
+        let row = c
+            .query_one("SELECT n, inet_server_port() FROM plain", &[])
+            .await
+            .expect("runs on the primary");
+        assert_eq!(row.get::<_, i32>(1) as u16, r.primary.port);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
