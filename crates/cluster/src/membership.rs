@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -84,12 +84,14 @@ pub struct Membership {
 
 impl Membership {
     /// Registers this node and starts following the others. Fails if etcd cannot be reached
-    /// or a live node already has this id.
+    /// or a live node already has this id. A registration of this id left by a process that
+    /// stopped (restarted within its lease) is waited out: its lease is not renewed, and
+    /// expires within its TTL.
     pub async fn join(mut cfg: MembershipConfig) -> Result<Membership, ClusterError> {
         if cfg.lease_ttl < Duration::from_secs(2) {
             return Err(ClusterError::LeaseTooShort(cfg.lease_ttl));
         }
-        let mut client = Client::connect(&cfg.etcd, None).await?;
+        let mut client = Client::connect(&cfg.etcd, Some(connect_options(cfg.lease_ttl))).await?;
         let granted = std::time::Instant::now();
         let lease = client
             .lease_grant(cfg.lease_ttl.as_secs() as i64, None)
@@ -105,7 +107,7 @@ impl Membership {
         let key = format!("{NODES_PREFIX}{}", cfg.node.id);
         let value = serde_json::to_vec(&cfg.node).expect("plain data serialises");
         // Created only if absent: two processes with one node_id must not both register.
-        if !create_under_lease(&mut client, key, value, lease).await? {
+        if !register(&mut client, key, value, lease).await? {
             let _ = client.lease_revoke(lease).await;
             return Err(ClusterError::DuplicateNode(cfg.node.id));
         }
@@ -247,6 +249,60 @@ impl Drop for Membership {
     }
 }
 
+/// How the client reaches etcd. HTTP/2 pings find a connection that stopped answering (a
+/// cut link, a paused etcd) within a fraction of the TTL, and the client connects again;
+/// without them requests would wait on a dead connection for as long as TCP retransmits.
+fn connect_options(ttl: Duration) -> ConnectOptions {
+    let ping = (ttl / 8).clamp(Duration::from_millis(250), Duration::from_secs(5));
+    ConnectOptions::new()
+        .with_keep_alive(ping, ping)
+        .with_keep_alive_while_idle(true)
+        .with_connect_timeout(ttl / 4)
+}
+
+/// Registers `key` under `lease`, waiting out a registration of the same key that nobody
+/// renews (this node's, left by a process that stopped): whether it registered.
+async fn register(
+    client: &mut Client,
+    key: String,
+    value: Vec<u8>,
+    lease: i64,
+) -> Result<bool, ClusterError> {
+    if create_under_lease(client, key.clone(), value.clone(), lease).await? {
+        return Ok(true);
+    }
+    let Some(old) = client
+        .get(key.clone(), None)
+        .await?
+        .kvs()
+        .first()
+        .map(|kv| kv.lease())
+    else {
+        return create_under_lease(client, key, value, lease).await;
+    };
+    // Its lease's time left now (in whole seconds, rounded down): a live holder renews it
+    // before it runs out, a stopped one does not. etcd revokes an expired lease on its own
+    // next check, so a little more is allowed; waited for in steps, so a stale key goes as
+    // soon as etcd drops it.
+    let left = client.lease_time_to_live(old, None).await?.ttl();
+    let until = tokio::time::Instant::now() + Duration::from_secs(left.max(0) as u64 + 3);
+    // This node's own new lease (its slot is under it) is kept alive meanwhile.
+    let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        keeper.keep_alive().await?;
+        answers.message().await?;
+        if create_under_lease(client, key.clone(), value.clone(), lease).await? {
+            tracing::info!(
+                key,
+                "cluster: a stale registration of this node expired; registered"
+            );
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Renews the lease four times per TTL (after a failure, every [`RETRY`]). Gives up (and says so) when a renewal has not been
 /// confirmed for two thirds of the TTL: the lease may expire before the next could land.
 async fn keep_alive(
@@ -298,13 +354,25 @@ async fn keep_alive(
         if renewed {
             last_ok = sent;
             renewed_at.send_replace(sent.into_std());
-            alive.send_if_modified(|a| !std::mem::replace(a, true));
+            if alive.send_if_modified(|a| !std::mem::replace(a, true)) {
+                tracing::info!(lease, "cluster: the lease is renewed again");
+            }
         } else if last_ok.elapsed() >= deadline {
-            tracing::error!(
-                lease,
-                "cluster: cannot renew the lease in time; stopping as an owner"
-            );
-            let _ = alive.send(false);
+            // Said once per outage, not at every try.
+            if alive.send_if_modified(|a| std::mem::replace(a, false)) {
+                tracing::error!(
+                    lease,
+                    "cluster: cannot renew the lease in time; stopping as an owner until it is renewed or this node joins again"
+                );
+            }
+            // A renewal of a lease etcd dropped may fail rather than answer "gone": ask.
+            if lease_gone(&mut client, lease, period).await {
+                tracing::error!(
+                    lease,
+                    "cluster: lease expired; this node is no longer registered"
+                );
+                return;
+            }
         }
         // After a failure, again soon: once etcd is back, the peers that reach it first stop
         // vouching for this node, which then has only a quarter TTL to renew before it
@@ -315,6 +383,16 @@ async fn keep_alive(
             RETRY.min(period)
         };
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Whether etcd answers that `lease` no longer exists (not when it cannot be asked).
+async fn lease_gone(client: &mut Client, lease: i64, limit: Duration) -> bool {
+    match tokio::time::timeout(limit, client.lease_time_to_live(lease, None)).await {
+        Ok(Ok(r)) => r.ttl() <= 0,
+        // etcd's own words for it (`ErrGRPCLeaseNotFound`).
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) => s.message().contains("lease not found"),
+        _ => false,
     }
 }
 

@@ -227,3 +227,129 @@ async fn one_owner_per_pool_until_its_lease_goes() {
     assert_eq!(b.claim("p").await.unwrap(), Claim::Owned);
     assert_eq!(b.claim("q").await.unwrap(), Claim::Owned);
 }
+
+/// A TCP relay to etcd that can cut the link as a dropped route does: nothing passes, no
+/// connection is closed, and a connection cut stays stuck after the link heals (only new
+/// connections pass again).
+struct Link {
+    url: String,
+    cuts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Link {
+    async fn to(etcd: &Etcd) -> Link {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let target = etcd.url.trim_start_matches("http://").to_owned();
+        let cuts = std::sync::Arc::new(AtomicU64::new(0));
+        let down = std::sync::Arc::new(AtomicBool::new(false));
+        let (c, d) = (cuts.clone(), down.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let born = c.load(Ordering::SeqCst);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (mut from, mut to) in [(cr, sw), (sr, cw)].map(|(r, w)| (Box::new(r), w)) {
+                    let (c, d) = (c.clone(), d.clone());
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if d.load(Ordering::SeqCst) || c.load(Ordering::SeqCst) != born {
+                                // Cut: held open, silent, for good.
+                                std::future::pending::<()>().await;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Link { url, cuts, down }
+    }
+
+    fn cut(&self) {
+        self.cuts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn heal(&self) {
+        self.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A node whose link to etcd was cut past its lease's TTL stops as an owner; once the
+/// link heals it learns that its registration is over (so the pooler joins again) instead
+/// of retrying the dead connection for ever. A shorter cut ends with the lease renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_from_etcd_recovers_when_the_link_heals() {
+    let etcd = etcd().await;
+    let link = Link::to(&etcd).await;
+    let mut cfg = config(&etcd, "cut", 2);
+    cfg.etcd = vec![link.url.clone()];
+    let m = Membership::join(cfg).await.unwrap();
+    let mut alive = m.lease_alive();
+    let mut renewals = m.renewals();
+
+    // Shorter than the TTL but past the renewal deadline (two thirds of it): the lease
+    // lives on etcd's side, and renewing it again puts the node back.
+    link.cut();
+    tokio::time::timeout(Duration::from_secs(5), alive.wait_for(|a| !*a))
+        .await
+        .expect("stops as an owner while cut")
+        .unwrap();
+    link.heal();
+    tokio::time::timeout(Duration::from_secs(10), alive.wait_for(|a| *a))
+        .await
+        .expect("renewed again once the link healed")
+        .unwrap();
+
+    // Longer than the TTL: etcd expires the lease; once the link heals the node hears so,
+    // and its registration ends (the renewals stop for good).
+    link.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    link.heal();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while renewals.changed().await.is_ok() {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the registration never ended after the link healed"
+    );
+    assert!(!*m.lease_alive().borrow());
+}
+
+/// A node restarted within its old lease's TTL (the old process gone, its registration
+/// not yet expired) joins once the stale one expires, instead of failing as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_within_its_lease_replaces_its_stale_registration() {
+    let etcd = etcd().await;
+    let old = Membership::join(config(&etcd, "again", 3)).await.unwrap();
+    drop(old); // stops renewing, as a killed process does
+    let started = tokio::time::Instant::now();
+    let new = tokio::time::timeout(
+        Duration::from_secs(10),
+        Membership::join(config(&etcd, "again", 3)),
+    )
+    .await
+    .expect("joins within the old lease's TTL")
+    .expect("the stale registration is waited out");
+    assert!(
+        started.elapsed() <= Duration::from_secs(7),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(new.nodes().contains_key("again"));
+}
