@@ -276,6 +276,18 @@ async fn a_killed_owner_is_replaced_and_idle_relayed_clients_move_unnoticed() {
     in_tx.batch_execute("BEGIN; SELECT 1").await.unwrap();
     owner.signal(libc::SIGKILL);
     let killed = std::time::Instant::now();
+    // A client logging in while the pool changes hands (the owner dead, still registered)
+    // waits for the new owner: its login succeeds (nothing of it had run anywhere).
+    eventually("the owner died", Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{}/stat", owner.pid())).map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    })
+    .await;
+    let newcomer = relay.connect(&db).await;
+    assert_eq!(simple_rows(&newcomer, "SELECT 'waited'").await, ["waited"]);
     // The idle client goes on at the new owner with its statement and SET, not knowing.
     // (Once the relaying node knows: a statement sent at the very moment of the loss could
     // have run or not, and is refused.)

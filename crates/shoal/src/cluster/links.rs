@@ -184,10 +184,15 @@ impl Links {
         let secret = self.secret.clone();
         let me = node.id.clone();
         let tls = self.tls.clone();
+        let down = |reason: String| NodeError::Down {
+            node: peer.to_owned(),
+            reason,
+        };
+        let tcp = crate::timer::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&addr))
+            .await
+            .map_err(|_| down(format!("{addr}: no answer within {CONNECT_TIMEOUT:?}")))?
+            .map_err(|e| down(format!("{addr}: {e}")))?;
         let dial = async move {
-            let tcp = tokio::net::TcpStream::connect(&addr)
-                .await
-                .map_err(|e| format!("{addr}: {e}"))?;
             let _ = tcp.set_nodelay(true);
             let mut io: Box<dyn Io> = match tls {
                 None => Box::new(tcp),

@@ -63,6 +63,10 @@ pub enum NodeError {
     UnknownNode(String),
     #[error("cannot reach node \"{node}\": {reason}")]
     Unreachable { node: String, reason: String },
+    /// Nothing answers at the node's address (refused, or no link within the connect
+    /// timeout): it may have died, and its pools are about to move.
+    #[error("cannot reach node \"{node}\": {reason}")]
+    Down { node: String, reason: String },
 }
 
 /// Counters for `/metrics` and the console.

@@ -96,10 +96,14 @@ pub async fn run(
         Start::Open(opening) => {
             let Opening { to, greeting } = *opening;
             let (stream, to) = match Box::pin(open_at(node, to, open, None)).await {
-                // The owner is leaving: wait for the next one.
-                Err(RelayError::Leaving(_)) => {
-                    Box::pin(move_client(node, pool, open, None)).await?
-                }
+                // The owner is leaving, or gone (nothing answers, its link was lost): a new
+                // login has sent no statement, so it waits for the next owner rather than
+                // fail while the pool changes hands.
+                Err(
+                    RelayError::Leaving(_)
+                    | RelayError::Lost { .. }
+                    | RelayError::Node(NodeError::Down { .. } | NodeError::UnknownNode(_)),
+                ) => Box::pin(move_client(node, pool, open, None)).await?,
                 r => r?,
             };
             Box::pin(client.write_all(&greeting))
