@@ -795,6 +795,45 @@ async fn a_relaying_node_shutting_down_tells_its_idle_clients_as_a_single_node_d
         .unwrap();
 }
 
+/// An owner's own clients (connected to it, not relayed) are told `57P01` when it shuts
+/// down, as a single node's are: never a bare close, idle or between statements of a
+/// transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_shutting_down_tells_its_own_clients() {
+    let etcd = Etcd::start();
+    let db = cluster_db();
+    let (a, b) = two_nodes(&etcd, &db, "").await;
+    let (owner, _relay) = owner_and_relay(&a, &b);
+    let mut ended = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let (client, conn) = tokio_postgres::connect(
+            &owner.conninfo("app", APP_PASSWORD, &db),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        ended.push(tokio::spawn(async move {
+            conn.await
+                .err()
+                .and_then(|e| e.as_db_error().map(|d| d.code().code().to_owned()))
+        }));
+        client.simple_query("SELECT 1").await.unwrap();
+        clients.push(client);
+    }
+    clients[1].simple_query("BEGIN").await.unwrap();
+    owner.signal(libc::SIGTERM);
+    // The one in a transaction block ends it (the shutdown waits for it), then is told too.
+    let _ = clients[1].simple_query("COMMIT").await;
+    for e in ended {
+        let code = tokio::time::timeout(Duration::from_secs(15), e)
+            .await
+            .expect("the client is told within the shutdown")
+            .unwrap();
+        assert_eq!(code.as_deref(), Some("57P01"));
+    }
+}
+
 /// The cluster status one node gives at `GET /api/cluster`.
 fn api_cluster(n: &Shoal) -> serde_json::Value {
     let (code, body) = http_get(&format!("http://{}/api/cluster", n.metrics.unwrap()));
