@@ -39,7 +39,7 @@ enum Verdict {
 #[derive(Default)]
 struct Known {
     generation: u64,
-    verdicts: HashMap<Box<[u8]>, Judged, foldhash::fast::RandomState>,
+    verdicts: HashMap<Box<[u8]>, Arc<Judged>, foldhash::fast::RandomState>,
 }
 
 /// A verdict, the SQL-level statements the text EXECUTEs and those it PREPAREs.
@@ -150,8 +150,9 @@ impl QueryRules {
             Ok(t) => t,
             Err(why) => return Some(unreadable(why)),
         };
-        let (verdict, executes, prepares) = self.verdict(&text);
-        match verdict {
+        let judged = self.verdict(&text);
+        let (verdict, executes, prepares) = &*judged;
+        match *verdict {
             Verdict::Deny(i) => {
                 self.matched[i].fetch_add(1, Ordering::Relaxed);
                 return Some((sqlstate::INSUFFICIENT_PRIVILEGE, self.denied(i)));
@@ -184,7 +185,7 @@ impl QueryRules {
         // shown harmless.
         if depth == 0 {
             for name in executes {
-                let made_here = prepares.contains(&name);
+                let made_here = prepares.contains(name);
                 let known = statements.and_then(|s| {
                     s.text_of(name.as_bytes())
                         .or_else(|| s.sql_prepared_text(name.as_bytes()))
@@ -218,7 +219,7 @@ impl QueryRules {
     /// The verdict on `text` (UTF-8, as the server reads it), and the SQL-level statements
     /// it EXECUTEs and PREPAREs. The verdict is remembered by text; what the text does comes
     /// from the pool's analysis, which the cache and the replica split read as well.
-    fn verdict(&self, text: &[u8]) -> Judged {
+    fn verdict(&self, text: &[u8]) -> Arc<Judged> {
         // Taken first: a verdict made on an older reading is not remembered past a newer.
         let generation = self.catalogue.generation();
         if let Some(v) = self.lock(generation).verdicts.get(text) {
@@ -232,7 +233,7 @@ impl QueryRules {
                 let catalogue = self.catalogue.current();
                 if !catalogue.loaded {
                     // Not remembered: the catalogue may come any moment.
-                    return (Verdict::NoCatalogue, Vec::new(), Vec::new());
+                    return Arc::new((Verdict::NoCatalogue, Vec::new(), Vec::new()));
                 }
                 let behind = catalogue.calls.behind(f);
                 if behind.iter().any(|b| b == calls::UNKNOWN) {
@@ -261,6 +262,7 @@ impl QueryRules {
             // Cannot be shown harmless.
             Err(FactsError::TooDeep) => (Verdict::Unchecked, Vec::new(), Vec::new()),
         };
+        let judged = Arc::new(judged);
         let mut known = self.lock(generation);
         if known.generation == generation {
             if known.verdicts.len() >= REMEMBERED {
