@@ -27,6 +27,12 @@ const LONGEST_KEPT: usize = 16 * 1024;
 
 type Known = HashMap<Box<[u8]>, Arc<Analysis>, foldhash::fast::RandomState>;
 
+thread_local! {
+    /// The last text this thread analysed, and its analysis (the buffer is reused).
+    static LAST: std::cell::RefCell<(Vec<u8>, Option<Arc<Analysis>>)> =
+        const { std::cell::RefCell::new((Vec::new(), None)) };
+}
+
 #[derive(Default)]
 pub struct Analyses {
     known: Mutex<Known>,
@@ -42,6 +48,24 @@ impl Analyses {
 
     /// The analysis of `text`, UTF-8 already (a UTF8 client's, or one decoded).
     pub fn of_utf8(&self, text: &[u8]) -> Arc<Analysis> {
+        // Features ask about one statement one after the other (the cache before it runs,
+        // then what it touched): the thread's last text answers the second without the
+        // shape's cost. An analysis depends on the text alone, whichever pool asks.
+        if let Some(a) = LAST.with_borrow(|(t, a)| a.as_ref().filter(|_| t == text).cloned()) {
+            return a;
+        }
+        let a = self.look_up(text);
+        if text.len() <= LONGEST_KEPT {
+            LAST.with_borrow_mut(|(t, last)| {
+                t.clear();
+                t.extend_from_slice(text);
+                *last = Some(a.clone());
+            });
+        }
+        a
+    }
+
+    fn look_up(&self, text: &[u8]) -> Arc<Analysis> {
         if let Some(a) = self.lock().get(text) {
             return a.clone();
         }
