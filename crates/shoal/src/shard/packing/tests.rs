@@ -120,25 +120,21 @@ fn shards_close_when_their_work_fits_in_fewer() {
         signals: Box::new(|_| (0.05, 3.0, 100.0)),
     };
     let mut p = Packer::new(4, T);
+    // The same reading, interval after interval.
+    let hold = |p: &mut Packer, demand: f64, work: f64| {
+        for _ in 0..(3 * SUSTAINED) {
+            p.step(&Reading {
+                demand: &[demand; 4],
+                idle_cores: 3.0,
+                work,
+            });
+        }
+    };
     // Open all four under demand with free cores...
-    let busy = [0.9; 4];
-    for _ in 0..(3 * SUSTAINED) {
-        p.step(&Reading {
-            demand: &busy,
-            idle_cores: 3.0,
-            work: 10_000.0,
-        });
-    }
+    hold(&mut p, 0.9, 10_000.0);
     assert_eq!(p.open(), 4);
     // ...then quiet: back to one, a shard a second.
-    let quiet_demand = [0.05; 4];
-    for _ in 0..(3 * SUSTAINED) {
-        p.step(&Reading {
-            demand: &quiet_demand,
-            idle_cores: 3.0,
-            work: 100.0,
-        });
-    }
+    hold(&mut p, 0.05, 100.0);
     assert_eq!(p.open(), 1);
     // And a quiet machine never opens a second.
     assert_eq!(replay(&quiet, 500)[1], 500);
