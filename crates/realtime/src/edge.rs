@@ -507,6 +507,16 @@ fn instant_of(exp: Option<i64>) -> tokio::time::Instant {
     now + Duration::from_secs(exp.max(0) as u64).saturating_sub(wall)
 }
 
+/// How a socket's loop ended: what to tell the client.
+enum Goodbye {
+    /// Nothing (the connection is gone).
+    None,
+    /// A close frame with this code and reason.
+    Close(u16, String),
+    /// The answer to the client's own close frame.
+    Answer,
+}
+
 async fn run(
     ws: WebSocket,
     seat: Seat,
@@ -529,7 +539,7 @@ async fn run(
     tokio::pin!(silence, expiring);
     let close = loop {
         if restarting {
-            break Some((Ending::RESTART.code, Ending::RESTART.reason.into()));
+            break Goodbye::Close(Ending::RESTART.code, Ending::RESTART.reason.into());
         }
         tokio::select! {
             incoming = stream.next() => {
@@ -538,33 +548,36 @@ async fn run(
                     Some(Ok(WsMessage::Text(t))) => socket.on_text(&hub, t.as_str()),
                     Some(Ok(WsMessage::Binary(b))) => socket.on_binary(&hub, &b),
                     Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => Ok(()),
-                    Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break None,
+                    // The client's goodbye is answered (below), as the protocol asks:
+                    // without it a client sees 1006, an abnormal close.
+                    Some(Ok(WsMessage::Close(_))) => break Goodbye::Answer,
+                    None | Some(Err(_)) => break Goodbye::None,
                 };
                 if let Err(e) = result {
                     // 1003: unsupported data.
-                    break Some((1003, e.to_string()));
+                    break Goodbye::Close(1003, e.to_string());
                 }
             }
             frame = queue.recv() => {
-                let Some(frame) = frame else { break None };
+                let Some(frame) = frame else { break Goodbye::None };
                 let m = match frame {
                     Frame::Text(t) => WsMessage::Text(t),
                     Frame::Binary(b) => WsMessage::Binary(b),
                 };
                 // A client that stops reading must not hold its task here for good.
                 tokio::select! {
-                    sent = sink.send(m) => if sent.is_err() { break None },
-                    () = out.slowed() => break Some((1013, TOO_SLOW.into())),
+                    sent = sink.send(m) => if sent.is_err() { break Goodbye::None },
+                    () = out.slowed() => break Goodbye::Close(1013, TOO_SLOW.into()),
                 }
             }
             () = &mut expiring => socket.expire(&hub, crate::jwt::now()),
             _ = ended.changed() => {
                 let why = (*ended.borrow()).unwrap_or(Ending::TENANT);
-                break Some((why.code, why.reason.into()));
+                break Goodbye::Close(why.code, why.reason.into());
             }
             () = &mut silence => {
                 if last_heard.elapsed() >= heartbeat {
-                    break Some((1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}")));
+                    break Goodbye::Close(1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}"));
                 }
                 silence.as_mut().reset(last_heard + heartbeat);
             }
@@ -575,17 +588,26 @@ async fn run(
         }
         if out.is_slow() {
             // 1013: try again later.
-            break Some((1013, TOO_SLOW.into()));
+            break Goodbye::Close(1013, TOO_SLOW.into());
         }
     };
     socket.close(&hub);
-    if let Some((code, reason)) = close {
-        let frame = WsMessage::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        }));
-        // Best effort: a client that does not read gets no goodbye.
-        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(frame)).await;
+    // Best effort: a client that does not read gets no goodbye.
+    let goodbye = Duration::from_secs(1);
+    match close {
+        // The WebSocket layer queued the answer to the client's close (its own code):
+        // closing the sink writes it.
+        Goodbye::Answer => {
+            let _ = tokio::time::timeout(goodbye, sink.close()).await;
+        }
+        Goodbye::Close(code, reason) => {
+            let frame = WsMessage::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            }));
+            let _ = tokio::time::timeout(goodbye, sink.send(frame)).await;
+        }
+        Goodbye::None => {}
     }
     drop(seat);
 }

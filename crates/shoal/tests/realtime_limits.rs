@@ -287,6 +287,21 @@ async fn malformed_frames_close_only_their_own_socket() {
             other => panic!("{bad:?}: {other:?}"),
         }
     }
+    // A client that closes is answered with a close frame of its own code (not a dropped
+    // connection, which clients report as 1006).
+    let mut leaving = Phx::connect(rt, "acme", &t).await.unwrap();
+    leaving
+        .send_raw(Message::Close(Some(
+            tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: 1000.into(),
+                reason: "bye".into(),
+            },
+        )))
+        .await;
+    match leaving.ended().await {
+        Ended::Closed(Some(f)) => assert_eq!(u16::from(f.code), 1000, "{f:?}"),
+        other => panic!("a client's close was not answered: {other:?}"),
+    }
     // A well-formed message of an unknown kind gets an error and the socket stays.
     let r = tx
         .push("realtime:room", "no_such_event", serde_json::json!({}))
