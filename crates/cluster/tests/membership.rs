@@ -289,38 +289,50 @@ impl Link {
     }
 }
 
-/// A node whose link to etcd was cut past its lease's TTL stops as an owner; once the
-/// link heals it learns that its registration is over (so the pooler joins again) instead
-/// of retrying the dead connection for ever. A shorter cut ends with the lease renewed.
+/// A node whose link to etcd was cut, its connection left stuck, renews on a new one once
+/// the link heals; cut past its lease's TTL, it stops as an owner and, once the link
+/// heals, learns that its registration is over (so the pooler joins again) instead of
+/// retrying the dead connection for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_from_etcd_recovers_when_the_link_heals() {
     let etcd = etcd().await;
     let link = Link::to(&etcd).await;
-    let mut cfg = config(&etcd, "cut", 2);
+
+    // A cut well inside a 10 s lease: once healed, a renewal lands on a new connection
+    // long before the lease could expire (the stuck one would never answer again).
+    let mut cfg = config(&etcd, "short-cut", 10);
+    cfg.etcd = vec![link.url.clone()];
+    let m = Membership::join(cfg).await.unwrap();
+    let mut renewals = m.renewals();
+    link.cut();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    link.heal();
+    let healed = std::time::Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(8),
+        renewals.wait_for(|at| *at >= healed),
+    )
+    .await
+    .expect("renewed once the link healed")
+    .expect("the registration went on");
+    assert!(*m.lease_alive().borrow());
+    drop(m);
+
+    // Cut past a 2 s lease: etcd expires it; once the link heals the node hears so, and
+    // its registration ends (the renewals stop for good).
+    let mut cfg = config(&etcd, "long-cut", 2);
     cfg.etcd = vec![link.url.clone()];
     let m = Membership::join(cfg).await.unwrap();
     let mut alive = m.lease_alive();
     let mut renewals = m.renewals();
-
-    // Shorter than the TTL but past the renewal deadline (two thirds of it): the lease
-    // lives on etcd's side, and renewing it again puts the node back.
     link.cut();
     tokio::time::timeout(Duration::from_secs(5), alive.wait_for(|a| !*a))
         .await
         .expect("stops as an owner while cut")
         .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
     link.heal();
-    tokio::time::timeout(Duration::from_secs(10), alive.wait_for(|a| *a))
-        .await
-        .expect("renewed again once the link healed")
-        .unwrap();
-
-    // Longer than the TTL: etcd expires the lease; once the link heals the node hears so,
-    // and its registration ends (the renewals stop for good).
-    link.cut();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    link.heal();
-    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+    let ended = tokio::time::timeout(Duration::from_secs(15), async {
         while renewals.changed().await.is_ok() {}
     })
     .await;
