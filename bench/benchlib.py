@@ -57,10 +57,23 @@ def is_root():
 
 
 def as_pg(cmd):
-    return ["runuser", "-u", "postgres", "--"] + cmd if is_root() else cmd
+    user = os.environ.get("SHOAL_BENCH_PG_USER", "postgres")
+    return ["runuser", "-u", user, "--"] + cmd if is_root() else cmd
+
+
+def pg_user_exists():
+    import pwd
+    try:
+        pwd.getpwnam("postgres")
+        return True
+    except KeyError:
+        return False
 
 
 def pg_bindir():
+    """PostgreSQL's programs: SHOAL_BENCH_PG_BIN (bench/manycore's bundle) or the newest installed."""
+    if os.environ.get("SHOAL_BENCH_PG_BIN"):
+        return os.environ["SHOAL_BENCH_PG_BIN"]
     dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
     if not dirs:
         raise SystemExit("PostgreSQL is not installed (apt-get install postgresql)")
@@ -290,9 +303,13 @@ server_password = "{BENCH_PASSWORD}"
     return Proc("shoal", p, port)
 
 
+def pgbouncer_exe():
+    return os.environ.get("SHOAL_BENCH_PGBOUNCER") or shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
 def pgbouncer_version():
     """(major, minor, patch) of the installed PgBouncer, or None."""
-    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    exe = pgbouncer_exe()
     try:
         out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     except OSError:
@@ -333,7 +350,7 @@ pidfile =
 log_connections = 0
 log_disconnections = 0
 """ + ("max_prepared_statements = 200\n" if pgbouncer_prepared_ok() else "") + (f"client_tls_sslmode = require\nclient_tls_cert_file = {tls[0]}\nclient_tls_key_file = {tls[1]}\n" if tls else ""))
-    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    exe = pgbouncer_exe()
     # runuser applies PAM limits (1024 descriptors); PgBouncer may raise its soft limit to
     # the hard one, as Shoal runs with.
     p = subprocess.Popen(as_pg(["sh", "-c", f'ulimit -n "$(ulimit -Hn)" && exec {exe} {ini}']),

@@ -7,7 +7,7 @@
 //! keep busy, an open shard can be runnable all the time yet run a third of it, and the old
 //! busy-fraction rule read that as room to spare while clients queued behind it.
 //!
-//! Every open shard in demand and a core free: open one more. Every open shard fairly in
+//! Every open shard in demand and a core free: open more (doubling, up to the free cores). Every open shard fairly in
 //! demand and no core free: whether another thread helps (it gets the pooler a larger share of the CPUs)
 //! or only competes (with PostgreSQL for the same cores) depends on the machine; the packing
 //! tries it and keeps it only if the work done (queries answered per second) rises. On a
@@ -165,7 +165,9 @@ impl Packer {
         }
         let load = self.recent.iter().sum::<f64>() / self.recent.len() as f64;
         match want {
-            Want::Open => self.change(self.open + 1),
+            // Load that arrives at once (a deploy, a benchmark) is met in a few seconds, not one
+            // shard a second: as many more as are open, but no more than the free cores.
+            Want::Open => self.change(self.open + self.open.min((r.idle_cores as usize).max(1))),
             Want::Close => self.change(self.open - 1),
             Want::TryOpen if self.up.allows(self.tick, load) => {
                 self.start_trial(self.open + 1, load)

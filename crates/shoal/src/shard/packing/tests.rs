@@ -97,9 +97,24 @@ fn sixteen_cores(idle: f64) -> Machine {
 #[test]
 fn on_sixteen_cores_starved_shards_open_while_a_core_is_free() {
     let time_at = replay(&sixteen_cores(2.5), 1000);
-    // Direct opens, one per sustained second: all sixteen are open within 16 seconds.
-    let first_all = 15 * SUSTAINED as usize + 1;
+    // Direct opens each sustained second, doubling while the two free cores allow (1, 2, 4,
+    // 6, ... 16): all sixteen are open within 8 seconds.
+    let first_all = 8 * SUSTAINED as usize + 1;
     assert!(time_at[16] >= 1000 - first_all, "{time_at:?}");
+    assert_eq!(time_at[3] + time_at[5] + time_at[7], 0, "{time_at:?}");
+}
+
+#[test]
+fn load_arriving_at_once_on_free_cores_opens_shards_by_doubling() {
+    let idle = Machine {
+        shards: 16,
+        // More cores than shards: the machine never saturates.
+        signals: Box::new(|open| (0.95, 20.0 - open as f64, 20_000.0 * open as f64)),
+    };
+    let time_at = replay(&idle, 200);
+    // 1, 2, 4, 8, 16: four sustained seconds.
+    assert!(time_at[16] >= 200 - 4 * SUSTAINED as usize, "{time_at:?}");
+    assert_eq!(time_at.iter().filter(|&&n| n > 0).count(), 5, "{time_at:?}");
 }
 
 #[test]
