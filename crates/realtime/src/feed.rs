@@ -22,9 +22,6 @@ pub trait ChangeFeed: Send + Sync + 'static {
     fn subscribe(&self, tenant: &str, sub: Subscription);
     /// `socket`'s subscription on `topic` ended (a leave, a re-join, the socket closing).
     fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str);
-    /// A public channel without bindings was joined (`true`) or left on this node: it
-    /// may get broadcasts from the database.
-    fn channel(&self, tenant: &str, joined: bool);
     /// A private channel's token changed: its access is checked again, and the channel
     /// shut down (through its [`Target`]) if it may no longer read.
     fn recheck(&self, tenant: &str, socket: SocketId, topic: &str);
@@ -163,6 +160,11 @@ pub struct Ready {
     subscriber: Subscriber,
     /// Whether it has `postgres_changes` bindings (then a `system` message follows).
     changes: bool,
+    /// Whether the join asked to be told when capture is live (`replication_ready`).
+    replication_ready: bool,
+    /// A public channel without bindings: when capture fails it is joined all the same
+    /// (broadcasts and presence need no database).
+    optional: bool,
     msg_ref: Option<String>,
     /// The bindings as the join reply echoes them.
     echo: serde_json::Value,
@@ -178,21 +180,46 @@ impl Ready {
         }
         self.answer("ok", serde_json::json!({ "postgres_changes": self.echo }));
         let t = &self.target;
-        if t.hub.join_unless(&t.key, self.subscriber.clone(), &t.ended) && self.changes {
-            let system = serde_json::json!({
-                "extension": "postgres_changes",
-                "status": "ok",
-                "message": "Subscribed to PostgreSQL",
-                "channel": t.channel(),
-            });
-            t.send("system", None, system.to_string());
+        if !t.hub.join_unless(&t.key, self.subscriber.clone(), &t.ended) {
+            return;
+        }
+        if self.changes {
+            self.system("postgres_changes", "ok", "Subscribed to PostgreSQL");
+        }
+        if self.replication_ready {
+            self.system("system", "ok", "Replication connection established");
         }
     }
 
-    /// The bindings cannot be served: the join is refused with `reason`.
+    /// The bindings cannot be served: the join is refused with `reason` — but for a
+    /// public channel without bindings, which is joined without broadcasts from the
+    /// database (told so if it asked for `replication_ready`).
     pub fn failed(self, reason: &str) {
+        if self.optional {
+            if self.abandoned() {
+                return;
+            }
+            self.answer("ok", serde_json::json!({ "postgres_changes": [] }));
+            let t = &self.target;
+            if t.hub.join_unless(&t.key, self.subscriber.clone(), &t.ended)
+                && self.replication_ready
+            {
+                self.system("system", "error", reason);
+            }
+            return;
+        }
         self.target.ended.store(true, Ordering::Release);
         self.answer("error", serde_json::json!({ "reason": reason }));
+    }
+
+    fn system(&self, extension: &str, status: &str, message: &str) {
+        let system = serde_json::json!({
+            "extension": extension,
+            "status": status,
+            "message": message,
+            "channel": self.target.channel(),
+        });
+        self.target.send("system", None, system.to_string());
     }
 
     /// Whether the join was given up (the socket left, re-joined or closed) while waiting.
@@ -232,16 +259,28 @@ impl Handle {
     }
 }
 
-/// The parts of a join with bindings: what the feed gets, and what the socket keeps.
+/// What a join asked for, as the feed needs it.
+pub struct Join<'a> {
+    pub topic: &'a str,
+    pub private: bool,
+    pub msg_ref: Option<String>,
+    pub replication_ready: bool,
+}
+
+/// The parts of a join: what the feed gets, and what the socket keeps.
 pub fn subscription(
     hub: Arc<Hub>,
     subscriber: Subscriber,
-    topic: &str,
-    private: bool,
-    msg_ref: Option<String>,
+    join: Join<'_>,
     bindings: Vec<Binding>,
     identity: SharedIdentity,
 ) -> (Subscription, Handle) {
+    let Join {
+        topic,
+        private,
+        msg_ref,
+        replication_ready,
+    } = join;
     let ended = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicBool::new(false));
     let changes = !bindings.is_empty();
@@ -272,6 +311,8 @@ pub fn subscription(
             target,
             subscriber,
             changes,
+            replication_ready,
+            optional: !changes && !private,
             msg_ref,
             echo,
         },

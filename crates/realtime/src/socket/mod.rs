@@ -112,6 +112,9 @@ struct BroadcastConfig {
     receive_own: bool,
     #[serde(default, deserialize_with = "null_as_default")]
     ack: bool,
+    /// Asks for a `system` message once broadcasts from the database are captured.
+    #[serde(default, deserialize_with = "null_as_default")]
+    replication_ready: bool,
 }
 
 /// A broadcast as a text frame carries it.
@@ -190,12 +193,9 @@ impl Socket {
     /// What a channel leaves behind when it ends: its subscription and its changes.
     fn ended(&self, hub: &Hub, topic: &str, joined: &Joined) {
         if let Some((tenant, feed)) = hub.feed() {
-            match &joined.changes {
-                Some(changes) => {
-                    changes.end();
-                    feed.unsubscribe(tenant, self.id, topic);
-                }
-                None => feed.channel(tenant, false),
+            if let Some(changes) = &joined.changes {
+                changes.end();
+                feed.unsubscribe(tenant, self.id, topic);
             }
         }
         hub.leave(&joined.key(topic), self.id);
@@ -273,8 +273,7 @@ impl Socket {
             Err(e) => return self.reply(&m, "error", &reason_json(&e.to_string())),
         };
         let private = join.config.private;
-        let needs_feed = !bindings.is_empty() || private;
-        if needs_feed && hub.feed().is_none() {
+        if (!bindings.is_empty() || private) && hub.feed().is_none() {
             let why = if private {
                 checks::unauthorized_read(&m.topic)
             } else {
@@ -300,27 +299,25 @@ impl Socket {
         } else {
             config.presence.key
         };
-        let changes = if !needs_feed {
-            if let Some((tenant, feed)) = hub.feed() {
-                feed.channel(tenant, true);
-            }
-            None
-        } else {
+        // With a database, every join waits for its capture: the channel may get broadcasts
+        // from the database, and SUBSCRIBED means none sent after it is missed.
+        let changes = hub.feed().map(|(tenant, feed)| {
             let identity: SharedIdentity = Arc::new(std::sync::Mutex::new(identity));
             let (sub, handle) = crate::feed::subscription(
                 hub.clone(),
                 subscriber.clone(),
-                &m.topic,
-                private,
-                m.msg_ref.clone(),
+                crate::feed::Join {
+                    topic: &m.topic,
+                    private,
+                    msg_ref: m.msg_ref.clone(),
+                    replication_ready: config.broadcast.replication_ready,
+                },
                 bindings,
                 identity,
             );
-            if let Some((tenant, feed)) = hub.feed() {
-                feed.subscribe(tenant, sub);
-            }
-            Some(handle)
-        };
+            feed.subscribe(tenant, sub);
+            handle
+        });
         let answered_later = changes.is_some();
         self.joined.insert(
             m.topic.clone(),

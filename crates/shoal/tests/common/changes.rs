@@ -43,6 +43,11 @@ pub fn token(sub: &str) -> String {
 
 /// Runs `sql` in `db` as `app`.
 pub fn run_sql(pg: &Pg, db: &str, sql: &str) -> String {
+    run_sql_output(pg, db, sql).0
+}
+
+/// Runs `sql` in `db` as `app`: what psql printed, and its warnings and notices.
+pub fn run_sql_output(pg: &Pg, db: &str, sql: &str) -> (String, String) {
     let out = std::process::Command::new(pg.bin("psql"))
         .args(["-X", "-q", "-At", "-h", "127.0.0.1", "-U", "app", "-d", db])
         .arg("-p")
@@ -56,7 +61,10 @@ pub fn run_sql(pg: &Pg, db: &str, sql: &str) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 pub struct Setup {

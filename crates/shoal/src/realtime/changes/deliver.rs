@@ -242,9 +242,12 @@ mod tests {
             let (s, _h) = shoal_realtime::feed::subscription(
                 hub.clone(),
                 sub,
-                "realtime:notes",
-                false,
-                None,
+                shoal_realtime::feed::Join {
+                    topic: "realtime:notes",
+                    private: false,
+                    msg_ref: None,
+                    replication_ready: false,
+                },
                 vec![],
                 Arc::new(std::sync::Mutex::new(identity)),
             );

@@ -37,10 +37,27 @@ pub(super) fn broadcast(row: &Row) -> Option<UserBroadcast> {
         topic,
         event: get("event").unwrap_or_default().to_owned(),
         meta,
-        payload: Payload::Json(Bytes::copy_from_slice(
-            get("payload").unwrap_or("{}").as_bytes(),
-        )),
+        payload: match get("binary_payload").and_then(bytea) {
+            Some(bytes) => Payload::Binary(bytes),
+            None => Payload::Json(Bytes::copy_from_slice(
+                get("payload").unwrap_or("{}").as_bytes(),
+            )),
+        },
     })
+}
+
+/// A bytea column's text form (`\x` and hex digits: the stream's sessions keep
+/// PostgreSQL's default `bytea_output`).
+fn bytea(text: &str) -> Option<Bytes> {
+    let hex = text.strip_prefix("\\x")?.as_bytes();
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    hex.chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect::<Option<Vec<u8>>>()
+        .map(Bytes::from)
 }
 
 /// Delivers the broadcasts among `rows` to `hub`'s channels; how many frames were queued.
@@ -104,5 +121,14 @@ mod tests {
         let private = broadcast(&row("broadcast", "t")).unwrap();
         assert_eq!(private.topic, channel_key("realtime:room", true));
         assert!(broadcast(&row("presence", "f")).is_none());
+    }
+
+    #[test]
+    fn binary_payloads_are_read_from_bytea_text() {
+        assert_eq!(bytea("\\x00ff10").as_deref(), Some(&[0u8, 255, 16][..]));
+        assert_eq!(bytea("\\x").as_deref(), Some(&[][..]));
+        assert_eq!(bytea("\\x0"), None);
+        assert_eq!(bytea("\\xzz"), None);
+        assert_eq!(bytea("00ff"), None);
     }
 }

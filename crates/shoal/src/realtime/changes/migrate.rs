@@ -10,7 +10,8 @@ use super::stream::{CaptureError, TIMEOUT};
 use crate::server::ServerConn;
 
 /// The steps, in order; a step's number is its position plus one.
-const STEPS: &[&str] = &[r#"
+const STEPS: &[&str] = &[
+    r#"
 CREATE TABLE realtime.messages (
     topic text NOT NULL,
     extension text NOT NULL,
@@ -94,7 +95,60 @@ BEGIN
   DELETE FROM realtime.messages_default WHERE inserted_at < current_date - 3;
 END
 $$;
-"#];
+"#,
+    r#"
+-- Binary broadcasts from the database (realtime.send_binary): delivered as binary payloads.
+ALTER TABLE realtime.messages ADD COLUMN binary_payload bytea;
+
+-- Broadcasts `payload` as `event` to the channel `topic` (private by default), as the
+-- calling role: the table's policies decide who may, and they see the channel in
+-- realtime.topic() as they do when a client joins or sends. A broadcast that cannot be
+-- sent (a policy refuses it, the table is gone) is a WARNING, never the caller's error: a
+-- trigger that broadcasts must not undo the write that fired it. The message's id is added
+-- to an object payload as `id` (unless it has one), as Supabase does.
+CREATE OR REPLACE FUNCTION realtime.send(payload jsonb, event text, topic text, private boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql SET search_path = ''
+AS $$
+DECLARE
+  message uuid := gen_random_uuid();
+  outer_topic text := current_setting('realtime.topic', true);
+BEGIN
+  PERFORM set_config('realtime.topic', topic, true);
+  BEGIN
+    INSERT INTO realtime.messages (id, payload, event, topic, private, extension)
+    VALUES (message,
+            CASE WHEN jsonb_typeof(payload) = 'object' AND NOT payload ? 'id'
+                 THEN payload || jsonb_build_object('id', message) ELSE payload END,
+            event, topic, private, 'broadcast');
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'realtime.send: the broadcast to "%" was not sent: % (SQLSTATE %)', topic, SQLERRM, SQLSTATE;
+  END;
+  PERFORM set_config('realtime.topic', coalesce(outer_topic, ''), true);
+END
+$$;
+
+-- The same with a binary payload, delivered to clients as one (protocol 2.0's binary
+-- broadcast frame).
+CREATE FUNCTION realtime.send_binary(payload bytea, event text, topic text, private boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql SET search_path = ''
+AS $$
+DECLARE
+  outer_topic text := current_setting('realtime.topic', true);
+BEGIN
+  PERFORM set_config('realtime.topic', topic, true);
+  BEGIN
+    INSERT INTO realtime.messages (binary_payload, event, topic, private, extension)
+    VALUES (payload, event, topic, private, 'broadcast');
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'realtime.send_binary: the broadcast to "%" was not sent: % (SQLSTATE %)', topic, SQLERRM, SQLSTATE;
+  END;
+  PERFORM set_config('realtime.topic', coalesce(outer_topic, ''), true);
+END
+$$;
+"#,
+];
 
 /// Brings the database's `realtime` schema up to date, and its partitions.
 pub(super) async fn run(c: &mut ServerConn) -> Result<(), CaptureError> {

@@ -37,8 +37,6 @@ mod task;
 pub(crate) enum Command {
     Subscribe(Box<Subscription>),
     Unsubscribe(SocketId, String),
-    /// A public channel without bindings joined (`true`) or left.
-    Channel(bool),
     /// A private channel's token changed.
     Recheck(SocketId, String),
 }
@@ -214,10 +212,6 @@ impl ChangeFeed for Feeds {
 
     fn recheck(&self, tenant: &str, socket: SocketId, topic: &str) {
         self.send(tenant, Command::Recheck(socket, topic.to_owned()));
-    }
-
-    fn channel(&self, tenant: &str, joined: bool) {
-        self.send(tenant, Command::Channel(joined));
     }
 
     fn unsubscribe(&self, tenant: &str, socket: SocketId, topic: &str) {

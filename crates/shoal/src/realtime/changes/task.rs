@@ -52,13 +52,18 @@ struct Sub {
     marker: Option<u64>,
 }
 
+impl Sub {
+    /// A public channel without bindings: it only may get broadcasts from the database,
+    /// and is joined without them when the database cannot be streamed from.
+    fn optional(&self) -> bool {
+        self.bindings.is_empty() && !self.private
+    }
+}
+
 pub(crate) struct Task {
     tenant: String,
     app: Weak<App>,
     service: Weak<shoal_realtime::edge::Service>,
-    /// Public channels without bindings joined on this node (they may get broadcasts from
-    /// the database).
-    channels: usize,
     /// The slot's and the publication's name.
     name: String,
     rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
@@ -72,6 +77,10 @@ pub(crate) struct Task {
     rechecks: Vec<(SocketId, String)>,
     /// The database last streamed from (where the slot is, if the tenant goes).
     streamed_from: Option<Upstream>,
+    /// Why the database gives no broadcasts, while only channels that merely may get
+    /// them are joined: new ones are joined at once without them (not one attempt per
+    /// join) until the next try.
+    no_broadcasts: Option<String>,
 }
 
 impl Task {
@@ -87,7 +96,6 @@ impl Task {
             tenant,
             app,
             service,
-            channels: 0,
             name,
             rx,
             stats,
@@ -97,6 +105,7 @@ impl Task {
             next_marker: 1,
             rechecks: Vec::new(),
             streamed_from: None,
+            no_broadcasts: None,
         }
     }
 
@@ -115,7 +124,7 @@ impl Task {
                 } = *s;
                 self.subs
                     .retain(|o| !(o.socket == socket && o.topic == topic));
-                self.subs.push(Sub {
+                let mut sub = Sub {
                     socket,
                     topic,
                     private,
@@ -126,15 +135,19 @@ impl Task {
                     ready: Some(ready),
                     since: Instant::now(),
                     marker: None,
-                });
+                };
+                if let Some(why) = self.no_broadcasts.as_ref().filter(|_| sub.optional()) {
+                    if let Some(r) = sub.ready.take() {
+                        r.failed(why);
+                    }
+                }
+                self.subs.push(sub);
             }
             Command::Unsubscribe(socket, topic) => {
                 self.subs
                     .retain(|o| !(o.socket == socket && o.topic == topic));
             }
             Command::Recheck(socket, topic) => self.rechecks.push((socket, topic)),
-            Command::Channel(true) => self.channels += 1,
-            Command::Channel(false) => self.channels = self.channels.saturating_sub(1),
         }
         self.stats
             .subscriptions
@@ -147,6 +160,13 @@ impl Task {
         let lasting = e.is_lasting();
         self.subs.retain_mut(|s| {
             if s.ready.is_none() || !(lasting || s.since.elapsed() >= JOIN_PATIENCE) {
+                return true;
+            }
+            if s.optional() {
+                // Joined all the same, without broadcasts from the database (for now).
+                if let Some(r) = s.ready.take() {
+                    r.failed(&no_broadcasts(e));
+                }
                 return true;
             }
             let reason = if s.bindings.is_empty() {
@@ -205,7 +225,7 @@ impl Task {
 
     /// Whether anything here needs the database's stream.
     fn active(&self) -> bool {
-        !self.subs.is_empty() || self.channels > 0
+        !self.subs.is_empty()
     }
 
     /// Hears commands until `d` has passed, or (with `early`) a join needs an answer;
@@ -218,7 +238,9 @@ impl Task {
                 () = &mut until => return true,
                 c = self.rx.recv() => match c {
                     Some(c) => {
-                        let join = matches!(c, Command::Subscribe(_));
+                        // Joins answered at once (see `no_broadcasts`) need no early try.
+                        let join = matches!(&c, Command::Subscribe(s)
+                            if !(self.no_broadcasts.is_some() && s.bindings.is_empty() && !s.private));
                         self.apply(c);
                         if early && join {
                             return true;
@@ -250,6 +272,7 @@ pub(crate) async fn run(mut t: Task) {
         let error = match Capture::open(&mut t).await {
             Ok(mut c) => {
                 backoff = Duration::from_millis(100);
+                t.no_broadcasts = None;
                 match c.follow(&mut t).await {
                     Ok(()) => {
                         c.stream.close().await;
@@ -265,7 +288,9 @@ pub(crate) async fn run(mut t: Task) {
         // Only broadcasts from the database are wanted, and the database cannot give them
         // (or never could be reached): tried again in a minute, quietly. A stream that was
         // running is resumed at once.
-        let only_broadcasts = t.subs.is_empty() && (error.is_lasting() || !t.slot_made);
+        let only_broadcasts =
+            t.subs.iter().all(Sub::optional) && (error.is_lasting() || !t.slot_made);
+        t.no_broadcasts = only_broadcasts.then(|| no_broadcasts(&error));
         let wait = if only_broadcasts {
             tracing::info!(tenant = %t.tenant, error = %error, "no broadcasts from the database for this tenant; trying again in a minute");
             Duration::from_secs(60)
@@ -279,6 +304,12 @@ pub(crate) async fn run(mut t: Task) {
             return;
         }
     }
+}
+
+/// What a channel joined without broadcasts from the database is told (with
+/// `replication_ready`).
+fn no_broadcasts(e: &CaptureError) -> String {
+    format!("Unable to capture broadcasts from the database: {e}")
 }
 
 struct Capture {
