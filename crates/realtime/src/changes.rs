@@ -255,8 +255,8 @@ mod tests {
 
 /// A channel's `postgres_changes` binding as realtime-js sends it in the join config:
 /// `{"event": "*" | "INSERT" | "UPDATE" | "DELETE", "schema": "public", "table": "notes",
-/// "filter": "id=eq.5"}` (`table` and `filter` optional; `schema` `*` or a table `*` for
-/// every one).
+/// "filter": "id=eq.5", "select": ["id", "title"]}` (`table`, `filter` and `select`
+/// optional; `schema` `*` or a table `*` for every one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Binding {
     /// `None`: every kind of change.
@@ -267,6 +267,10 @@ pub struct Binding {
     /// The filter as sent (echoed in the join reply), and read.
     pub filter_text: Option<String>,
     pub filters: Vec<crate::filter::Filter>,
+    /// Only these columns (and the primary key) are sent; `None`: every column.
+    pub select: Option<Vec<String>>,
+    /// `select` as sent (echoed in the join reply).
+    select_sent: Option<serde_json::Value>,
 }
 
 /// Why a binding cannot be served; the join is refused with it.
@@ -278,6 +282,8 @@ pub enum BindingError {
     Shape,
     #[error("Error parsing `filter` params: {0}")]
     Filter(#[from] crate::filter::FilterError),
+    #[error("postgres_changes `select` is a list of column names")]
+    Select,
 }
 
 impl Binding {
@@ -302,12 +308,31 @@ impl Binding {
         };
         let filter_text = text("filter")?.filter(|f| !f.trim().is_empty());
         let filters = crate::filter::parse(filter_text.as_deref().unwrap_or(""))?;
+        // A list of names, or one string of names separated by commas.
+        let names: Vec<String> = match o.get("select") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::String(s)) => s.split(',').map(str::to_owned).collect(),
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned).ok_or(BindingError::Select))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(BindingError::Select),
+        };
+        let mut select: Vec<String> = names
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        select.sort();
+        select.dedup();
         Ok(Binding {
             event,
             schema: text("schema")?.unwrap_or_else(|| "public".into()),
             table: text("table")?.filter(|t| t != "*"),
             filter_text,
             filters,
+            select_sent: (!select.is_empty()).then(|| o["select"].clone()),
+            select: (!select.is_empty()).then_some(select),
         })
     }
 
@@ -335,6 +360,11 @@ impl Binding {
             &self.filter_text,
         )
             .hash(&mut h);
+        // Bindings that differ only in their columns are told apart (and ids without a
+        // `select` stay what they were).
+        if let Some(select) = &self.select {
+            select.hash(&mut h);
+        }
         // Within JavaScript's safe integers.
         h.finish() & ((1 << 53) - 1)
     }
@@ -352,7 +382,18 @@ impl Binding {
         if let Some(f) = &self.filter_text {
             o["filter"] = f.clone().into();
         }
+        if let Some(s) = &self.select_sent {
+            o["select"] = s.clone();
+        }
         o
+    }
+
+    /// Whether column `name` is sent (the primary key always is).
+    pub fn selects(&self, name: &str, key: bool) -> bool {
+        key || self
+            .select
+            .as_ref()
+            .is_none_or(|s| s.binary_search_by(|n| n.as_str().cmp(name)).is_ok())
     }
 
     /// Whether a change of `kind` to `schema.table` is of this binding (its filters apart).
@@ -399,12 +440,39 @@ mod binding_tests {
             Err(BindingError::Event(_))
         ));
         assert!(matches!(
-            Binding::parse(&serde_json::json!({"schema": "public", "filter": "id=like.5"})),
+            Binding::parse(&serde_json::json!({"schema": "public", "filter": "id=between.5"})),
             Err(BindingError::Filter(_))
         ));
         assert_eq!(
             Binding::parse(&serde_json::json!("x")),
             Err(BindingError::Shape)
+        );
+    }
+
+    #[test]
+    fn select_names_the_columns_sent() {
+        let b = |v: serde_json::Value| Binding::parse(&v).unwrap();
+        let all = b(serde_json::json!({"schema": "public", "table": "t"}));
+        let some =
+            b(serde_json::json!({"schema": "public", "table": "t", "select": ["title", "id"]}));
+        let text =
+            b(serde_json::json!({"schema": "public", "table": "t", "select": " id, title "}));
+        assert_eq!(some.select, Some(vec!["id".to_owned(), "title".to_owned()]));
+        assert_eq!(text.select, some.select);
+        assert!(some.selects("title", false) && !some.selects("body", false));
+        assert!(some.selects("pk", true));
+        assert!(all.selects("body", false));
+        // Told apart from the same binding without it; echoed as sent.
+        assert_ne!(all.id(), some.id());
+        assert_eq!(some.reply()["select"], serde_json::json!(["title", "id"]));
+        assert!(all.reply().get("select").is_none());
+        assert_eq!(
+            Binding::parse(&serde_json::json!({"schema": "public", "select": [1]})),
+            Err(BindingError::Select)
+        );
+        assert_eq!(
+            b(serde_json::json!({"schema": "public", "select": []})).select,
+            None
         );
     }
 }

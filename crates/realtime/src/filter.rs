@@ -1,8 +1,11 @@
 //! Postgres Changes filters as realtime-js sends them in a binding's `filter`
 //! (`column=op.value`), read into their parts: the operators `eq`, `neq`, `lt`, `lte`,
-//! `gt`, `gte` and `in` (`id=in.(1,2,3)`), each negated by a `not.` prefix
-//! (`id=not.eq.5`), several joined by commas meaning AND (`id=gt.0,id=lt.100`). A value may
-//! be double-quoted (`name=eq."a,b"`, with `\` escaping), as may an `in` list's items.
+//! `gt`, `gte` and `in` (`id=in.(1,2,3)`), PostgREST's `like` and `ilike` (SQL patterns,
+//! `*` standing for `%` as in PostgREST's URLs), `match` and `imatch` (regular
+//! expressions, `~` and `~*`), `is` (`null`, `true`, `false`, `unknown`) and `isdistinct`
+//! (`IS DISTINCT FROM`), each negated by a `not.` prefix (`id=not.eq.5`), several joined by
+//! commas meaning AND (`id=gt.0,id=lt.100`). A value may be double-quoted
+//! (`name=eq."a,b"`, with `\` escaping), as may an `in` list's items.
 //!
 //! Pure. The errors say what to fix, and the join is refused with them.
 
@@ -15,6 +18,12 @@ pub enum Op {
     Gt,
     Gte,
     In,
+    Like,
+    Ilike,
+    Match,
+    Imatch,
+    Is,
+    IsDistinct,
 }
 
 impl Op {
@@ -27,6 +36,12 @@ impl Op {
             "gt" => Op::Gt,
             "gte" => Op::Gte,
             "in" => Op::In,
+            "like" => Op::Like,
+            "ilike" => Op::Ilike,
+            "match" => Op::Match,
+            "imatch" => Op::Imatch,
+            "is" => Op::Is,
+            "isdistinct" => Op::IsDistinct,
             _ => return None,
         })
     }
@@ -39,7 +54,25 @@ pub struct Filter {
     pub op: Op,
     pub values: Vec<String>,
     pub negate: bool,
+    /// `like`, `ilike`, `match` and `imatch`: the value, compiled once at the join.
+    pub pattern: Option<Pattern>,
 }
+
+/// A compiled pattern; equal when written the same.
+#[derive(Debug, Clone)]
+pub struct Pattern(regex::Regex);
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for Pattern {}
+
+/// A pattern's compiled size limit: a client's filter must not cost the server much
+/// memory (the regex engine's matching time is linear in the value either way).
+const PATTERN_SIZE: usize = 256 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FilterError {
@@ -47,8 +80,12 @@ pub enum FilterError {
     EmptySegment,
     #[error("filter {0:?} is not column=operator.value")]
     Shape(String),
-    #[error("filter operator {0:?} is not one of eq, neq, lt, lte, gt, gte, in")]
+    #[error("filter operator {0:?} is not one of eq, neq, lt, lte, gt, gte, in, like, ilike, match, imatch, is, isdistinct")]
     Operator(String),
+    #[error("`is` filter value {0:?} is not one of null, true, false, unknown")]
+    IsValue(String),
+    #[error("filter pattern {0:?} is not a valid regular expression: {1}")]
+    Pattern(String, String),
     #[error("`in` filter value must be wrapped by parentheses")]
     InList,
     #[error("filter {0:?} has an unclosed quote")]
@@ -125,12 +162,60 @@ fn parse_segment(segment: &str) -> Result<Filter, FilterError> {
     } else {
         vec![unquote(value)?]
     };
+    if op == Op::Is {
+        let v = values[0].to_ascii_lowercase();
+        if !["null", "true", "false", "unknown"].contains(&v.as_str()) {
+            return Err(FilterError::IsValue(values[0].clone()));
+        }
+    }
+    let pattern = match op {
+        Op::Like | Op::Ilike => Some(compile(
+            &like_to_regex(&values[0]),
+            op == Op::Ilike,
+            &values[0],
+        )?),
+        Op::Match | Op::Imatch => Some(compile(&values[0], op == Op::Imatch, &values[0])?),
+        _ => None,
+    };
     Ok(Filter {
         column: column.to_owned(),
         op,
         values,
         negate,
+        pattern,
     })
+}
+
+fn compile(regex: &str, case_insensitive: bool, written: &str) -> Result<Pattern, FilterError> {
+    regex::RegexBuilder::new(regex)
+        .case_insensitive(case_insensitive)
+        .size_limit(PATTERN_SIZE)
+        .dfa_size_limit(PATTERN_SIZE)
+        .build()
+        .map(Pattern)
+        .map_err(|e| FilterError::Pattern(written.to_owned(), e.to_string()))
+}
+
+/// A LIKE pattern as an anchored regular expression: `%` (or PostgREST's `*`) any run of
+/// characters, `_` any one, `\` making the next character plain.
+fn like_to_regex(like: &str) -> String {
+    let mut out = String::with_capacity(like.len() + 8);
+    out.push_str("(?s)^");
+    let mut chars = like.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' | '*' => out.push_str(".*"),
+            '_' => out.push('.'),
+            '\\' => {
+                if let Some(next) = chars.next() {
+                    out.push_str(&regex::escape(next.encode_utf8(&mut [0; 4])));
+                }
+            }
+            c => out.push_str(&regex::escape(c.encode_utf8(&mut [0; 4]))),
+        }
+    }
+    out.push('$');
+    out
 }
 
 impl Filter {
@@ -139,10 +224,40 @@ impl Filter {
     /// Numbers compare as numbers, booleans as booleans, UUIDs without regard to case, and
     /// everything else as text, by code point.
     pub fn passes(&self, typname: &str, value: Option<&str>) -> bool {
+        let kind = ValueKind::of(typname);
+        let written = self.values.first().map(String::as_str).unwrap_or_default();
+        // The operators whose answer is never NULL: negation applies to NULLs too.
+        match self.op {
+            Op::Is => {
+                let hit = match (written.to_ascii_lowercase().as_str(), value) {
+                    ("null" | "unknown", v) => v.is_none(),
+                    (_, None) => false,
+                    (want, Some(v)) => {
+                        matches!(kind, ValueKind::Bool)
+                            && kind.compare(v, want) == Some(std::cmp::Ordering::Equal)
+                    }
+                };
+                return hit != self.negate;
+            }
+            Op::IsDistinct => {
+                let distinct = match value {
+                    _ if written.eq_ignore_ascii_case("null") => value.is_some(),
+                    None => true,
+                    Some(v) => match kind.compare(v, written) {
+                        Some(ord) => ord.is_ne(),
+                        None => return false,
+                    },
+                };
+                return distinct != self.negate;
+            }
+            _ => {}
+        }
         let Some(value) = value else {
             return false;
         };
-        let kind = ValueKind::of(typname);
+        if let Some(Pattern(re)) = &self.pattern {
+            return re.is_match(value) != self.negate;
+        }
         let mut any = false;
         for v in &self.values {
             let Some(ord) = kind.compare(value, v) else {
@@ -156,6 +271,8 @@ impl Filter {
                 Op::Lte => ord.is_le(),
                 Op::Gt => ord.is_gt(),
                 Op::Gte => ord.is_ge(),
+                // Answered above.
+                Op::Like | Op::Ilike | Op::Match | Op::Imatch | Op::Is | Op::IsDistinct => false,
             };
             any |= hit;
         }
@@ -259,6 +376,7 @@ mod tests {
             op,
             values: values.iter().map(|v| v.to_string()).collect(),
             negate,
+            pattern: None,
         }
     }
 
@@ -314,9 +432,21 @@ mod tests {
             FilterError::Shape("=eq.1".into())
         );
         assert_eq!(
-            parse("id=like.1").unwrap_err(),
-            FilterError::Operator("like".into())
+            parse("id=between.1").unwrap_err(),
+            FilterError::Operator("between".into())
         );
+        assert_eq!(
+            parse("id=is.maybe").unwrap_err(),
+            FilterError::IsValue("maybe".into())
+        );
+        assert!(matches!(
+            parse("name=match.(a"),
+            Err(FilterError::Pattern(..))
+        ));
+        assert!(matches!(
+            parse("name=match.a{1000}{1000}"),
+            Err(FilterError::Pattern(..))
+        ));
         assert_eq!(parse("id=in.1,2").unwrap_err(), FilterError::InList);
         assert!(matches!(parse(r#"n=eq."open"#), Err(FilterError::Quote(_))));
         let many = (0..101)
@@ -360,6 +490,45 @@ mod tests {
         // A column the row does not carry passes nothing.
         assert!(!passes(&parse("other=eq.1").unwrap(), row("1")));
         assert!(passes(&[], row("1")));
+    }
+
+    #[test]
+    fn postgrest_s_pattern_and_null_operators_pass_as_in_sql() {
+        let one = |text: &str| parse(text).unwrap().remove(0);
+        assert!(one("name=like.ab%").passes("text", Some("abc")));
+        assert!(one("name=like.*b*").passes("text", Some("abc")));
+        assert!(!one("name=like.ab%").passes("text", Some("Abc")));
+        assert!(one("name=ilike.ab%").passes("text", Some("ABC")));
+        assert!(one("name=like.a_c").passes("text", Some("abc")));
+        assert!(!one("name=like.a_c").passes("text", Some("abbc")));
+        // Regular-expression characters in a LIKE pattern are plain; `\` escapes.
+        assert!(one("name=like.a.c").passes("text", Some("a.c")));
+        assert!(!one("name=like.a.c").passes("text", Some("abc")));
+        assert!(one(r"name=like.100\%").passes("text", Some("100%")));
+        assert!(!one(r"name=like.100\%").passes("text", Some("1000")));
+        assert!(one("name=match.^a.c$").passes("text", Some("abc")));
+        assert!(one("name=match.b").passes("text", Some("abc")));
+        assert!(!one("name=match.B").passes("text", Some("abc")));
+        assert!(one("name=imatch.B").passes("text", Some("abc")));
+        assert!(one("name=not.like.x%").passes("text", Some("abc")));
+        // NULL: LIKE and its kind answer NULL, negated or not; IS and IS DISTINCT never do.
+        assert!(!one("name=like.%").passes("text", None));
+        assert!(!one("name=not.like.x").passes("text", None));
+        assert!(one("name=is.null").passes("text", None));
+        assert!(!one("name=is.null").passes("text", Some("")));
+        assert!(one("name=not.is.null").passes("text", Some("a")));
+        assert!(one("done=is.true").passes("bool", Some("t")));
+        assert!(!one("done=is.true").passes("bool", None));
+        assert!(one("done=is.unknown").passes("bool", None));
+        assert!(one("done=not.is.true").passes("bool", None));
+        assert!(one("done=is.FALSE").passes("bool", Some("f")));
+        assert!(!one("n=is.true").passes("int4", Some("1")));
+        assert!(one("n=isdistinct.5").passes("int4", None));
+        assert!(one("n=isdistinct.5").passes("int4", Some("6")));
+        assert!(!one("n=isdistinct.5").passes("int4", Some("5")));
+        assert!(one("n=not.isdistinct.5").passes("int4", Some("5")));
+        assert!(one("n=isdistinct.null").passes("int4", Some("5")));
+        assert!(!one("n=isdistinct.null").passes("int4", None));
     }
 
     proptest! {

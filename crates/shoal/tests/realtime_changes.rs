@@ -104,6 +104,14 @@ async fn each_filter_selects_its_rows() {
         "name=in.(pear,\"fig, dried\")",
         "done=eq.true",
         "id=not.in.(1,2)",
+        // PostgREST's pattern and null operators.
+        "name=like.*i*",
+        "name=ilike.P%",
+        "name=match.^[ak]",
+        "name=imatch.^F",
+        "done=is.null",
+        "price=isdistinct.10",
+        "done=not.is.true",
     ];
     let bindings: Vec<serde_json::Value> = filters
         .iter()
@@ -118,10 +126,10 @@ async fn each_filter_selects_its_rows() {
     );
     // Which filters each row passes, by position in `filters`.
     let want: [(i64, &[usize]); 4] = [
-        (1, &[1, 2, 3]),
-        (2, &[0, 3, 5, 6, 7]),
-        (3, &[1, 4, 5, 6, 8]),
-        (4, &[1, 7, 8]),
+        (1, &[1, 2, 3, 11, 14, 15]),
+        (2, &[0, 3, 5, 6, 7, 10]),
+        (3, &[1, 4, 5, 6, 8, 9, 12, 13, 14, 15]),
+        (4, &[1, 7, 8, 9, 11, 14]),
     ];
     for (id, passes) in want {
         let c = change(&mut p).await;
@@ -132,6 +140,49 @@ async fn each_filter_selects_its_rows() {
         expected.sort_unstable();
         assert_eq!(got, expected, "row {id}: {c}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn select_sends_only_the_columns_named_and_the_primary_key() {
+    let s = setup(
+        "rt_select",
+        "CREATE TABLE docs (id int PRIMARY KEY, title text, body text);
+         ALTER TABLE docs REPLICA IDENTITY FULL;
+         GRANT SELECT ON docs TO authenticated;",
+    );
+    let mut p = Phx::connect(s.rt, "acme", &token("u")).await.unwrap();
+    let binding =
+        serde_json::json!({"event": "*", "schema": "public", "table": "docs", "select": ["title"]});
+    subscribe(&mut p, "realtime:docs", serde_json::json!([binding])).await;
+    run_sql(
+        s.pg,
+        &s.db,
+        "INSERT INTO docs VALUES (1, 'draft', 'a long body');
+         UPDATE docs SET title = 'final' WHERE id = 1;",
+    );
+    let insert = change(&mut p).await;
+    assert_eq!(
+        insert["data"]["record"],
+        serde_json::json!({"id": 1, "title": "draft"}),
+        "{insert}"
+    );
+    let names: Vec<&str> = insert["data"]["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["id", "title"]);
+    let update = change(&mut p).await;
+    assert_eq!(
+        update["data"]["record"],
+        serde_json::json!({"id": 1, "title": "final"})
+    );
+    // The old row of a REPLICA IDENTITY FULL table, selected as well.
+    assert_eq!(
+        update["data"]["old_record"],
+        serde_json::json!({"id": 1, "title": "draft"})
+    );
 }
 
 /// Slots of this test binary's captures of `db`.

@@ -249,7 +249,8 @@ async fn without_logical_decoding_public_channels_are_joined_without_database_br
     let s = setup_on(pg(), "rt_send_nolog", "SELECT 1");
     for round in 0..3 {
         let mut p = Phx::connect(s.rt, "acme", &token("eve")).await.unwrap();
-        let config = serde_json::json!({ "broadcast": { "replication_ready": true, "self": true } });
+        let config =
+            serde_json::json!({ "broadcast": { "replication_ready": true, "self": true } });
         let joined = p.join("realtime:lobby", config).await;
         assert_eq!(joined["status"], "ok", "{joined}");
         let system = p.until(|m| m["event"] == "system").await;
@@ -260,8 +261,12 @@ async fn without_logical_decoding_public_channels_are_joined_without_database_br
             "{message}"
         );
         // Broadcasts between clients need no database.
-        p.broadcast("realtime:lobby", "hi", serde_json::json!({ "round": round }))
-            .await;
+        p.broadcast(
+            "realtime:lobby",
+            "hi",
+            serde_json::json!({ "round": round }),
+        )
+        .await;
         assert_eq!(broadcast(&mut p).await["payload"]["round"], round);
     }
 }

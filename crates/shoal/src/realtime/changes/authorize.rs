@@ -387,6 +387,7 @@ mod tests {
                 },
             ],
             key: vec![true, false],
+            primary: vec![true, false],
         }
     }
 

@@ -123,7 +123,7 @@ pub(super) fn deliver(
                 .or_insert_with(|| {
                     let payload = payloads
                         .entry(shape)
-                        .or_insert_with(|| payload(ids, row, a))
+                        .or_insert_with(|| payload(ids, row, a, listener.bindings))
                         .clone();
                     shoal_realtime::feed::change_frame(listener.target.vsn, listener.topic, payload)
                 });
@@ -137,10 +137,30 @@ pub(super) fn deliver(
     queued
 }
 
-/// The message payload of `row` for bindings `ids`, with the columns `a` may read.
-fn payload(ids: &[u64], row: &Row, a: &Access) -> String {
-    let new = cells(&a.indices, &row.new);
-    let old = cells(&a.indices, &row.old);
+/// The message payload of `row` for bindings `ids`, with the columns `a` may read that
+/// the bindings select (all, when one of them selects none). The payload depends only on
+/// `a` and `ids`: a binding's id covers its `select`.
+fn payload(ids: &[u64], row: &Row, a: &Access, bindings: &[Binding]) -> String {
+    let matched = || bindings.iter().filter(|b| ids.contains(&b.id()));
+    let (indices, columns);
+    let (indices, columns) = if matched().any(|b| b.select.is_none()) {
+        (a.indices.as_slice(), a.columns.as_slice())
+    } else {
+        let keep: Vec<usize> = (0..a.indices.len())
+            .filter(|&p| {
+                let key = row.rel.primary.get(a.indices[p]).copied().unwrap_or(false);
+                matched().any(|b| b.selects(&a.columns[p].name, key))
+            })
+            .collect();
+        indices = keep.iter().map(|&p| a.indices[p]).collect::<Vec<_>>();
+        columns = keep
+            .iter()
+            .map(|&p| a.columns[p].clone())
+            .collect::<Vec<_>>();
+        (indices.as_slice(), columns.as_slice())
+    };
+    let new = cells(indices, &row.new);
+    let old = cells(indices, &row.old);
     changes::payload(
         ids,
         &Change {
@@ -148,7 +168,7 @@ fn payload(ids: &[u64], row: &Row, a: &Access) -> String {
             table: &row.rel.table,
             kind: row.kind,
             commit_time: row.commit_time,
-            columns: &a.columns,
+            columns,
             new: &new,
             old: &old,
         },
@@ -192,6 +212,7 @@ mod tests {
                 },
             ],
             key: vec![true, false],
+            primary: vec![true, false],
         })
     }
 

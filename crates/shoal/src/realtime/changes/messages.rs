@@ -94,6 +94,7 @@ mod tests {
                 col("id", "uuid"),
             ],
             key: vec![false, false, false, false, false, true],
+            primary: vec![false, false, false, false, false, true],
         });
         let text = |s: &str| Value::Text(s.into());
         let row = |ext: &str, private: &str| Row {

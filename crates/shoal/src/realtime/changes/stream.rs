@@ -20,10 +20,12 @@ use crate::server::{ServerConn, ServerError, Upstream};
 pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The settings values are written with (see the module's doc).
-pub(super) const SETTINGS: [(&str, &str); 3] = [
+pub(super) const SETTINGS: [(&str, &str); 4] = [
     ("TimeZone", "UTC"),
     ("DateStyle", "ISO"),
     ("IntervalStyle", "postgres"),
+    // Binary broadcasts are read from bytea's text form, whatever the server's default.
+    ("bytea_output", "hex"),
 ];
 
 /// The prefix of the capture's markers in the WAL.
@@ -67,6 +69,9 @@ pub(super) struct Rel {
     pub columns: Vec<Column>,
     /// Which columns are the replica identity (the key a DELETE carries).
     pub key: Vec<bool>,
+    /// Which columns are the primary key (the replica identity's columns for a table
+    /// without one): sent whatever a binding's `select` names.
+    pub primary: Vec<bool>,
 }
 
 /// One column value of a change.
@@ -316,13 +321,31 @@ impl Stream {
                 typname: self.types.get(&c.type_oid).cloned().unwrap_or_default(),
             })
             .collect();
+        let sql = "SELECT coalesce(json_agg(a.attname::text), '[]')::text FROM pg_index i \
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                   WHERE i.indrelid = $1::oid AND i.indisprimary";
+        let row = crate::timer::timeout(TIMEOUT, control.query_row(sql, &[&r.id.to_string()]))
+            .await
+            .map_err(|_| CaptureError::Timeout("reading a table's primary key"))??;
+        let text = row
+            .and_then(|r| r.into_iter().next().flatten())
+            .unwrap_or_default();
+        let pk: Vec<String> =
+            serde_json::from_str(&text).map_err(|e| CaptureError::Protocol(e.to_string()))?;
+        let key: Vec<bool> = r.columns.iter().map(|c| c.key).collect();
+        let primary = if pk.is_empty() {
+            key.clone()
+        } else {
+            columns.iter().map(|c| pk.contains(&c.name)).collect()
+        };
         Ok(Rel {
             oid: r.id,
             schema: r.schema.to_owned(),
             table: r.name.to_owned(),
             qualified: format!("{}.{}", quote_ident(r.schema), quote_ident(r.name)),
             columns,
-            key: r.columns.iter().map(|c| c.key).collect(),
+            key,
+            primary,
         })
     }
 }
