@@ -77,6 +77,21 @@ pub struct Subscription {
     pub identity: SharedIdentity,
     pub target: Target,
     pub ready: Ready,
+    /// Broadcasts from the database to send it on joining (a private channel's replay).
+    pub replay: Option<Replay>,
+}
+
+/// Supabase's broadcast replay: the private channel's broadcasts from the database since
+/// `since_ms` (milliseconds since the epoch), the last `limit` of them, oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replay {
+    pub since_ms: i64,
+    pub limit: u32,
+}
+
+impl Replay {
+    /// The most a join may ask for, as Supabase allows.
+    pub const MAX: u32 = 25;
 }
 
 /// Where a subscription's changes are queued.
@@ -175,6 +190,12 @@ impl Ready {
     /// their ids), the channel subscribed to its topic, and the `system` message Realtime
     /// sends once it listens to the database follows.
     pub fn subscribed(self) {
+        self.subscribed_with(&[]);
+    }
+
+    /// [`Ready::subscribed`], with `replayed` broadcasts (the channel's topic as its client
+    /// calls it) sent to this subscriber alone before anything else of the channel.
+    pub fn subscribed_with(self, replayed: &[crate::protocol::UserBroadcast]) {
         if self.abandoned() {
             return;
         }
@@ -182,6 +203,11 @@ impl Ready {
         let t = &self.target;
         if !t.hub.join_unless(&t.key, self.subscriber.clone(), &t.ended) {
             return;
+        }
+        for b in replayed {
+            if let Some(f) = crate::hub::broadcast_frame(self.subscriber.vsn, b) {
+                t.push(f);
+            }
         }
         if self.changes {
             self.system("postgres_changes", "ok", "Subscribed to PostgreSQL");
@@ -265,6 +291,7 @@ pub struct Join<'a> {
     pub private: bool,
     pub msg_ref: Option<String>,
     pub replication_ready: bool,
+    pub replay: Option<Replay>,
 }
 
 /// The parts of a join: what the feed gets, and what the socket keeps.
@@ -280,6 +307,7 @@ pub fn subscription(
         private,
         msg_ref,
         replication_ready,
+        replay,
     } = join;
     let ended = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicBool::new(false));
@@ -307,6 +335,7 @@ pub fn subscription(
         writes: writes.clone(),
         identity: identity.clone(),
         target: target.clone(),
+        replay,
         ready: Ready {
             target,
             subscriber,

@@ -44,6 +44,11 @@ pub struct SessionImage {
     /// `target_session_attrs`, when the client gave one.
     #[serde(default)]
     pub target: Option<crate::config::replicas::TargetSessionAttrs>,
+    /// How long ago the client last committed a write (milliseconds), if it wrote: the
+    /// session that takes the client up reads on a replica only where that write is
+    /// visible (read-your-writes). An age, not a time: it means the same on any node.
+    #[serde(default)]
+    pub wrote_ms_ago: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -270,3 +270,93 @@ async fn without_logical_decoding_public_channels_are_joined_without_database_br
         assert_eq!(broadcast(&mut p).await["payload"]["round"], round);
     }
 }
+
+/// The next broadcast, which must be a replayed one; its `n`.
+async fn replayed(p: &mut Phx) -> i64 {
+    let got = broadcast(p).await;
+    assert_eq!(got["meta"]["replayed"], true, "{got}");
+    assert!(got["meta"]["id"].is_string(), "{got}");
+    got["payload"]["n"].as_i64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_channel_replays_earlier_broadcasts_from_the_database() {
+    let s = setup("rt_replay", "SELECT 1");
+    schema_installed(&s).await;
+    run_sql(
+        s.pg,
+        &s.db,
+        &format!(
+            "CREATE POLICY read_own ON realtime.messages FOR SELECT TO authenticated
+               USING (realtime.topic() = 'room:' || {OWN_ROOM});"
+        ),
+    );
+    let send = |n: i32, room: &str| {
+        run_sql(
+            s.pg,
+            &s.db,
+            &format!("SELECT realtime.send('{{\"n\": {n}}}', 'note', 'room:{room}', true)"),
+        );
+    };
+    send(1, "alice");
+    let since = run_sql(
+        s.pg,
+        &s.db,
+        "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    );
+    let since: i64 = since.parse().unwrap();
+    for n in 2..=4 {
+        send(n, "alice");
+    }
+    send(9, "bob");
+    // Everything since `since`, oldest first; then live messages, not marked replayed.
+    let mut all = Phx::connect(s.rt, "acme", &token("alice")).await.unwrap();
+    let config =
+        serde_json::json!({ "private": true, "broadcast": { "replay": { "since": since } } });
+    let joined = all.join("realtime:room:alice", config).await;
+    assert_eq!(joined["status"], "ok", "{joined}");
+    for n in 2..=4 {
+        assert_eq!(replayed(&mut all).await, n);
+    }
+    send(5, "alice");
+    let live = broadcast(&mut all).await;
+    assert_eq!(live["payload"]["n"], 5);
+    assert!(live["meta"].get("replayed").is_none(), "{live}");
+    // The last `limit` of them.
+    let mut two = Phx::connect(s.rt, "acme", &token("alice")).await.unwrap();
+    let config = serde_json::json!({ "private": true, "broadcast": { "replay": { "since": since, "limit": 2 } } });
+    assert_eq!(
+        two.join("realtime:room:alice", config).await["status"],
+        "ok"
+    );
+    assert_eq!(replayed(&mut two).await, 4);
+    assert_eq!(replayed(&mut two).await, 5);
+    // The policies decide what is replayed: Bob's own room only.
+    let mut bob = Phx::connect(s.rt, "acme", &token("bob")).await.unwrap();
+    let config = serde_json::json!({ "private": true, "broadcast": { "replay": { "since": 0 } } });
+    assert_eq!(bob.join("realtime:room:bob", config).await["status"], "ok");
+    assert_eq!(replayed(&mut bob).await, 9);
+    // Refused: a public channel, a limit past 25.
+    let mut eve = Phx::connect(s.rt, "acme", &token("eve")).await.unwrap();
+    let public = eve
+        .join(
+            "realtime:lobby",
+            serde_json::json!({ "broadcast": { "replay": { "since": 0 } } }),
+        )
+        .await;
+    assert_eq!(public["status"], "error");
+    assert_eq!(
+        public["response"]["reason"],
+        "Replay is only available on private channels"
+    );
+    let too_many = eve
+        .join(
+            "realtime:room:eve",
+            serde_json::json!({ "private": true, "broadcast": { "replay": { "since": 0, "limit": 26 } } }),
+        )
+        .await;
+    assert_eq!(
+        too_many["response"]["reason"],
+        "Replay limit must be between 1 and 25"
+    );
+}

@@ -22,27 +22,7 @@ fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
 
 /// [`shoal`], with `extra` sections in the configuration.
 fn shoal_with(r: &Replicated, db: &str, keys: &str, extra: &str) -> Shoal {
-    let replicas: Vec<String> = r
-        .replicas
-        .iter()
-        .map(|p| format!("{{ host = \"127.0.0.1\", port = {} }}", p.port))
-        .collect();
-    let base = base_config(&r.primary, &[db], extra);
-    let section = format!("port = {}\n", r.primary.port);
-    let interval = if keys.contains("replica_check_interval") {
-        ""
-    } else {
-        "replica_check_interval = 0.1\n"
-    };
-    let config = base.replacen(
-        &section,
-        &format!(
-            "{section}replicas = [{}]\n{interval}replica_ban_time = 0.5\n{keys}\n",
-            replicas.join(", ")
-        ),
-        1,
-    );
-    Shoal::start(&config)
+    Shoal::start(&r.shoal_config(db, keys, extra))
 }
 
 /// A primary with two replicas and a database `db` with table `t` on all three.

@@ -311,9 +311,8 @@ impl Hub {
                 (&b.topic, &shown)
             }
         };
-        let text_v1: OnceLock<Option<Frame>> = OnceLock::new();
-        let text_v2: OnceLock<Option<Frame>> = OnceLock::new();
-        let binary: OnceLock<Option<Frame>> = OnceLock::new();
+        let v1: OnceLock<Option<Frame>> = OnceLock::new();
+        let v2: OnceLock<Option<Frame>> = OnceLock::new();
         let mut d = Delivery::default();
         let topics = self.lock();
         let Some(t) = topics.get(key.as_str()) else {
@@ -324,19 +323,8 @@ impl Hub {
                 continue;
             }
             let frame = match s.vsn {
-                Vsn::V1 => text_v1.get_or_init(|| text(Vsn::V1, b)),
-                // realtime-js reads user broadcasts as binary frames; a topic or event too
-                // long for the frame's one-byte lengths goes as text.
-                Vsn::V2 => {
-                    let bin = binary.get_or_init(|| {
-                        protocol::encode_user_broadcast(b).map(|f| Frame::Binary(f.into()))
-                    });
-                    if bin.is_some() {
-                        bin
-                    } else {
-                        text_v2.get_or_init(|| text(Vsn::V2, b))
-                    }
-                }
+                Vsn::V1 => v1.get_or_init(|| broadcast_frame(Vsn::V1, b)),
+                Vsn::V2 => v2.get_or_init(|| broadcast_frame(Vsn::V2, b)),
             };
             let Some(frame) = frame else {
                 d.skipped += 1;
@@ -356,7 +344,16 @@ impl Hub {
     }
 }
 
-fn text(vsn: Vsn, b: &UserBroadcast) -> Option<Frame> {
+/// A user broadcast as a socket speaking `vsn` reads it (`b.topic` as its client calls the
+/// channel): realtime-js reads user broadcasts as binary frames, and a topic or event too
+/// long for the frame's one-byte lengths goes as text. `None`: a binary payload for a
+/// protocol 1.0 socket, which has no frame for it.
+pub fn broadcast_frame(vsn: Vsn, b: &UserBroadcast) -> Option<Frame> {
+    if vsn == Vsn::V2 {
+        if let Some(f) = protocol::encode_user_broadcast(b) {
+            return Some(Frame::Binary(f.into()));
+        }
+    }
     let m = protocol::broadcast_message(b)?;
     protocol::encode_text(vsn, &m).map(|t| Frame::Text(t.into()))
 }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::feed::{Handle, Identity, SharedIdentity};
+use crate::feed::{Handle, Identity, Replay, SharedIdentity};
 use crate::hub::{Frame, Hub, Outbox, SocketId, Subscriber};
 use crate::jwt::{Claims, JwtError, Verifier};
 pub use crate::limits::Limits;
@@ -115,6 +115,16 @@ struct BroadcastConfig {
     /// Asks for a `system` message once broadcasts from the database are captured.
     #[serde(default, deserialize_with = "null_as_default")]
     replication_ready: bool,
+    /// Asks for the private channel's earlier broadcasts from the database.
+    #[serde(default, deserialize_with = "null_as_default")]
+    replay: Option<ReplayConfig>,
+}
+
+#[derive(Deserialize)]
+struct ReplayConfig {
+    since: i64,
+    #[serde(default)]
+    limit: Option<i64>,
 }
 
 /// A broadcast as a text frame carries it.
@@ -273,6 +283,29 @@ impl Socket {
             Err(e) => return self.reply(&m, "error", &reason_json(&e.to_string())),
         };
         let private = join.config.private;
+        let replay = match &join.config.broadcast.replay {
+            None => None,
+            Some(_) if !private => {
+                return self.reply(
+                    &m,
+                    "error",
+                    r#"{"reason":"Replay is only available on private channels"}"#,
+                )
+            }
+            Some(r) => match r.limit.unwrap_or(i64::from(Replay::MAX)) {
+                n @ 1..=25 => Some(Replay {
+                    since_ms: r.since,
+                    limit: n as u32,
+                }),
+                _ => {
+                    return self.reply(
+                        &m,
+                        "error",
+                        r#"{"reason":"Replay limit must be between 1 and 25"}"#,
+                    )
+                }
+            },
+        };
         if (!bindings.is_empty() || private) && hub.feed().is_none() {
             let why = if private {
                 checks::unauthorized_read(&m.topic)
@@ -311,6 +344,7 @@ impl Socket {
                     private,
                     msg_ref: m.msg_ref.clone(),
                     replication_ready: config.broadcast.replication_ready,
+                    replay,
                 },
                 bindings,
                 identity,

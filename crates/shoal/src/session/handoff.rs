@@ -97,6 +97,12 @@ impl Session {
             cancel_key: (self.cancel.process_id(), self.cancel.secret_key()),
             skip_until_sync: self.skip_until_sync,
             target: self.extras.as_ref().and_then(|x| x.target),
+            wrote_ms_ago: self
+                .extras
+                .as_ref()
+                .map(|x| x.wrote_at)
+                .filter(|&at| at != 0)
+                .map(|at| crate::clock::now_ms().saturating_sub(at)),
             peer: self
                 .cancel
                 .slot
@@ -224,6 +230,11 @@ impl Session {
         self.skip_until_sync = image.skip_until_sync;
         if image.target.is_some() {
             Extras::get(&mut self.extras).target = image.target;
+        }
+        if let Some(ago) = image.wrote_ms_ago {
+            // Taken as no older than it was when the image was made: never too early.
+            Extras::get(&mut self.extras).wrote_at =
+                crate::clock::now_ms().saturating_sub(ago).max(1);
         }
     }
 }

@@ -411,6 +411,11 @@ impl Session {
         // The unnamed statement is not carried: it changes with nearly every transaction of
         // many drivers, and is rarely used across transactions.
         i.unnamed = None;
+        // A snapshot is shipped once and may be taken up much later, after more writes
+        // (which ship nothing new): its reader takes the last write as just made.
+        if i.wrote_ms_ago.is_some() {
+            i.wrote_ms_ago = Some(0);
+        }
         let image = serde_json::to_vec(&i).unwrap_or_default();
         (signature, Snapshot::Image(&image).encode())
     }
@@ -441,11 +446,14 @@ impl Session {
         {
             return STAYS;
         }
+        // A first write changes the state once (see `snapshot`).
+        let wrote = self.extras.as_ref().is_some_and(|x| x.wrote_at != 0);
         sets.map_or(0, |s| s.fingerprint)
             ^ self
                 .statements
                 .as_ref()
                 .map_or(0, |s| s.signature())
                 .rotate_left(17)
+            ^ u64::from(wrote).rotate_right(1)
     }
 }

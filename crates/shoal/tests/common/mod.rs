@@ -507,6 +507,13 @@ impl Shoal {
         self.log_count(needle) > 0
     }
 
+    /// Its last `n` log lines, for a failure's message.
+    #[allow(dead_code)]
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log.lock().unwrap();
+        log[log.len().saturating_sub(n)..].join("\n")
+    }
+
     /// Log lines containing `needle`: waits on events that happen more than once.
     #[allow(dead_code)]
     pub fn log_count(&self, needle: &str) -> usize {

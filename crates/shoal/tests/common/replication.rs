@@ -31,6 +31,32 @@ impl Replicated {
             wait_replayed(r, &target);
         }
     }
+
+    /// Shoal's configuration serving `db` on the primary with these replicas (checked
+    /// every 100 ms unless `keys` says otherwise), `keys` more database keys and `extra`
+    /// sections.
+    pub fn shoal_config(&self, db: &str, keys: &str, extra: &str) -> String {
+        let replicas: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|p| format!("{{ host = \"127.0.0.1\", port = {} }}", p.port))
+            .collect();
+        let base = super::base_config(&self.primary, &[db], extra);
+        let section = format!("port = {}\n", self.primary.port);
+        let interval = if keys.contains("replica_check_interval") {
+            ""
+        } else {
+            "replica_check_interval = 0.1\n"
+        };
+        base.replacen(
+            &section,
+            &format!(
+                "{section}replicas = [{}]\n{interval}replica_ban_time = 0.5\n{keys}\n",
+                replicas.join(", ")
+            ),
+            1,
+        )
+    }
 }
 
 /// Waits until `replica` has replayed up to `lsn`.

@@ -17,8 +17,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use shoal_realtime::changes::Column;
 use shoal_realtime::feed::Identity;
+use shoal_realtime::protocol::{Payload, UserBroadcast};
 
 use super::stream::{quote_ident, CaptureError, Rel, Row, Value, TIMEOUT};
 use crate::server::{ServerConn, ServerError};
@@ -326,6 +328,77 @@ pub(super) async fn private_access(
             (false, false)
         }
     })
+}
+
+/// Supabase's broadcast replay: the broadcasts from the database on the private channel
+/// `topic` (as its client calls it, `realtime:` and all) since `replay.since_ms`, the last
+/// `replay.limit` of them, oldest first, with `meta.replayed`. Read under the role and
+/// claims with `realtime.topic()` set, so the policies decide what may be read, as they
+/// did for the join; in a transaction rolled back.
+pub(super) async fn replay(
+    control: &mut ServerConn,
+    identity: &Identity,
+    topic: &str,
+    replay: shoal_realtime::feed::Replay,
+) -> Result<Vec<UserBroadcast>, CaptureError> {
+    let channel = topic.strip_prefix("realtime:").unwrap_or(topic);
+    let set: &[&str] = &[&identity.role, &identity.claims, channel];
+    let (since, limit) = (replay.since_ms.to_string(), replay.limit.to_string());
+    let read: &[&str] = &[channel, &since, &limit];
+    let statements: [(&str, &[&str]); 3] = [
+        ("BEGIN", &[]),
+        (
+            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true), \
+             set_config('realtime.topic', $3, true)",
+            set,
+        ),
+        (
+            "SELECT coalesce(json_agg(m ORDER BY m.inserted_at), '[]')::text FROM ( \
+               SELECT id::text, event, payload, binary_payload::text AS binary, inserted_at \
+               FROM realtime.messages \
+               WHERE topic = $1 AND extension = 'broadcast' AND private \
+                 AND inserted_at >= to_timestamp($2::float8 / 1000) AT TIME ZONE 'UTC' \
+               ORDER BY inserted_at DESC LIMIT $3::int) m",
+            read,
+        ),
+    ];
+    let result = crate::timer::timeout(TIMEOUT, control.pipeline_partly(&statements)).await;
+    let rollback = crate::timer::timeout(TIMEOUT, control.simple_query("ROLLBACK")).await;
+    let (rows, failed) = result.map_err(|_| CaptureError::Timeout("a channel's replay"))??;
+    rollback.map_err(|_| CaptureError::Timeout("a rollback"))??;
+    if let Some((_, e)) = failed {
+        // Refused by the policies, say: nothing to replay.
+        tracing::debug!(role = %identity.role, error = %e.message, "a channel's replay was refused");
+        return Ok(Vec::new());
+    }
+    #[derive(serde::Deserialize)]
+    struct Kept {
+        id: String,
+        event: Option<String>,
+        payload: Option<Box<serde_json::value::RawValue>>,
+        binary: Option<String>,
+    }
+    let kept: Vec<Kept> = serde_json::from_str(&cell(&rows, 2)?)
+        .map_err(|e| CaptureError::Protocol(e.to_string()))?;
+    Ok(kept
+        .into_iter()
+        .map(|k| UserBroadcast {
+            join_ref: None,
+            msg_ref: None,
+            topic: topic.to_owned(),
+            event: k.event.unwrap_or_default(),
+            meta: Some(Bytes::from(
+                serde_json::json!({ "id": k.id, "replayed": true }).to_string(),
+            )),
+            payload: match k.binary.as_deref().and_then(super::messages::bytea) {
+                Some(b) => Payload::Binary(b),
+                None => Payload::Json(Bytes::from(
+                    k.payload
+                        .map_or_else(|| "{}".to_owned(), |p| p.get().to_owned()),
+                )),
+            },
+        })
+        .collect())
 }
 
 /// The rows of `check` as JSON objects `json_populate_record` reads: text values as

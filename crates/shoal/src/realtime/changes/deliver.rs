@@ -268,6 +268,7 @@ mod tests {
                     private: false,
                     msg_ref: None,
                     replication_ready: false,
+                    replay: None,
                 },
                 vec![],
                 Arc::new(std::sync::Mutex::new(identity)),

@@ -48,7 +48,7 @@ pub(super) fn broadcast(row: &Row) -> Option<UserBroadcast> {
 
 /// A bytea column's text form (`\x` and hex digits: the stream's sessions keep
 /// PostgreSQL's default `bytea_output`).
-fn bytea(text: &str) -> Option<Bytes> {
+pub(super) fn bytea(text: &str) -> Option<Bytes> {
     let hex = text.strip_prefix("\\x")?.as_bytes();
     if hex.len() % 2 != 0 {
         return None;

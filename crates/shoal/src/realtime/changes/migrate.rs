@@ -99,6 +99,9 @@ $$;
     r#"
 -- Binary broadcasts from the database (realtime.send_binary): delivered as binary payloads.
 ALTER TABLE realtime.messages ADD COLUMN binary_payload bytea;
+-- Times in UTC whatever the writer's TimeZone: a replay's `since` is read as UTC.
+ALTER TABLE realtime.messages ALTER COLUMN inserted_at SET DEFAULT (now() AT TIME ZONE 'UTC');
+ALTER TABLE realtime.messages ALTER COLUMN updated_at SET DEFAULT (now() AT TIME ZONE 'UTC');
 
 -- Broadcasts `payload` as `event` to the channel `topic` (private by default), as the
 -- calling role: the table's policies decide who may, and they see the channel in

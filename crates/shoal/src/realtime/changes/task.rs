@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use shoal_realtime::changes::Binding;
-use shoal_realtime::feed::{Identity, Ready, SharedIdentity, Subscription, Target};
+use shoal_realtime::feed::{Identity, Ready, Replay, SharedIdentity, Subscription, Target};
 use shoal_realtime::hub::SocketId;
 
 use super::deliver::{self, Listener};
@@ -50,6 +50,8 @@ struct Sub {
     since: Instant,
     /// The marker whose return covers the bindings.
     marker: Option<u64>,
+    /// Earlier broadcasts to send it when it is answered.
+    replay: Option<Replay>,
 }
 
 impl Sub {
@@ -121,6 +123,7 @@ impl Task {
                     identity,
                     target,
                     ready,
+                    replay,
                 } = *s;
                 self.subs
                     .retain(|o| !(o.socket == socket && o.topic == topic));
@@ -135,6 +138,7 @@ impl Task {
                     ready: Some(ready),
                     since: Instant::now(),
                     marker: None,
+                    replay,
                 };
                 if let Some(why) = self.no_broadcasts.as_ref().filter(|_| sub.optional()) {
                     if let Some(r) = sub.ready.take() {
@@ -470,11 +474,28 @@ impl Capture {
                 // covers are answered, and get what commits after it.
                 self.flush(t).await?;
                 for s in &mut t.subs {
-                    if s.marker.is_some_and(|m| m <= seq) {
-                        if let Some(r) = s.ready.take() {
-                            r.subscribed();
-                        }
+                    if s.marker.is_none_or(|m| m > seq) {
+                        continue;
                     }
+                    let Some(r) = s.ready.take() else {
+                        continue;
+                    };
+                    // Read now, not before the marker: a message committed in between is
+                    // replayed (and may come again live), never missed.
+                    let replayed = match s.replay {
+                        Some(replay) if self.messages => {
+                            let identity =
+                                s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                            authorize::replay(&mut self.control, &identity, &s.topic, replay)
+                                .await
+                                .unwrap_or_else(|e| {
+                                    tracing::warn!(tenant = %t.tenant, topic = %s.topic, error = %e, "could not read a channel's replay");
+                                    Vec::new()
+                                })
+                        }
+                        _ => Vec::new(),
+                    };
+                    r.subscribed_with(&replayed);
                 }
             }
             Event::Keepalive { wal_end, reply } => {
