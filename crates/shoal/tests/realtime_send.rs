@@ -360,3 +360,47 @@ async fn a_private_channel_replays_earlier_broadcasts_from_the_database() {
         "Replay limit must be between 1 and 25"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_on_a_tenant_whose_database_is_down_are_answered_at_once() {
+    // Nothing listens where the tenant's database should be.
+    let (shoal, _data) = shoal_with_token_api_and(pg(), "[realtime]\nlisten = \"127.0.0.1:0\"\n");
+    let body = tenant_body(
+        pg(),
+        "nowhere",
+        serde_json::json!({ "jwt_secret": SECRET, "db_port": free_port() }),
+    );
+    let (status, text) = api(&shoal, "PUT", "/api/tenants/acme?check=false", &body);
+    assert_eq!(status, 201, "{text}");
+    let rt = shoal.realtime.expect("realtime listens");
+    // Joins that arrive together, while the first attempt to reach the database runs, and
+    // one after: each is joined, told there are no broadcasts from the database, and can
+    // broadcast.
+    let mut joins = Vec::new();
+    for i in 0..5 {
+        joins.push(tokio::spawn(async move {
+            let mut p = Phx::connect(rt, "acme", &token("eve")).await.unwrap();
+            let config =
+                serde_json::json!({ "broadcast": { "replication_ready": true, "self": true } });
+            // Answered well before the next attempt, a minute later (heartbeat replies keep
+            // the helper's own wait going).
+            let answered = tokio::time::timeout(Duration::from_secs(20), async {
+                let joined = p.join(&format!("realtime:room{i}"), config).await;
+                (joined, p.until(|m| m["event"] == "system").await)
+            });
+            let (joined, system) = answered.await.expect("the join is answered within 20 s");
+            assert_eq!(joined["status"], "ok", "{joined}");
+            assert_eq!(system["payload"]["status"], "error", "{system}");
+            p.broadcast(
+                &format!("realtime:room{i}"),
+                "hi",
+                serde_json::json!({ "i": i }),
+            )
+            .await;
+            assert_eq!(broadcast(&mut p).await["payload"]["i"], i);
+        }));
+    }
+    for j in joins {
+        j.await.unwrap();
+    }
+}

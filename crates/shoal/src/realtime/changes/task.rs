@@ -295,6 +295,15 @@ pub(crate) async fn run(mut t: Task) {
         let only_broadcasts =
             t.subs.iter().all(Sub::optional) && (error.is_lasting() || !t.slot_made);
         t.no_broadcasts = only_broadcasts.then(|| no_broadcasts(&error));
+        if let Some(why) = &t.no_broadcasts {
+            // Joins still waiting (the error may pass, so they were not refused) are
+            // answered now, not after the next try a minute from now.
+            for s in t.subs.iter_mut().filter(|s| s.optional()) {
+                if let Some(r) = s.ready.take() {
+                    r.failed(why);
+                }
+            }
+        }
         let wait = if only_broadcasts {
             tracing::info!(tenant = %t.tenant, error = %error, "no broadcasts from the database for this tenant; trying again in a minute");
             Duration::from_secs(60)

@@ -42,6 +42,11 @@ pub struct Args {
     /// Broadcasts a minute each user sends to each of its channels (0: idle users).
     #[arg(long, default_value_t = 2.0)]
     per_minute: f64,
+    /// Broadcasts a minute each user sends to its own channel, when not `--per-minute`
+    /// (the seed's workload: 2 a second in every channel, so 120 to one's own and 20 to a
+    /// channel of six).
+    #[arg(long)]
+    echo_per_minute: Option<f64>,
     /// Bytes of filler in each message's payload.
     #[arg(long, default_value_t = 32)]
     payload: usize,

@@ -140,6 +140,8 @@ struct Channel {
     topic: String,
     join_ref: &'static str,
     next: Instant,
+    /// Between this user's sends to it (`None`: it sends none).
+    every: Option<Duration>,
 }
 
 struct Conn {
@@ -305,12 +307,18 @@ async fn traffic(
     stats: &Stats,
     mut phase: tokio::sync::watch::Receiver<Phase>,
 ) -> anyhow::Result<()> {
-    let interval = (args.per_minute > 0.0).then(|| Duration::from_secs_f64(60.0 / args.per_minute));
+    let every =
+        |per_minute: f64| (per_minute > 0.0).then(|| Duration::from_secs_f64(60.0 / per_minute));
     let start = Instant::now();
     let mut chans: Vec<Channel> = channels(args, u)
         .into_iter()
         .enumerate()
         .map(|(i, (topic, join_ref))| {
+            let own = topic.starts_with("realtime:echo-");
+            let interval = every(match args.echo_per_minute {
+                Some(n) if own => n,
+                _ => args.per_minute,
+            });
             // Spread over the interval so the load is steady, not in waves.
             let phase = interval.map_or(Duration::ZERO, |d| {
                 d.mul_f64(((u * 7919 + i * 104_729) % 10_007) as f64 / 10_007.0)
@@ -319,9 +327,11 @@ async fn traffic(
                 topic,
                 join_ref,
                 next: start + phase,
+                every: interval,
             }
         })
         .collect();
+    let interval = chans.iter().find_map(|c| c.every);
     let filler = "x".repeat(args.payload);
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
     let mut heartbeat = Instant::now() + Duration::from_secs(25);
@@ -329,7 +339,12 @@ async fn traffic(
         let now_phase = *phase.borrow();
         let sending = interval.is_some() && matches!(now_phase, Phase::Sending | Phase::Counting);
         let next_send = if sending {
-            chans.iter().map(|c| c.next).min().unwrap_or(far)
+            chans
+                .iter()
+                .filter(|c| c.every.is_some())
+                .map(|c| c.next)
+                .min()
+                .unwrap_or(far)
         } else {
             far
         };
@@ -354,8 +369,8 @@ async fn traffic(
                 }
             }
             () = tokio::time::sleep_until(next_send) => {
-                let Some(d) = interval else { continue };
-                let Some(c) = chans.iter_mut().min_by_key(|c| c.next) else { continue };
+                let Some(c) = chans.iter_mut().filter(|c| c.every.is_some()).min_by_key(|c| c.next) else { continue };
+                let Some(d) = c.every else { continue };
                 c.next += d;
                 let payload = format!(
                     r#"{{"type":"broadcast","event":"m","payload":{{"t":{},"f":"{filler}"}}}}"#,
