@@ -531,7 +531,9 @@ impl Capture {
         let listeners: Vec<Listener<'_>> = t
             .subs
             .iter()
-            .filter(|s| s.ready.is_none() && !s.target.ended())
+            // Channels without bindings take no changes (their broadcasts from the database
+            // go through the hub): thousands of them cost a batch nothing.
+            .filter(|s| s.ready.is_none() && !s.target.ended() && !s.bindings.is_empty())
             .map(|s| {
                 let identity = s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let at = match identities.iter().position(|i| *i == identity) {
