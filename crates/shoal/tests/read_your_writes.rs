@@ -10,50 +10,11 @@ use std::time::Duration;
 
 use common::changes::metric;
 use common::etcd::Etcd;
-use common::replication::Replicated;
+use common::replication::{until_reads_reach_replicas, with_table, Replicated};
 use common::*;
-
-/// A primary with two replicas and a database `db` with table `t`, caught up.
-fn replicated(db: &str) -> Replicated {
-    let r = Replicated::start(2);
-    r.primary.create_database(db);
-    let conn = format!(
-        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
-        r.primary.port
-    );
-    let out = std::process::Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &conn, "-c"])
-        .arg("CREATE TABLE t (id serial PRIMARY KEY, v int)")
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    r.wait_caught_up();
-    r
-}
 
 /// Reads spread over the replicas and none is held back by lag.
 const KEYS: &str = "read_routing = \"split\"\nmax_replica_lag = \"off\"";
-
-async fn port_of(c: &tokio_postgres::Client) -> u16 {
-    let row = c.query_one("SELECT inet_server_port()", &[]).await.unwrap();
-    row.get::<_, i32>(0) as u16
-}
-
-async fn until_reads_reach_replicas(r: &Replicated, c: &tokio_postgres::Client) {
-    let replicas: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !replicas.contains(&port_of(c).await) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "reads never reached a replica"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Writes a row with every replica's replay paused; its id.
 async fn write_with_replicas_paused(r: &Replicated, c: &tokio_postgres::Client) -> i32 {
@@ -96,7 +57,7 @@ fn resume_replay(r: &Replicated) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_is_read_back_after_an_upgrade_moves_the_client() {
     let db = unique_db("ryw_upgrade");
-    let r = replicated(&db);
+    let r = with_table(&db);
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("upgrade.sock");
     let control = control.to_str().unwrap();
@@ -127,7 +88,7 @@ const SECRET: (&str, &str) = ("SHOAL_CLUSTER_SECRET", "a-cluster-secret-for-test
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_is_read_back_after_a_relayed_client_parks_and_resumes() {
     let db = unique_db("ryw_parked");
-    let r = replicated(&db);
+    let r = with_table(&db);
     let etcd = Etcd::start();
     let node = |id: &str| {
         let cluster = format!(

@@ -40,6 +40,18 @@ async fn schema_installed(s: &Setup) {
     .await;
 }
 
+/// A policy letting each user read the private channel `room:<its sub>`.
+fn users_read_their_own_room(s: &Setup) {
+    run_sql(
+        s.pg,
+        &s.db,
+        &format!(
+            "CREATE POLICY read_own ON realtime.messages FOR SELECT TO authenticated
+               USING (realtime.topic() = 'room:' || {OWN_ROOM});"
+        ),
+    );
+}
+
 async fn broadcast(p: &mut Phx) -> serde_json::Value {
     p.until(|m| m["event"] == "broadcast").await["payload"].clone()
 }
@@ -161,14 +173,7 @@ async fn next_frame(ws: &mut common::phoenix::Ws) -> Message {
 async fn send_binary_reaches_protocol_two_sockets_as_a_binary_broadcast() {
     let s = setup("rt_send_bin", "SELECT 1");
     schema_installed(&s).await;
-    run_sql(
-        s.pg,
-        &s.db,
-        &format!(
-            "CREATE POLICY read_own ON realtime.messages FOR SELECT TO authenticated
-               USING (realtime.topic() = 'room:' || {OWN_ROOM});"
-        ),
-    );
+    users_read_their_own_room(&s);
     let mut ws = v2_socket(&s, "alice", "realtime:room:alice").await;
     run_sql(
         s.pg,
@@ -283,14 +288,7 @@ async fn replayed(p: &mut Phx) -> i64 {
 async fn a_private_channel_replays_earlier_broadcasts_from_the_database() {
     let s = setup("rt_replay", "SELECT 1");
     schema_installed(&s).await;
-    run_sql(
-        s.pg,
-        &s.db,
-        &format!(
-            "CREATE POLICY read_own ON realtime.messages FOR SELECT TO authenticated
-               USING (realtime.topic() = 'room:' || {OWN_ROOM});"
-        ),
-    );
+    users_read_their_own_room(&s);
     let send = |n: i32, room: &str| {
         run_sql(
             s.pg,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use common::raw::{self, Raw};
-use common::replication::Replicated;
+use common::replication::{port_of, until_reads_reach_replicas, with_table, Replicated};
 use common::*;
 
 /// Shoal in front of `r`'s primary for `db`, with its replicas and `keys` in the database's
@@ -23,28 +23,6 @@ fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
 /// [`shoal`], with `extra` sections in the configuration.
 fn shoal_with(r: &Replicated, db: &str, keys: &str, extra: &str) -> Shoal {
     Shoal::start(&r.shoal_config(db, keys, extra))
-}
-
-/// A primary with two replicas and a database `db` with table `t` on all three.
-fn cluster(db: &str) -> Replicated {
-    let r = Replicated::start(2);
-    r.primary.create_database(db);
-    let conn = format!(
-        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
-        r.primary.port
-    );
-    let out = std::process::Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &conn, "-c"])
-        .arg("CREATE TABLE t (id serial PRIMARY KEY, v int NOT NULL); CREATE SEQUENCE s;")
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    r.wait_caught_up();
-    r
 }
 
 /// Runs `sql` in `db` on `pg` as `app`; its output.
@@ -65,24 +43,6 @@ fn psql_in(pg: &Pg, db: &str, sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-async fn port_of(c: &tokio_postgres::Client) -> u16 {
-    let row = c.query_one("SELECT inet_server_port()", &[]).await.unwrap();
-    row.get::<_, i32>(0) as u16
-}
-
-/// Waits until reads through `c` reach a replica (the first checks have run).
-async fn until_reads_reach_replicas(r: &Replicated, c: &tokio_postgres::Client) {
-    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !replica_ports.contains(&port_of(c).await) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "reads never reached a replica"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn spread(c: &tokio_postgres::Client, n: usize) -> HashMap<u16, usize> {
     let mut by_port = HashMap::new();
     for _ in 0..n {
@@ -94,7 +54,7 @@ async fn spread(c: &tokio_postgres::Client, n: usize) -> HashMap<u16, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
     let db = unique_db("split");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(&r, &db, "read_routing = \"split\"");
     let c = s.connect(&db).await;
     until_reads_reach_replicas(&r, &c).await;
@@ -172,7 +132,7 @@ async fn reads_spread_over_the_replicas_and_writes_reach_only_the_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_behind_views_casts_operators_and_names_reach_only_the_primary() {
     let db = unique_db("hidden");
-    let r = cluster(&db);
+    let r = with_table(&db);
     psql_in(
         &r.primary,
         &db,
@@ -342,7 +302,7 @@ async fn writes_behind_views_casts_operators_and_names_reach_only_the_primary() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_always_reads_its_own_writes() {
     let db = unique_db("ryw");
-    let r = cluster(&db);
+    let r = with_table(&db);
     // 2,000 writes, each read back at once. No lag limit: a replica whose replay is paused
     // stays in use, so only read-your-writes keeps a writer's reads away from it.
     let s = shoal(
@@ -410,7 +370,7 @@ async fn a_client_always_reads_its_own_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_pipelined_behind_a_read_waits_for_the_primary() {
     let db = unique_db("pipeline");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(&r, &db, "read_routing = \"split\"");
     let c = s.connect(&db).await;
     until_reads_reach_replicas(&r, &c).await;
@@ -471,7 +431,7 @@ async fn a_write_pipelined_behind_a_read_waits_for_the_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_gets_no_reads_until_it_catches_up() {
     let db = unique_db("lag");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(
         &r,
         &db,
@@ -523,7 +483,7 @@ async fn a_lagging_replica_gets_no_reads_until_it_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_down_is_left_out_and_taken_back() {
     let db = unique_db("down");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(&r, &db, "read_routing = \"split\"");
     let c = s.connect(&db).await;
     until_reads_reach_replicas(&r, &c).await;
@@ -556,7 +516,7 @@ async fn a_replica_down_is_left_out_and_taken_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepared_statements_and_sets_follow_the_client_across_the_split() {
     let db = unique_db("follow");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(&r, &db, "read_routing = \"split\"");
     let c = s.connect(&db).await;
     until_reads_reach_replicas(&r, &c).await;
@@ -596,7 +556,7 @@ async fn prepared_statements_and_sets_follow_the_client_across_the_split() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_routing_sends_everything_to_replicas_and_errors_without_them() {
     let db = unique_db("ro");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(
         &r,
         &db,
@@ -641,7 +601,7 @@ async fn replicas_routing_sends_everything_to_replicas_and_errors_without_them()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
     let db = unique_db("failover");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(&r, &db, "read_routing = \"split\"");
     let c = s.connect(&db).await;
     until_reads_reach_replicas(&r, &c).await;
@@ -712,7 +672,7 @@ async fn a_promoted_replica_takes_the_writes_when_the_primary_is_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
     let db = unique_db("tenant");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let (s, _data) = shoal_with_token_api(&r.primary);
     let tenant = |replicas: serde_json::Value| {
         serde_json::json!({"tenant": {
@@ -784,7 +744,7 @@ async fn a_tenants_replicas_are_set_and_changed_through_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_session_attrs_chooses_per_client() {
     let db = unique_db("target");
-    let r = cluster(&db);
+    let r = with_table(&db);
     // Replicas listed, reads left on the primary: only clients that ask use them, and the
     // user whose own read_routing says so.
     let s = shoal_with(
@@ -847,7 +807,7 @@ async fn target_session_attrs_chooses_per_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_and_metrics_show_each_backend() {
     let db = unique_db("show");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal_with(
         &r,
         &db,
@@ -941,7 +901,7 @@ SELECT 1; INSERT INTO t (v) VALUES (0);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_write_reaches_a_replica_under_a_mixed_load() {
     let db = unique_db("mixed");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal_with(
         &r,
         &db,
@@ -1008,7 +968,7 @@ async fn no_write_reaches_a_replica_under_a_mixed_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_mode_client_keeps_a_replica_for_its_session() {
     let db = unique_db("session");
-    let r = cluster(&db);
+    let r = with_table(&db);
     let s = shoal(
         &r,
         &db,
@@ -1052,7 +1012,7 @@ mod split_model {
         static ENV: OnceLock<Env> = OnceLock::new();
         ENV.get_or_init(|| {
             let db = unique_db("splitmodel");
-            let r = cluster(&db);
+            let r = with_table(&db);
             psql_in(
                 &r.primary,
                 &db,

@@ -127,3 +127,46 @@ pub fn promote(replica: &Pg) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A primary with two replicas and a database `db` with table `t` (and sequence `s`) on all
+/// three, caught up.
+pub fn with_table(db: &str) -> Replicated {
+    let r = Replicated::start(2);
+    r.primary.create_database(db);
+    let conn = format!(
+        "host=127.0.0.1 port={} user=app password={} dbname={db}",
+        r.primary.port,
+        super::APP_PASSWORD
+    );
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &conn, "-c"])
+        .arg("CREATE TABLE t (id serial PRIMARY KEY, v int NOT NULL); CREATE SEQUENCE s;")
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    r.wait_caught_up();
+    r
+}
+
+/// The port of the server a query through `c` ran on.
+pub async fn port_of(c: &tokio_postgres::Client) -> u16 {
+    let row = c.query_one("SELECT inet_server_port()", &[]).await.unwrap();
+    row.get::<_, i32>(0) as u16
+}
+
+/// Waits until reads through `c` reach a replica (the first checks have run).
+pub async fn until_reads_reach_replicas(r: &Replicated, c: &tokio_postgres::Client) {
+    let replica_ports: Vec<u16> = r.replicas.iter().map(|p| p.port).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !replica_ports.contains(&port_of(c).await) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reads never reached a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
