@@ -127,11 +127,8 @@ async fn fence_all(app: &App, node: &Node) {
     crate::pool::set_deadline(Instant::now());
     let mut fenced = 0;
     for pool in app.routes.pools() {
-        if pool.fence.close() {
+        if pool.stop_serving().await {
             fenced += 1;
-            pool.server_fds.shut_reads();
-            pool.close_idle().await;
-            pool.fence_replicas().await;
         }
     }
     if fenced > 0 {

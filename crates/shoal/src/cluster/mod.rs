@@ -59,6 +59,8 @@ pub enum NodeError {
     },
     #[error("the cluster cannot say who owns pool \"{0}\" now (etcd: {1})")]
     Claim(String, String),
+    #[error("cannot take pool \"{0}\" over at PostgreSQL: {1}")]
+    TakeOver(String, String),
     #[error("node \"{0}\" is not in the cluster")]
     UnknownNode(String),
     #[error("cannot reach node \"{node}\": {reason}")]
@@ -274,8 +276,15 @@ impl Node {
         self.metrics.claims.fetch_add(1, Ordering::Relaxed);
         match claimed {
             Claim::Owned => {
-                pool.fence.own();
-                tracing::info!(pool = %key, node = %self.id, "pool owned by this node");
+                // PostgreSQL is made to refuse any earlier owner before this one serves.
+                let _taking = pool.fence.taking_over.lock().await;
+                if !pool.fence.owned() {
+                    pool.take_over()
+                        .await
+                        .map_err(|e| NodeError::TakeOver(key.clone(), e.to_string()))?;
+                    pool.fence.own();
+                    tracing::info!(pool = %key, node = %self.id, "pool owned by this node");
+                }
                 Ok(Place::Here)
             }
             Claim::OwnedBy(n) => Ok(Place::There(n)),

@@ -36,6 +36,7 @@ async fn give_up(node: &Arc<Node>, pool: &Arc<Pool>) -> bool {
         pool.fence.own();
         return false;
     }
+    pool.fence.drop_mark();
     pool.close_idle().await;
     pool.fence_replicas().await;
     release(node, &pool.name).await;

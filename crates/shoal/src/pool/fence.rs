@@ -8,10 +8,16 @@
 //! node paused past its lease (SIGSTOP, a long GC-like stall of the machine) uses no server
 //! once it runs again, before any of its tasks could learn the lease is gone. Servers already
 //! lent are ended by whoever closes the fence.
+//!
+//! Neither closes the window between a check and a write in an owner that is paused right
+//! then: the new owner also makes PostgreSQL refuse the old one (see `pg_fence`), and the
+//! fence holds this node's mark for that.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
+
+use super::pg_fence::{Mark, MarkSlot};
 
 /// Set once, when this process joins a cluster (before it accepts clients): pools made from
 /// then on start closed.
@@ -40,15 +46,59 @@ const OPEN: u8 = 0;
 const OWNED: u8 = 1;
 const CLOSED: u8 = 2;
 
-pub struct Fence(AtomicU8);
+pub struct Fence {
+    state: AtomicU8,
+    /// This node's mark at PostgreSQL, for a primary's pool it owns (see `pg_fence`).
+    mark: Mutex<MarkSlot>,
+    /// Held while the pool is taken over, so two logins that both find it unowned take it
+    /// over once.
+    pub taking_over: tokio::sync::Mutex<()>,
+}
+
+/// Why no server may be opened for a pool whose mark was given up.
+#[derive(Debug)]
+pub struct MarkLost;
 
 impl Fence {
     pub fn new() -> Fence {
-        Fence(AtomicU8::new(if CLUSTERED.load(Ordering::Relaxed) {
+        Fence::with_state(if CLUSTERED.load(Ordering::Relaxed) {
             CLOSED
         } else {
             OPEN
-        }))
+        })
+    }
+
+    fn with_state(state: u8) -> Fence {
+        Fence {
+            state: AtomicU8::new(state),
+            mark: Mutex::new(MarkSlot::NotNeeded),
+            taking_over: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The mark each server opened must be enlisted with before it serves (`None`: no mark
+    /// is needed), or `MarkLost` when it was given up.
+    pub fn mark(&self) -> Result<Option<Arc<Mark>>, MarkLost> {
+        match &*self.mark.lock().unwrap_or_else(|e| e.into_inner()) {
+            MarkSlot::NotNeeded => Ok(None),
+            MarkSlot::Held(m) => Ok(Some(m.clone())),
+            MarkSlot::Lost => Err(MarkLost),
+        }
+    }
+
+    /// This node took the pool over at PostgreSQL.
+    pub fn set_mark(&self, mark: Arc<Mark>) {
+        *self.mark.lock().unwrap_or_else(|e| e.into_inner()) = MarkSlot::Held(mark);
+    }
+
+    /// This node gave the pool up (or may have lost it): its mark goes (the session ends
+    /// once the last enlisting in flight is done with it), and no server is opened until
+    /// the pool is taken over again.
+    pub fn drop_mark(&self) {
+        let mut slot = self.mark.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*slot, MarkSlot::Held(_)) {
+            *slot = MarkSlot::Lost;
+        }
     }
 
     /// Pools made from now on start closed.
@@ -58,7 +108,7 @@ impl Fence {
 
     /// Whether a server may be used (checked out or opened) now.
     pub fn may_open(&self) -> bool {
-        match self.0.load(Ordering::Acquire) {
+        match self.state.load(Ordering::Acquire) {
             OPEN => true,
             OWNED => before_deadline(),
             _ => false,
@@ -68,13 +118,13 @@ impl Fence {
     /// This node's claim on the pool is confirmed.
     pub fn own(&self) {
         let _ = self
-            .0
+            .state
             .compare_exchange(CLOSED, OWNED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// This node gives the pool up (or may have lost it). Returns whether it was owned.
     pub fn close(&self) -> bool {
-        self.0
+        self.state
             .compare_exchange(OWNED, CLOSED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
@@ -85,7 +135,7 @@ impl Fence {
     }
 
     pub fn owned(&self) -> bool {
-        self.0.load(Ordering::Acquire) == OWNED
+        self.state.load(Ordering::Acquire) == OWNED
     }
 }
 
@@ -101,7 +151,7 @@ mod tests {
 
     #[test]
     fn an_owned_pool_is_usable_until_the_lease_deadline() {
-        let f = Fence(AtomicU8::new(CLOSED));
+        let f = Fence::with_state(CLOSED);
         assert!(!f.may_open());
         f.own();
         assert!(f.owned());
@@ -111,7 +161,7 @@ mod tests {
         assert!(!f.may_open(), "past the deadline, owned or not");
         assert!(f.close());
         assert!(!f.close(), "closed once");
-        let single = Fence(AtomicU8::new(OPEN));
+        let single = Fence::with_state(OPEN);
         assert!(single.may_open(), "a single node has no deadline");
         assert!(!single.close());
     }

@@ -14,6 +14,7 @@
 mod fence;
 mod idle;
 mod lease;
+pub mod pg_fence;
 mod slow;
 
 pub use fence::{set_deadline, Fence};
@@ -249,10 +250,17 @@ pub struct ServerTracker {
     pool: Weak<Pool>,
     id: u64,
     fd: Option<std::os::fd::RawFd>,
+    /// The mark this server was enlisted with, and its process id (cluster).
+    enlisted: Option<(Weak<pg_fence::Mark>, i32)>,
 }
 
 impl Drop for ServerTracker {
     fn drop(&mut self) {
+        if let Some((mark, pid)) = self.enlisted.take() {
+            if let Some(mark) = mark.upgrade() {
+                crate::control::spawn(async move { mark.discharge(pid).await });
+            }
+        }
         if let Some(pool) = self.pool.upgrade() {
             if let Some(fd) = self.fd {
                 pool.server_fds.remove(fd);
@@ -794,6 +802,9 @@ impl Pool {
         if !self.fence.may_open() {
             return Err(CheckoutError::Fenced(self.name.clone()));
         }
+        let Ok(mark) = self.fence.mark() else {
+            return Err(CheckoutError::Fenced(self.name.clone()));
+        };
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
         self.metrics.connecting.fetch_add(1, Ordering::Relaxed);
         // A capped statement_timeout is the server's own default: PostgreSQL ends a
@@ -811,6 +822,10 @@ impl Pool {
         self.metrics.connecting.fetch_sub(1, Ordering::Relaxed);
         match r {
             Ok(mut conn) => {
+                let enlisted = match mark {
+                    Some(mark) => Some(self.enlist(&conn, mark).await?),
+                    None => None,
+                };
                 self.servers_info
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -831,6 +846,7 @@ impl Pool {
                     pool: self.self_weak(),
                     id: conn.id,
                     fd,
+                    enlisted,
                 }));
                 opening.opened();
                 if self.login_params(&[]).is_none() {
@@ -848,6 +864,60 @@ impl Pool {
                 })
             }
         }
+    }
+
+    /// Records a new server with this node's mark at PostgreSQL before it serves (see
+    /// [`pg_fence`]). When PostgreSQL refuses, another node is taking the pool over (or
+    /// the mark is gone): this node stops serving the pool at once.
+    async fn enlist(
+        &self,
+        conn: &ServerConn,
+        mark: Arc<pg_fence::Mark>,
+    ) -> Result<(Weak<pg_fence::Mark>, i32), CheckoutError> {
+        let pid = conn.process_id;
+        let m = mark.clone();
+        let r = match crate::control::spawn(async move { m.enlist(pid).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(pg_fence::FenceError::Answer(e.to_string())),
+        };
+        match r {
+            Ok(()) => Ok((Arc::downgrade(&mark), pid)),
+            Err(e) => {
+                tracing::error!(pool = %self.name, error = %e, "PostgreSQL refuses this node's servers for the pool (another node takes it over, or this node's fence session ended): no longer serving it");
+                self.stop_serving().await;
+                Err(CheckoutError::Fenced(self.name.clone()))
+            }
+        }
+    }
+
+    /// Takes the pool over at PostgreSQL, ending whatever an earlier owner still has
+    /// there (cluster; see [`pg_fence`]): done before this node serves the pool.
+    pub async fn take_over(&self) -> Result<(), pg_fence::FenceError> {
+        let up = self.upstream.clone();
+        let name = self.name.clone();
+        let timeout = self.settings.connect_timeout.max(Duration::from_secs(5));
+        let mark =
+            crate::control::spawn(
+                async move { pg_fence::Mark::take_over(&up, &name, timeout).await },
+            )
+            .await
+            .map_err(|e| pg_fence::FenceError::Answer(e.to_string()))??;
+        tracing::debug!(pool = %self.name, mark = mark.pid, "pool taken over at PostgreSQL");
+        self.fence.set_mark(Arc::new(mark));
+        Ok(())
+    }
+
+    /// This node stops serving the pool (cluster): no server is used or opened for it, idle
+    /// ones close, the transactions on the others end, its mark goes.
+    pub async fn stop_serving(&self) -> bool {
+        let owned = self.fence.close();
+        self.fence.drop_mark();
+        if owned {
+            self.server_fds.shut_reads();
+            self.close_idle().await;
+            self.fence_replicas().await;
+        }
+        owned
     }
 
     /// Returns a healthy, idle (status `I`, nothing pending) server to the pool.

@@ -629,13 +629,15 @@ impl Session {
                 if flow.status != b'I' {
                     // Inside a transaction block: the client's session is gone with the
                     // server's, as on a direct connection. Pass the server's own FATAL on.
+                    // A fenced node's servers may have been ended by the pool's next
+                    // owner (its FATAL says "administrator command"): say why.
                     let (kind, code, message) = match fatal {
-                        Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
-                        None if self.pool.fence.fenced() => (
+                        _ if self.pool.fence.fenced() => (
                             ErrorKind::Fenced,
                             sqlstate::CONNECTION_FAILURE,
                             "this Shoal node stopped serving the pool (its cluster lease lapsed); the transaction was ended: reconnect".to_string(),
                         ),
+                        Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
                         None => (
                             ErrorKind::ServerLost,
                             sqlstate::CONNECTION_FAILURE,

@@ -282,6 +282,16 @@ impl Pg {
         .unwrap()
     }
 
+    /// Of [`Pg::backends`], the servers of pools: not the owner's fence session a cluster
+    /// node holds per pool it owns (`application_name` "shoal fence").
+    pub fn servers(&self, db: &str) -> usize {
+        self.psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND backend_type = 'client backend' AND application_name IS DISTINCT FROM 'shoal fence'"
+        ))
+        .parse()
+        .unwrap()
+    }
+
     pub fn bin(&self, name: &str) -> PathBuf {
         self.bin.join(name)
     }
