@@ -72,6 +72,9 @@ ensure_test_packages() {
   command -v mvn >/dev/null || missing+=(maven)
   command -v unzip >/dev/null || missing+=(unzip)
   command -v git >/dev/null || missing+=(git)
+  # The cluster's partition tests put nodes in network namespaces and drop packets there.
+  command -v nft >/dev/null || missing+=(nftables)
+  command -v ip >/dev/null || missing+=(iproute2)
   apt_install "${missing[@]}"
   ensure_node
   ensure_go

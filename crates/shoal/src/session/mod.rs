@@ -749,6 +749,16 @@ impl Session {
                 self.fail_unit(e.code, &e.message).await?;
                 return Ok(None);
             }
+            if e.kind == crate::error::ErrorKind::Fenced {
+                // Another node serves the pool now (cluster): on this connection the client
+                // would be refused for good; a new one is relayed to the owner.
+                tracing::warn!(conn = self.id, pool = %self.pool.name, "the pool is no longer served by this node: closing the client so that it reconnects");
+                return Err(SessionError::fatal(
+                    e.kind,
+                    e.code,
+                    format!("{}; the statement did not run", e.message),
+                ));
+            }
             tracing::warn!(conn = self.id, pool = %self.pool.name, kind = e.kind.label(), detail = %Escaped(&e.detail), retry = e.retry_safe && attempts < 2, "no server for the client");
             if !(e.retry_safe && attempts < 2) {
                 self.fail_unit(e.code, &e.message).await?;

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub struct Etcd {
     child: Option<Child>,
     pub url: String,
+    host: String,
     client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
@@ -17,7 +18,14 @@ impl Etcd {
     /// Starts etcd on free ports. A port found free can be taken before etcd binds it (by
     /// another test's connection): etcd then exits, and it is started again on others.
     pub fn start() -> Etcd {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// As [`Etcd::start`], listening for clients on `host` (its peer port stays on
+    /// loopback).
+    pub fn start_on(host: &str) -> Etcd {
         let mut e = Etcd {
+            host: host.to_owned(),
             child: None,
             client_port: 0,
             peer_port: 0,
@@ -27,7 +35,7 @@ impl Etcd {
         for _ in 0..3 {
             e.client_port = super::free_port();
             e.peer_port = super::free_port();
-            e.url = format!("http://127.0.0.1:{}", e.client_port);
+            e.url = format!("http://{host}:{}", e.client_port);
             if e.run() {
                 return e;
             }
@@ -74,7 +82,7 @@ impl Etcd {
 
     /// Whether etcd answers its health check (HTTP, no client library needed).
     pub fn healthy(&self) -> bool {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client_port)) else {
+        let Ok(mut s) = std::net::TcpStream::connect((self.host.as_str(), self.client_port)) else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
@@ -86,6 +94,10 @@ impl Etcd {
         let mut reply = String::new();
         let _ = s.read_to_string(&mut reply);
         reply.contains("\"health\":\"true\"")
+    }
+
+    pub fn client_port(&self) -> u16 {
+        self.client_port
     }
 
     /// Kills etcd (as a crash would).

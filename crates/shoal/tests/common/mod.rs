@@ -11,6 +11,8 @@ pub mod etcd;
 #[allow(dead_code)]
 pub mod fake_pg;
 #[allow(dead_code)]
+pub mod netns;
+#[allow(dead_code)]
 pub mod phoenix;
 pub mod raw;
 #[allow(dead_code)]
@@ -378,11 +380,31 @@ impl Shoal {
 
     /// As [`Shoal::start_with_env`], with more command-line arguments.
     pub fn start_with_args(config: &str, env: &[(&str, &str)], args: &[&str]) -> Shoal {
+        Self::start_in(None, config, env, args)
+    }
+
+    /// As [`Shoal::start_with_args`], in network namespace `netns` if given (see
+    /// [`netns`]).
+    pub fn start_in(
+        netns: Option<&str>,
+        config: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Shoal {
         let config_dir = tempfile::tempdir().unwrap();
         let path = config_dir.path().join("shoal.toml");
         std::fs::write(&path, config).unwrap();
         let ready = config_dir.path().join("ready");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+        let exe = env!("CARGO_BIN_EXE_shoal");
+        // `ip netns exec` runs the program in place of itself: the child is Shoal.
+        let mut cmd = match netns {
+            None => Command::new(exe),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, exe]);
+                c
+            }
+        };
         cmd.arg("--config")
             .arg(&path)
             .arg("--ready-file")
@@ -467,7 +489,8 @@ impl Shoal {
     /// libpq-style connection string for `user`/`db` through this Shoal.
     pub fn conninfo(&self, user: &str, password: &str, db: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
+            "host={} port={} user={user} password={password} dbname={db}",
+            self.addr.ip(),
             self.port()
         )
     }
