@@ -204,12 +204,16 @@ async fn serve_with(
     crate::clock::start();
     crate::memory::start(&crate::app::CHURN);
     let (tx, rx) = watch::channel(false);
-    if config.cluster.is_some() {
-        crate::pool::Fence::clustered();
-    }
     let app = App::new(config, rx).map_err(std::io::Error::other)?;
     if let Some(c) = app.config.cluster.clone() {
-        let node = crate::cluster::start(&app, c)
+        // The streams peers open: relayed clients, and realtime's fabric.
+        let handlers = crate::cluster::Handlers::new(|app, stream, what| {
+            tokio::spawn(crate::session::serve_relayed(app, stream, what));
+        })
+        .on(crate::realtime::fabric::OPENING, |app, stream, _| {
+            crate::control::spawn(crate::realtime::fabric::receive(app, stream));
+        });
+        let node = crate::cluster::start(&app, c, handlers)
             .await
             .map_err(std::io::Error::other)?;
         let _ = app.cluster.set(node);

@@ -578,3 +578,33 @@ async fn a_checkout_given_up_while_connecting_gives_its_room_back() {
         assert_eq!(pool.in_use(), 0);
     }
 }
+
+/// Fencing in one process (the lease is the App's, not the process's): a pool owned under a
+/// lease serves until its deadline; past it, the next statement never reaches a server and
+/// the client is closed with `08006`, to reconnect where the pool's owner now is.
+#[tokio::test]
+async fn past_the_lease_deadline_a_statement_never_reaches_a_server() {
+    let fake = FakePg::start().await;
+    let app = app(&fake, "");
+    app.routes.lease.set_clustered();
+    let pool = pool_of(&app);
+    assert!(pool.fence.fenced(), "a cluster's pool starts closed");
+    pool.fence.own();
+    app.routes
+        .lease
+        .set_deadline(std::time::Instant::now() + Duration::from_secs(60));
+    let mut c = client(&app).await;
+    assert_eq!(c.simple("SELECT 'owned'").await.unwrap(), vec!["owned"]);
+    app.routes.lease.set_deadline(std::time::Instant::now());
+    let mut out = BytesMut::new();
+    raw::query(&mut out, "SELECT 'late'");
+    c.send(&out).await;
+    let refused = c.recv().await.expect("an answer");
+    assert_eq!(refused.tag, 'E');
+    assert_eq!(refused.code(), "08006", "{refused:?}");
+    assert!(refused.text().contains("did not run"), "{refused:?}");
+    assert!(c.recv().await.is_none(), "the client is closed");
+    let seen = fake.shared.queries.lock().unwrap().clone();
+    assert!(seen.iter().any(|q| q.contains("'owned'")));
+    assert!(!seen.iter().any(|q| q.contains("'late'")), "{seen:?}");
+}

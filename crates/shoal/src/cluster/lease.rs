@@ -53,7 +53,7 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
                 .store(since.as_millis() as u64, Ordering::Relaxed);
             if since < ttl / 4 + TICK {
                 deadline = deadline.max(m.valid_until());
-                crate::pool::set_deadline(deadline);
+                app.routes.lease.set_deadline(deadline);
                 if fenced || vouching {
                     tracing::info!(node = %node.id, "cluster lease renewed again");
                 }
@@ -68,7 +68,7 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
             node.links.probe_control();
             if vouched(&node, ttl, renewed) {
                 deadline = deadline.max(Instant::now() + ttl / 4);
-                crate::pool::set_deadline(deadline);
+                app.routes.lease.set_deadline(deadline);
                 if !vouching {
                     tracing::warn!(node = %node.id, unrenewed = ?since, "etcd cannot be reached, by any node: serving the pools this node owns, changing no ownership");
                     vouching = true;
@@ -124,7 +124,7 @@ fn vouched(node: &Node, ttl: Duration, renewed: Instant) -> bool {
 /// the transactions running on the others end (their sockets are shut), so this node never
 /// acts beside the owner the others will choose once its lease expires.
 async fn fence_all(app: &App, node: &Node) {
-    crate::pool::set_deadline(Instant::now());
+    app.routes.lease.set_deadline(Instant::now());
     let mut fenced = 0;
     for pool in app.routes.pools() {
         if pool.stop_serving().await {

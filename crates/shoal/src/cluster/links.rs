@@ -263,18 +263,15 @@ async fn run(
     io: Box<dyn Io>,
     l: Link,
     mut incoming: tokio::sync::mpsc::UnboundedReceiver<Incoming>,
-    app: Option<Arc<App>>,
+    accepted: Option<(Arc<App>, Arc<Node>)>,
 ) {
     let serve = async {
         while let Some(inc) = incoming.recv().await {
-            let Some(app) = &app else { continue };
+            let Some((app, node)) = &accepted else {
+                continue;
+            };
             match inc {
-                Incoming::Stream(s, what) if &what[..] == crate::realtime::fabric::OPENING => {
-                    crate::control::spawn(crate::realtime::fabric::receive(app.clone(), s));
-                }
-                Incoming::Stream(s, what) => {
-                    tokio::spawn(crate::session::serve_relayed(app.clone(), s, what));
-                }
+                Incoming::Stream(s, what) => node.handlers.dispatch(app.clone(), s, what),
                 Incoming::Cancel(pid, key) => {
                     let app = app.clone();
                     tokio::spawn(async move {
@@ -334,7 +331,8 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
                 .unwrap_or_else(|e| e.into_inner())
                 .push(l.clone());
             tracing::info!(%peer, shard, "node link accepted");
-            run(io, l, incoming, Some(app)).await;
+            let accepted = Some((app, node.clone()));
+            run(io, l, incoming, accepted).await;
         };
         match (crate::shard::handle(shard), tcp.into_std()) {
             (Some(h), Ok(std)) => {

@@ -4,6 +4,8 @@
 //! [`pipe`]). Everything else — etcd membership and ownership (the `shoal-cluster` crate),
 //! node links, the relay's byte loop — stays behind it.
 //!
+//! - `handlers`: what this node does with the streams peers open (registered by the
+//!   services that take them).
 //! - `lease`: this node's registration followed: deadlines, fencing, etcd outages, joining
 //!   again.
 //! - [`links`]: the node links, outgoing and accepted, and their upkeep.
@@ -17,6 +19,7 @@
 //! etcd is only ever called on the control runtime; a login asks for a claim through
 //! [`crate::control::spawn`] and awaits the answer.
 
+mod handlers;
 mod lease;
 pub mod links;
 pub mod open;
@@ -35,6 +38,7 @@ use shoal_cluster::{ClusterError, Membership, MembershipConfig, NodeInfo};
 use crate::app::App;
 use crate::config::Cluster;
 use crate::pool::Pool;
+pub use handlers::Handlers;
 
 /// Where a pool's clients are served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +109,8 @@ pub struct Node {
     /// with one tick, every client that went idle in the same half period parked at once,
     /// and the owner's burst of ending sessions stalled the queries behind it for 50-300 ms.
     park_ticks: Vec<[tokio::sync::Notify; PARK_PHASES]>,
+    /// The services taking the streams peers open here.
+    handlers: Handlers,
 }
 
 /// Phases of the idle clock (see [`Node::park_ticks`]).
@@ -113,8 +119,12 @@ const PARK_PHASES: usize = 16;
 /// Joins the cluster: takes a slot, registers under a lease, starts following the others,
 /// and accepts node links on `relay_listen`. Pools made from here on start fenced. Run on
 /// the control runtime, before clients are accepted.
-pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeError> {
-    crate::pool::Fence::clustered();
+pub async fn start(
+    app: &Arc<App>,
+    config: Cluster,
+    handlers: Handlers,
+) -> Result<Arc<Node>, NodeError> {
+    app.routes.lease.set_clustered();
     let node_tls = config.tls.as_ref().map(tls::NodeTls::load).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.relay_listen)
         .await
@@ -154,6 +164,7 @@ pub async fn start(app: &Arc<App>, config: Cluster) -> Result<Arc<Node>, NodeErr
         metrics: ClusterMetrics::default(),
         relayed: Default::default(),
         park_ticks,
+        handlers,
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
     tokio::spawn(links::accept(listener, app.clone(), node.clone()));
@@ -207,7 +218,7 @@ pub(crate) async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership
         return Err(ClusterError::NoSlot);
     }
     app.cancels.set_node_slot(m.slot());
-    crate::pool::set_deadline(m.valid_until());
+    app.routes.lease.set_deadline(m.valid_until());
     Ok(m)
 }
 

@@ -14,32 +14,55 @@
 //! fence holds this node's mark for that.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::pg_fence::{Mark, MarkSlot};
 
-/// Set once, when this process joins a cluster (before it accepts clients): pools made from
-/// then on start closed.
-static CLUSTERED: AtomicBool = AtomicBool::new(false);
-
-/// The lease's deadline, in nanoseconds after [`base`] (0: none yet).
-static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
-
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
+/// Whether this process is a cluster node, and until when its lease is known alive: one per
+/// [`crate::app::App`], shared by the fences of all its pools (two nodes can run in one
+/// process, as in tests).
+pub struct LeaseClock {
+    clustered: AtomicBool,
+    /// The lease's deadline, in nanoseconds after `base` (0: none yet).
+    deadline_ns: AtomicU64,
+    base: Instant,
 }
 
-/// Owned pools may be used until `deadline` (moved on by each confirmed lease renewal).
-pub fn set_deadline(deadline: Instant) {
-    let ns = deadline.saturating_duration_since(base()).as_nanos() as u64;
-    DEADLINE_NS.store(ns.max(1), Ordering::Release);
+impl LeaseClock {
+    pub fn new(clustered: bool) -> LeaseClock {
+        LeaseClock {
+            clustered: AtomicBool::new(clustered),
+            deadline_ns: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    /// Pools made from now on start closed (set before clients are accepted).
+    pub fn set_clustered(&self) {
+        self.clustered.store(true, Ordering::SeqCst);
+    }
+
+    pub fn clustered(&self) -> bool {
+        self.clustered.load(Ordering::Relaxed)
+    }
+
+    /// Owned pools may be used until `deadline` (moved on by each confirmed renewal).
+    pub fn set_deadline(&self, deadline: Instant) {
+        let ns = deadline.saturating_duration_since(self.base).as_nanos() as u64;
+        self.deadline_ns.store(ns.max(1), Ordering::Release);
+    }
+
+    fn before_deadline(&self) -> bool {
+        let d = self.deadline_ns.load(Ordering::Acquire);
+        d != 0 && (self.base.elapsed().as_nanos() as u64) < d
+    }
 }
 
-fn before_deadline() -> bool {
-    let d = DEADLINE_NS.load(Ordering::Acquire);
-    d != 0 && (base().elapsed().as_nanos() as u64) < d
+impl Default for LeaseClock {
+    fn default() -> Self {
+        LeaseClock::new(false)
+    }
 }
 
 const OPEN: u8 = 0;
@@ -48,6 +71,7 @@ const CLOSED: u8 = 2;
 
 pub struct Fence {
     state: AtomicU8,
+    lease: Arc<LeaseClock>,
     /// This node's mark at PostgreSQL, for a primary's pool it owns (see `pg_fence`).
     mark: Mutex<MarkSlot>,
     /// Held while the pool is taken over, so two logins that both find it unowned take it
@@ -60,20 +84,24 @@ pub struct Fence {
 pub struct MarkLost;
 
 impl Fence {
-    pub fn new() -> Fence {
-        Fence::with_state(if CLUSTERED.load(Ordering::Relaxed) {
-            CLOSED
-        } else {
-            OPEN
-        })
+    /// A fence on `lease`: closed in a cluster until the pool is owned, open otherwise.
+    pub fn new(lease: Arc<LeaseClock>) -> Fence {
+        let state = if lease.clustered() { CLOSED } else { OPEN };
+        Fence::with_state(state, lease)
     }
 
-    fn with_state(state: u8) -> Fence {
+    fn with_state(state: u8, lease: Arc<LeaseClock>) -> Fence {
         Fence {
             state: AtomicU8::new(state),
+            lease,
             mark: Mutex::new(MarkSlot::NotNeeded),
             taking_over: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The lease this fence follows (a replica's pool follows its primary's).
+    pub fn lease(&self) -> &Arc<LeaseClock> {
+        &self.lease
     }
 
     /// The mark each server opened must be enlisted with before it serves (`None`: no mark
@@ -101,16 +129,11 @@ impl Fence {
         }
     }
 
-    /// Pools made from now on start closed.
-    pub fn clustered() {
-        CLUSTERED.store(true, Ordering::SeqCst);
-    }
-
     /// Whether a server may be used (checked out or opened) now.
     pub fn may_open(&self) -> bool {
         match self.state.load(Ordering::Acquire) {
             OPEN => true,
-            OWNED => before_deadline(),
+            OWNED => self.lease.before_deadline(),
             _ => false,
         }
     }
@@ -139,29 +162,24 @@ impl Fence {
     }
 }
 
-impl Default for Fence {
-    fn default() -> Self {
-        Fence::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn an_owned_pool_is_usable_until_the_lease_deadline() {
-        let f = Fence::with_state(CLOSED);
+        let lease = Arc::new(LeaseClock::new(true));
+        let f = Fence::new(lease.clone());
         assert!(!f.may_open());
         f.own();
         assert!(f.owned());
-        set_deadline(Instant::now() + std::time::Duration::from_secs(60));
+        lease.set_deadline(Instant::now() + std::time::Duration::from_secs(60));
         assert!(f.may_open());
-        set_deadline(Instant::now());
+        lease.set_deadline(Instant::now());
         assert!(!f.may_open(), "past the deadline, owned or not");
         assert!(f.close());
         assert!(!f.close(), "closed once");
-        let single = Fence::with_state(OPEN);
+        let single = Fence::new(Arc::new(LeaseClock::new(false)));
         assert!(single.may_open(), "a single node has no deadline");
         assert!(!single.close());
     }

@@ -17,7 +17,7 @@ mod lease;
 pub mod pg_fence;
 mod slow;
 
-pub use fence::{set_deadline, Fence};
+pub use fence::{Fence, LeaseClock};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
 pub use slow::SlowQuery;
@@ -294,6 +294,7 @@ impl Pool {
         tenant: Option<String>,
         settings: PoolSettings,
         upstream: Upstream,
+        lease: Arc<LeaseClock>,
     ) -> Arc<Pool> {
         let pool = Arc::new_cyclic(|me| Pool {
             me: me.clone(),
@@ -313,7 +314,7 @@ impl Pool {
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
             notify: Default::default(),
-            fence: Fence::new(),
+            fence: Fence::new(lease),
             replicas: std::sync::OnceLock::new(),
             rules: std::sync::RwLock::new(None),
             has_rules: std::sync::atomic::AtomicBool::new(false),

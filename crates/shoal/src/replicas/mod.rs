@@ -181,6 +181,7 @@ impl ReplicaSet {
                     primary.tenant.clone(),
                     primary.settings.clone(),
                     upstream,
+                    primary.fence.lease().clone(),
                 );
                 Member {
                     pool,

@@ -171,6 +171,8 @@ pub struct Registry {
     /// Told of tenants changed or ended, for the services beside the pooler (realtime),
     /// before the change is acknowledged.
     tenant_listeners: RwLock<Vec<TenantListener>>,
+    /// This process's cluster lease as its pools' fences follow it.
+    pub lease: Arc<crate::pool::LeaseClock>,
 }
 
 type TenantListener = Box<dyn Fn(&TenantEvent) + Send + Sync>;
@@ -185,6 +187,7 @@ pub enum TenantEvent {
 impl Registry {
     pub fn new(config: Config) -> Registry {
         Registry {
+            lease: Arc::new(crate::pool::LeaseClock::new(config.cluster.is_some())),
             config: RwLock::new(Arc::new(config)),
             tenants: Tenants::default(),
             tenant_listeners: RwLock::default(),
@@ -415,6 +418,7 @@ impl Registry {
                 passthrough: user.passthrough.clone(),
                 dial: self.dial.get().cloned(),
             },
+            self.lease.clone(),
         );
         self.share_catalogue(&pool, db);
         pool.set_rules(rules_for(db, user));
