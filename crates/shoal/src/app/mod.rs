@@ -37,6 +37,9 @@ pub struct App {
     pub realtime: std::sync::OnceLock<Arc<shoal_realtime::edge::Service>>,
     /// Postgres Changes capture, with the realtime service.
     pub feeds: std::sync::OnceLock<Arc<crate::realtime::changes::Feeds>>,
+    /// KiB of large client messages buffered whole now, by all clients together
+    /// (bounded by `server.max_large_message_memory`).
+    pub large_message_kib: std::sync::atomic::AtomicUsize,
 }
 
 impl App {
@@ -58,6 +61,7 @@ impl App {
             cluster: Default::default(),
             realtime: Default::default(),
             feeds: Default::default(),
+            large_message_kib: Default::default(),
         }))
     }
 

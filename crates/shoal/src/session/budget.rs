@@ -1,4 +1,4 @@
-//! A process-wide memory budget for large client messages that must be buffered whole
+//! A memory budget for large client messages that must be buffered whole
 //! (a query text, a Bind with large values): each client is bounded by `max_packet_size`,
 //! and all of them together by `server.max_large_message_memory`, so a handful of clients
 //! sending huge queries cannot take the process's memory. Messages Shoal streams through
@@ -16,29 +16,15 @@ use crate::error::ErrorKind;
 /// Messages up to this size are ordinary and need no budget.
 pub const LARGE: usize = 1 << 20;
 
-/// KiB reserved by all clients together.
-static IN_USE_KIB: AtomicUsize = AtomicUsize::new(0);
-
-/// Reserves budget for the large message at `buf[at..]` (the bytes before it are messages
-/// already handled, waiting in place to be written), or releases what this client holds once
-/// no large message is buffered (and gives the memory back). `reserved_kib` is the client's
-/// share; `budget` the process-wide limit in bytes. `streaming_copy`: COPY data is streamed
-/// by the caller and needs no budget.
-pub fn account(
-    buf: &mut BytesMut,
-    at: usize,
-    reserved_kib: &mut u32,
-    budget: usize,
-    streaming_copy: bool,
-) -> Result<(), SessionError> {
-    account_in(&IN_USE_KIB, buf, at, reserved_kib, budget, streaming_copy)
-}
-
-/// [`account`] against a given counter: the process's, or a test's own (tests run in
-/// parallel and must not share one budget).
+/// Reserves budget (KiB, counted in `in_use_kib`: the App's, shared by all its clients) for
+/// the large message at `buf[at..]` (the bytes before it are messages already handled,
+/// waiting in place to be written), or releases what this client holds once no large
+/// message is buffered (and gives the memory back). `reserved_kib` is the client's share;
+/// `budget` the limit in bytes. `streaming_copy`: COPY data is streamed by the caller and
+/// needs no budget.
 // `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
 #[allow(deprecated)]
-fn account_in(
+pub fn account(
     in_use_kib: &AtomicUsize,
     buf: &mut BytesMut,
     at: usize,
@@ -52,7 +38,7 @@ fn account_in(
         .filter(|&total| total > LARGE);
     let Some(total) = large else {
         if *reserved_kib > 0 {
-            release_in(in_use_kib, reserved_kib);
+            release(in_use_kib, reserved_kib);
             if buf.capacity() > LARGE {
                 // The large message is gone: do not keep its buffer either.
                 let rest = BytesMut::from(&buf[..]);
@@ -86,11 +72,7 @@ fn account_in(
 }
 
 /// Gives back what a client holds (when it leaves).
-pub fn release(reserved_kib: &mut u32) {
-    release_in(&IN_USE_KIB, reserved_kib);
-}
-
-fn release_in(in_use_kib: &AtomicUsize, reserved_kib: &mut u32) {
+pub fn release(in_use_kib: &AtomicUsize, reserved_kib: &mut u32) {
     in_use_kib.fetch_sub(*reserved_kib as usize, Ordering::Relaxed);
     *reserved_kib = 0;
 }
@@ -113,23 +95,23 @@ mod tests {
         let budget = 3 * LARGE;
         let (mut a, mut b) = (0u32, 0u32);
         let mut m = header(b'Q', 2 * LARGE);
-        account_in(&used, &mut m, 0, &mut a, budget, true).unwrap();
+        account(&used, &mut m, 0, &mut a, budget, true).unwrap();
         assert_eq!(a as usize, 2 * LARGE / 1024);
         let mut m2 = header(b'Q', 2 * LARGE);
-        let e = account_in(&used, &mut m2, 0, &mut b, budget, true).unwrap_err();
+        let e = account(&used, &mut m2, 0, &mut b, budget, true).unwrap_err();
         assert!(e.to_string().contains("max_large_message_memory"), "{e}");
         // Small messages, and COPY data being streamed, need nothing.
         let mut small = header(b'Q', 100);
-        account_in(&used, &mut small, 0, &mut b, budget, true).unwrap();
+        account(&used, &mut small, 0, &mut b, budget, true).unwrap();
         let mut copy = header(b'd', 10 * LARGE);
-        account_in(&used, &mut copy, 0, &mut b, budget, true).unwrap();
+        account(&used, &mut copy, 0, &mut b, budget, true).unwrap();
         assert_eq!(b, 0);
         // Once A's message is consumed, its share returns.
         let mut empty = BytesMut::new();
-        account_in(&used, &mut empty, 0, &mut a, budget, true).unwrap();
+        account(&used, &mut empty, 0, &mut a, budget, true).unwrap();
         assert_eq!(a, 0);
-        account_in(&used, &mut m2, 0, &mut b, budget, true).unwrap();
-        release_in(&used, &mut b);
+        account(&used, &mut m2, 0, &mut b, budget, true).unwrap();
+        release(&used, &mut b);
         assert_eq!(used.load(Ordering::Relaxed), 0, "everything given back");
     }
 
@@ -142,11 +124,11 @@ mod tests {
         waiting.extend_from_slice(&header(b'Q', 100));
         let mut a = 0u32;
         // At 0 the large message is the head; at 5 (it waits in place) the small one is.
-        account_in(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
+        account(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
         assert_eq!(a, 0);
-        account_in(&used, &mut waiting, 0, &mut a, budget, true).unwrap();
+        account(&used, &mut waiting, 0, &mut a, budget, true).unwrap();
         assert_eq!(a as usize, 2 * LARGE / 1024);
-        account_in(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
+        account(&used, &mut waiting, 5, &mut a, budget, true).unwrap();
         assert_eq!(a, 0, "released once the large message is behind");
         assert_eq!(waiting.len(), 10, "nothing waiting is lost");
         assert_eq!(used.load(Ordering::Relaxed), 0);

@@ -253,7 +253,7 @@ impl Drop for Session {
             self.app.lifecycle.client_fds.remove(fd);
             self.pool.client_fds.remove(fd);
         }
-        budget::release(&mut self.large_kib);
+        budget::release(&self.app.large_message_kib, &mut self.large_kib);
         self.set_active(false);
         if matches!(self.stream, Stream::Link(_)) {
             self.app
@@ -398,6 +398,7 @@ impl Session {
     fn account_large(&mut self, at: usize, streaming_copy: bool) -> Result<(), SessionError> {
         let budget = self.app.config.server.max_large_message_memory;
         budget::account(
+            &self.app.large_message_kib,
             &mut self.cbuf,
             at,
             &mut self.large_kib,
@@ -442,7 +443,7 @@ impl Session {
                             }
                         }
                         // Idle: hold no buffer, no server, no timer, no budget.
-                        budget::release(&mut self.large_kib);
+                        budget::release(&self.app.large_message_kib, &mut self.large_kib);
                         crate::bufpool::give(std::mem::take(&mut self.cbuf));
                         if let Some(e) = self.ended() {
                             return Err(e);
