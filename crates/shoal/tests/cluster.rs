@@ -234,6 +234,12 @@ async fn the_console_metrics_and_api_describe_the_cluster() {
     assert!(text.contains("shoal_cluster_link_bytes_total{peer=\""));
     let (_, text) = http_get(&format!("http://{}/metrics", owner.metrics.unwrap()));
     assert!(text.contains("shoal_cluster_owned_pools{} 1"), "{text}");
+    // The owner took its pool over at PostgreSQL once; nobody was there before it.
+    assert!(text.contains("shoal_cluster_takeovers_total{} 1"), "{text}");
+    assert!(
+        text.contains("shoal_cluster_takeover_ended_sessions_total{} 0"),
+        "{text}"
+    );
     assert!(
         text.contains("shoal_cluster_relayed_clients{direction=\"in\"} 1"),
         "{text}"
@@ -398,6 +404,13 @@ async fn a_paused_owners_queued_write_never_commits_after_the_next_owner_serves(
         .await
         .unwrap();
     // The old owner's servers were gone before the next owner served anyone.
+    assert!(logged(
+        relay,
+        &[
+            "ending the sessions of the pool's previous owner at PostgreSQL",
+            "sessions=3"
+        ]
+    ));
     for pid in &pids {
         let left = pg().psql_admin(&format!(
             "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"

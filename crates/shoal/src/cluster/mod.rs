@@ -86,6 +86,9 @@ pub struct ClusterMetrics {
     pub parks: AtomicU64,
     pub claims: AtomicU64,
     pub redirects: AtomicU64,
+    /// Pools taken over at PostgreSQL, and the sessions of earlier owners that ended.
+    pub takeovers: AtomicU64,
+    pub takeover_ended: AtomicU64,
 }
 
 pub struct Node {
@@ -290,9 +293,14 @@ impl Node {
                 // PostgreSQL is made to refuse any earlier owner before this one serves.
                 let _taking = pool.fence.taking_over.lock().await;
                 if !pool.fence.owned() {
-                    pool.take_over()
+                    let ended = pool
+                        .take_over()
                         .await
                         .map_err(|e| NodeError::TakeOver(key.clone(), e.to_string()))?;
+                    self.metrics.takeovers.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .takeover_ended
+                        .fetch_add(ended as u64, Ordering::Relaxed);
                     pool.fence.own();
                     tracing::info!(pool = %key, node = %self.id, "pool owned by this node");
                 }

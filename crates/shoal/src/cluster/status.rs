@@ -161,6 +161,18 @@ pub fn encode(
     )?;
     counter(
         e,
+        "shoal_cluster_takeovers",
+        "Pools this node took over at PostgreSQL before serving them (see docs/cluster.md)",
+        &[(vec![], node.metrics.takeovers.load(Ordering::Relaxed))],
+    )?;
+    counter(
+        e,
+        "shoal_cluster_takeover_ended_sessions",
+        "Sessions of earlier owners (their servers and fence sessions) ended at PostgreSQL by this node's take-overs",
+        &[(vec![], node.metrics.takeover_ended.load(Ordering::Relaxed))],
+    )?;
+    counter(
+        e,
         "shoal_cluster_redirects",
         "Relayed logins the asked node sent on to another owner",
         &[(vec![], s.redirects)],

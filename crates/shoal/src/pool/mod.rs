@@ -892,8 +892,9 @@ impl Pool {
     }
 
     /// Takes the pool over at PostgreSQL, ending whatever an earlier owner still has
-    /// there (cluster; see [`pg_fence`]): done before this node serves the pool.
-    pub async fn take_over(&self) -> Result<(), pg_fence::FenceError> {
+    /// there (cluster; see [`pg_fence`]): done before this node serves the pool. Returns
+    /// how many sessions of earlier owners were ended.
+    pub async fn take_over(&self) -> Result<usize, pg_fence::FenceError> {
         let up = self.upstream.clone();
         let name = self.name.clone();
         let timeout = self.settings.connect_timeout.max(Duration::from_secs(5));
@@ -904,8 +905,9 @@ impl Pool {
             .await
             .map_err(|e| pg_fence::FenceError::Answer(e.to_string()))??;
         tracing::debug!(pool = %self.name, mark = mark.pid, "pool taken over at PostgreSQL");
+        let ended = mark.ended;
         self.fence.set_mark(Arc::new(mark));
-        Ok(())
+        Ok(ended)
     }
 
     /// This node stops serving the pool (cluster): no server is used or opened for it, idle

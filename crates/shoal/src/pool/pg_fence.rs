@@ -87,6 +87,8 @@ pub struct Mark {
     ns: String,
     /// The mark's own process id.
     pub pid: i32,
+    /// Sessions of earlier owners this take-over ended (their marks and servers).
+    pub ended: usize,
     timeout: Duration,
 }
 
@@ -119,8 +121,10 @@ impl Mark {
             Some(row) => row.into_iter().next().flatten().unwrap_or_default(),
             None => String::new(),
         };
+        let mut ended = 0;
         if !strays.is_empty() {
             let n = strays.split(',').count();
+            ended = n;
             tracing::warn!(
                 pool,
                 sessions = n,
@@ -140,6 +144,7 @@ impl Mark {
         .await?;
         Ok(Mark {
             pid: conn.process_id,
+            ended,
             conn: tokio::sync::Mutex::new(Some(Box::new(conn))),
             ns,
             timeout,
