@@ -82,6 +82,7 @@ pub mod run;
 pub mod scrape;
 pub mod server;
 pub mod server_session;
+pub mod serverless;
 pub mod session;
 pub mod sets;
 pub mod shard;

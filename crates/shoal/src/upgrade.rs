@@ -34,6 +34,7 @@ pub enum Role {
     Api,
     Metrics,
     Realtime,
+    Serverless,
 }
 
 /// Sockets received from the previous process.
@@ -45,6 +46,7 @@ pub struct Inherited {
     pub api: Option<std::net::TcpListener>,
     pub metrics: Option<std::net::TcpListener>,
     pub realtime: Option<std::net::TcpListener>,
+    pub serverless: Option<std::net::TcpListener>,
 }
 
 /// The new process's side of a takeover: the sockets, and the line to tell the old process
@@ -82,6 +84,7 @@ pub fn take_over(path: &Path) -> std::io::Result<Option<Takeover>> {
             Role::Api => inherited.api = Some(std::net::TcpListener::from(fd)),
             Role::Metrics => inherited.metrics = Some(std::net::TcpListener::from(fd)),
             Role::Realtime => inherited.realtime = Some(std::net::TcpListener::from(fd)),
+            Role::Serverless => inherited.serverless = Some(std::net::TcpListener::from(fd)),
             Role::Unix { path } => inherited
                 .unix
                 .push((std::os::unix::net::UnixListener::from(fd), path)),

@@ -95,6 +95,7 @@ struct RawConfig {
     #[serde(default)]
     admin: AdminSection,
     cluster: Option<ClusterSection>,
+    serverless: Option<service::ServerlessSection>,
 }
 
 /// How Shoal checks a client's password. Secrets are kept only in the form the method needs.
@@ -226,6 +227,8 @@ pub struct Config {
     pub admin: AdminSection,
     /// This node's cluster (`None`: a single node).
     pub cluster: Option<Cluster>,
+    /// The WebSocket front door for serverless drivers (`None`: off).
+    pub serverless: Option<service::ServerlessSection>,
     /// The file this was read from (reloads read it again); `None` for the embedded default.
     pub source: Option<PathBuf>,
 }
@@ -542,6 +545,7 @@ impl Config {
             metrics: raw.metrics,
             admin: raw.admin,
             cluster,
+            serverless: raw.serverless,
             source: None,
         })
     }

@@ -177,3 +177,19 @@ fn default_heartbeat_timeout() -> f64 {
 fn default_realtime_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 4001))
 }
+
+/// `[serverless]`: the front door for serverless and edge functions (Neon's serverless
+/// driver): the PostgreSQL protocol over WebSocket, into the same login, routing and pools
+/// as TCP clients.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerlessSection {
+    pub listen: SocketAddr,
+    /// Largest WebSocket message accepted, in bytes (a PostgreSQL message may span several).
+    #[serde(default = "default_serverless_max_message")]
+    pub max_message_size: usize,
+}
+
+fn default_serverless_max_message() -> usize {
+    16 << 20
+}

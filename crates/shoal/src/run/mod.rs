@@ -35,6 +35,7 @@ pub struct Listeners {
     pub api: Option<tokio::net::TcpListener>,
     pub metrics: Option<tokio::net::TcpListener>,
     pub realtime: Option<tokio::net::TcpListener>,
+    pub serverless: Option<tokio::net::TcpListener>,
     /// Listening sockets of the other shards (per-core data plane), by shard.
     pub shard_tcp: Vec<(usize, std::net::TcpListener)>,
 }
@@ -63,6 +64,7 @@ impl Listeners {
         }
         out.api = i.api.map(tcp).transpose()?;
         out.realtime = i.realtime.map(tcp).transpose()?;
+        out.serverless = i.serverless.map(tcp).transpose()?;
         out.metrics = i.metrics.map(tcp).transpose()?;
         Ok(out)
     }
@@ -237,6 +239,10 @@ async fn serve_with(
     let realtime = crate::realtime::start(&app, listeners.realtime.take()).await?;
     if let Some((addr, fd, _)) = &realtime {
         started.add(Role::Realtime, *fd, format!("realtime {addr}"));
+    }
+    let serverless = crate::serverless::start(&app, listeners.serverless.take()).await?;
+    if let Some((addr, fd)) = serverless {
+        started.add(Role::Serverless, fd, format!("serverless {addr}"));
     }
     start_metrics(&app, listeners.metrics.take(), metrics_token, &mut started).await?;
     if let Some(path) = ready_file {

@@ -482,6 +482,15 @@ impl Shoal {
         self.addr.port()
     }
 
+    /// The address the ready file gives for `what` ("serverless", "api", ...).
+    pub fn ready_addr(&self, what: &str) -> Option<SocketAddr> {
+        let text = std::fs::read_to_string(self.config_dir.path().join("ready")).ok()?;
+        let prefix = format!("{what} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|a| a.parse().ok())
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
