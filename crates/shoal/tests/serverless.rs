@@ -11,11 +11,13 @@ use common::*;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-fn serverless_shoal(db: &str) -> (Shoal, std::net::SocketAddr) {
+fn serverless_shoal(db: &str, extra: &str) -> (Shoal, std::net::SocketAddr) {
     let shoal = Shoal::start(&base_config(
         pg(),
         &[db],
-        "[pool]\npool_size = 4\nquery_wait_timeout = 10\n[serverless]\nlisten = \"127.0.0.1:0\"\n",
+        &format!(
+            "[pool]\npool_size = 4\nquery_wait_timeout = 10\n[serverless]\nlisten = \"127.0.0.1:0\"\n{extra}"
+        ),
     ));
     let ws = shoal
         .ready_addr("serverless")
@@ -23,11 +25,12 @@ fn serverless_shoal(db: &str) -> (Shoal, std::net::SocketAddr) {
     (shoal, ws)
 }
 
-#[test]
-fn neons_serverless_driver_over_websocket() {
+/// Runs the driver's suite (`tests/clients/serverless/neon.mjs`) against a fresh database;
+/// `pipeline` is the driver's `pipelineConnect` ("password", its default, or "false").
+fn driver_suite(extra: &str, pipeline: &str) {
     let db = unique_db("neon");
     pg().create_database(&db);
-    let (shoal, ws) = serverless_shoal(&db);
+    let (shoal, ws) = serverless_shoal(&db, extra);
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/clients/serverless"
@@ -41,6 +44,7 @@ fn neons_serverless_driver_over_websocket() {
     let out = std::process::Command::new("node")
         .current_dir(dir)
         .args(["neon.mjs", &ws.to_string(), &dsn, "20"])
+        .env("NEON_PIPELINE", pipeline)
         .output()
         .expect("node runs");
     let text = format!(
@@ -49,7 +53,10 @@ fn neons_serverless_driver_over_websocket() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "the driver's suite failed:\n{text}");
-    assert!(text.contains("20 workers ok"), "{text}");
+    assert!(
+        text.contains(&format!("(pipelineConnect {pipeline}): 20 workers ok")),
+        "{text}"
+    );
     // Twenty WebSocket clients shared the pool's four servers.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while pg().backends(&db) > 4 {
@@ -61,11 +68,25 @@ fn neons_serverless_driver_over_websocket() {
     }
 }
 
+/// The driver's defaults: startup, password (asked for in cleartext) and first query sent
+/// at once.
+#[test]
+fn neons_driver_with_pipelined_connect() {
+    driver_suite("", "password");
+}
+
+/// With `cleartext_password = false` the password goes by SCRAM, the driver waiting for
+/// the server's challenge.
+#[test]
+fn neons_driver_with_scram() {
+    driver_suite("cleartext_password = false\n", "false");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_answer() {
     let db = unique_db("neon");
     pg().create_database(&db);
-    let (_shoal, ws) = serverless_shoal(&db);
+    let (_shoal, ws) = serverless_shoal(&db, "");
     // A plain HTTP request is refused, not served.
     let mut tcp = tokio::net::TcpStream::connect(ws).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -45,6 +45,10 @@ pub fn authentication_ok(buf: &mut BytesMut) {
     put_message(buf, tag::AUTHENTICATION, |b| b.put_i32(0));
 }
 
+pub fn authentication_cleartext_password(buf: &mut BytesMut) {
+    put_message(buf, tag::AUTHENTICATION, |b| b.put_i32(3));
+}
+
 pub fn authentication_md5(buf: &mut BytesMut, salt: [u8; 4]) {
     put_message(buf, tag::AUTHENTICATION, |b| {
         b.put_i32(5);

@@ -70,6 +70,16 @@ pub fn salted_password(password: &str, salt: &[u8], iterations: u32) -> [u8; 32]
 
 impl Verifier {
     /// Builds a verifier from a plain password with a fresh random salt.
+    /// Checks a password given in cleartext against this verifier (the serverless front
+    /// door asks for it so, as Neon's proxy does); on a match, the password's ClientKey
+    /// (what SCRAM passthrough logs in upstream with). Compared in constant time.
+    pub fn check_password(&self, password: &str) -> Option<[u8; 32]> {
+        let salted = salted_password(password, &self.salt, self.iterations);
+        let client_key = hmac(&salted, b"Client Key");
+        let stored: [u8; 32] = Sha256::digest(client_key).into();
+        bool::from(stored.ct_eq(&self.stored_key)).then_some(client_key)
+    }
+
     pub fn from_password(password: &str) -> Verifier {
         let mut salt = vec![0u8; 16];
         rand::fill(&mut salt[..]);
@@ -543,6 +553,16 @@ pub fn verify_server_final(server_final: &[u8], expected: &[u8; 32]) -> Result<(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cleartext_password_checks_against_the_verifier() {
+        let v = Verifier::from_password("pencil");
+        let key = v.check_password("pencil").expect("the right password");
+        let salted = salted_password("pencil", &v.salt, v.iterations);
+        assert_eq!(key, hmac(&salted, b"Client Key"));
+        assert!(v.check_password("pencil ").is_none());
+        assert!(v.check_password("").is_none());
+    }
+
     use super::*;
 
     /// A SCRAM-SHA-256-PLUS exchange as a client that binds to `end_point` makes it.

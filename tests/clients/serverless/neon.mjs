@@ -2,6 +2,8 @@
 // over WebSocket): Pool and Client, parameters of the common types, errors, transactions,
 // prepared statements, LISTEN/NOTIFY, concurrency beyond the pool's size.
 // Usage: node neon.mjs WS_ADDR DSN [WORKERS]   (WS_ADDR: host:port of [serverless] listen)
+// NEON_PIPELINE=false: the driver waits for the server's authentication request (SCRAM);
+// otherwise it pipelines startup, password and first query (its default).
 import { Pool, Client, neonConfig } from '@neondatabase/serverless';
 import ws from 'ws';
 
@@ -12,8 +14,7 @@ neonConfig.webSocketConstructor = ws;
 neonConfig.wsProxy = () => `${wsAddr}/v2`;
 neonConfig.useSecureWebSocket = false;
 neonConfig.pipelineTLS = false;
-// SCRAM needs the server's challenge first (pipelining the password assumes cleartext).
-neonConfig.pipelineConnect = false;
+if (process.env.NEON_PIPELINE === 'false') neonConfig.pipelineConnect = false;
 
 function check(cond, what) {
   if (!cond) throw new Error(`check failed: ${what}`);
@@ -91,6 +92,22 @@ async function listenNotify() {
   await listener.end();
 }
 
+async function wrongPassword() {
+  const bad = new URL(dsn);
+  bad.password = 'not-the-password';
+  const c = new Client(bad.toString());
+  // The refusal ends the connection: its end is reported as an event too.
+  c.on('error', () => {});
+  try {
+    await c.connect();
+    await c.query('SELECT 1');
+    check(false, 'a wrong password must be refused');
+  } catch (e) {
+    check(e.code === '28P01', `invalid_password, got ${e.code}: ${e.message}`);
+  }
+}
+
+await wrongPassword();
 const pool = new Pool({ connectionString: dsn, max: WORKERS });
 await types(pool);
 await errors(pool);
@@ -100,4 +117,4 @@ const { rows } = await pool.query('SELECT count(*)::int AS n, count(DISTINCT (w,
 check(rows[0].n === WORKERS * 5 && rows[0].d === WORKERS * 5, `committed rows ${JSON.stringify(rows[0])}`);
 await listenNotify();
 await pool.end();
-console.log(`neon serverless driver over WebSocket: ${WORKERS} workers ok`);
+console.log(`neon serverless driver over WebSocket (pipelineConnect ${neonConfig.pipelineConnect}): ${WORKERS} workers ok`);

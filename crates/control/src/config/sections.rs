@@ -309,7 +309,7 @@ pub struct UpstreamCert {
     pub key_password: Option<KeyPassword>,
 }
 
-fn default_true() -> bool {
+pub(super) fn default_true() -> bool {
     true
 }
 

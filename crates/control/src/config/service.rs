@@ -188,6 +188,11 @@ pub struct ServerlessSection {
     /// Largest WebSocket message accepted, in bytes (a PostgreSQL message may span several).
     #[serde(default = "default_serverless_max_message")]
     pub max_message_size: usize,
+    /// Ask for the password in cleartext, as Neon's proxy does, so the driver's pipelined
+    /// connect (its default: the password sent before it is asked) works. Off: SCRAM, and
+    /// the driver needs `pipelineConnect = false`.
+    #[serde(default = "super::sections::default_true")]
+    pub cleartext_password: bool,
 }
 
 fn default_serverless_max_message() -> usize {

@@ -22,12 +22,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::app::App;
 use crate::net::Stream;
 
+mod gate;
+
 /// Bytes the pipe between a WebSocket and its session buffers each way.
 const PIPE: usize = 64 * 1024;
 
 struct Door {
     app: Arc<App>,
     max_message: usize,
+    /// Ask for passwords in cleartext (see `[serverless] cleartext_password`).
+    cleartext_password: bool,
     /// Round robin over the data plane's shards.
     next_shard: AtomicUsize,
 }
@@ -61,6 +65,7 @@ pub async fn start(
     let door = Arc::new(Door {
         app: app.clone(),
         max_message: section.max_message_size,
+        cleartext_password: section.cleartext_password,
         next_shard: AtomicUsize::new(0),
     });
     let router = axum::Router::new()
@@ -89,10 +94,15 @@ async fn upgrade(
 /// Carries one WebSocket's bytes to and from its session until either side ends.
 async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
     let (ours, theirs) = tokio::io::duplex(PIPE);
-    let session = crate::session::serve(
+    let transport = match door.cleartext_password {
+        true => crate::session::Transport::CleartextPassword,
+        false => crate::session::Transport::Direct,
+    };
+    let session = crate::session::serve_from(
         door.app.clone(),
         Stream::Buffered(Box::new(theirs)),
         Some(peer),
+        transport,
     );
     let shards = crate::shard::open().clamp(1, crate::shard::count());
     let shard = door.next_shard.fetch_add(1, Ordering::Relaxed) % shards;
@@ -102,17 +112,37 @@ async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
     }
     let (mut from_session, mut to_session) = tokio::io::split(ours);
     let (mut sink, mut source) = socket.split();
+    // While the login runs, the client's bytes wait in the gate (pipelined connect).
+    let gated = transport == crate::session::Transport::CleartextPassword;
+    let gate = std::sync::Mutex::new(gated.then(|| (gate::Gate::default(), BytesMut::new())));
+    let answered = tokio::sync::Notify::new();
+    // What may go to the session now: all of `bytes` once the login is done.
+    let pass = |bytes: &[u8]| -> BytesMut {
+        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((gate, held)) = g.as_mut() else {
+            return BytesMut::from(bytes);
+        };
+        held.extend_from_slice(bytes);
+        let mut to = BytesMut::new();
+        gate::release(gate, held, &mut to);
+        if gate.is_open() && held.is_empty() {
+            *g = None;
+        }
+        to
+    };
     let inbound = async {
-        while let Some(Ok(m)) = source.next().await {
-            match m {
-                Message::Binary(b) => {
-                    if to_session.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
-                Message::Close(_) => break,
-                // The driver sends only binary frames; pings are answered by the library.
-                Message::Text(_) | Message::Ping(_) | Message::Pong(_) => {}
+        loop {
+            let bytes = tokio::select! {
+                m = source.next() => match m {
+                    Some(Ok(Message::Binary(b))) => pass(&b),
+                    // The driver sends only binary frames; pings are answered by the library.
+                    Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
+                    Some(Ok(Message::Close(_)) | Err(_)) | None => break,
+                },
+                _ = answered.notified() => pass(&[]),
+            };
+            if !bytes.is_empty() && to_session.write_all(&bytes).await.is_err() {
+                break;
             }
         }
         // The client is gone: the session reads the end of its stream.
@@ -125,6 +155,13 @@ async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
             match from_session.read_buf(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    if let Some((gate, held)) =
+                        gate.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
+                    {
+                        let dropped = gate.answered(&buf, held);
+                        let _ = held.split_to(dropped);
+                        answered.notify_one();
+                    }
                     let frame = buf.split().freeze();
                     if sink.send(Message::Binary(frame)).await.is_err() {
                         break;

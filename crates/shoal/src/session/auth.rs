@@ -174,3 +174,56 @@ pub async fn authenticate(
     backend::authentication_ok(done);
     Ok(client_key)
 }
+
+/// Asks for the password in cleartext and checks it against the user's secret: for the
+/// serverless front door, whose driver sends the password before it is asked (as Neon's
+/// proxy asks it). The password crosses the WebSocket as sent: TLS or loopback only.
+/// Returns the password's SCRAM ClientKey for passthrough, when the user has a verifier.
+pub async fn cleartext(
+    stream: &mut Stream,
+    user: &User,
+    done: &mut BytesMut,
+) -> Result<Option<[u8; 32]>, SessionError> {
+    let check = match &user.auth {
+        ClientAuth::Trust => None,
+        ClientAuth::Cert => {
+            return Err(SessionError::fatal(
+                ErrorKind::Auth,
+                sqlstate::INVALID_AUTHORIZATION,
+                "this user logs in with a TLS client certificate, which the serverless front door does not carry",
+            ))
+        }
+        auth => Some(auth.clone()),
+    };
+    let mut client_key = None;
+    if let Some(auth) = check {
+        let mut out = BytesMut::with_capacity(16);
+        backend::authentication_cleartext_password(&mut out);
+        stream.write_all(&out).await?;
+        let f = read_password_message(stream).await?;
+        let given = frontend::parse_password(f.body())
+            .map_err(malformed)?
+            .to_owned();
+        // PBKDF2 (4,096 rounds and more) is kept off the data-plane shard.
+        let name = user.name.clone();
+        let checked = crate::control::spawn(async move {
+            match &auth {
+                ClientAuth::Scram(v) => v.check_password(&given).map(Some),
+                ClientAuth::Md5(stored) => {
+                    let ours = md5::stored_secret(&name, &given);
+                    bool::from(ours.as_bytes().ct_eq(stored.as_bytes())).then_some(None)
+                }
+                ClientAuth::Trust | ClientAuth::Cert => Some(None),
+            }
+        })
+        .await
+        .ok()
+        .flatten();
+        match checked {
+            Some(key) => client_key = key,
+            None => return Err(auth_failed(&user.name)),
+        }
+    }
+    backend::authentication_ok(done);
+    Ok(client_key)
+}

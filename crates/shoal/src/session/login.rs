@@ -29,6 +29,7 @@ pub(super) async fn login_phase(
     app: Arc<App>,
     mut stream: Stream,
     peer: Option<std::net::SocketAddr>,
+    transport: super::Transport,
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.lifecycle.next_conn_id();
     tracing::debug!(conn = id, "client connected");
@@ -47,7 +48,9 @@ pub(super) async fn login_phase(
         }
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer)).await {
+    let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer, transport))
+        .await
+    {
         Err(_) => Err(SessionError::fatal(
             crate::error::ErrorKind::LoginTimeout,
             sqlstate::PROTOCOL_VIOLATION,
@@ -153,6 +156,8 @@ pub(super) struct Request {
     /// The TLS server name (SNI) it connected with.
     pub(super) server_name: Option<String>,
     pub(super) peer: Option<std::net::SocketAddr>,
+    /// The password is asked for in cleartext (the serverless front door).
+    pub(super) cleartext: bool,
     /// The reply being composed: AuthenticationOk and what follows go out in one write.
     pub(super) out: BytesMut,
 }
@@ -186,10 +191,12 @@ async fn login(
     app: &Arc<App>,
     stream: &mut Stream,
     peer: Option<std::net::SocketAddr>,
+    transport: super::Transport,
 ) -> Result<Option<Outcome>, SessionError> {
     let Some(mut req) = request(app, stream, peer).await? else {
         return Ok(None);
     };
+    req.cleartext = transport == super::Transport::CleartextPassword;
     admit(app, &req)?;
     let routed = resolve(app, &req).await?;
     let peer_admin = console_peer(stream, &req, &routed);
@@ -252,6 +259,7 @@ async fn request(
         startup,
         server_name,
         peer,
+        cleartext: false,
         out,
     }))
 }
@@ -389,7 +397,11 @@ async fn authenticate<'a>(
             } else {
                 None
             };
-            let r = auth::authenticate(stream, &user, end_point.as_deref(), &mut req.out).await;
+            let r = if req.cleartext {
+                auth::cleartext(stream, &user, &mut req.out).await
+            } else {
+                auth::authenticate(stream, &user, end_point.as_deref(), &mut req.out).await
+            };
             match r {
                 Ok(client_key) => Ok(with_passthrough(user, client_key)),
                 Err(e) => {
