@@ -94,15 +94,10 @@ async fn upgrade(
 /// Carries one WebSocket's bytes to and from its session until either side ends.
 async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
     let (ours, theirs) = tokio::io::duplex(PIPE);
-    let transport = match door.cleartext_password {
-        true => crate::session::Transport::CleartextPassword,
-        false => crate::session::Transport::Direct,
-    };
-    let session = crate::session::serve_from(
+    let session = crate::session::serve(
         door.app.clone(),
-        Stream::Buffered(Box::new(theirs)),
+        Stream::WebSocket(Box::new(theirs)),
         Some(peer),
-        transport,
     );
     let shards = crate::shard::open().clamp(1, crate::shard::count());
     let shard = door.next_shard.fetch_add(1, Ordering::Relaxed) % shards;
@@ -113,35 +108,39 @@ async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
     let (mut from_session, mut to_session) = tokio::io::split(ours);
     let (mut sink, mut source) = socket.split();
     // While the login runs, the client's bytes wait in the gate (pipelined connect).
-    let gated = transport == crate::session::Transport::CleartextPassword;
+    let gated = door.cleartext_password;
     let gate = std::sync::Mutex::new(gated.then(|| (gate::Gate::default(), BytesMut::new())));
     let answered = tokio::sync::Notify::new();
-    // What may go to the session now: all of `bytes` once the login is done.
-    let pass = |bytes: &[u8]| -> BytesMut {
+    // What may go to the session now (`None`: the login is done, all of `bytes`).
+    let pass = |bytes: &[u8]| -> Option<BytesMut> {
         let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((gate, held)) = g.as_mut() else {
-            return BytesMut::from(bytes);
-        };
+        let (gate, held) = g.as_mut()?;
         held.extend_from_slice(bytes);
         let mut to = BytesMut::new();
         gate::release(gate, held, &mut to);
         if gate.is_open() && held.is_empty() {
             *g = None;
         }
-        to
+        Some(to)
     };
     let inbound = async {
         loop {
-            let bytes = tokio::select! {
+            let written = tokio::select! {
                 m = source.next() => match m {
-                    Some(Ok(Message::Binary(b))) => pass(&b),
+                    Some(Ok(Message::Binary(b))) => match pass(&b) {
+                        None => to_session.write_all(&b).await,
+                        Some(held_back) => to_session.write_all(&held_back).await,
+                    },
                     // The driver sends only binary frames; pings are answered by the library.
                     Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(Message::Close(_)) | Err(_)) | None => break,
                 },
-                _ = answered.notified() => pass(&[]),
+                _ = answered.notified() => match pass(&[]) {
+                    Some(released) => to_session.write_all(&released).await,
+                    None => continue,
+                },
             };
-            if !bytes.is_empty() && to_session.write_all(&bytes).await.is_err() {
+            if written.is_err() {
                 break;
             }
         }

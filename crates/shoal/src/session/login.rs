@@ -29,7 +29,6 @@ pub(super) async fn login_phase(
     app: Arc<App>,
     mut stream: Stream,
     peer: Option<std::net::SocketAddr>,
-    transport: super::Transport,
 ) -> Option<(Session, Option<Box<Lease>>)> {
     let id = app.lifecycle.next_conn_id();
     tracing::debug!(conn = id, "client connected");
@@ -48,9 +47,7 @@ pub(super) async fn login_phase(
         }
     };
     let login_timeout = crate::config::secs(app.config.server.client_login_timeout);
-    let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer, transport))
-        .await
-    {
+    let r = match crate::timer::timeout(login_timeout, login(&app, &mut stream, peer)).await {
         Err(_) => Err(SessionError::fatal(
             crate::error::ErrorKind::LoginTimeout,
             sqlstate::PROTOCOL_VIOLATION,
@@ -156,8 +153,6 @@ pub(super) struct Request {
     /// The TLS server name (SNI) it connected with.
     pub(super) server_name: Option<String>,
     pub(super) peer: Option<std::net::SocketAddr>,
-    /// The password is asked for in cleartext (the serverless front door).
-    pub(super) cleartext: bool,
     /// The reply being composed: AuthenticationOk and what follows go out in one write.
     pub(super) out: BytesMut,
 }
@@ -191,12 +186,10 @@ async fn login(
     app: &Arc<App>,
     stream: &mut Stream,
     peer: Option<std::net::SocketAddr>,
-    transport: super::Transport,
 ) -> Result<Option<Outcome>, SessionError> {
     let Some(mut req) = request(app, stream, peer).await? else {
         return Ok(None);
     };
-    req.cleartext = transport == super::Transport::CleartextPassword;
     admit(app, &req)?;
     let routed = resolve(app, &req).await?;
     let peer_admin = console_peer(stream, &req, &routed);
@@ -259,7 +252,6 @@ async fn request(
         startup,
         server_name,
         peer,
-        cleartext: false,
         out,
     }))
 }
@@ -397,7 +389,15 @@ async fn authenticate<'a>(
             } else {
                 None
             };
-            let r = if req.cleartext {
+            // The serverless front door asks for the password in cleartext, as its
+            // driver sends it (see `crate::serverless`).
+            let cleartext = matches!(stream, Stream::WebSocket(_))
+                && app
+                    .config
+                    .serverless
+                    .as_ref()
+                    .is_some_and(|s| s.cleartext_password);
+            let r = if cleartext {
                 auth::cleartext(stream, &user, &mut req.out).await
             } else {
                 auth::authenticate(stream, &user, end_point.as_deref(), &mut req.out).await

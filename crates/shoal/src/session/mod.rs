@@ -65,31 +65,11 @@ pub fn serve(
     stream: Stream,
     peer: Option<SocketAddr>,
 ) -> impl std::future::Future<Output = ()> + Send {
-    serve_from(app, stream, peer, Transport::Direct)
-}
-
-/// How a client reached Shoal, where it changes the login.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// TCP or a Unix socket (or an in-process stream standing for one).
-    Direct,
-    /// The serverless front door, asking for the password in cleartext (see
-    /// `crate::serverless`): Neon's driver sends it before it is asked.
-    CleartextPassword,
-}
-
-/// [`serve`] for a client that came by `transport`.
-pub fn serve_from(
-    app: Arc<App>,
-    stream: Stream,
-    peer: Option<SocketAddr>,
-    transport: Transport,
-) -> impl std::future::Future<Output = ()> + Send {
     // This task lives as long as the (mostly idle) client, so its future is kept small
     // (`session_future_fits_a_small_task` checks it): what the login needs goes into the
     // login's own boxed future, freed when it is done, so the task keeps only that box's
     // pointer and what runs only while the client is active is boxed apart too.
-    let login = Box::pin(login_phase(app, stream, peer, transport));
+    let login = Box::pin(login_phase(app, stream, peer));
     async move {
         let Some((session, lease)) = login.await else {
             return;

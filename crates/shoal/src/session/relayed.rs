@@ -258,7 +258,6 @@ async fn log_in(
         },
         server_name: open.server_name,
         peer: open.peer,
-        cleartext: false,
         out: BytesMut::with_capacity(1024),
     };
     let routed = login::resolve(app, &req).await?;

@@ -20,12 +20,7 @@ async fn session_future_fits_a_small_task() {
     let other = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
-    let login = login::login_phase(
-        app.clone(),
-        Stream::Tcp(other),
-        None,
-        super::Transport::Direct,
-    );
+    let login = login::login_phase(app.clone(), Stream::Tcp(other), None);
     println!("login future: {} bytes", std::mem::size_of_val(&login));
     // Every login moves this future into the heap (and a connect storm holds thousands):
     // phases only some logins need (auth_query, a server for new parameters, refusals)
