@@ -45,10 +45,11 @@ fn run_with_config(
 }
 
 /// Waits until `db` has at most the pool's 4 servers (the pool's listener connection for
-/// LISTEN/NOTIFY closes once nobody listens).
+/// LISTEN/NOTIFY closes once nobody listens; a cluster's owner holds its fence session
+/// beside them).
 fn within_pool_of_four(db: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pg().backends(db) > 4 {
+    while pg().servers(db) > 4 {
         assert!(
             std::time::Instant::now() < deadline,
             "the pool of 4 was not respected"

@@ -24,7 +24,9 @@ mod service;
 pub mod words;
 pub use cluster::{host_name, Cluster, ClusterSection, ClusterTls};
 pub use sections::*;
-pub use service::{AdminSection, ApiSection, MetricsSection, StoreSection, TenantsSection};
+pub use service::{
+    AdminSection, ApiSection, MetricsSection, ServerlessSection, StoreSection, TenantsSection,
+};
 
 /// The configuration used when `shoal` starts without `--config`: one pool in front of a
 /// local PostgreSQL on port 5432, for trying Shoal out. `scripts/quickstart` starts exactly
@@ -228,7 +230,7 @@ pub struct Config {
     /// This node's cluster (`None`: a single node).
     pub cluster: Option<Cluster>,
     /// The WebSocket front door for serverless drivers (`None`: off).
-    pub serverless: Option<service::ServerlessSection>,
+    pub serverless: Option<ServerlessSection>,
     /// The file this was read from (reloads read it again); `None` for the embedded default.
     pub source: Option<PathBuf>,
 }
