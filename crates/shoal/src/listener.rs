@@ -199,6 +199,21 @@ pub async fn accept_unix(listener: UnixListener, app: Arc<App>) {
     }
 }
 
+/// A service's listener: the one a previous process handed over, or a new one bound to
+/// `addr`. The error names the setting (`key`, as `"api.listen"`) that asked for it.
+pub async fn bind_or_inherit(
+    inherited: Option<tokio::net::TcpListener>,
+    addr: std::net::SocketAddr,
+    key: &str,
+) -> std::io::Result<tokio::net::TcpListener> {
+    match inherited {
+        Some(l) => Ok(l),
+        None => tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({key}): {e}"))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use socket2::SockRef;

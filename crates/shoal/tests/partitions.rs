@@ -344,9 +344,17 @@ impl Sampler {
     }
 }
 
-/// Sets up the ledger table and four workers: two through the owner, two through the other
-/// node.
-async fn ledger(c: &Cluster, owner: usize, relay: usize) -> Ledger {
+/// Under way before a cut: the ledger table, four workers writing (two through the owner,
+/// two through the other node) and the server sampler, each worker past its first writes.
+struct Load {
+    owner: usize,
+    relay: usize,
+    ledger: Ledger,
+    sampler: Sampler,
+}
+
+async fn under_load(c: &Cluster) -> Load {
+    let (owner, relay) = c.owner_and_relay().await;
     c.nodes[owner]
         .shoal
         .connect(&c.db)
@@ -355,7 +363,31 @@ async fn ledger(c: &Cluster, owner: usize, relay: usize) -> Ledger {
         .await
         .unwrap();
     let info = |n: usize| c.nodes[n].shoal.conninfo("app", APP_PASSWORD, &c.db);
-    Ledger::start(vec![info(owner), info(owner), info(relay), info(relay)]).await
+    let ledger = Ledger::start(vec![info(owner), info(owner), info(relay), info(relay)]).await;
+    let sampler = Sampler::start(&c.pg, &c.db).await;
+    ledger
+        .until_progress(&[0, 1, 2, 3], 20, "before the cut")
+        .await;
+    Load {
+        owner,
+        relay,
+        ledger,
+        sampler,
+    }
+}
+
+impl Load {
+    /// Stops the load and checks what every test of a cut checks: the ledger exact, no
+    /// error without a SQLSTATE, never more servers than the pool's size.
+    async fn check(self, c: &Cluster) {
+        let peak = self.sampler.peak().await;
+        let unclear = self.ledger.check(&c.pg, &c.db).await;
+        c.no_unclear_errors(&unclear);
+        assert!(
+            peak <= POOL_SIZE,
+            "{peak} servers for pool_size {POOL_SIZE}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,12 +395,8 @@ async fn a_node_cut_from_the_owner_but_not_from_etcd_loses_and_mixes_nothing() {
     let Some(c) = Cluster::start(1, &["a", "b"]) else {
         return;
     };
-    let (owner, relay) = c.owner_and_relay().await;
-    let ledger = ledger(&c, owner, relay).await;
-    let sampler = Sampler::start(&c.pg, &c.db).await;
-    ledger
-        .until_progress(&[0, 1, 2, 3], 20, "before the cut")
-        .await;
+    let load = under_load(&c).await;
+    let (owner, relay, ledger) = (load.owner, load.relay, &load.ledger);
     c.net
         .cut_from_hosts(&c.nodes[relay].ns, &[c.nodes[owner].addr.as_str()]);
     // The owner's own clients go on while the other node cannot reach it.
@@ -390,13 +418,7 @@ async fn a_node_cut_from_the_owner_but_not_from_etcd_loses_and_mixes_nothing() {
     ledger
         .until_progress(&[2, 3], 20, "relayed clients after the cut")
         .await;
-    let peak = sampler.peak().await;
-    let unclear = ledger.check(&c.pg, &c.db).await;
-    c.no_unclear_errors(&unclear);
-    assert!(
-        peak <= POOL_SIZE,
-        "{peak} servers for pool_size {POOL_SIZE}"
-    );
+    load.check(&c).await;
     // Nobody claimed the pool: its owner never lost etcd.
     assert!(!c.nodes[relay].shoal.log_contains("pool owned by this node"));
 }
@@ -406,12 +428,8 @@ async fn an_owner_cut_from_etcd_but_not_from_the_others_hands_its_pool_over_safe
     let Some(c) = Cluster::start(2, &["a", "b"]) else {
         return;
     };
-    let (owner, relay) = c.owner_and_relay().await;
-    let ledger = ledger(&c, owner, relay).await;
-    let sampler = Sampler::start(&c.pg, &c.db).await;
-    ledger
-        .until_progress(&[0, 1, 2, 3], 20, "before the cut")
-        .await;
+    let load = under_load(&c).await;
+    let (owner, relay, ledger) = (load.owner, load.relay, &load.ledger);
     let hub = c.net.hub();
     c.net
         .cut_from_port(&c.nodes[owner].ns, &hub, c.etcd.client_port());
@@ -432,11 +450,5 @@ async fn an_owner_cut_from_etcd_but_not_from_the_others_hands_its_pool_over_safe
     ledger
         .until_progress(&[0, 1], 20, "the old owner's clients after the cut")
         .await;
-    let peak = sampler.peak().await;
-    let unclear = ledger.check(&c.pg, &c.db).await;
-    c.no_unclear_errors(&unclear);
-    assert!(
-        peak <= POOL_SIZE,
-        "{peak} servers for pool_size {POOL_SIZE}"
-    );
+    load.check(&c).await;
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use common::raw::{self, Raw};
-use common::replication::{port_of, until_reads_reach_replicas, with_table, Replicated};
+use common::replication::{port_of, psql_in, until_reads_reach_replicas, with_table, Replicated};
 use common::*;
 
 /// Shoal in front of `r`'s primary for `db`, with its replicas and `keys` in the database's
@@ -23,24 +23,6 @@ fn shoal(r: &Replicated, db: &str, keys: &str) -> Shoal {
 /// [`shoal`], with `extra` sections in the configuration.
 fn shoal_with(r: &Replicated, db: &str, keys: &str, extra: &str) -> Shoal {
     Shoal::start(&r.shoal_config(db, keys, extra))
-}
-
-/// Runs `sql` in `db` on `pg` as `app`; its output.
-fn psql_in(pg: &Pg, db: &str, sql: &str) -> String {
-    let conn = format!(
-        "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname={db}",
-        pg.port
-    );
-    let out = std::process::Command::new("psql")
-        .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", &conn, "-c", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 async fn spread(c: &tokio_postgres::Client, n: usize) -> HashMap<u16, usize> {

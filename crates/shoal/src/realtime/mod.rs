@@ -57,17 +57,8 @@ pub async fn start(
     let Some(section) = app.config.realtime.clone() else {
         return Ok(None);
     };
-    let listener = match inherited {
-        Some(l) => l,
-        None => tokio::net::TcpListener::bind(section.listen)
-            .await
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {} (realtime.listen): {e}", section.listen),
-                )
-            })?,
-    };
+    let listener =
+        crate::listener::bind_or_inherit(inherited, section.listen, "realtime.listen").await?;
     let addr = listener.local_addr()?;
     let fd = listener.as_raw_fd();
     let options = Options {

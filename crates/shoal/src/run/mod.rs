@@ -322,15 +322,7 @@ async fn start_metrics(
     let Some(addr) = app.config.metrics.listen else {
         return Ok(());
     };
-    let listener = match inherited {
-        Some(l) => l,
-        None => tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen on {addr} (metrics.listen): {e}"),
-            )
-        })?,
-    };
+    let listener = listener::bind_or_inherit(inherited, addr, "metrics.listen").await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "metrics listening");
     started.add(

@@ -60,17 +60,7 @@ pub(super) async fn start_tenants(
         api.token_env.as_deref(),
         &section.data_dir,
     )?;
-    let listener = match inherited {
-        Some(l) => l,
-        None => tokio::net::TcpListener::bind(api.listen)
-            .await
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {} (api.listen): {e}", api.listen),
-                )
-            })?,
-    };
+    let listener = crate::listener::bind_or_inherit(inherited, api.listen, "api.listen").await?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, dashboard = %format!("http://{addr}/ui"), "management API listening");

@@ -133,20 +133,10 @@ pub fn promote(replica: &Pg) {
 pub fn with_table(db: &str) -> Replicated {
     let r = Replicated::start(2);
     r.primary.create_database(db);
-    let conn = format!(
-        "host=127.0.0.1 port={} user=app password={} dbname={db}",
-        r.primary.port,
-        super::APP_PASSWORD
-    );
-    let out = std::process::Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &conn, "-c"])
-        .arg("CREATE TABLE t (id serial PRIMARY KEY, v int NOT NULL); CREATE SEQUENCE s;")
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    psql_in(
+        &r.primary,
+        db,
+        "CREATE TABLE t (id serial PRIMARY KEY, v int NOT NULL); CREATE SEQUENCE s;",
     );
     r.wait_caught_up();
     r
@@ -169,4 +159,23 @@ pub async fn until_reads_reach_replicas(r: &Replicated, c: &tokio_postgres::Clie
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Runs `sql` in `db` on `pg` as `app`; its output.
+pub fn psql_in(pg: &Pg, db: &str, sql: &str) -> String {
+    let conn = format!(
+        "host=127.0.0.1 port={} user=app password={} dbname={db}",
+        pg.port,
+        super::APP_PASSWORD
+    );
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", &conn, "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
