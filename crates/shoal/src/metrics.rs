@@ -85,6 +85,39 @@ pub struct ProcessMetrics {
     pub tls_handshakes: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
     pub auth_failures: AtomicU64,
+    pub serverless: ServerlessMetrics,
+}
+
+/// The serverless front door's traffic, per transport.
+#[derive(Debug, Default)]
+pub struct ServerlessMetrics {
+    pub websockets: AtomicU64,
+    /// HTTP queries answered, by status (`crate::serverless::HTTP_STATUSES`; others last).
+    http: [AtomicU64; crate::serverless::HTTP_STATUSES.len() + 1],
+}
+
+impl ServerlessMetrics {
+    pub fn websocket(&self) {
+        self.websockets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn http(&self, status: u16) {
+        let statuses = crate::serverless::HTTP_STATUSES;
+        let i = statuses
+            .iter()
+            .position(|s| *s == status)
+            .unwrap_or(statuses.len());
+        self.http[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (status label, count) for every status, "other" last.
+    pub fn http_counts(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let labels = crate::serverless::HTTP_STATUSES.map(|s| s.to_string());
+        labels
+            .into_iter()
+            .chain(std::iter::once("other".to_owned()))
+            .zip(self.http.iter().map(|c| c.load(Ordering::Relaxed)))
+    }
 }
 
 impl ProcessMetrics {

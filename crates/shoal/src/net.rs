@@ -36,6 +36,10 @@ pub enum Stream {
     /// `crate::serverless`): buffered as `Buffered`; its login may ask for a cleartext
     /// password.
     WebSocket(Box<dyn Io>),
+    /// One HTTP query of the serverless front door, as the protocol its handler speaks
+    /// for it: buffered as `Buffered`; its login always asks for a cleartext password
+    /// (the handler has it from the connection string).
+    Http(Box<dyn Io>),
     /// TLS a client started with Shoal (buffered too).
     Tls(Box<crate::tls::ClientTlsStream>),
     /// TLS Shoal started with a server (buffered too).
@@ -103,7 +107,11 @@ impl Stream {
     pub fn is_buffered(&self) -> bool {
         matches!(
             self,
-            Stream::Buffered(_) | Stream::WebSocket(_) | Stream::Tls(_) | Stream::TlsUpstream(_)
+            Stream::Buffered(_)
+                | Stream::WebSocket(_)
+                | Stream::Http(_)
+                | Stream::Tls(_)
+                | Stream::TlsUpstream(_)
         )
     }
 
@@ -124,7 +132,9 @@ impl Stream {
         match self {
             Stream::Tcp(s) => poll_read_buf(s, cx, buf),
             Stream::Unix(s) => poll_read_buf(s, cx, buf),
-            Stream::Buffered(s) | Stream::WebSocket(s) => poll_read_buf(s, cx, buf),
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+                poll_read_buf(s, cx, buf)
+            }
             Stream::Tls(s) => poll_read_buf(s, cx, buf),
             Stream::TlsUpstream(s) => poll_read_buf(s, cx, buf),
             Stream::Link(s) => s.poll_read_buf(cx, buf),
@@ -136,7 +146,9 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             Stream::Unix(s) => Pin::new(s).poll_write(cx, data),
-            Stream::Buffered(s) | Stream::WebSocket(s) => Pin::new(s).poll_write(cx, data),
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+                Pin::new(s).poll_write(cx, data)
+            }
             Stream::Tls(s) => poll_write_tls(&mut **s, cx, data),
             Stream::TlsUpstream(s) => poll_write_tls(&mut **s, cx, data),
             Stream::Link(s) => s.poll_write_data(cx, data),
@@ -157,7 +169,9 @@ impl Stream {
     pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Tcp(_) | Stream::Unix(_) | Stream::Link(_) => Poll::Ready(Ok(())),
-            Stream::Buffered(s) | Stream::WebSocket(s) => Pin::new(s).poll_flush(cx),
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+                Pin::new(s).poll_flush(cx)
+            }
             Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_flush(cx),
             Stream::Upgrading => Poll::Ready(Err(upgrading())),
@@ -168,7 +182,9 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Buffered(s) | Stream::WebSocket(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+                Pin::new(s).poll_shutdown(cx)
+            }
             Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Stream::Link(s) => {
@@ -207,7 +223,7 @@ impl Stream {
             Stream::Unix(s) => {
                 return !matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
-            Stream::Buffered(s) | Stream::WebSocket(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 let mut buf = tokio::io::ReadBuf::new(&mut probe);
                 return Pin::new(&mut **s).poll_read(&mut cx, &mut buf).is_ready();
@@ -231,9 +247,11 @@ impl Stream {
             Stream::Unix(s) => Some(s.as_raw_fd()),
             Stream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
             Stream::TlsUpstream(s) => Some(s.get_ref().0.as_raw_fd()),
-            Stream::Buffered(_) | Stream::WebSocket(_) | Stream::Link(_) | Stream::Upgrading => {
-                None
-            }
+            Stream::Buffered(_)
+            | Stream::WebSocket(_)
+            | Stream::Http(_)
+            | Stream::Link(_)
+            | Stream::Upgrading => None,
         }
     }
 
@@ -263,6 +281,8 @@ impl Stream {
             (Stream::Buffered(_), _) => "in-process".into(),
             (Stream::WebSocket(_), Some(a)) => format!("{a} (WebSocket)"),
             (Stream::WebSocket(_), None) => "? (WebSocket)".into(),
+            (Stream::Http(_), Some(a)) => format!("{a} (HTTP)"),
+            (Stream::Http(_), None) => "? (HTTP)".into(),
             (Stream::Link(s), Some(a)) => format!("{a} (relayed by {})", s.peer()),
             (Stream::Link(s), None) => format!("? (relayed by {})", s.peer()),
             (Stream::Upgrading, _) => "upgrading".into(),
@@ -279,7 +299,9 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Buffered(s) | Stream::WebSocket(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+                Pin::new(s).poll_read(cx, buf)
+            }
             Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
             Stream::TlsUpstream(s) => Pin::new(&mut **s).poll_read(cx, buf),
             Stream::Link(s) => Pin::new(s).poll_read(cx, buf),

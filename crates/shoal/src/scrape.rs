@@ -247,6 +247,9 @@ impl Collector for ShoalCollector {
             "Failed client authentications",
             &[(vec![], l(&pm.auth_failures))],
         )?;
+        if app.config.serverless.is_some() {
+            serverless(&mut e, &pm.serverless)?;
+        }
         gauge(
             &mut e,
             "shoal_clients",
@@ -315,6 +318,29 @@ impl Collector for ShoalCollector {
         )?;
         Ok(())
     }
+}
+
+/// The serverless front door's traffic, per transport (only with `[serverless]`).
+fn serverless(
+    e: &mut DescriptorEncoder<'_>,
+    m: &crate::metrics::ServerlessMetrics,
+) -> Result<(), std::fmt::Error> {
+    counter(
+        e,
+        "shoal_serverless_websockets",
+        "WebSockets the serverless front door accepted",
+        &[(vec![], m.websockets.load(Ordering::Relaxed))],
+    )?;
+    let rows: Vec<(Labels, u64)> = m
+        .http_counts()
+        .map(|(status, n)| (vec![("status", LabelValue::new(&status))], n))
+        .collect();
+    counter(
+        e,
+        "shoal_serverless_http_requests",
+        "HTTP queries the serverless front door answered, by HTTP status",
+        &rows,
+    )
 }
 
 /// The Prometheus text exposition of everything.

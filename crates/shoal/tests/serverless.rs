@@ -126,3 +126,256 @@ async fn bad_input_gets_a_clear_answer() {
         "feature_not_supported: {text}"
     );
 }
+
+/// A Shoal with the token API (tenants), the serverless front door with small limits, and
+/// metrics; returns it, its store and the front door's address.
+fn http_shoal() -> (Shoal, tempfile::TempDir, std::net::SocketAddr) {
+    let (s, data) = shoal_with_token_api_and(
+        pg(),
+        "[serverless]\nlisten = \"127.0.0.1:0\"\nmax_request_size = 4096\nmax_response_size = 65536\nrequest_timeout = \"2s\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let addr = s.ready_addr("serverless").expect("the serverless listener");
+    (s, data, addr)
+}
+
+/// A tenant `id` through the API, on a fresh database (pool size 2); returns the database.
+fn tenant(s: &Shoal, id: &str, extra: serde_json::Value) -> String {
+    let db = unique_db(&format!("neon_{id}"));
+    pg().create_database(&db);
+    let (status, body) = api(
+        s,
+        "PUT",
+        &format!("/api/tenants/{id}"),
+        &tenant_body(pg(), &db, extra),
+    );
+    assert_eq!(status, 201, "{body}");
+    db
+}
+
+/// The driver's HTTP mode (`neon()`, `transaction()`) against a tenant created through the
+/// API: `tests/clients/serverless/neon-http.mjs`.
+#[test]
+fn neons_driver_over_http() {
+    let (s, _data, addr) = http_shoal();
+    let db = tenant(&s, "edge", serde_json::json!({}));
+    let dsn = format!(
+        "postgresql://app.edge:{APP_PASSWORD}@127.0.0.1:{}/{db}",
+        s.port()
+    );
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/clients/serverless"
+    );
+    let out = std::process::Command::new("node")
+        .current_dir(dir)
+        .args(["neon-http.mjs", &addr.to_string(), &dsn])
+        .output()
+        .expect("node runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the driver's HTTP suite failed:\n{text}"
+    );
+    assert!(text.contains("over HTTP: ok"), "{text}");
+    // A hundred concurrent one-shot queries shared the tenant's two servers.
+    assert!(pg().servers(&db) <= 2, "more servers than the pool's 2");
+}
+
+/// POSTs `body` to the front door's `/sql` with `headers`; (status, JSON body).
+async fn post(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut req = format!(
+        "POST /sql HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut reply))
+        .await
+        .expect("an answer within 20 s")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply).to_string();
+    let status = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
+    let (s, _data, addr) = http_shoal();
+    let a = tenant(&s, "ta", serde_json::json!({}));
+    let b = tenant(&s, "tb", serde_json::json!({}));
+    tenant(
+        &s,
+        "lim",
+        serde_json::json!({"max_concurrency": 1, "limit_wait": "0s"}),
+    );
+    let dsn =
+        |user: &str, password: &str, db: &str| format!("postgresql://{user}:{password}@h/{db}");
+    let (ta, tb) = (
+        dsn("app.ta", APP_PASSWORD, &a),
+        dsn("app.tb", APP_PASSWORD, &b),
+    );
+    let q = |sql: &str| serde_json::json!({"query": sql, "params": []}).to_string();
+    let arrays = [
+        ("Neon-Array-Mode", "true"),
+        ("Neon-Raw-Text-Output", "true"),
+    ];
+    let with = |conn: &str| -> Vec<(String, String)> {
+        std::iter::once(("Neon-Connection-String".to_owned(), conn.to_owned()))
+            .chain(arrays.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect()
+    };
+    async fn send(
+        addr: std::net::SocketAddr,
+        headers: &[(String, String)],
+        body: &str,
+    ) -> (u16, serde_json::Value) {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        post(addr, &h, body).await
+    }
+
+    // Each tenant sees its own database only.
+    for (conn, mark) in [(&ta, "a"), (&tb, "b")] {
+        let create = format!("CREATE TABLE mark AS SELECT '{mark}'::text AS m");
+        assert_eq!(send(addr, &with(conn), &q(&create)).await.0, 200);
+    }
+    for (conn, mark) in [(&ta, "a"), (&tb, "b")] {
+        let (status, body) = send(addr, &with(conn), &q("SELECT m FROM mark")).await;
+        assert_eq!((status, &body["rows"]), (200, &serde_json::json!([[mark]])));
+    }
+    // Objects and JSON values without Neon's headers.
+    let plain = [("Neon-Connection-String".to_owned(), ta.clone())];
+    let (status, body) = send(
+        addr,
+        &plain,
+        &q("SELECT 1 AS n, true AS t, '{\"k\": 1}'::jsonb AS j, 2::bigint AS big"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["rows"],
+        serde_json::json!([{"n": 1, "t": true, "j": {"k": 1}, "big": "2"}])
+    );
+
+    // Malformed requests: 400 with a message that says what is wrong.
+    let (status, body) = post(addr, &[], &q("SELECT 1")).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("Neon-Connection-String"),
+        "{body}"
+    );
+    let (status, body) = send(addr, &with(&ta), "{\"query\": ").await;
+    assert_eq!(status, 400);
+    assert!(body["message"].as_str().unwrap().contains("JSON"), "{body}");
+    let (status, _) = send(addr, &with("mysql://u:p@h/d"), &q("SELECT 1")).await;
+    assert_eq!(status, 400);
+    // Too large a body: 413.
+    let big = q(&format!("SELECT '{}'", "x".repeat(5000)));
+    assert_eq!(send(addr, &with(&ta), &big).await.0, 413);
+    // Bad password: 401; unknown tenant: 404; neither reaches a server.
+    let (status, body) = send(addr, &with(&dsn("app.ta", "wrong", &a)), &q("SELECT 1")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("28P01")),
+        "{body}"
+    );
+    let (status, body) = send(
+        addr,
+        &with(&dsn("app.nope", APP_PASSWORD, &a)),
+        &q("SELECT 1"),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    // A statement's error: 400 with PostgreSQL's fields.
+    let (status, body) = send(addr, &with(&ta), &q("SELEC 1")).await;
+    assert_eq!(
+        (status, body["code"].as_str(), body["position"].as_str()),
+        (400, Some("42601"), Some("1")),
+        "{body}"
+    );
+
+    // Over the tenant's limit: 429, while a TCP client holds its one place.
+    let tcp = s
+        .try_connect(&s.conninfo("app.lim", APP_PASSWORD, "x"))
+        .await
+        .unwrap();
+    tcp.simple_query("BEGIN; SELECT 1").await.unwrap();
+    let lim = dsn("app.lim", APP_PASSWORD, "x");
+    let (status, body) = send(addr, &with(&lim), &q("SELECT 1")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (429, Some("53400")),
+        "{body}"
+    );
+    tcp.simple_query("COMMIT").await.unwrap();
+    assert_eq!(send(addr, &with(&lim), &q("SELECT 1")).await.0, 200);
+
+    // Too large an answer: 507, the statement stopped, the pool still serves.
+    let (status, body) = send(
+        addr,
+        &with(&ta),
+        &q("SELECT repeat('x', 1000) FROM generate_series(1, 100000)"),
+    )
+    .await;
+    assert_eq!(status, 507, "{body}");
+    // Past the request timeout: 504, and the statement is cancelled (not left to run).
+    let (status, body) = send(addr, &with(&ta), &q("SELECT pg_sleep(30)")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (504, Some("57014")),
+        "{body}"
+    );
+    eventually("the timed-out statement cancelled", Duration::from_secs(10), || {
+        pg().psql_admin(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{a}' AND state = 'active' AND query LIKE 'SELECT pg_sleep%'"
+        )) == "0"
+    })
+    .await;
+    let (status, body) = send(addr, &with(&ta), &q("SELECT m FROM mark")).await;
+    assert_eq!((status, &body["rows"]), (200, &serde_json::json!([["a"]])));
+    assert!(pg().servers(&a) <= 2, "more servers than the pool's 2");
+
+    // Counted per transport and status.
+    let metrics = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", s.metrics.unwrap())])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    for (status, n) in [
+        ("400", 4),
+        ("401", 1),
+        ("404", 1),
+        ("413", 1),
+        ("429", 1),
+        ("504", 1),
+        ("507", 1),
+    ] {
+        let line = format!("shoal_serverless_http_requests_total{{status=\"{status}\"}} {n}");
+        assert!(text.contains(&line), "{line} in:\n{text}");
+    }
+}

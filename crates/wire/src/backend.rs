@@ -22,6 +22,10 @@ pub mod tag {
     pub const CLOSE_COMPLETE: u8 = b'3';
     pub const NOTIFICATION_RESPONSE: u8 = b'A';
     pub const DATA_ROW: u8 = b'D';
+    pub const ROW_DESCRIPTION: u8 = b'T';
+    pub const NO_DATA: u8 = b'n';
+    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
+    pub const PORTAL_SUSPENDED: u8 = b's';
     pub const COPY_DATA: u8 = b'd';
 }
 
@@ -244,6 +248,68 @@ pub fn parse_parameter_status_bytes(body: &[u8]) -> Result<(&[u8], &[u8]), Frame
 pub fn parse_backend_key_data(body: &[u8]) -> Result<(i32, i32), FrameError> {
     let mut r = Reader::new(body);
     Ok((r.i32()?, r.i32()?))
+}
+
+/// One column of a RowDescription.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FieldDescription<'a> {
+    /// In the client encoding.
+    pub name: &'a [u8],
+    pub table_oid: u32,
+    pub column: i16,
+    pub type_oid: u32,
+    pub type_size: i16,
+    pub type_modifier: i32,
+    /// 0: text, 1: binary.
+    pub format: i16,
+}
+
+pub fn parse_row_description(body: &[u8]) -> Result<Vec<FieldDescription<'_>>, FrameError> {
+    let mut r = Reader::new(body);
+    let n = r.i16()?;
+    let mut fields = Vec::with_capacity(n.max(0) as usize);
+    for _ in 0..n {
+        fields.push(FieldDescription {
+            name: r.cstr_bytes()?,
+            table_oid: r.i32()? as u32,
+            column: r.i16()?,
+            type_oid: r.i32()? as u32,
+            type_size: r.i16()?,
+            type_modifier: r.i32()?,
+            format: r.i16()?,
+        });
+    }
+    Ok(fields)
+}
+
+/// Calls `each` with every value of a DataRow in order (`None`: NULL).
+pub fn for_each_value<'a>(
+    body: &'a [u8],
+    mut each: impl FnMut(Option<&'a [u8]>),
+) -> Result<(), FrameError> {
+    let mut r = Reader::new(body);
+    let n = r.i16()?;
+    for _ in 0..n {
+        match r.i32()? {
+            -1 => each(None),
+            len if len < 0 => return Err(FrameError::Malformed("negative value length")),
+            len => each(Some(r.bytes(len as usize)?)),
+        }
+    }
+    Ok(())
+}
+
+/// Every field of an ErrorResponse or NoticeResponse, as (field type, value) in the order
+/// sent (values in the client encoding).
+pub fn error_fields(body: &[u8]) -> Result<Vec<(u8, &[u8])>, FrameError> {
+    let mut r = Reader::new(body);
+    let mut fields = Vec::new();
+    loop {
+        match r.u8()? {
+            0 => return Ok(fields),
+            field => fields.push((field, r.cstr_bytes()?)),
+        }
+    }
 }
 
 /// What an Authentication message asks for.

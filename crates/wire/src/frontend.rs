@@ -80,17 +80,46 @@ pub fn parse(buf: &mut BytesMut, name: &str, sql: &str) {
 
 /// Bind of the prepared statement `name` to text `params` (results as text), and Execute.
 pub fn bind_execute(buf: &mut BytesMut, name: &str, params: &[&str]) {
+    bind(buf, name, params.iter().map(|p| Some(p.as_bytes())));
+    execute(buf);
+}
+
+/// Bind of the unnamed portal to the prepared statement `name`, with text parameters
+/// (`None`: NULL) and text results. At most 65,535 parameters (the protocol's limit):
+/// callers check first.
+pub fn bind<'a>(
+    buf: &mut BytesMut,
+    name: &str,
+    params: impl ExactSizeIterator<Item = Option<&'a [u8]>>,
+) {
     put_message(buf, tag::BIND, |b| {
         put_cstr(b, "");
         put_cstr(b, name);
         b.put_i16(0);
         b.put_u16(u16::try_from(params.len()).expect("at most 65,535 parameters"));
         for p in params {
-            b.put_i32(p.len() as i32);
-            b.put_slice(p.as_bytes());
+            match p {
+                Some(p) => {
+                    b.put_i32(p.len() as i32);
+                    b.put_slice(p);
+                }
+                None => b.put_i32(-1),
+            }
         }
         b.put_i16(0);
     });
+}
+
+/// Describe of the unnamed portal: its RowDescription (or NoData) comes before its rows.
+pub fn describe_portal(buf: &mut BytesMut) {
+    put_message(buf, tag::DESCRIBE, |b| {
+        b.put_u8(b'P');
+        put_cstr(b, "");
+    });
+}
+
+/// Execute of the unnamed portal, all its rows.
+pub fn execute(buf: &mut BytesMut) {
     put_message(buf, tag::EXECUTE, |b| {
         put_cstr(b, "");
         b.put_i32(0);

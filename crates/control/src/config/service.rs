@@ -193,8 +193,30 @@ pub struct ServerlessSection {
     /// the driver needs `pipelineConnect = false`.
     #[serde(default = "super::sections::default_true")]
     pub cleartext_password: bool,
+    /// Largest HTTP query body (`POST /sql`) accepted, in bytes: larger gets 413.
+    #[serde(default = "default_serverless_max_body")]
+    pub max_request_size: usize,
+    /// Largest HTTP answer, in bytes: a query whose rows would exceed it fails with 507
+    /// rather than holding them all in memory.
+    #[serde(default = "default_serverless_max_body")]
+    pub max_response_size: usize,
+    /// Seconds an HTTP query (a batch: all of it) may take, login included; past it the
+    /// statement is cancelled and the answer is 504.
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_serverless_request_timeout"
+    )]
+    pub request_timeout: f64,
 }
 
 fn default_serverless_max_message() -> usize {
     16 << 20
+}
+
+fn default_serverless_max_body() -> usize {
+    10 << 20
+}
+
+fn default_serverless_request_timeout() -> f64 {
+    60.0
 }

@@ -31,6 +31,8 @@ pub struct App {
     pub metrics: crate::metrics::ProcessMetrics,
     /// Secrets found by auth_query.
     pub secrets: crate::auth_query::SecretCache,
+    /// Passwords the serverless front door checked in cleartext lately.
+    pub passwords: crate::session::PasswordMemo,
     /// This node's cluster, once joined (never, without `[cluster]`).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
     /// The realtime service, once started (never, without `[realtime]`).
@@ -54,6 +56,7 @@ impl App {
             admission: Arc::new(Admission::new(&config.server)),
             lifecycle: Lifecycle::new(shutdown),
             secrets: Default::default(),
+            passwords: Default::default(),
             metrics: Default::default(),
             routes: Arc::new(crate::route::Registry::new(config.clone())),
             config,

@@ -1,28 +1,28 @@
 //! The serverless front door (`[serverless]`): serverless and edge functions cannot hold
-//! TCP connections, so Neon's serverless driver carries the PostgreSQL protocol over a
-//! WebSocket. Each WebSocket here becomes one client connection, handed to the same login,
-//! routing and pools as a TCP client (tenants, authentication, limits, rules, cache):
-//! binary frames in are the client's bytes, the session's bytes go out as binary frames.
+//! TCP connections, so Neon's serverless driver reaches PostgreSQL over a WebSocket
+//! carrying the protocol (`Pool`, `Client`: see `websocket`) or over HTTP (`neon()`,
+//! `transaction()`: `POST /sql`, see `http`). Either way each connection or request
+//! becomes one client of the same login, routing and pools as a TCP client (tenants,
+//! authentication, limits, rules, cache).
 //!
-//! The WebSocket runs on the control runtime (axum); the session runs on a data-plane
-//! shard, reached through an in-memory pipe. Any path is accepted (the driver asks for
-//! `/v2`; `neonConfig.wsProxy` lets a user choose another).
+//! HTTP and WebSockets run on the control runtime (axum); each session runs on a
+//! data-plane shard, reached through an in-memory pipe. A WebSocket may use any path (the
+//! driver asks for `/v2`; `neonConfig.wsProxy` lets a user choose another).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, State};
-use axum::response::Response;
-use bytes::BytesMut;
-use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::DuplexStream;
 
 use crate::app::App;
 use crate::net::Stream;
 
 mod gate;
+mod http;
+mod websocket;
+
+pub use http::STATUSES as HTTP_STATUSES;
 
 /// Bytes the pipe between a WebSocket and its session buffers each way.
 const PIPE: usize = 64 * 1024;
@@ -32,6 +32,10 @@ struct Door {
     max_message: usize,
     /// Ask for passwords in cleartext (see `[serverless] cleartext_password`).
     cleartext_password: bool,
+    max_request: usize,
+    max_response: usize,
+    /// Seconds.
+    request_timeout: f64,
     /// Round robin over the data plane's shards.
     next_shard: AtomicUsize,
 }
@@ -54,12 +58,19 @@ pub async fn start(
         app: app.clone(),
         max_message: section.max_message_size,
         cleartext_password: section.cleartext_password,
+        max_request: section.max_request_size,
+        max_response: section.max_response_size,
+        request_timeout: section.request_timeout,
         next_shard: AtomicUsize::new(0),
     });
     let router = axum::Router::new()
-        .fallback(axum::routing::get(upgrade))
+        .route(
+            "/sql",
+            axum::routing::post(http::query).get(websocket::upgrade),
+        )
+        .fallback(axum::routing::get(websocket::upgrade))
         .with_state(door);
-    tracing::info!(%addr, "serverless front door listening (PostgreSQL over WebSocket)");
+    tracing::info!(%addr, "serverless front door listening (PostgreSQL over WebSocket and HTTP)");
     tokio::spawn(async move {
         let service = router.into_make_service_with_connect_info::<SocketAddr>();
         if let Err(e) = axum::serve(listener, service).await {
@@ -69,97 +80,22 @@ pub async fn start(
     Ok(Some((addr, fd)))
 }
 
-async fn upgrade(
-    State(door): State<Arc<Door>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    ws: WebSocketUpgrade,
-) -> Response {
-    ws.max_message_size(door.max_message)
-        .max_frame_size(door.max_message)
-        .on_upgrade(move |socket| bridge(door, socket, peer))
-}
-
-/// Carries one WebSocket's bytes to and from its session until either side ends.
-async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
-    let (ours, theirs) = tokio::io::duplex(PIPE);
-    let session = crate::session::serve(
-        door.app.clone(),
-        Stream::WebSocket(Box::new(theirs)),
-        Some(peer),
-    );
-    let shards = crate::shard::open().clamp(1, crate::shard::count());
-    let shard = door.next_shard.fetch_add(1, Ordering::Relaxed) % shards;
-    match crate::shard::handle(shard) {
-        Some(h) => drop(h.spawn(session)),
-        None => drop(tokio::spawn(session)),
-    }
-    let (mut from_session, mut to_session) = tokio::io::split(ours);
-    let (mut sink, mut source) = socket.split();
-    // While the login runs, the client's bytes wait in the gate (pipelined connect).
-    let gated = door.cleartext_password;
-    let gate = std::sync::Mutex::new(gated.then(|| (gate::Gate::default(), BytesMut::new())));
-    let answered = tokio::sync::Notify::new();
-    // What may go to the session now (`None`: the login is done, all of `bytes`).
-    let pass = |bytes: &[u8]| -> Option<BytesMut> {
-        let mut g = gate.lock().unwrap_or_else(|e| e.into_inner());
-        let (gate, held) = g.as_mut()?;
-        held.extend_from_slice(bytes);
-        let mut to = BytesMut::new();
-        gate::release(gate, held, &mut to);
-        if gate.is_open() && held.is_empty() {
-            *g = None;
+impl Door {
+    /// Starts a session on a data-plane shard (round robin over the open ones) whose
+    /// client is the other end of the returned pipe, made a `Stream` by `stream`.
+    fn start_session(
+        &self,
+        stream: impl FnOnce(DuplexStream) -> Stream,
+        peer: SocketAddr,
+    ) -> DuplexStream {
+        let (ours, theirs) = tokio::io::duplex(PIPE);
+        let session = crate::session::serve(self.app.clone(), stream(theirs), Some(peer));
+        let shards = crate::shard::open().clamp(1, crate::shard::count());
+        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % shards;
+        match crate::shard::handle(shard) {
+            Some(h) => drop(h.spawn(session)),
+            None => drop(tokio::spawn(session)),
         }
-        Some(to)
-    };
-    let inbound = async {
-        loop {
-            let written = tokio::select! {
-                m = source.next() => match m {
-                    Some(Ok(Message::Binary(b))) => match pass(&b) {
-                        None => to_session.write_all(&b).await,
-                        Some(held_back) => to_session.write_all(&held_back).await,
-                    },
-                    // The driver sends only binary frames; pings are answered by the library.
-                    Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => continue,
-                    Some(Ok(Message::Close(_)) | Err(_)) | None => break,
-                },
-                _ = answered.notified() => match pass(&[]) {
-                    Some(released) => to_session.write_all(&released).await,
-                    None => continue,
-                },
-            };
-            if written.is_err() {
-                break;
-            }
-        }
-        // The client is gone: the session reads the end of its stream.
-        let _ = to_session.shutdown().await;
-    };
-    let outbound = async {
-        let mut buf = BytesMut::with_capacity(16 * 1024);
-        loop {
-            buf.reserve(16 * 1024);
-            match from_session.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Some((gate, held)) =
-                        gate.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
-                    {
-                        let dropped = gate.answered(&buf, held);
-                        let _ = held.split_to(dropped);
-                        answered.notify_one();
-                    }
-                    let frame = buf.split().freeze();
-                    if sink.send(Message::Binary(frame)).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = sink.send(Message::Close(None)).await;
-    };
-    tokio::select! {
-        _ = inbound => {}
-        _ = outbound => {}
+        ours
     }
 }

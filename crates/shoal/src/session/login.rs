@@ -391,14 +391,16 @@ async fn authenticate<'a>(
             };
             // The serverless front door asks for the password in cleartext, as its
             // driver sends it (see `crate::serverless`).
-            let cleartext = matches!(stream, Stream::WebSocket(_))
-                && app
-                    .config
-                    .serverless
-                    .as_ref()
-                    .is_some_and(|s| s.cleartext_password);
+            let cleartext = matches!(stream, Stream::Http(_))
+                || matches!(stream, Stream::WebSocket(_))
+                    && app
+                        .config
+                        .serverless
+                        .as_ref()
+                        .is_some_and(|s| s.cleartext_password);
             let r = if cleartext {
-                auth::cleartext(stream, &user, &mut req.out).await
+                // Boxed: rare beside TCP logins, and kept out of every login's size.
+                Box::pin(auth::cleartext(stream, &user, &app.passwords, &mut req.out)).await
             } else {
                 auth::authenticate(stream, &user, end_point.as_deref(), &mut req.out).await
             };

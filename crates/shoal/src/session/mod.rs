@@ -25,6 +25,8 @@ mod relayed;
 #[cfg(test)]
 mod size_tests;
 
+pub use auth::PasswordMemo;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
