@@ -122,6 +122,9 @@ pub struct TlsState {
 /// One generation of loaded certificates.
 struct Loaded {
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    /// The same certificates for HTTP and WebSockets (ALPN `http/1.1`): the serverless
+    /// front door.
+    web: Option<tokio_rustls::TlsAcceptor>,
     certs: Option<Arc<BySni>>,
 }
 
@@ -153,6 +156,7 @@ impl TlsState {
         let (Some(cert), Some(key)) = (&section.cert_file, &section.key_file) else {
             return Ok(Loaded {
                 acceptor: None,
+                web: None,
                 certs: None,
             });
         };
@@ -204,6 +208,8 @@ impl TlsState {
             default: default.clone(),
             named: named.clone(),
         }));
+        let mut web = config.clone();
+        web.alpn_protocols = vec![b"http/1.1".to_vec()];
         // PostgreSQL's ALPN name: required by clients that start TLS directly.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         // Records no larger than libpq's initial 8 KiB input buffer: with bigger ones, a
@@ -212,6 +218,7 @@ impl TlsState {
         config.max_fragment_size = Some(MAX_TLS_RECORD);
         Ok(Loaded {
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            web: Some(tokio_rustls::TlsAcceptor::from(Arc::new(web))),
             certs: Some(Arc::new(BySni { default, named })),
         })
     }
@@ -247,6 +254,26 @@ impl TlsState {
             .await
     }
 }
+
+impl TlsState {
+    /// Whether a certificate is loaded for HTTP and WebSockets (the serverless front door).
+    pub fn serves_web(&self) -> bool {
+        self.current().web.is_some()
+    }
+
+    /// The TLS handshake of an HTTP or WebSocket client of the serverless front door.
+    pub async fn accept_web(&self, tcp: TcpStream) -> io::Result<WebTlsStream> {
+        let acceptor = self
+            .current()
+            .web
+            .clone()
+            .ok_or_else(|| io::Error::other("TLS is not configured"))?;
+        acceptor.accept(tcp).await
+    }
+}
+
+/// An HTTP or WebSocket client's TLS stream.
+pub type WebTlsStream = tokio_rustls::server::TlsStream<TcpStream>;
 
 /// A client's TLS stream.
 pub type ClientTlsStream = tokio_rustls::server::TlsStream<Prefixed<TcpStream>>;

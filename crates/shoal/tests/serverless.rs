@@ -25,26 +25,18 @@ fn serverless_shoal(db: &str, extra: &str) -> (Shoal, std::net::SocketAddr) {
     (shoal, ws)
 }
 
-/// Runs the driver's suite (`tests/clients/serverless/neon.mjs`) against a fresh database;
-/// `pipeline` is the driver's `pipelineConnect` ("password", its default, or "false").
-fn driver_suite(extra: &str, pipeline: &str) {
-    let db = unique_db("neon");
-    pg().create_database(&db);
-    let (shoal, ws) = serverless_shoal(&db, extra);
+/// Runs `node SCRIPT ARGS` in `tests/clients/serverless` with `env`; checks it succeeds
+/// and prints `expect`.
+fn node(script: &str, args: &[&str], env: &[(&str, &str)], expect: &str) {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/clients/serverless"
     );
-    // The host and port in the connection string are the driver's to pass to wsProxy;
-    // the WebSocket goes to Shoal's front door.
-    let dsn = format!(
-        "postgresql://app:{APP_PASSWORD}@127.0.0.1:{}/{db}",
-        shoal.port()
-    );
     let out = std::process::Command::new("node")
         .current_dir(dir)
-        .args(["neon.mjs", &ws.to_string(), &dsn, "20"])
-        .env("NEON_PIPELINE", pipeline)
+        .arg(script)
+        .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("node runs");
     let text = format!(
@@ -52,10 +44,27 @@ fn driver_suite(extra: &str, pipeline: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "the driver's suite failed:\n{text}");
-    assert!(
-        text.contains(&format!("(pipelineConnect {pipeline}): 20 workers ok")),
-        "{text}"
+    assert!(out.status.success(), "{script} failed:\n{text}");
+    assert!(text.contains(expect), "{text}");
+}
+
+/// Runs the driver's suite (`tests/clients/serverless/neon.mjs`) against a fresh database;
+/// `pipeline` is the driver's `pipelineConnect` ("password", its default, or "false").
+fn driver_suite(extra: &str, pipeline: &str) {
+    let db = unique_db("neon");
+    pg().create_database(&db);
+    let (shoal, ws) = serverless_shoal(&db, extra);
+    // The host and port in the connection string are the driver's to pass to wsProxy;
+    // the WebSocket goes to Shoal's front door.
+    let dsn = format!(
+        "postgresql://app:{APP_PASSWORD}@127.0.0.1:{}/{db}",
+        shoal.port()
+    );
+    node(
+        "neon.mjs",
+        &[&ws.to_string(), &dsn, "20"],
+        &[("NEON_PIPELINE", pipeline)],
+        &format!("(pipelineConnect {pipeline}): 20 workers ok"),
     );
     // Twenty WebSocket clients shared the pool's four servers.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -162,27 +171,51 @@ fn neons_driver_over_http() {
         "postgresql://app.edge:{APP_PASSWORD}@127.0.0.1:{}/{db}",
         s.port()
     );
-    let dir = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/clients/serverless"
+    node(
+        "neon-http.mjs",
+        &[&addr.to_string(), &dsn],
+        &[],
+        "over HTTP: ok",
     );
-    let out = std::process::Command::new("node")
-        .current_dir(dir)
-        .args(["neon-http.mjs", &addr.to_string(), &dsn])
-        .output()
-        .expect("node runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "the driver's HTTP suite failed:\n{text}"
-    );
-    assert!(text.contains("over HTTP: ok"), "{text}");
     // A hundred concurrent one-shot queries shared the tenant's two servers.
     assert!(pg().servers(&db) <= 2, "more servers than the pool's 2");
+}
+
+/// With a certificate in `[tls]`, the driver's `wss://` and `https://`, the certificate the
+/// pooler serves to TCP clients.
+#[test]
+fn neons_driver_over_tls() {
+    let (ca, cert, key) = ca_and_server_cert();
+    let files = tempfile::tempdir().unwrap();
+    let path = |name: &str, pem: &str| {
+        let p = files.path().join(name);
+        std::fs::write(&p, pem).unwrap();
+        p.display().to_string()
+    };
+    let (ca, cert, key) = (
+        path("ca.pem", &ca),
+        path("cert.pem", &cert),
+        path("key.pem", &key),
+    );
+    let db = unique_db("neon_tls");
+    pg().create_database(&db);
+    let (shoal, door) = serverless_shoal(
+        &db,
+        &format!("[tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n"),
+    );
+    let target = format!("localhost:{}", door.port());
+    let dsn = format!(
+        "postgresql://app:{APP_PASSWORD}@localhost:{}/{db}",
+        shoal.port()
+    );
+    let env = [("NEON_TLS", "1"), ("NODE_EXTRA_CA_CERTS", ca.as_str())];
+    node(
+        "neon.mjs",
+        &[&target, &dsn, "4"],
+        &env,
+        "(pipelineConnect password): 4 workers ok",
+    );
+    node("neon-http.mjs", &[&target, &dsn], &env, "over HTTP: ok");
 }
 
 /// POSTs `body` to the front door's `/sql` with `headers`; (status, JSON body).

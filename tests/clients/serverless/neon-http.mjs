@@ -6,7 +6,8 @@
 import { neon, neonConfig, NeonDbError } from '@neondatabase/serverless';
 
 const [httpAddr, dsn] = process.argv.slice(2);
-neonConfig.fetchEndpoint = `http://${httpAddr}/sql`;
+// NEON_TLS=1: https:// (trusting NODE_EXTRA_CA_CERTS).
+neonConfig.fetchEndpoint = `${process.env.NEON_TLS === '1' ? 'https' : 'http'}://${httpAddr}/sql`;
 const sql = neon(dsn);
 
 function check(cond, what) {

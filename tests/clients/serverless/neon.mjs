@@ -12,7 +12,8 @@ const WORKERS = Number(workersArg ?? 20);
 
 neonConfig.webSocketConstructor = ws;
 neonConfig.wsProxy = () => `${wsAddr}/v2`;
-neonConfig.useSecureWebSocket = false;
+// NEON_TLS=1: wss:// (trusting NODE_EXTRA_CA_CERTS).
+neonConfig.useSecureWebSocket = process.env.NEON_TLS === '1';
 neonConfig.pipelineTLS = false;
 if (process.env.NEON_PIPELINE === 'false') neonConfig.pipelineConnect = false;
 

@@ -25,7 +25,8 @@ pub mod words;
 pub use cluster::{host_name, Cluster, ClusterSection, ClusterTls};
 pub use sections::*;
 pub use service::{
-    AdminSection, ApiSection, MetricsSection, ServerlessSection, StoreSection, TenantsSection,
+    AcceptPlain, AdminSection, ApiSection, MetricsSection, ServerlessSection, StoreSection,
+    TenantsSection,
 };
 
 /// The configuration used when `shoal` starts without `--config`: one pool in front of a

@@ -193,6 +193,12 @@ pub struct ServerlessSection {
     /// the driver needs `pipelineConnect = false`.
     #[serde(default = "super::sections::default_true")]
     pub cleartext_password: bool,
+    /// Where plain-text HTTP and WebSockets are taken from when Shoal has a certificate
+    /// (`[tls]`): passwords cross the front door as they are, so by default only from
+    /// loopback; `anywhere` for a TLS-terminating proxy on another host. Without a
+    /// certificate the front door is plain for everyone.
+    #[serde(default)]
+    pub accept_plain: AcceptPlain,
     /// Largest HTTP query body (`POST /sql`) accepted, in bytes: larger gets 413.
     #[serde(default = "default_serverless_max_body")]
     pub max_request_size: usize,
@@ -207,6 +213,15 @@ pub struct ServerlessSection {
         default = "default_serverless_request_timeout"
     )]
     pub request_timeout: f64,
+}
+
+/// See [`ServerlessSection::accept_plain`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AcceptPlain {
+    #[default]
+    Loopback,
+    Anywhere,
 }
 
 fn default_serverless_max_message() -> usize {

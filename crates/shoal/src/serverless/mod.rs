@@ -20,6 +20,7 @@ use crate::net::Stream;
 
 mod gate;
 mod http;
+mod listener;
 mod websocket;
 
 pub use http::STATUSES as HTTP_STATUSES;
@@ -70,10 +71,15 @@ pub async fn start(
         )
         .fallback(axum::routing::get(websocket::upgrade))
         .with_state(door);
-    tracing::info!(%addr, "serverless front door listening (PostgreSQL over WebSocket and HTTP)");
+    let tls = app.tls.serves_web();
+    tracing::info!(%addr, tls, "serverless front door listening (PostgreSQL over WebSocket and HTTP)");
+    if !tls && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "the serverless front door takes passwords in plain text: without a certificate in [tls], keep it behind a TLS-terminating proxy");
+    }
+    let door_listener = listener::start(app.clone(), listener, section.accept_plain)?;
     tokio::spawn(async move {
-        let service = router.into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(e) = axum::serve(listener, service).await {
+        let service = router.into_make_service_with_connect_info::<listener::Peer>();
+        if let Err(e) = axum::serve(door_listener, service).await {
             tracing::error!(error = %e, "serverless front door stopped");
         }
     });

@@ -12,12 +12,13 @@ use bytes::BytesMut;
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::listener::Peer;
 use super::{gate, Door};
 use crate::net::Stream;
 
 pub async fn upgrade(
     State(door): State<Arc<Door>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     ws: WebSocketUpgrade,
 ) -> Response {
     ws.max_message_size(door.max_message)

@@ -15,6 +15,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use shoal_wire::sqlstate;
 
+use super::listener::Peer;
 use super::Door;
 use crate::net::Stream;
 
@@ -30,7 +31,7 @@ pub const STATUSES: [u16; 11] = [200, 400, 401, 403, 404, 413, 429, 500, 503, 50
 
 pub async fn query(
     State(door): State<Arc<Door>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
