@@ -412,3 +412,65 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
         assert!(text.contains(&line), "{line} in:\n{text}");
     }
 }
+
+/// Clients logged in now, from `/metrics`.
+fn logged_in_clients(s: &Shoal) -> u64 {
+    let metrics = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", s.metrics.unwrap())])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&metrics.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("shoal_clients{} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no shoal_clients in {}", String::from_utf8_lossy(&metrics.stdout)))
+}
+
+/// A session an HTTP query left clean serves the next query with the same connection
+/// string (no new login); one that changed session state is never served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sessions_are_kept_only_when_clean() {
+    let (s, _data, addr) = http_shoal();
+    let db = tenant(&s, "warm", serde_json::json!({}));
+    let conn = format!("postgresql://app.warm:{APP_PASSWORD}@h/{db}");
+    let headers = [
+        ("Neon-Connection-String", conn.as_str()),
+        ("Neon-Array-Mode", "true"),
+        ("Neon-Raw-Text-Output", "true"),
+    ];
+    let q = |sql: &str| serde_json::json!({ "query": sql }).to_string();
+    let path = q("SELECT current_setting('search_path')");
+    let (status, body) = post(addr, &headers, &path).await;
+    assert_eq!(status, 200, "{body}");
+    let default_path = body["rows"][0][0].clone();
+    for _ in 0..5 {
+        assert_eq!(post(addr, &headers, &q("SELECT 1")).await.0, 200);
+    }
+    assert_eq!(
+        logged_in_clients(&s),
+        1,
+        "one session served all six queries"
+    );
+    // A query that changes the session: its session ends, the next query gets a fresh one.
+    let (status, body) = post(addr, &headers, &q("SET search_path TO nowhere")).await;
+    assert_eq!(status, 200, "{body}");
+    eventually("the changed session ended", Duration::from_secs(10), || {
+        logged_in_clients(&s) == 0
+    })
+    .await;
+    let (status, body) = post(addr, &headers, &path).await;
+    assert_eq!(
+        (status, &body["rows"][0][0]),
+        (200, &default_path),
+        "{body}"
+    );
+    // Another password of the same user finds no kept session: it logs in, and fails.
+    let wrong = format!("postgresql://app.warm:wrong@h/{db}");
+    let (status, _) = post(
+        addr,
+        &[("Neon-Connection-String", wrong.as_str())],
+        &q("SELECT 1"),
+    )
+    .await;
+    assert_eq!(status, 401);
+}

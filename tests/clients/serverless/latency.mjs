@@ -2,6 +2,9 @@
 //   tcp-warm   a query on an open node-postgres connection (TARGET: host:port)
 //   tcp-new    a new node-postgres connection, a query, its end
 //   http       a one-shot query with Neon's neon() (TARGET: the front door's host:port)
+//   http-raw   the same request as `http` by fetch alone (no driver)
+//   http-floor a request the front door answers 400 at once: the HTTP client's and
+//              server's own cost, the floor of any HTTP query
 //   ws-new     a new WebSocket Client of Neon's driver, a query, its end
 // Usage: node latency.mjs MODE TARGET DSN ITERATIONS   → one line of JSON (milliseconds)
 import { createRequire } from 'node:module';
@@ -44,6 +47,28 @@ async function op() {
       const sql = neon(dsn);
       return [async (i) => (await sql.query('SELECT $1::int AS n', [i]))[0].n, () => {}];
     }
+    case 'http-raw': {
+      // The same request as neon() sends, by fetch alone: the server's part of `http`.
+      const headers = {
+        'Neon-Connection-String': dsn, 'Neon-Raw-Text-Output': 'true', 'Neon-Array-Mode': 'true',
+      };
+      return [async (i) => {
+        const r = await fetch(`http://${target}/sql`, {
+          method: 'POST', headers, body: JSON.stringify({ query: 'SELECT $1::int AS n', params: [String(i)] }),
+        });
+        const body = await r.json();
+        return Number(body.rows[0][0]);
+      }, () => {}];
+    }
+    case 'http-floor':
+      // What the HTTP client and server cost alone: a request the front door refuses
+      // before any session (no connection string), answered 400.
+      return [async (i) => {
+        const r = await fetch(`http://${target}/sql`, { method: 'POST', body: '{}' });
+        await r.text();
+        if (r.status !== 400) throw new Error(`floor answered ${r.status}`);
+        return i;
+      }, () => {}];
     case 'ws-new':
       return [async (i) => {
         const c = new NeonClient(dsn);

@@ -39,6 +39,8 @@ struct Door {
     request_timeout: f64,
     /// Round robin over the data plane's shards.
     next_shard: AtomicUsize,
+    /// Sessions HTTP queries left clean, for the next query with the same credentials.
+    warm: http::Warm,
 }
 
 /// Serves `[serverless] listen` (or the socket a previous process handed over). Returns
@@ -63,6 +65,18 @@ pub async fn start(
         max_response: section.max_response_size,
         request_timeout: section.request_timeout,
         next_shard: AtomicUsize::new(0),
+        warm: http::Warm::default(),
+    });
+    let sweeping = Arc::downgrade(&door);
+    tokio::spawn(async move {
+        let mut every = crate::timer::interval(std::time::Duration::from_secs(2));
+        loop {
+            every.tick().await;
+            match sweeping.upgrade() {
+                Some(door) => door.warm.sweep(),
+                None => return,
+            }
+        }
     });
     let router = axum::Router::new()
         .route(

@@ -28,6 +28,9 @@ pub enum Failure {
         error: Vec<u8>,
     },
     TooLarge(usize),
+    /// The session had ended before it read the request (a kept session that was closed
+    /// meanwhile): nothing ran, so the request may be tried on a fresh one.
+    Closed,
     /// The session ended or spoke out of turn (a bug, or Shoal shutting down).
     Session(String),
 }
@@ -40,6 +43,7 @@ pub struct Exchange {
     pub key: Option<(i32, i32)>,
     /// Largest message read from the session.
     max_message: usize,
+    pub logged_in_at: std::time::Instant,
 }
 
 impl Exchange {
@@ -51,14 +55,19 @@ impl Exchange {
             buf: BytesMut::with_capacity(8 * 1024),
             key: None,
             max_message,
+            logged_in_at: std::time::Instant::now(),
         }
     }
 
     async fn send(&mut self, out: &[u8]) -> Result<(), Failure> {
-        self.to
-            .write_all(out)
-            .await
-            .map_err(|_| Failure::Session("the session ended before reading the request".into()))
+        self.to.write_all(out).await.map_err(|_| Failure::Closed)
+    }
+
+    /// Whether nothing arrived from the session since its last answer and it has not
+    /// ended: a session waiting for its next request.
+    pub fn is_quiet(&mut self) -> bool {
+        use futures_util::FutureExt;
+        self.buf.is_empty() && self.from.read_buf(&mut self.buf).now_or_never().is_none()
     }
 
     async fn next(&mut self) -> Result<Frame, Failure> {
@@ -118,7 +127,10 @@ impl Exchange {
                         error,
                     });
                 }
-                tag::READY_FOR_QUERY => return Ok(()),
+                tag::READY_FOR_QUERY => {
+                    self.logged_in_at = std::time::Instant::now();
+                    return Ok(());
+                }
                 _ => {}
             }
         }
@@ -175,6 +187,10 @@ impl Exchange {
             frontend::query(&mut out, "ROLLBACK");
             self.send(&out).await?;
             while self.next().await?.tag() != tag::READY_FOR_QUERY {}
+        }
+        if self.buf.capacity() > 64 * 1024 {
+            // A large answer passed: a session kept for the next query holds little.
+            self.buf = BytesMut::with_capacity(8 * 1024);
         }
         if let Some(error) = answer.error() {
             return Err(Failure::Statement {

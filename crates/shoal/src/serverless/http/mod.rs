@@ -22,6 +22,9 @@ use crate::net::Stream;
 mod exchange;
 mod request;
 mod results;
+mod warm;
+
+pub use warm::Warm;
 
 use exchange::{Exchange, Failure};
 use request::{RequestError, Shape, Work};
@@ -42,6 +45,17 @@ pub async fn query(
 
 async fn answer(door: &Arc<Door>, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Response {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    // The body is read first, even for a request refused for its headers: the connection
+    // then stays usable for the client's next request (keep-alive).
+    let limit = door.max_request;
+    let declared = header(header::CONTENT_LENGTH.as_str()).and_then(|l| l.parse::<usize>().ok());
+    if declared.is_some_and(|l| l > limit) {
+        return too_large(limit);
+    }
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return too_large(limit),
+    };
     let read = || -> Result<_, RequestError> {
         let login = request::login(
             header("neon-connection-string").ok_or(RequestError::NoConnectionString)?,
@@ -55,30 +69,20 @@ async fn answer(door: &Arc<Door>, peer: SocketAddr, headers: &HeaderMap, body: B
             header("neon-batch-read-only"),
             header("neon-batch-deferrable"),
         )?;
-        Ok((login, shape, begin))
+        let work = request::work(&body, begin)?;
+        Ok((login, shape, work))
     };
-    let (login, shape, begin) = match read() {
-        Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    let limit = door.max_request;
-    let declared = header(header::CONTENT_LENGTH.as_str()).and_then(|l| l.parse::<usize>().ok());
-    if declared.is_some_and(|l| l > limit) {
-        return too_large(limit);
+    match read() {
+        Ok((login, shape, work)) => {
+            drop(body);
+            run(door, peer, &login, &work, shape).await
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => return too_large(limit),
-    };
-    let work = match request::work(&body, begin) {
-        Ok(w) => w,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    drop(body);
-    run(door, peer, &login, &work, shape).await
 }
 
-/// Logs in, runs the statements, answers; past the request timeout, cancels.
+/// Runs the request on a kept session for its connection string, or logs in on a fresh
+/// one; answers; past the request timeout, cancels.
 async fn run(
     door: &Arc<Door>,
     peer: SocketAddr,
@@ -86,12 +90,31 @@ async fn run(
     work: &Work,
     shape: Shape,
 ) -> Response {
-    let pipe = door.start_session(|theirs| Stream::Http(Box::new(theirs)), peer);
-    let mut ex = Exchange::new(pipe, door.max_response.saturating_add(1024));
+    let key = door.warm.key(login);
     let timeout = Duration::from_secs_f64(door.request_timeout);
+    let max_message = door.max_response.saturating_add(1024);
+    let fresh = || {
+        let pipe = door.start_session(|theirs| Stream::Http(Box::new(theirs)), peer);
+        Exchange::new(pipe, max_message)
+    };
+    let (mut ex, mut logged_in) = match door.warm.take(&key) {
+        Some(ex) => (ex, true),
+        None => (fresh(), false),
+    };
     let outcome = crate::timer::timeout(timeout, async {
-        ex.login(login).await?;
-        ex.run(work, shape, door.max_response).await
+        loop {
+            if !logged_in {
+                ex.login(login).await?;
+            }
+            match ex.run(work, shape, door.max_response).await {
+                // A kept session ended meanwhile, before reading anything: nothing ran.
+                Err(Failure::Closed) if logged_in => {
+                    ex = fresh();
+                    logged_in = false;
+                }
+                r => return r,
+            }
+        }
     })
     .await;
     let cancel = |ex: &Exchange| {
@@ -103,9 +126,17 @@ async fn run(
             }
         }
     };
+    // Done with the session: kept for the next query if it is as a fresh login's.
+    let done = |ex: Exchange| async {
+        if work.leaves_session_clean() {
+            door.warm.put(key, ex).await;
+        } else {
+            ex.terminate().await;
+        }
+    };
     match outcome {
         Ok(Ok(json)) => {
-            ex.terminate().await;
+            done(ex).await;
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "application/json")],
@@ -118,7 +149,7 @@ async fn run(
             (status_for(&code, true), json_headers(), error).into_response()
         }
         Ok(Err(Failure::Statement { code, error })) => {
-            ex.terminate().await;
+            done(ex).await;
             (status_for(&code, false), json_headers(), error).into_response()
         }
         Ok(Err(Failure::TooLarge(limit))) => {
@@ -138,6 +169,10 @@ async fn run(
                 &format!("the query could not be run: {why}"),
             )
         }
+        Ok(Err(Failure::Closed)) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the query could not be run: its session ended before reading it",
+        ),
         Err(_) => {
             cancel(&ex).await;
             let (status, message) = (

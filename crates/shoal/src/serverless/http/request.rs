@@ -35,6 +35,26 @@ pub enum Work {
     },
 }
 
+impl Work {
+    pub fn statements(&self) -> &[Statement] {
+        match self {
+            Work::One(s) => std::slice::from_ref(s),
+            Work::Batch { statements, .. } => statements,
+        }
+    }
+
+    /// Whether every statement is plain DML or a query that leaves nothing in the session
+    /// (`shoal_wire::sql::is_plain`, the analysis server hygiene uses), so the session can
+    /// serve the next request as a fresh one would.
+    pub fn leaves_session_clean(&self) -> bool {
+        use shoal_wire::sql::{is_plain, FirstWord};
+        self.statements().iter().all(|s| {
+            let text = s.text.as_bytes();
+            is_plain(FirstWord::of(text), text)
+        })
+    }
+}
+
 /// How rows come back: arrays (`Neon-Array-Mode`) or objects keyed by column name, and
 /// every value as PostgreSQL's text (`Neon-Raw-Text-Output`, what the driver asks for) or
 /// booleans, numbers and JSON as JSON.
@@ -283,6 +303,28 @@ mod tests {
                 matches!(login(bad), Err(RequestError::BadConnectionString(_))),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn clean_sessions() {
+        let one = |sql: &str| {
+            Work::One(Statement {
+                text: sql.into(),
+                params: vec![],
+            })
+        };
+        assert!(one("SELECT $1::int").leaves_session_clean());
+        assert!(one("INSERT INTO t VALUES (1) RETURNING id").leaves_session_clean());
+        for dirty in [
+            "SET search_path = x",
+            "SELECT set_config('search_path', 'x', false)",
+            "CREATE TEMP TABLE t (i int)",
+            "SELECT pg_advisory_lock(1)",
+            "LISTEN c",
+            "PREPARE p AS SELECT 1",
+        ] {
+            assert!(!one(dirty).leaves_session_clean(), "{dirty}");
         }
     }
 
