@@ -161,10 +161,10 @@ fn tenant(s: &Shoal, id: &str, extra: serde_json::Value) -> String {
     db
 }
 
-/// The driver's HTTP mode (`neon()`, `transaction()`) against a tenant created through the
-/// API: `tests/clients/serverless/neon-http.mjs`.
+/// Both of the driver's modes against a tenant created through the API: HTTP (`neon()`,
+/// `transaction()`: `tests/clients/serverless/neon-http.mjs`) and WebSocket (`neon.mjs`).
 #[test]
-fn neons_driver_over_http() {
+fn neons_driver_over_http_and_websocket_for_an_api_tenant() {
     let (s, _data, addr) = http_shoal();
     let db = tenant(&s, "edge", serde_json::json!({}));
     let dsn = format!(
@@ -176,6 +176,12 @@ fn neons_driver_over_http() {
         &[&addr.to_string(), &dsn],
         &[],
         "over HTTP: ok",
+    );
+    node(
+        "neon.mjs",
+        &[&addr.to_string(), &dsn, "4"],
+        &[],
+        "(pipelineConnect password): 4 workers ok",
     );
     // A hundred concurrent one-shot queries shared the tenant's two servers.
     assert!(pg().servers(&db) <= 2, "more servers than the pool's 2");
