@@ -429,7 +429,12 @@ fn logged_in_clients(s: &Shoal) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix("shoal_clients{} "))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no shoal_clients in {}", String::from_utf8_lossy(&metrics.stdout)))
+        .unwrap_or_else(|| {
+            panic!(
+                "no shoal_clients in {}",
+                String::from_utf8_lossy(&metrics.stdout)
+            )
+        })
 }
 
 /// A session an HTTP query left clean serves the next query with the same connection
