@@ -198,7 +198,7 @@ impl Exchange {
                 error: error.to_vec(),
             });
         }
-        Ok(answer.finish())
+        answer.finish().map_err(|e| Failure::Session(e.to_string()))
     }
 
     /// Says goodbye, so the session ends as a client's that left politely.

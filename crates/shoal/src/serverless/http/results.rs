@@ -76,6 +76,11 @@ impl Answer {
     /// Takes one message of the session's answer.
     pub fn take(&mut self, tag: u8, body: &[u8]) -> Result<Step, AnswerError> {
         match tag {
+            tag::ROW_DESCRIPTION | tag::NO_DATA if self.in_result => {
+                return Err(
+                    FrameError::Malformed("a second description before the result ended").into(),
+                )
+            }
             tag::ROW_DESCRIPTION => {
                 let fields = backend::parse_row_description(body)?;
                 self.begin_result(&fields);
@@ -195,12 +200,16 @@ impl Answer {
         self.error.as_deref()
     }
 
-    /// The whole answer, once ReadyForQuery came without an error.
-    pub fn finish(mut self) -> Vec<u8> {
+    /// The whole answer, once ReadyForQuery came without an error; an error if the
+    /// messages did not make one (a result begun and not ended, or none at all).
+    pub fn finish(mut self) -> Result<Vec<u8>, AnswerError> {
+        if self.in_result || (!self.batch && self.out.is_empty()) {
+            return Err(FrameError::Malformed("the answer holds no complete result").into());
+        }
         if self.batch {
             self.out.extend_from_slice(b"]}");
         }
-        self.out
+        Ok(self.out)
     }
 }
 
@@ -365,7 +374,7 @@ mod tests {
         let mut a = Answer::new(shape, 1 << 20, false, 1);
         select(&mut a);
         assert_eq!(a.take(b'Z', b"I").unwrap(), Step::Ready(b'I'));
-        let v: Value = serde_json::from_slice(&a.finish()).unwrap();
+        let v: Value = serde_json::from_slice(&a.finish().unwrap()).unwrap();
         assert_eq!(v["command"], "SELECT");
         assert_eq!(v["rowCount"], 2);
         assert_eq!(v["rowAsArray"], true);
@@ -381,7 +390,7 @@ mod tests {
     fn objects_with_json_values() {
         let mut a = Answer::new(Shape::default(), 1 << 20, false, 1);
         select(&mut a);
-        let v: Value = serde_json::from_slice(&a.finish()).unwrap();
+        let v: Value = serde_json::from_slice(&a.finish().unwrap()).unwrap();
         assert_eq!(
             v["rows"],
             serde_json::json!([{"n": 1, "b": true, "j": {"a": [1]}}, {"n": null, "b": false, "j": "q\""}])
@@ -401,7 +410,7 @@ mod tests {
         a.take(b'C', &cstr("INSERT 0 3")).unwrap();
         a.take(b'C', &cstr("COMMIT")).unwrap();
         a.take(b'Z', b"I").unwrap();
-        let v: Value = serde_json::from_slice(&a.finish()).unwrap();
+        let v: Value = serde_json::from_slice(&a.finish().unwrap()).unwrap();
         let results = v["results"].as_array().unwrap();
         assert_eq!(results.len(), 2);
         assert_eq!(results[1]["command"], "INSERT");
@@ -454,6 +463,76 @@ mod tests {
         assert_eq!(command_and_count("CREATE TABLE"), ("CREATE", None));
         assert_eq!(command_and_count("BEGIN"), ("BEGIN", None));
         assert_eq!(command_and_count(""), ("", None));
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any messages at all, in any order: never a panic, and an answer that finishes
+        /// is JSON.
+        #[test]
+        fn any_messages_give_json_or_an_error(
+            batch in any::<bool>(),
+            shape in (any::<bool>(), any::<bool>()),
+            steps in proptest::collection::vec(
+                (proptest::sample::select(&b"12TnDCIEZGNSAs"[..]), proptest::collection::vec(any::<u8>(), 0..40)),
+                0..40,
+            ),
+        ) {
+            let shape = Shape { array_mode: shape.0, raw_text: shape.1 };
+            let mut a = Answer::new(shape, 1 << 16, batch, 3);
+            let mut ready = false;
+            for (tag, body) in &steps {
+                match a.take(*tag, body) {
+                    Ok(Step::Ready(_)) => ready = true,
+                    Ok(_) => ready = false,
+                    Err(_) => {
+                        ready = false;
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = a.error() {
+                prop_assert!(serde_json::from_slice::<Value>(e).is_ok());
+            } else if ready {
+                // What the exchange answers with, after ReadyForQuery: JSON, or an error.
+                if let Ok(out) = a.finish() {
+                    prop_assert!(
+                        serde_json::from_slice::<Value>(&out).is_ok(),
+                        "{}", String::from_utf8_lossy(&out)
+                    );
+                }
+            }
+        }
+
+        /// Well-formed answers of any text: the JSON holds every row and value as sent.
+        #[test]
+        fn rows_round_trip(
+            names in proptest::collection::vec("[^\\x00]{0,8}", 1..4),
+            rows in proptest::collection::vec(proptest::collection::vec(proptest::option::of("[^\\x00]{0,12}"), 4), 0..6),
+        ) {
+            let shape = Shape { array_mode: true, raw_text: true };
+            let mut a = Answer::new(shape, 1 << 20, false, 1);
+            let fields: Vec<(&str, u32)> = names.iter().map(|n| (n.as_str(), 25)).collect();
+            a.take(b'T', &row_description(&fields)).unwrap();
+            for r in &rows {
+                let values: Vec<Option<&str>> = r[..names.len()].iter().map(|v| v.as_deref()).collect();
+                a.take(b'D', &data_row(&values)).unwrap();
+            }
+            a.take(b'C', &cstr(&format!("SELECT {}", rows.len()))).unwrap();
+            prop_assert_eq!(a.take(b'Z', b"I").unwrap(), Step::Ready(b'I'));
+            let v: Value = serde_json::from_slice(&a.finish().unwrap()).unwrap();
+            prop_assert_eq!(v["rowCount"].as_u64(), Some(rows.len() as u64));
+            for (i, r) in rows.iter().enumerate() {
+                for (j, cell) in r[..names.len()].iter().enumerate() {
+                    let got = &v["rows"][i][j];
+                    match cell {
+                        Some(text) => prop_assert_eq!(got.as_str(), Some(text.as_str())),
+                        None => prop_assert!(got.is_null()),
+                    }
+                }
+            }
+        }
     }
 
     #[test]
