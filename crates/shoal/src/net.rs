@@ -34,12 +34,12 @@ pub enum Stream {
     Buffered(Box<dyn Io>),
     /// The serverless front door's WebSocket, as the bytes it carries (see
     /// `crate::serverless`): buffered as `Buffered`; its login may ask for a cleartext
-    /// password.
-    WebSocket(Box<dyn Io>),
+    /// password. `true`: the WebSocket came over TLS.
+    WebSocket(Box<dyn Io>, bool),
     /// One HTTP query of the serverless front door, as the protocol its handler speaks
     /// for it: buffered as `Buffered`; its login always asks for a cleartext password
-    /// (the handler has it from the connection string).
-    Http(Box<dyn Io>),
+    /// (the handler has it from the connection string). `true`: the request came over TLS.
+    Http(Box<dyn Io>, bool),
     /// TLS a client started with Shoal (buffered too).
     Tls(Box<crate::tls::ClientTlsStream>),
     /// TLS Shoal started with a server (buffered too).
@@ -103,13 +103,25 @@ impl Stream {
         matches!(self, Stream::Tls(_) | Stream::TlsUpstream(_))
     }
 
+    /// Whether the client's bytes crossed the network encrypted: TLS with Shoal, or the
+    /// serverless front door's `wss://` and `https://`.
+    pub fn is_encrypted(&self) -> bool {
+        matches!(
+            self,
+            Stream::Tls(_)
+                | Stream::TlsUpstream(_)
+                | Stream::WebSocket(_, true)
+                | Stream::Http(_, true)
+        )
+    }
+
     /// A stream that buffers by itself: the idle wait must read (see the module doc).
     pub fn is_buffered(&self) -> bool {
         matches!(
             self,
             Stream::Buffered(_)
-                | Stream::WebSocket(_)
-                | Stream::Http(_)
+                | Stream::WebSocket(..)
+                | Stream::Http(..)
                 | Stream::Tls(_)
                 | Stream::TlsUpstream(_)
         )
@@ -132,7 +144,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => poll_read_buf(s, cx, buf),
             Stream::Unix(s) => poll_read_buf(s, cx, buf),
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 poll_read_buf(s, cx, buf)
             }
             Stream::Tls(s) => poll_read_buf(s, cx, buf),
@@ -146,7 +158,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_write(cx, data),
             Stream::Unix(s) => Pin::new(s).poll_write(cx, data),
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 Pin::new(s).poll_write(cx, data)
             }
             Stream::Tls(s) => poll_write_tls(&mut **s, cx, data),
@@ -169,7 +181,7 @@ impl Stream {
     pub fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Stream::Tcp(_) | Stream::Unix(_) | Stream::Link(_) => Poll::Ready(Ok(())),
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 Pin::new(s).poll_flush(cx)
             }
             Stream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
@@ -182,7 +194,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 Pin::new(s).poll_shutdown(cx)
             }
             Stream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
@@ -223,7 +235,7 @@ impl Stream {
             Stream::Unix(s) => {
                 return !matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 let mut buf = tokio::io::ReadBuf::new(&mut probe);
                 return Pin::new(&mut **s).poll_read(&mut cx, &mut buf).is_ready();
@@ -248,8 +260,8 @@ impl Stream {
             Stream::Tls(s) => Some(s.get_ref().0.inner.as_raw_fd()),
             Stream::TlsUpstream(s) => Some(s.get_ref().0.as_raw_fd()),
             Stream::Buffered(_)
-            | Stream::WebSocket(_)
-            | Stream::Http(_)
+            | Stream::WebSocket(..)
+            | Stream::Http(..)
             | Stream::Link(_)
             | Stream::Upgrading => None,
         }
@@ -279,10 +291,10 @@ impl Stream {
             (Stream::Tls(_) | Stream::TlsUpstream(_), None) => "? (TLS)".into(),
             (Stream::Unix(_), _) => "unix".into(),
             (Stream::Buffered(_), _) => "in-process".into(),
-            (Stream::WebSocket(_), Some(a)) => format!("{a} (WebSocket)"),
-            (Stream::WebSocket(_), None) => "? (WebSocket)".into(),
-            (Stream::Http(_), Some(a)) => format!("{a} (HTTP)"),
-            (Stream::Http(_), None) => "? (HTTP)".into(),
+            (Stream::WebSocket(..), Some(a)) => format!("{a} (WebSocket)"),
+            (Stream::WebSocket(..), None) => "? (WebSocket)".into(),
+            (Stream::Http(..), Some(a)) => format!("{a} (HTTP)"),
+            (Stream::Http(..), None) => "? (HTTP)".into(),
             (Stream::Link(s), Some(a)) => format!("{a} (relayed by {})", s.peer()),
             (Stream::Link(s), None) => format!("? (relayed by {})", s.peer()),
             (Stream::Upgrading, _) => "upgrading".into(),
@@ -299,7 +311,7 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Buffered(s) | Stream::WebSocket(s) | Stream::Http(s) => {
+            Stream::Buffered(s) | Stream::WebSocket(s, _) | Stream::Http(s, _) => {
                 Pin::new(s).poll_read(cx, buf)
             }
             Stream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),

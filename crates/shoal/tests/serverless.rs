@@ -188,9 +188,9 @@ fn neons_driver_over_http_and_websocket_for_an_api_tenant() {
 }
 
 /// With a certificate in `[tls]`, the driver's `wss://` and `https://`, the certificate the
-/// pooler serves to TCP clients.
-#[test]
-fn neons_driver_over_tls() {
+/// pooler serves to TCP clients; `client_tls = "require"` holds for the front door too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neons_driver_over_tls() {
     let (ca, cert, key) = ca_and_server_cert();
     let files = tempfile::tempdir().unwrap();
     let path = |name: &str, pem: &str| {
@@ -207,7 +207,7 @@ fn neons_driver_over_tls() {
     pg().create_database(&db);
     let (shoal, door) = serverless_shoal(
         &db,
-        &format!("[tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n"),
+        &format!("[tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\nclient_tls = \"require\"\n"),
     );
     let target = format!("localhost:{}", door.port());
     let dsn = format!(
@@ -222,6 +222,19 @@ fn neons_driver_over_tls() {
         "(pipelineConnect password): 4 workers ok",
     );
     node("neon-http.mjs", &[&target, &dsn], &env, "over HTTP: ok");
+    // Plain text from loopback reaches the login, which requires TLS.
+    let plain = format!("postgresql://app:{APP_PASSWORD}@h/{db}");
+    let (status, body) = post(
+        door,
+        &[("Neon-Connection-String", plain.as_str())],
+        r#"{"query": "SELECT 1"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("28000")),
+        "{body}"
+    );
 }
 
 /// POSTs `body` to the front door's `/sql` with `headers`; (status, JSON body).

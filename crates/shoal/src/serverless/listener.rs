@@ -31,13 +31,19 @@ pub struct DoorListener {
     local: SocketAddr,
 }
 
-/// The peer address of a front-door connection (`ConnectInfo`).
+/// A front-door connection's peer address and whether it came over TLS (`ConnectInfo`).
 #[derive(Clone, Copy, Debug)]
-pub struct Peer(pub SocketAddr);
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
 
 impl Connected<IncomingStream<'_, DoorListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, DoorListener>) -> Peer {
-        Peer(*stream.remote_addr())
+        Peer {
+            addr: *stream.remote_addr(),
+            tls: matches!(stream.io(), Either::Left(_)),
+        }
     }
 }
 

@@ -2,7 +2,6 @@
 //! binary frames. Frames in are the client's bytes, the session's bytes go out as binary
 //! frames; while the login runs, pipelined messages wait in the gate.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -18,7 +17,7 @@ use crate::net::Stream;
 
 pub async fn upgrade(
     State(door): State<Arc<Door>>,
-    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     ws: WebSocketUpgrade,
 ) -> Response {
     ws.max_message_size(door.max_message)
@@ -27,9 +26,12 @@ pub async fn upgrade(
 }
 
 /// Carries one WebSocket's bytes to and from its session until either side ends.
-async fn bridge(door: Arc<Door>, socket: WebSocket, peer: SocketAddr) {
+async fn bridge(door: Arc<Door>, socket: WebSocket, peer: Peer) {
     door.app.metrics.serverless.websocket();
-    let ours = door.start_session(|theirs| Stream::WebSocket(Box::new(theirs)), peer);
+    let ours = door.start_session(
+        |theirs| Stream::WebSocket(Box::new(theirs), peer.tls),
+        peer.addr,
+    );
     let (mut from_session, mut to_session) = tokio::io::split(ours);
     let (mut sink, mut source) = socket.split();
     // While the login runs, the client's bytes wait in the gate (pipelined connect).

@@ -362,7 +362,7 @@ fn require_tls(
         .and_then(|u| u.client_tls)
         .or(db_tls)
         .unwrap_or(app.tls.mode);
-    if mode == crate::config::ClientTls::Require && !stream.is_tls() {
+    if mode == crate::config::ClientTls::Require && !stream.is_encrypted() {
         return Err(SessionError::fatal(
             ErrorKind::Routing,
             sqlstate::INVALID_AUTHORIZATION,
@@ -391,8 +391,8 @@ async fn authenticate<'a>(
             };
             // The serverless front door asks for the password in cleartext, as its
             // driver sends it (see `crate::serverless`).
-            let cleartext = matches!(stream, Stream::Http(_))
-                || matches!(stream, Stream::WebSocket(_))
+            let cleartext = matches!(stream, Stream::Http(..))
+                || matches!(stream, Stream::WebSocket(..))
                     && app
                         .config
                         .serverless

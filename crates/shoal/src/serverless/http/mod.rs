@@ -5,7 +5,6 @@
 //! client's, and a one-shot query holds a server only for its transaction. Passwords
 //! checked lately are remembered (see `PasswordMemo`), so a query does not pay PBKDF2.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +33,7 @@ pub const STATUSES: [u16; 11] = [200, 400, 401, 403, 404, 413, 429, 500, 503, 50
 
 pub async fn query(
     State(door): State<Arc<Door>>,
-    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -43,7 +42,7 @@ pub async fn query(
     response
 }
 
-async fn answer(door: &Arc<Door>, peer: SocketAddr, headers: &HeaderMap, body: Body) -> Response {
+async fn answer(door: &Arc<Door>, peer: Peer, headers: &HeaderMap, body: Body) -> Response {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     // The body is read first, even for a request refused for its headers: the connection
     // then stays usable for the client's next request (keep-alive).
@@ -85,7 +84,7 @@ async fn answer(door: &Arc<Door>, peer: SocketAddr, headers: &HeaderMap, body: B
 /// one; answers; past the request timeout, cancels.
 async fn run(
     door: &Arc<Door>,
-    peer: SocketAddr,
+    peer: Peer,
     login: &request::Login,
     work: &Work,
     shape: Shape,
@@ -94,7 +93,7 @@ async fn run(
     let timeout = Duration::from_secs_f64(door.request_timeout);
     let max_message = door.max_response.saturating_add(1024);
     let fresh = || {
-        let pipe = door.start_session(|theirs| Stream::Http(Box::new(theirs)), peer);
+        let pipe = door.start_session(|theirs| Stream::Http(Box::new(theirs), peer.tls), peer.addr);
         Exchange::new(pipe, max_message)
     };
     let (mut ex, mut logged_in) = match door.warm.take(&key) {
@@ -163,7 +162,7 @@ async fn run(
             )
         }
         Ok(Err(Failure::Session(why))) => {
-            tracing::warn!(%peer, why, "serverless HTTP query: the session failed");
+            tracing::warn!(peer = %peer.addr, why, "serverless HTTP query: the session failed");
             error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("the query could not be run: {why}"),
