@@ -264,29 +264,30 @@ impl Default for PasswordMemo {
 
 impl PasswordMemo {
     fn key(&self, user: &str, auth: &ClientAuth, password: &str) -> [u8; 32] {
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        let mut field = |b: &[u8]| {
-            h.update((b.len() as u64).to_be_bytes());
-            h.update(b);
-        };
-        field(&self.salt);
-        field(user.as_bytes());
-        match auth {
+        let iterations;
+        let secret: Vec<&[u8]> = match auth {
             ClientAuth::Scram(v) => {
-                field(b"scram");
-                field(&v.iterations.to_be_bytes());
-                field(&v.salt);
-                field(&v.stored_key);
-                field(&v.server_key);
+                iterations = v.iterations.to_be_bytes();
+                vec![b"scram", &iterations, &v.salt, &v.stored_key, &v.server_key]
             }
-            ClientAuth::Md5(stored) => {
-                field(b"md5");
-                field(stored.as_bytes());
-            }
-            ClientAuth::Trust | ClientAuth::Cert => field(b"none"),
-        }
-        field(password.as_bytes());
-        h.finalize().into()
+            ClientAuth::Md5(stored) => vec![b"md5", stored.as_bytes()],
+            ClientAuth::Trust | ClientAuth::Cert => vec![b"none"],
+        };
+        let mut fields = vec![&self.salt[..], user.as_bytes()];
+        fields.extend(secret);
+        fields.push(password.as_bytes());
+        keyed_digest(&fields)
     }
+}
+
+/// SHA-256 of `fields`, each preceded by its length so no two lists of fields share a
+/// digest: a lookup key for credentials (the first field a random per-process key).
+pub fn keyed_digest(fields: &[&[u8]]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for f in fields {
+        h.update((f.len() as u64).to_be_bytes());
+        h.update(f);
+    }
+    h.finalize().into()
 }

@@ -25,7 +25,7 @@ mod relayed;
 #[cfg(test)]
 mod size_tests;
 
-pub use auth::PasswordMemo;
+pub use auth::{keyed_digest, PasswordMemo};
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

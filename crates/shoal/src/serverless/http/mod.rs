@@ -136,12 +136,7 @@ async fn run(
     match outcome {
         Ok(Ok(json)) => {
             done(ex).await;
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
-                json,
-            )
-                .into_response()
+            (StatusCode::OK, json_headers(), json).into_response()
         }
         Ok(Err(Failure::Login { code, error })) => {
             // The session ends itself after a refused login.

@@ -53,19 +53,13 @@ impl Default for Warm {
 
 impl Warm {
     pub fn key(&self, login: &Login) -> [u8; 32] {
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        for field in [
-            &self.salt[..],
+        crate::session::keyed_digest(&[
+            &self.salt,
             login.user.as_bytes(),
             login.password.as_bytes(),
             login.database.as_bytes(),
             login.application_name.as_deref().unwrap_or("").as_bytes(),
-        ] {
-            h.update((field.len() as u64).to_be_bytes());
-            h.update(field);
-        }
-        h.finalize().into()
+        ])
     }
 
     /// A kept session for `key` that is still quiet (nothing arrived from it meanwhile:
