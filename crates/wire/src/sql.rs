@@ -443,9 +443,9 @@ impl<'a> Iterator for Lexer<'a> {
     }
 }
 
-/// Functions that change the session for longer than the transaction.
+/// Functions that change the session for longer than the transaction (`set_config` is read
+/// apart: see [`ConfigCall`]).
 const SESSION_FUNCTIONS: &[&[u8]] = &[
-    b"set_config",
     b"pg_advisory_lock",
     b"pg_advisory_lock_shared",
     b"pg_try_advisory_lock",
@@ -690,8 +690,14 @@ fn classify_lexed(sql: &[u8], enc: ClientEncoding) -> Effects {
     let mut prev: Option<Token<'_>> = None;
     let mut statements = 0usize;
     let mut seen = Seen::default();
+    let mut config = ConfigCall::default();
     loop {
         let tok = lex.next();
+        let byte = sql.get(lex.offset().wrapping_sub(1)).copied().unwrap_or(0);
+        if config.note(tok.as_ref(), byte) {
+            fx.dirty = true;
+            fx.keeps = true;
+        }
         match tok {
             Some(Token::Semicolon) | None => {
                 if len > 0 {
@@ -735,6 +741,95 @@ fn scan_anywhere(t: &Token<'_>, prev: Option<&Token<'_>>, fx: &mut Effects) {
     if keeps {
         fx.dirty = true;
         fx.keeps = true;
+    }
+}
+
+/// A `set_config(...)` call being read. One whose third argument is the bare word `true` is
+/// transaction-local: it ends with the transaction and leaves nothing in the session. That is
+/// how PostgREST and Supabase's clients set a request's role and JWT claims on every request,
+/// so reading it as session state would make a pooled server look held for nothing. Anything
+/// else for the third argument (`false`, a parameter, an expression, a string) may last, and
+/// so does the bare name outside a call.
+#[derive(Debug, Clone, Copy, Default)]
+enum ConfigCall {
+    #[default]
+    None,
+    /// The name was the last token.
+    Named,
+    /// Inside the call's parentheses: the nesting depth, commas seen at depth one, and the
+    /// third argument's tokens so far and whether they are just `true`.
+    Args {
+        depth: u32,
+        commas: u32,
+        third: u32,
+        local: bool,
+    },
+}
+
+impl ConfigCall {
+    /// Follows one token (`byte`: the last byte it covers); whether a `set_config` that may
+    /// outlast the transaction was just seen.
+    fn note(&mut self, t: Option<&Token<'_>>, byte: u8) -> bool {
+        match (*self, t) {
+            (ConfigCall::Named, Some(Token::OpenParen)) => {
+                *self = ConfigCall::Args {
+                    depth: 1,
+                    commas: 0,
+                    third: 0,
+                    local: false,
+                };
+                false
+            }
+            (ConfigCall::Named, _) => {
+                *self = ConfigCall::None;
+                self.note(t, byte);
+                true
+            }
+            (ConfigCall::None, Some(t)) => {
+                if t.name_eq(b"set_config") {
+                    *self = ConfigCall::Named;
+                }
+                false
+            }
+            (ConfigCall::None, None) => false,
+            (ConfigCall::Args { .. }, None | Some(Token::Semicolon)) => {
+                *self = ConfigCall::None;
+                true
+            }
+            (
+                ConfigCall::Args {
+                    depth,
+                    commas,
+                    third,
+                    local,
+                },
+                Some(t),
+            ) => {
+                let depth = match t {
+                    Token::OpenParen => depth + 1,
+                    Token::CloseParen => depth - 1,
+                    _ => depth,
+                };
+                if depth == 0 {
+                    *self = ConfigCall::None;
+                    return !(commas == 2 && third == 1 && local);
+                }
+                let (commas, third, local) = if depth == 1 && *t == Token::Other && byte == b',' {
+                    (commas + 1, third, local)
+                } else if commas == 2 {
+                    (commas, third + 1, t.is("true"))
+                } else {
+                    (commas, third, local)
+                };
+                *self = ConfigCall::Args {
+                    depth,
+                    commas,
+                    third,
+                    local,
+                };
+                false
+            }
+        }
     }
 }
 
@@ -1254,6 +1349,10 @@ mod tests {
             "DECLARE c CURSOR FOR SELECT 1",
             "SELECT \"set_configs\" FROM t",
             "(SELECT 1)",
+            // Transaction-local settings, as PostgREST makes them on every request.
+            "SELECT set_config('role', $1, true), set_config('request.jwt.claims', $2, true)",
+            "BEGIN; select pg_catalog.set_config('search_path', format('%s', 'x'), TRUE); COMMIT",
+            "SELECT \"set_config\"('a.b', 'c', true)",
         ] {
             assert!(!dirty(sql), "{sql}");
         }
@@ -1284,6 +1383,14 @@ mod tests {
             "RESET ALL",
             "LOAD 'auto_explain'",
             "SELECT 'a\\'; set_config('x', 'y', false); --'",
+            "SELECT set_config('role', $1, $2)",
+            "SELECT set_config('role', 'x', 'true')",
+            "SELECT set_config('role', 'x', true OR false)",
+            "SELECT set_config('role', 'x', (true))",
+            "SELECT set_config('a', 'x', true), set_config('b', 'y', false)",
+            "SELECT set_config('a', 'x', true, 1)",
+            "SELECT set_config",
+            "SELECT set_config('a', 'x', tru",
         ] {
             assert!(dirty(sql), "{sql}");
         }
