@@ -205,7 +205,7 @@ ensure_client_libs() {
       -Dartifact=org.postgresql:postgresql:42.7.4 -DoutputDirectory=lib)
   fi
   local dir
-  for dir in node:pg realtime:@supabase/realtime-js dashboard:playwright-core serverless:@neondatabase/serverless; do
+  for dir in node:pg realtime:@supabase/realtime-js realtime-e2e:bun dashboard:playwright-core serverless:@neondatabase/serverless; do
     if [ ! -d "$root/tests/clients/${dir%%:*}/node_modules/${dir#*:}" ]; then
       (cd "$root/tests/clients/${dir%%:*}" && npm install --silent --no-audit --no-fund >/dev/null)
     fi
