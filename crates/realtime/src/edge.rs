@@ -12,7 +12,7 @@
 //! closed with a reason rather than let its queue grow; one that sends nothing (not even
 //! a heartbeat) for the heartbeat timeout is closed, and its presences leave with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +28,7 @@ use crate::hub::{Ending, Frame, Hub, Outbox};
 use crate::jwt::{Claims, JwtError, Verifier};
 use crate::limits::Limits;
 use crate::protocol::Vsn;
+use crate::resume::{Held, Kept, Owner, Ring, Sessions};
 use crate::socket::Socket;
 
 /// What the edge needs of a tenant.
@@ -59,6 +60,9 @@ pub struct Options {
     /// A socket that sends nothing for this long is closed (Phoenix's default: 60 s;
     /// realtime-js sends a heartbeat every 25 s).
     pub heartbeat_timeout: Duration,
+    /// How long a socket that connected with `resume=<id>` is kept after losing its
+    /// connection (see [`crate::resume`]); zero keeps none.
+    pub resume_window: Duration,
 }
 
 impl Default for Options {
@@ -66,6 +70,7 @@ impl Default for Options {
         Options {
             tenant_header: None,
             heartbeat_timeout: Duration::from_secs(60),
+            resume_window: Duration::from_secs(30),
         }
     }
 }
@@ -117,6 +122,7 @@ impl Refusal {
 
 /// A request the tenant's token lets through.
 pub(crate) struct Admitted {
+    pub tenant: String,
     pub hub: Arc<Hub>,
     pub keys: TenantKeys,
     pub claims: Claims,
@@ -142,6 +148,8 @@ pub struct Service {
     feed: crate::feed::FeedSlot,
     /// Each other node's current stream generation (see [`Service::origin_starts`]).
     origins: Mutex<HashMap<String, u64>>,
+    /// Sockets a client may come back to.
+    sessions: Arc<Sessions>,
 }
 
 impl Service {
@@ -156,6 +164,7 @@ impl Service {
             relay: Arc::default(),
             feed: Arc::default(),
             origins: Mutex::default(),
+            sessions: Arc::default(),
         })
     }
 
@@ -283,7 +292,12 @@ impl Service {
             })?;
         let hub = self.hub(&tenant);
         hub.meter().set_limits(keys.limits);
-        Ok(Admitted { hub, keys, claims })
+        Ok(Admitted {
+            tenant,
+            hub,
+            keys,
+            claims,
+        })
     }
 
     /// Tenant `id` changed: its limits apply to its sockets from now on, and if it is gone
@@ -458,24 +472,35 @@ fn accept(
         Ok(a) => a,
         Err(r) => return r.upgrade_response(),
     };
-    if let Err(over) = admitted.hub.meter().admit_user() {
-        return Refusal::new(StatusCode::TOO_MANY_REQUESTS, over.to_string()).upgrade_response();
-    }
-    // Counted out when the socket ends, or when the upgrade never happens.
-    let seat = Seat(admitted.hub.clone());
+    let resume = resumption(&svc, &admitted, query.get("resume"));
+    // A session taken over comes with its seat; any other socket takes one now.
+    let seat = match &resume {
+        Some(Resumption {
+            holder: Some(_), ..
+        }) => None,
+        _ => match Seat::take(&admitted.hub) {
+            Ok(seat) => Some(seat),
+            Err(refusal) => return refusal.upgrade_response(),
+        },
+    };
     let id = svc.next_socket.fetch_add(1, Ordering::Relaxed);
     let (out, queue) = Outbox::new(SOCKET_QUEUE);
     let socket = Socket::new(
         id,
         vsn,
         out.clone(),
-        admitted.keys.verifier,
+        admitted.keys.verifier.clone(),
         &admitted.claims,
     );
-    let heartbeat = svc.options.heartbeat_timeout;
     // A frame may carry the largest payload the tenant allows, and its envelope; a bigger
     // one closes the socket (1009) before it is read whole.
     let largest = admitted.keys.limits.max_payload.saturating_add(64 * 1024);
+    let fresh = Fresh {
+        socket,
+        queue,
+        out,
+        seat,
+    };
     ws.max_message_size(largest)
         .max_frame_size(largest)
         // tungstenite allocates its read buffer up front (128 KiB by default): an idle
@@ -483,18 +508,130 @@ fn accept(
         .read_buffer_size(READ_BUFFER)
         // Frames are written as they come; the queue in front already batches nothing.
         .write_buffer_size(0)
-        .on_upgrade(move |ws| run(ws, seat, socket, queue, out, heartbeat))
+        .on_upgrade(move |ws| start(ws, svc, admitted, fresh, resume))
+}
+
+/// A socket's session as a new connection finds it: `holder` has it when the client
+/// comes back to one (see [`crate::resume`]).
+struct Resumption {
+    id: String,
+    owner: Owner,
+    holder: Option<crate::resume::Sender>,
+}
+
+/// What the connection's `resume` id lets it do: come back to a session, start one that
+/// can be come back to, or neither (no id, resuming off, or another owner's session).
+fn resumption(svc: &Service, admitted: &Admitted, id: Option<&String>) -> Option<Resumption> {
+    let id = id.filter(|id| crate::resume::valid_id(id))?;
+    if svc.options.resume_window.is_zero() {
+        return None;
+    }
+    let owner = Owner::of(&admitted.claims);
+    let holder = match svc.sessions.holder(&admitted.tenant, id, &owner) {
+        Ok(holder) => holder,
+        // Someone else's: this connection neither takes nor displaces it.
+        Err(()) => return None,
+    };
+    Some(Resumption {
+        id: id.clone(),
+        owner,
+        holder,
+    })
+}
+
+/// A new socket's parts, used unless it takes over a session.
+struct Fresh {
+    socket: Socket,
+    queue: tokio::sync::mpsc::Receiver<Frame>,
+    out: Outbox,
+    seat: Option<Seat>,
+}
+
+/// Runs the upgraded connection: on the session it comes back to, if it gets it, else on
+/// its own.
+async fn start(
+    ws: WebSocket,
+    svc: Arc<Service>,
+    admitted: Admitted,
+    fresh: Fresh,
+    resume: Option<Resumption>,
+) {
+    let mut kept = None;
+    if let Some(holder) = resume.as_ref().and_then(|r| r.holder.clone()) {
+        kept = Sessions::take(holder).await;
+    }
+    let kept = match kept {
+        Some(mut kept) => {
+            kept.socket
+                .resumed(admitted.keys.verifier.clone(), &admitted.claims);
+            kept
+        }
+        None => {
+            let seat = match fresh.seat {
+                Some(seat) => seat,
+                None => match Seat::take(&admitted.hub) {
+                    Ok(seat) => seat,
+                    Err(refusal) => {
+                        let (mut sink, _) = ws.split();
+                        let frame = WsMessage::Close(Some(CloseFrame {
+                            code: 1013,
+                            reason: refusal.message.into(),
+                        }));
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(1), sink.send(frame)).await;
+                        return;
+                    }
+                },
+            };
+            Kept {
+                socket: fresh.socket,
+                unread: Default::default(),
+                queue: fresh.queue,
+                out: fresh.out,
+                seat,
+            }
+        }
+    };
+    let held = resume.map(|r| svc.sessions.hold(&admitted.tenant, &r.id, r.owner));
+    let heartbeat = svc.options.heartbeat_timeout;
+    let goodbye = run(ws, kept, held, heartbeat, &svc.sessions).await;
+    match goodbye {
+        Outcome::Lost(kept, held) => svc.sessions.park(kept, held, svc.options.resume_window),
+        Outcome::Over(kept, held) => {
+            if let Some(held) = &held {
+                svc.sessions.release(held);
+            }
+            kept.end();
+        }
+        Outcome::HandedOver => {}
+    }
 }
 
 /// A socket counted against its tenant's `max_concurrent_users`.
-struct Seat(Arc<Hub>);
+pub(crate) struct Seat(Arc<Hub>);
+
+impl Seat {
+    /// A seat among the tenant's connected users, unless all are taken.
+    fn take(hub: &Arc<Hub>) -> Result<Seat, Refusal> {
+        match hub.meter().admit_user() {
+            Ok(()) => Ok(Seat(hub.clone())),
+            Err(over) => Err(Refusal::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                over.to_string(),
+            )),
+        }
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.0
+    }
+}
 
 impl Drop for Seat {
     fn drop(&mut self) {
         self.0.meter().user_left();
     }
 }
-
 /// The instant the epoch second `exp` comes (far off for `None`).
 fn instant_of(exp: Option<i64>) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
@@ -515,17 +652,60 @@ enum Goodbye {
     Close(u16, String),
     /// The answer to the client's own close frame.
     Answer,
+    /// Another connection asked for the session (the client came back to it).
+    Handover(crate::resume::Request),
+}
+
+/// What became of a socket's session when its connection ended.
+enum Outcome {
+    /// The connection was lost, and the session may be come back to.
+    Lost(Kept, Held),
+    /// The session is over.
+    Over(Kept, Option<Held>),
+    /// Another connection has it.
+    HandedOver,
+}
+
+/// The next request for the session `held`, if it can be come back to (else never).
+async fn requested(held: &mut Option<Held>) -> crate::resume::Request {
+    match held {
+        Some(h) => match h.requests.recv().await {
+            Some(to) => to,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The next frame to write: one the session kept from its last connection, else one
+/// from its queue. (Cancel-safe: a kept frame is taken only when returned.)
+async fn next_frame(
+    kept: &mut VecDeque<Frame>,
+    queue: &mut tokio::sync::mpsc::Receiver<Frame>,
+) -> Option<Frame> {
+    match kept.pop_front() {
+        Some(f) => Some(f),
+        None => queue.recv().await,
+    }
 }
 
 async fn run(
     ws: WebSocket,
-    seat: Seat,
-    mut socket: Socket,
-    mut queue: tokio::sync::mpsc::Receiver<Frame>,
-    out: Outbox,
+    kept: Kept,
+    mut held: Option<Held>,
     heartbeat: Duration,
-) {
-    let hub = seat.0.clone();
+    sessions: &Sessions,
+) -> Outcome {
+    let Kept {
+        mut socket,
+        unread: mut pending,
+        mut queue,
+        out,
+        seat,
+    } = kept;
+    // Only a session that may be resumed keeps what it writes.
+    let mut ring = held.as_ref().map(|_| Ring::default());
+    let hub = seat.hub().clone();
     let mut ended = hub.ended();
     // A restart announced while this socket was being upgraded.
     let restarting = *ended.borrow() == Some(Ending::RESTART);
@@ -544,6 +724,7 @@ async fn run(
         tokio::select! {
             incoming = stream.next() => {
                 last_heard = tokio::time::Instant::now();
+                let heard = socket.heartbeats();
                 let result = match incoming {
                     Some(Ok(WsMessage::Text(t))) => socket.on_text(&hub, t.as_str()),
                     Some(Ok(WsMessage::Binary(b))) => socket.on_binary(&hub, &b),
@@ -557,9 +738,21 @@ async fn run(
                     // 1003: unsupported data.
                     break Goodbye::Close(1003, e.to_string());
                 }
+                if socket.heartbeats() != heard {
+                    if let Some(ring) = &mut ring {
+                        ring.heartbeat();
+                    }
+                }
             }
-            frame = queue.recv() => {
+            frame = next_frame(&mut pending, &mut queue) => {
                 let Some(frame) = frame else { break Goodbye::None };
+                if ring.as_mut().is_some_and(|r| !r.written(&frame)) {
+                    // Too much unread to come back to without a gap.
+                    ring = None;
+                    if let Some(h) = held.take() {
+                        sessions.release(&h);
+                    }
+                }
                 let m = match frame {
                     Frame::Text(t) => WsMessage::Text(t),
                     Frame::Binary(b) => WsMessage::Binary(b),
@@ -570,6 +763,7 @@ async fn run(
                     () = out.slowed() => break Goodbye::Close(1013, TOO_SLOW.into()),
                 }
             }
+            to = requested(&mut held) => break Goodbye::Handover(to),
             () = &mut expiring => socket.expire(&hub, crate::jwt::now()),
             _ = ended.changed() => {
                 let why = (*ended.borrow()).unwrap_or(Ending::TENANT);
@@ -591,23 +785,50 @@ async fn run(
             break Goodbye::Close(1013, TOO_SLOW.into());
         }
     };
-    socket.close(&hub);
+    let mut unread = ring.map(Ring::unread).unwrap_or_default();
+    unread.append(&mut pending);
+    let kept = Kept {
+        socket,
+        unread,
+        queue,
+        out,
+        seat,
+    };
     // Best effort: a client that does not read gets no goodbye.
     let goodbye = Duration::from_secs(1);
-    match close {
+    let frame = match close {
+        Goodbye::None => {
+            return match held {
+                Some(held) => Outcome::Lost(kept, held),
+                None => Outcome::Over(kept, None),
+            }
+        }
+        Goodbye::Handover(to) => {
+            if let Err(kept) = to.send(kept) {
+                return Outcome::Over(kept, held);
+            }
+            WsMessage::Close(Some(CloseFrame {
+                code: 1000,
+                reason: "the session was resumed on another connection".into(),
+            }))
+        }
         // The WebSocket layer queued the answer to the client's close (its own code):
-        // closing the sink writes it.
+        // closing the sink writes it. The channels end first, as they always have.
         Goodbye::Answer => {
+            let outcome = Outcome::Over(kept, held);
             let _ = tokio::time::timeout(goodbye, sink.close()).await;
+            return outcome;
         }
         Goodbye::Close(code, reason) => {
             let frame = WsMessage::Close(Some(CloseFrame {
                 code,
                 reason: reason.into(),
             }));
+            let outcome = Outcome::Over(kept, held);
             let _ = tokio::time::timeout(goodbye, sink.send(frame)).await;
+            return outcome;
         }
-        Goodbye::None => {}
-    }
-    drop(seat);
+    };
+    let _ = tokio::time::timeout(goodbye, sink.send(frame)).await;
+    Outcome::HandedOver
 }

@@ -105,9 +105,14 @@ pub struct Target {
     hub: Arc<Hub>,
     key: String,
     topic: String,
-    join_ref: Option<String>,
+    /// The channel's join ref, which a resumed socket's re-join replaces (see
+    /// [`Handle::rejoined`]).
+    join_ref: JoinRef,
     socket: SocketId,
 }
+
+/// A channel's join ref, shared by the socket and the feed's deliveries.
+type JoinRef = Arc<std::sync::Mutex<Option<String>>>;
 
 impl Target {
     /// Whether the subscription ended (its socket left or closed).
@@ -137,7 +142,11 @@ impl Target {
     /// Queues a message of the channel (with its join ref), whatever became of it.
     fn send(&self, event: &str, msg_ref: Option<String>, payload: String) {
         let m = Message {
-            join_ref: self.join_ref.clone(),
+            join_ref: self
+                .join_ref
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             msg_ref,
             topic: self.topic.clone(),
             event: event.into(),
@@ -267,6 +276,7 @@ pub struct Handle {
     ended: Arc<AtomicBool>,
     pub identity: SharedIdentity,
     writes: Arc<AtomicBool>,
+    join_ref: JoinRef,
 }
 
 impl Handle {
@@ -282,6 +292,12 @@ impl Handle {
     /// Whether the tenant's policies let the (private) channel send.
     pub fn may_write(&self) -> bool {
         self.writes.load(Ordering::Acquire)
+    }
+
+    /// The channel was joined again on a resumed socket: the feed's messages carry the new
+    /// join ref (a client drops lifecycle messages of another join).
+    pub fn rejoined(&self, join_ref: Option<String>) {
+        *self.join_ref.lock().unwrap_or_else(|e| e.into_inner()) = join_ref;
     }
 }
 
@@ -311,6 +327,7 @@ pub fn subscription(
     } = join;
     let ended = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicBool::new(false));
+    let join_ref: JoinRef = Arc::new(std::sync::Mutex::new(subscriber.join_ref.clone()));
     let changes = !bindings.is_empty();
     let echo = bindings
         .iter()
@@ -324,7 +341,7 @@ pub fn subscription(
         hub: hub.clone(),
         key: crate::hub::channel_key(topic, private).into_owned(),
         topic: topic.to_owned(),
-        join_ref: subscriber.join_ref.clone(),
+        join_ref: join_ref.clone(),
         socket: subscriber.socket,
     };
     let sub = Subscription {
@@ -352,6 +369,7 @@ pub fn subscription(
             ended,
             identity,
             writes,
+            join_ref,
         },
     )
 }

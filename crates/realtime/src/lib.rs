@@ -23,6 +23,9 @@
 //! - [`edge`]: the WebSocket endpoint: tenant, version and JWT checked before the upgrade,
 //!   then one task per socket; [`jwt`] verifies tenants' tokens; [`limits`] meters each
 //!   tenant's sockets, joins, messages and bytes; [`rest`] takes broadcasts over HTTP.
+//!
+//! - [`resume`]: sessions a client comes back to after losing its connection, with the
+//!   frames it may not have read.
 
 pub mod changes;
 pub mod edge;
@@ -35,4 +38,5 @@ pub mod limits;
 pub mod protocol;
 pub mod render;
 pub mod rest;
+pub mod resume;
 pub mod socket;

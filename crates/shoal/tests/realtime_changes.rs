@@ -576,3 +576,73 @@ async fn subscribers_sharing_a_token_share_one_check_per_batch() {
         "{queries} authorization queries for 20 subscribers and 100 rows"
     );
 }
+
+/// A client that drops for a moment and comes back (realtime-js with `params.resume`,
+/// through a relay cut as a network or a proxy would cut it) misses no broadcast and no
+/// change sent meanwhile, and the others see no presence leave. The same cut without
+/// `resume` loses messages and shows the leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_comes_back_with_resume_misses_nothing() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let s = setup(
+        "rt_resume",
+        "CREATE TABLE notes (id int PRIMARY KEY, body text); GRANT SELECT ON notes TO authenticated;",
+    );
+    let db = direct_on(s.pg, &s.db).await;
+    for (round, resume) in [true, false].into_iter().enumerate() {
+        let mut child = tokio::process::Command::new("node")
+            .arg(format!("{CLIENTS}resume.mjs"))
+            .env("RT_URL", format!("ws://{}/t/acme/realtime/v1", s.rt))
+            .env("RT_TOKEN", token("js"))
+            .env("RT_ROWS", "10")
+            .env("RT_RESUME", if resume { "1" } else { "0" })
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut next = async || lines.next_line().await.unwrap().expect("a line");
+        assert_eq!(next().await, r#"{"subscribed":true}"#);
+        let base = round as i32 * 100;
+        let insert = |from: i32, to: i32| {
+            format!(
+                "INSERT INTO notes SELECT i, 'x' FROM generate_series({}, {}) i",
+                base + from,
+                base + to
+            )
+        };
+        db.batch_execute(&insert(1, 5)).await.unwrap();
+        stdin.write_all(b"go\n").await.unwrap();
+        assert_eq!(next().await, r#"{"cut":true}"#);
+        // Written while the client is away.
+        db.batch_execute(&insert(6, 10)).await.unwrap();
+        stdin.write_all(b"go\n").await.unwrap();
+        let r: serde_json::Value = serde_json::from_str(&next().await).unwrap();
+        eprintln!("resume = {resume}: {r}");
+        let ids: Vec<i64> = r["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_i64().unwrap())
+            .collect();
+        if resume {
+            assert_eq!(r["missing"], 0, "every broadcast arrives: {r}");
+            assert_eq!(
+                ids,
+                (1..=10).map(|i| i64::from(base) + i).collect::<Vec<_>>(),
+                "{r}"
+            );
+            assert_eq!(r["leaves"], 0, "nobody saw the client leave: {r}");
+            assert_eq!(r["rejoined"], "joined", "{r}");
+        } else {
+            assert!(
+                r["missing"].as_i64().unwrap() > 0 || ids.len() < 10,
+                "without resume, the cut loses something: {r}"
+            );
+            assert!(r["leaves"].as_i64().unwrap() >= 1, "{r}");
+        }
+        child.wait().await.unwrap();
+    }
+}

@@ -527,6 +527,12 @@ impl Config {
                     "realtime.heartbeat_timeout must be between 1 and 86400 seconds".into(),
                 );
             }
+            if !(rt.resume_window.is_finite() && (0.0..=3_600.0).contains(&rt.resume_window)) {
+                problems.add(
+                    "realtime",
+                    "realtime.resume_window must be between 0 and 3600 seconds".into(),
+                );
+            }
         }
         // The API needs a store; a store alone serves the tenants it holds.
         let store = raw

@@ -168,10 +168,21 @@ pub struct RealtimeSection {
         default = "default_heartbeat_timeout"
     )]
     pub heartbeat_timeout: f64,
+    /// Seconds a socket that connected with `resume=<id>` is kept, channels and all, after
+    /// its connection is lost, for the client to come back to (0: none is kept).
+    #[serde(
+        deserialize_with = "super::duration::seconds",
+        default = "default_resume_window"
+    )]
+    pub resume_window: f64,
 }
 
 fn default_heartbeat_timeout() -> f64 {
     60.0
+}
+
+fn default_resume_window() -> f64 {
+    30.0
 }
 
 fn default_realtime_listen() -> SocketAddr {

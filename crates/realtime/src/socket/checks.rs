@@ -42,7 +42,7 @@ pub(crate) fn unauthorized_write(topic: &str) -> String {
 }
 
 /// A channel's name without its `realtime:` prefix, as `system` messages name it.
-fn sub_topic(topic: &str) -> &str {
+pub(super) fn sub_topic(topic: &str) -> &str {
     topic.strip_prefix("realtime:").unwrap_or(topic)
 }
 
@@ -99,22 +99,31 @@ impl Socket {
             None => Err(JwtError::Malformed.to_string()),
         };
         match verified {
-            Ok(claims) => {
-                if let Some(j) = self.joined.get_mut(&m.topic) {
-                    j.exp = claims.exp;
-                    // Changes from now on are authorised as the new token's role.
-                    if let Some(changes) = &j.changes {
-                        *changes.identity.lock().unwrap_or_else(|e| e.into_inner()) =
-                            Identity::of(&claims);
-                        if j.private {
-                            if let Some((tenant, feed)) = hub.feed() {
-                                feed.recheck(tenant, self.id, &m.topic);
-                            }
-                        }
-                    }
+            Ok(claims) => self.runs_on(hub, &m.topic, claims.exp, Identity::of(&claims)),
+            Err(why) => self.shut_down(hub, &m.topic, &why),
+        }
+    }
+
+    /// The channel on `topic` runs on a token with `identity`, expiring at `exp`, from
+    /// now: its changes are authorised as that token's role, and a private channel's
+    /// access is checked again (when the token changed).
+    pub(super) fn runs_on(&mut self, hub: &Hub, topic: &str, exp: i64, identity: Identity) {
+        let Some(j) = self.joined.get_mut(topic) else {
+            return;
+        };
+        j.exp = exp;
+        if let Some(changes) = &j.changes {
+            let mut current = changes.identity.lock().unwrap_or_else(|e| e.into_inner());
+            if *current == identity {
+                return;
+            }
+            *current = identity;
+            drop(current);
+            if j.private {
+                if let Some((tenant, feed)) = hub.feed() {
+                    feed.recheck(tenant, self.id, topic);
                 }
             }
-            Err(why) => self.shut_down(hub, &m.topic, &why),
         }
     }
 

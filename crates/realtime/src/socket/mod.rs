@@ -34,6 +34,12 @@ pub struct Socket {
     /// Who the socket's token says it is (to the database, for Postgres Changes).
     identity: Identity,
     joined: HashMap<String, Joined>,
+    /// Channels joined before the socket was resumed on a new connection and not joined
+    /// again since: a re-join with the same config keeps them (see `resumed.rs`).
+    carried: std::collections::HashSet<String>,
+    /// Heartbeats heard: each tells that the client read every frame written before the
+    /// previous one was answered (see [`crate::resume::Ring`]).
+    heartbeats: u64,
 }
 
 struct Joined {
@@ -46,6 +52,9 @@ struct Joined {
     /// The channel's subscription handed to the change feed (bindings, or private).
     changes: Option<Handle>,
     private: bool,
+    /// A digest of the join's config: a resumed socket's re-join keeps the channel only
+    /// when it asks for the same.
+    config: u64,
 }
 
 impl Joined {
@@ -152,7 +161,14 @@ impl Socket {
             socket_exp: claims.exp,
             identity: Identity::of(claims),
             joined: HashMap::new(),
+            carried: Default::default(),
+            heartbeats: 0,
         }
+    }
+
+    /// Heartbeats heard from the client so far.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats
     }
 
     /// When the first of the socket's channels' tokens expires, if it has channels.
@@ -220,7 +236,10 @@ impl Socket {
 
     fn on_message(&mut self, hub: &Arc<Hub>, m: Message) {
         match (m.topic.as_str(), m.event.as_str()) {
-            ("phoenix", "heartbeat") => self.reply(&m, "ok", "{}"),
+            ("phoenix", "heartbeat") => {
+                self.heartbeats += 1;
+                self.reply(&m, "ok", "{}")
+            }
             (_, "phx_join") => self.join(hub, m),
             (_, "phx_leave") => self.leave(hub, m),
             _ if !self.is_joined(&m.topic) => {
@@ -314,6 +333,16 @@ impl Socket {
             };
             return self.reply(&m, "error", &reason_json(&why));
         }
+        let config_digest = resumed::digest(&m.payload);
+        if self.keeps_on_rejoin(&m.topic, config_digest) {
+            let c = &join.config;
+            let wants = resumed::Wants {
+                receive_own: c.broadcast.receive_own,
+                presence: c.presence.enabled,
+                replication_ready: c.broadcast.replication_ready,
+            };
+            return self.rejoin_kept(hub, &m, exp, identity, &bindings, wants);
+        }
         // A re-join replaces the channel: the old one's subscriptions end first.
         if let Some(old) = self.joined.remove(&m.topic) {
             self.ended(hub, &m.topic, &old);
@@ -362,6 +391,7 @@ impl Socket {
                 exp,
                 changes,
                 private,
+                config: config_digest,
             },
         );
         if answered_later {
@@ -524,6 +554,7 @@ fn made_up_key(socket: SocketId) -> String {
 }
 
 mod checks;
+mod resumed;
 #[cfg(test)]
 mod tests;
 

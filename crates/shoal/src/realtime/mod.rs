@@ -64,6 +64,7 @@ pub async fn start(
     let options = Options {
         tenant_header: section.tenant_header,
         heartbeat_timeout: std::time::Duration::from_secs_f64(section.heartbeat_timeout),
+        resume_window: std::time::Duration::from_secs_f64(section.resume_window),
     };
     let service = Service::new(Arc::new(Tenants(app.clone())), options);
     let node = match app.cluster.get() {
