@@ -578,9 +578,11 @@ async fn subscribers_sharing_a_token_share_one_check_per_batch() {
 }
 
 /// A client that drops for a moment and comes back (realtime-js with `params.resume`,
-/// through a relay cut as a network or a proxy would cut it) misses no broadcast and no
-/// change sent meanwhile, and the others see no presence leave. The same cut without
-/// `resume` loses messages and shows the leave.
+/// through a relay that is cut, as a restarted proxy cuts it, or frozen, as a network that
+/// drops everything would be: then Shoal hears nothing and the new connection takes the
+/// session from the old one) misses no broadcast and no change sent meanwhile, and the
+/// others see no presence leave. The same cut without `resume` loses messages and shows
+/// the leave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_comes_back_with_resume_misses_nothing() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -589,13 +591,17 @@ async fn a_client_that_comes_back_with_resume_misses_nothing() {
         "CREATE TABLE notes (id int PRIMARY KEY, body text); GRANT SELECT ON notes TO authenticated;",
     );
     let db = direct_on(s.pg, &s.db).await;
-    for (round, resume) in [true, false].into_iter().enumerate() {
+    for (round, (resume, cut)) in [(true, "cut"), (true, "freeze"), (false, "cut")]
+        .into_iter()
+        .enumerate()
+    {
         let mut child = tokio::process::Command::new("node")
             .arg(format!("{CLIENTS}resume.mjs"))
             .env("RT_URL", format!("ws://{}/t/acme/realtime/v1", s.rt))
             .env("RT_TOKEN", token("js"))
             .env("RT_ROWS", "10")
             .env("RT_RESUME", if resume { "1" } else { "0" })
+            .env("RT_CUT", cut)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -620,7 +626,7 @@ async fn a_client_that_comes_back_with_resume_misses_nothing() {
         db.batch_execute(&insert(6, 10)).await.unwrap();
         stdin.write_all(b"go\n").await.unwrap();
         let r: serde_json::Value = serde_json::from_str(&next().await).unwrap();
-        eprintln!("resume = {resume}: {r}");
+        eprintln!("resume = {resume}, {cut}: {r}");
         let ids: Vec<i64> = r["ids"]
             .as_array()
             .unwrap()

@@ -1,6 +1,8 @@
 // A client that drops and comes back: realtime-js with `params.resume`, reaching Shoal
-// through a TCP relay that this script cuts on cue, as a flaky network or a restarted proxy
-// would. Another client broadcasts throughout and watches the first one's presence; the
+// through a TCP relay that this script breaks on cue: RT_CUT=cut closes both sides, as a
+// restarted proxy would; RT_CUT=freeze stops forwarding without closing, as a network
+// that drops everything would (the client finds out by its heartbeat, Shoal not at all,
+// and the frames it writes meanwhile are lost on the way). Another client broadcasts throughout and watches the first one's presence; the
 // test writes rows before and during the cut. RT_RESUME=0 connects without `resume` (the
 // control: the same cut loses messages and shows a presence leave).
 //
@@ -14,7 +16,8 @@ import { subscribe, timeout, until } from './lib.mjs'
 
 const shoal = new URL(process.env.RT_URL.replace(/^ws/, 'http'))
 const rows = Number(process.env.RT_ROWS)
-const messages = 200
+const messages = 300
+const mode = process.env.RT_CUT ?? 'cut'
 const resume = process.env.RT_RESUME !== '0'
 
 const input = readline.createInterface({ input: process.stdin })
@@ -24,7 +27,7 @@ const go = async () => {
   if (value !== 'go') throw new Error(`expected go, got ${value}`)
 }
 
-// The relay: every connection piped to Shoal, all of them cut at once by `cut()`.
+// The relay: every connection piped to Shoal; `cut()` breaks all of them at once.
 const conns = []
 const relay = net.createServer((client) => {
   const up = net.connect(Number(shoal.port), shoal.hostname)
@@ -36,10 +39,20 @@ const relay = net.createServer((client) => {
   }
   client.on('error', drop)
   up.on('error', drop)
-  conns.push(drop)
+  const freeze = () => {
+    // Nothing passes either way from now; Shoal's side stays open, the client's side
+    // closes when the client gives up on it.
+    client.unpipe(up)
+    up.unpipe(client)
+    up.pause()
+    up.removeListener('error', drop)
+    up.on('error', () => {})
+    client.on('close', () => client.destroy())
+  }
+  conns.push(mode === 'freeze' ? freeze : drop)
 })
 await new Promise((r) => relay.listen(0, '127.0.0.1', r))
-const cut = () => conns.splice(0).forEach((drop) => drop())
+const cut = () => conns.splice(0).forEach((f) => f())
 
 const params = { apikey: process.env.RT_TOKEN }
 if (resume) params.resume = `resume-${process.pid}-${Date.now()}`
