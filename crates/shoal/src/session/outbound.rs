@@ -73,6 +73,25 @@ pub(super) struct Outbound {
 }
 
 impl Outbound {
+    /// `n` bytes reached the client, from `server_buf` (when passed in place) or from
+    /// `to_client`: counted, and shown to the cache's capture of the reply.
+    #[inline(always)]
+    pub(super) fn sent_to_client(&mut self, n: usize, server_buf: &mut BytesMut) {
+        self.counts.bytes_out += n as u64;
+        if let Some(c) = self.capture.as_mut() {
+            c.feed(match self.direct {
+                0 => &self.to_client[..n],
+                _ => &server_buf[..n],
+            });
+        }
+        if self.direct > 0 {
+            server_buf.advance(n);
+            self.direct -= n;
+        } else {
+            self.to_client.advance(n);
+        }
+    }
+
     /// Nothing to write yet; both output buffers are taken when first needed, since most
     /// messages go out from the buffer they were read into.
     pub(super) fn new() -> Self {
