@@ -728,7 +728,13 @@ async fn run(
                 let result = match incoming {
                     Some(Ok(WsMessage::Text(t))) => socket.on_text(&hub, t.as_str()),
                     Some(Ok(WsMessage::Binary(b))) => socket.on_binary(&hub, &b),
-                    Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => Ok(()),
+                    Some(Ok(WsMessage::Pong(b))) => {
+                        if let Some(ring) = &mut ring {
+                            ring.pong(&b);
+                        }
+                        Ok(())
+                    }
+                    Some(Ok(WsMessage::Ping(_))) => Ok(()),
                     // The client's goodbye is answered (below), as the protocol asks:
                     // without it a client sees 1006, an abnormal close.
                     Some(Ok(WsMessage::Close(_))) => break Goodbye::Answer,
@@ -774,6 +780,12 @@ async fn run(
                     break Goodbye::Close(1000, format!("heartbeat timeout: nothing heard for {heartbeat:?}"));
                 }
                 silence.as_mut().reset(last_heard + heartbeat);
+            }
+        }
+        if let Some(payload) = ring.as_mut().and_then(Ring::ping) {
+            tokio::select! {
+                sent = sink.send(WsMessage::Ping(payload)) => if sent.is_err() { break Goodbye::None },
+                () = out.slowed() => break Goodbye::Close(1013, TOO_SLOW.into()),
             }
         }
         if socket.expiry() != expiry || expiring.is_elapsed() {

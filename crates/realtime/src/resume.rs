@@ -10,11 +10,12 @@
 //! presence leave and join. A connection whose loss was not noticed yet (no heartbeat
 //! timeout so far) is taken over the same way.
 //!
-//! What was written to the lost connection may not have been read. The official clients
-//! close a connection whose heartbeat goes unanswered, so a heartbeat tells that the
-//! client read everything written before the previous one was answered: the frames written
-//! since then are kept ([`Ring`]) and written again, first, to the connection that comes
-//! back. So nothing is missed; a few frames read just before the loss may come twice.
+//! What was written to the lost connection may not have been read. While frames wait to
+//! be acknowledged, WebSocket pings (which a client's WebSocket layer answers only after
+//! taking every frame before them) and the client's heartbeats tell what was read; the
+//! frames written since are kept ([`Ring`]) and written again, first, to the connection
+//! that comes back. So nothing is missed; the few frames in flight at the loss may come
+//! twice.
 //!
 //! Nothing is kept past the window, past a full queue (the session then ends as a slow
 //! socket's does), past [`RING`] frames not known to be read, when the tenant's sockets
@@ -52,9 +53,11 @@ pub(crate) struct Kept {
 }
 
 /// The frames a resumable session wrote that the client may not have read, in order.
-/// Heartbeat `n + 1` acknowledges what was written before heartbeat `n` was heard (its
-/// answer was written after those frames, and a client sends no heartbeat while one is
-/// unanswered).
+/// Two things tell what it has read. A WebSocket ping carrying the number of the next
+/// frame is sent while frames are unacknowledged (one at a time): the client's WebSocket
+/// layer answers it with a pong only after taking every frame before it. And heartbeat
+/// `n + 1` acknowledges what was written before heartbeat `n` was heard (its answer was
+/// written after those frames, and a client sends no heartbeat while one is unanswered).
 #[derive(Default)]
 pub(crate) struct Ring {
     frames: VecDeque<Frame>,
@@ -63,9 +66,42 @@ pub(crate) struct Ring {
     next: u64,
     /// The next frame's number when the last heartbeat was heard.
     mark: u64,
+    /// The ping sent and not answered yet (the frame number it carries).
+    ping: Option<u64>,
 }
 
 impl Ring {
+    /// A ping to send now, if frames wait to be acknowledged and none is out: its payload.
+    pub fn ping(&mut self) -> Option<bytes::Bytes> {
+        if self.ping.is_some() || self.frames.is_empty() {
+            return None;
+        }
+        self.ping = Some(self.next);
+        Some(bytes::Bytes::copy_from_slice(&self.next.to_be_bytes()))
+    }
+
+    /// A pong came back with `payload`: the frames before the number it carries are read.
+    pub fn pong(&mut self, payload: &[u8]) {
+        let Ok(n) = <[u8; 8]>::try_from(payload).map(u64::from_be_bytes) else {
+            return;
+        };
+        if self.ping != Some(n) {
+            return;
+        }
+        self.ping = None;
+        self.read_before(n);
+    }
+
+    fn read_before(&mut self, n: u64) {
+        while self.first < n && self.frames.pop_front().is_some() {
+            self.first += 1;
+        }
+        if self.frames.is_empty() {
+            // An idle socket holds no buffer.
+            self.frames.shrink_to_fit();
+        }
+    }
+
     /// `f` is being written; false when the ring is full (the session can no longer be
     /// resumed without a gap).
     pub fn written(&mut self, f: &Frame) -> bool {
@@ -77,13 +113,7 @@ impl Ring {
     /// A heartbeat was heard: what was written before the previous one is read.
     pub fn heartbeat(&mut self) {
         let read = std::mem::replace(&mut self.mark, self.next);
-        while self.first < read && self.frames.pop_front().is_some() {
-            self.first += 1;
-        }
-        if self.frames.is_empty() {
-            // An idle socket holds no buffer.
-            self.frames.shrink_to_fit();
-        }
+        self.read_before(read);
     }
 
     pub fn unread(self) -> VecDeque<Frame> {
@@ -261,6 +291,24 @@ mod tests {
         assert_eq!(ring_of(&r), Vec::<u8>::new());
         assert!(r.written(&frame(4)));
         assert_eq!(ring_of(&r), [4]);
+    }
+
+    #[test]
+    fn a_pong_acknowledges_what_was_written_before_its_ping() {
+        let mut r = Ring::default();
+        assert_eq!(r.ping(), None, "nothing to acknowledge");
+        assert!(r.written(&frame(1)) && r.written(&frame(2)));
+        let p = r.ping().unwrap();
+        assert_eq!(r.ping(), None, "one ping at a time");
+        assert!(r.written(&frame(3)));
+        r.pong(b"not eight");
+        r.pong(&7u64.to_be_bytes());
+        assert_eq!(ring_of(&r), [1, 2, 3], "a pong for no ping of ours");
+        r.pong(&p);
+        assert_eq!(ring_of(&r), [3]);
+        let q = r.ping().unwrap();
+        r.pong(&q);
+        assert_eq!(ring_of(&r), Vec::<u8>::new());
     }
 
     #[test]
