@@ -246,6 +246,13 @@ impl Hub {
         left
     }
 
+    /// Whether `socket` is subscribed to `topic` (a join waiting for capture is not yet).
+    pub fn has_subscriber(&self, topic: &str, socket: SocketId) -> bool {
+        self.lock()
+            .get(topic)
+            .is_some_and(|t| t.subs.iter().any(|s| s.socket == socket))
+    }
+
     pub fn subscribers(&self, topic: &str) -> usize {
         self.lock().get(topic).map_or(0, |t| t.subs.len())
     }

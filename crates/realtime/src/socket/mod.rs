@@ -334,7 +334,7 @@ impl Socket {
             return self.reply(&m, "error", &reason_json(&why));
         }
         let config_digest = resumed::digest(&m.payload);
-        if self.keeps_on_rejoin(&m.topic, config_digest) {
+        if self.keeps_on_rejoin(hub, &m.topic, config_digest) {
             let c = &join.config;
             let wants = resumed::Wants {
                 receive_own: c.broadcast.receive_own,

@@ -45,9 +45,13 @@ impl Socket {
     }
 
     /// Whether a join of `topic` with config `digest` continues a channel carried over a
-    /// resume (once per channel: a second join replaces it as usual).
-    pub(super) fn keeps_on_rejoin(&mut self, topic: &str, digest: u64) -> bool {
-        self.carried.remove(topic) && self.is_joined(topic) && self.joined[topic].config == digest
+    /// resume (once per channel: a second join replaces it as usual). A channel whose
+    /// first join was still waiting to be answered is joined afresh.
+    pub(super) fn keeps_on_rejoin(&mut self, hub: &Hub, topic: &str, digest: u64) -> bool {
+        self.carried.remove(topic)
+            && self.is_joined(topic)
+            && self.joined[topic].config == digest
+            && hub.has_subscriber(&self.joined[topic].key(topic), self.id)
     }
 
     /// Answers the re-join `m` of a kept channel as its first join was answered, under the

@@ -258,3 +258,56 @@ fn tenant_rates_and_private_channels_are_enforced_on_joins_and_messages() {
         "{got:?}"
     );
 }
+
+/// A resumed socket's re-join with the same config keeps the channel (and its presence):
+/// answered as a join, under the new join ref; a second re-join, or one with another
+/// config, replaces it as usual.
+#[test]
+fn a_resumed_socket_keeps_channels_rejoined_alike() {
+    let hub = hub_with(LIMITS);
+    let (mut s, mut rx) = socket(1, Vsn::V2);
+    let (mut other, mut orx) = socket(2, Vsn::V2);
+    let join = |r: &str, key: &str| {
+        format!(
+            r#"["{r}","{r}","realtime:room","phx_join",{{"config":{{"presence":{{"key":"{key}","enabled":true}}}}}}]"#
+        )
+    };
+    s.on_text(&hub, &join("1", "a")).unwrap();
+    s.on_text(
+        &hub,
+        r#"["1","2","realtime:room","presence",{"type":"presence","event":"track","payload":{"x":1}}]"#,
+    )
+    .unwrap();
+    other.on_text(&hub, &join("1", "b")).unwrap();
+    assert_eq!(hub.present("realtime:room"), 1);
+    texts(&mut rx);
+    texts(&mut orx);
+
+    let verifier = Arc::new(Verifier::new(Some(SECRET), None));
+    let claims = verifier
+        .verify(&token(crate::jwt::now() + 3600), crate::jwt::now())
+        .unwrap();
+    s.resumed(verifier, &claims);
+    s.on_text(&hub, &join("7", "a")).unwrap();
+    let got = texts(&mut rx);
+    assert_eq!(
+        got[0],
+        r#"["7","7","realtime:room","phx_reply",{"status":"ok","response":{"postgres_changes":[]}}]"#
+    );
+    assert!(
+        got[1].contains("presence_state") && got[1].contains(r#""a""#),
+        "{got:?}"
+    );
+    assert_eq!(hub.subscribers("realtime:room"), 2);
+    assert_eq!(hub.present("realtime:room"), 1, "the presence stayed");
+    assert!(
+        texts(&mut orx).iter().all(|t| !t.contains("presence_diff")),
+        "the other socket saw no leave and join"
+    );
+    assert_eq!(s.join_ref("realtime:room"), Some("7"));
+
+    // Once only: the next re-join replaces the channel (its presence leaves).
+    s.on_text(&hub, &join("8", "a")).unwrap();
+    assert_eq!(hub.present("realtime:room"), 0);
+    assert!(texts(&mut orx).iter().any(|t| t.contains("presence_diff")));
+}
