@@ -472,7 +472,7 @@ fn accept(
         Ok(a) => a,
         Err(r) => return r.upgrade_response(),
     };
-    let resume = resumption(&svc, &admitted, query.get("resume"));
+    let resume = resumption(&svc, &admitted, vsn, query.get("resume"));
     // A session taken over comes with its seat; any other socket takes one now.
     let seat = match &resume {
         Some(Resumption {
@@ -521,12 +521,17 @@ struct Resumption {
 
 /// What the connection's `resume` id lets it do: come back to a session, start one that
 /// can be come back to, or neither (no id, resuming off, or another owner's session).
-fn resumption(svc: &Service, admitted: &Admitted, id: Option<&String>) -> Option<Resumption> {
+fn resumption(
+    svc: &Service,
+    admitted: &Admitted,
+    vsn: Vsn,
+    id: Option<&String>,
+) -> Option<Resumption> {
     let id = id.filter(|id| crate::resume::valid_id(id))?;
     if svc.options.resume_window.is_zero() {
         return None;
     }
-    let owner = Owner::of(&admitted.claims);
+    let owner = Owner::of(&admitted.claims, vsn);
     let holder = match svc.sessions.holder(&admitted.tenant, id, &owner) {
         Ok(holder) => holder,
         // Someone else's: this connection neither takes nor displaces it.

@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::edge::Seat;
 use crate::hub::{Frame, Outbox};
 use crate::jwt::Claims;
+use crate::protocol::Vsn;
 use crate::socket::Socket;
 
 /// How long a new connection waits for the holder of its session to hand it over.
@@ -129,18 +130,21 @@ impl Kept {
     }
 }
 
-/// Who may take a session over: a token with the same role and subject.
+/// Who may take a session over: a connection with a token of the same role and subject,
+/// speaking the same protocol version (what waits is written in it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Owner {
     role: String,
     sub: Option<String>,
+    vsn: Vsn,
 }
 
 impl Owner {
-    pub fn of(claims: &Claims) -> Owner {
+    pub fn of(claims: &Claims, vsn: Vsn) -> Owner {
         Owner {
             role: claims.role.clone(),
             sub: claims.all.get("sub").map(|s| s.to_string()),
+            vsn,
         }
     }
 }
