@@ -729,7 +729,6 @@ async fn run(
         tokio::select! {
             incoming = stream.next() => {
                 last_heard = tokio::time::Instant::now();
-                let heard = socket.heartbeats();
                 let result = match incoming {
                     Some(Ok(WsMessage::Text(t))) => socket.on_text(&hub, t.as_str()),
                     Some(Ok(WsMessage::Binary(b))) => socket.on_binary(&hub, &b),
@@ -748,11 +747,6 @@ async fn run(
                 if let Err(e) = result {
                     // 1003: unsupported data.
                     break Goodbye::Close(1003, e.to_string());
-                }
-                if socket.heartbeats() != heard {
-                    if let Some(ring) = &mut ring {
-                        ring.heartbeat();
-                    }
                 }
             }
             frame = next_frame(&mut pending, &mut queue) => {

@@ -12,10 +12,9 @@
 //!
 //! What was written to the lost connection may not have been read. While frames wait to
 //! be acknowledged, WebSocket pings (which a client's WebSocket layer answers only after
-//! taking every frame before them) and the client's heartbeats tell what was read; the
-//! frames written since are kept ([`Ring`]) and written again, first, to the connection
-//! that comes back. So nothing is missed; the few frames in flight at the loss may come
-//! twice.
+//! taking every frame before them) tell what was read; the frames written since are kept
+//! ([`Ring`]) and written again, first, to the connection that comes back. So nothing is
+//! missed; the few frames in flight at the loss may come twice.
 //!
 //! Nothing is kept past the window, past a full queue (the session then ends as a slow
 //! socket's does), past [`RING`] frames not known to be read, when the tenant's sockets
@@ -53,20 +52,17 @@ pub(crate) struct Kept {
     pub seat: Seat,
 }
 
-/// The frames a resumable session wrote that the client may not have read, in order.
-/// Two things tell what it has read. A WebSocket ping carrying the number of the next
-/// frame is sent while frames are unacknowledged (one at a time): the client's WebSocket
-/// layer answers it with a pong only after taking every frame before it. And heartbeat
-/// `n + 1` acknowledges what was written before heartbeat `n` was heard (its answer was
-/// written after those frames, and a client sends no heartbeat while one is unanswered).
+/// The frames a resumable session wrote that the client may not have read, in order. A
+/// WebSocket ping carrying the number of the next frame is sent while frames are
+/// unacknowledged (one at a time): the client's WebSocket layer answers it with a pong only
+/// after taking every frame before it. (A client's Phoenix heartbeats would say less, and
+/// only of clients that stop sending them while one is unanswered, as not all do.)
 #[derive(Default)]
 pub(crate) struct Ring {
     frames: VecDeque<Frame>,
     /// The number of the first frame in `frames`, and of the next one written.
     first: u64,
     next: u64,
-    /// The next frame's number when the last heartbeat was heard.
-    mark: u64,
     /// The ping sent and not answered yet (the frame number it carries).
     ping: Option<u64>,
 }
@@ -109,12 +105,6 @@ impl Ring {
         self.frames.push_back(f.clone());
         self.next += 1;
         self.frames.len() <= RING
-    }
-
-    /// A heartbeat was heard: what was written before the previous one is read.
-    pub fn heartbeat(&mut self) {
-        let read = std::mem::replace(&mut self.mark, self.next);
-        self.read_before(read);
     }
 
     pub fn unread(self) -> VecDeque<Frame> {
@@ -280,21 +270,6 @@ mod tests {
                 Frame::Text(_) => unreachable!(),
             })
             .collect()
-    }
-
-    #[test]
-    fn a_heartbeat_acknowledges_what_was_written_before_the_previous_one() {
-        let mut r = Ring::default();
-        assert!(r.written(&frame(1)) && r.written(&frame(2)));
-        r.heartbeat(); // heartbeat 1: nothing known read yet
-        assert_eq!(ring_of(&r), [1, 2]);
-        assert!(r.written(&frame(3)));
-        r.heartbeat(); // heartbeat 2: 1 and 2 were read
-        assert_eq!(ring_of(&r), [3]);
-        r.heartbeat(); // heartbeat 3: 3 was read
-        assert_eq!(ring_of(&r), Vec::<u8>::new());
-        assert!(r.written(&frame(4)));
-        assert_eq!(ring_of(&r), [4]);
     }
 
     #[test]

@@ -37,9 +37,6 @@ pub struct Socket {
     /// Channels joined before the socket was resumed on a new connection and not joined
     /// again since: a re-join with the same config keeps them (see `resumed.rs`).
     carried: std::collections::HashSet<String>,
-    /// Heartbeats heard: each tells that the client read every frame written before the
-    /// previous one was answered (see [`crate::resume::Ring`]).
-    heartbeats: u64,
 }
 
 struct Joined {
@@ -162,13 +159,7 @@ impl Socket {
             identity: Identity::of(claims),
             joined: HashMap::new(),
             carried: Default::default(),
-            heartbeats: 0,
         }
-    }
-
-    /// Heartbeats heard from the client so far.
-    pub fn heartbeats(&self) -> u64 {
-        self.heartbeats
     }
 
     /// When the first of the socket's channels' tokens expires, if it has channels.
@@ -236,10 +227,7 @@ impl Socket {
 
     fn on_message(&mut self, hub: &Arc<Hub>, m: Message) {
         match (m.topic.as_str(), m.event.as_str()) {
-            ("phoenix", "heartbeat") => {
-                self.heartbeats += 1;
-                self.reply(&m, "ok", "{}")
-            }
+            ("phoenix", "heartbeat") => self.reply(&m, "ok", "{}"),
             (_, "phx_join") => self.join(hub, m),
             (_, "phx_leave") => self.leave(hub, m),
             _ if !self.is_joined(&m.topic) => {
