@@ -13,6 +13,7 @@ use std::collections::HashMap;
 pub use crate::server::{forward, CancelTarget};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 
@@ -28,6 +29,10 @@ struct SlotState {
     /// instead of being sent (see [`CancelSlot::set`]).
     busy: bool,
     pending: bool,
+    /// Changes with every server named and every answer the client is sent: a cancel is
+    /// sent again only while it has not changed (see [`follow_up`]). 16 bits keep the slot
+    /// in its size class; wrapping round within a recheck's wait is harmless.
+    turn: u16,
 }
 
 /// Who a logged-in client is, for the admin console's `SHOW CLIENTS`.
@@ -119,7 +124,15 @@ impl CancelSlot {
             return false;
         }
         s.target = Some(target);
+        s.turn = s.turn.wrapping_add(1);
         true
+    }
+
+    /// The client was sent a ReadyForQuery: a cancel forwarded before it is not sent again.
+    /// (Its relay calls this once per batch of server bytes that held any.)
+    pub fn note_answered(&self) {
+        let mut s = self.lock();
+        s.turn = s.turn.wrapping_add(1);
     }
 
     /// Forgets the server; returns once no cancel for it can still arrive. A cancel in
@@ -155,12 +168,57 @@ impl CancelSlot {
     /// Counts a cancel in flight for as long as the returned guard lives, so that even a
     /// forward whose task is dropped midway (a login timeout) cannot leave the count up and
     /// [`CancelSlot::clear`] waiting forever.
-    fn begin(&self) -> Option<(CancelTarget, InFlight<'_>)> {
+    fn begin(&self) -> Option<(CancelTarget, u16, InFlight<'_>)> {
         let mut s = self.lock();
         let t = s.target?;
         s.in_flight += 1;
+        Some((t, s.turn, InFlight(self)))
+    }
+
+    /// [`CancelSlot::begin`], only while the slot is at `turn` still.
+    fn begin_again(&self, turn: u16) -> Option<(CancelTarget, InFlight<'_>)> {
+        let mut s = self.lock();
+        let t = s.target.filter(|_| s.turn == turn)?;
+        s.in_flight += 1;
         Some((t, InFlight(self)))
     }
+}
+
+/// How long after a forwarded cancel (each) the request is looked at again, and cancelled
+/// again if it still runs unanswered. A cancel PostgreSQL acted on is answered within the
+/// first wait nearly always; the later ones cover a request that reached its server late
+/// (a busy machine).
+const RECHECK: [Duration; 4] = [
+    Duration::from_millis(10),
+    Duration::from_millis(40),
+    Duration::from_millis(150),
+    Duration::from_millis(400),
+];
+
+/// Sends a forwarded cancel again while its request runs unanswered: the slot still at the
+/// `turn` it was at when the cancel came (the same server named, see [`CancelSlot::set`],
+/// and no ReadyForQuery sent to the client since). PostgreSQL ignores a cancel that finds its
+/// backend waiting for a message, which is where a request's backend is until its bytes
+/// arrive: a cancel crossing a request that had just been given a server was lost (seen
+/// with pgJDBC's query timeouts through a full pool). A cancel sent again can only stop
+/// what the first was meant for: a later request of the client is either a new unit or
+/// comes after an answer.
+async fn follow_up(slot: Arc<CancelSlot>, turn: u16) -> u32 {
+    let mut sent = 0;
+    for wait in RECHECK {
+        crate::timer::sleep(wait).await;
+        let Some((target, in_flight)) = slot.begin_again(turn) else {
+            break;
+        };
+        tracing::debug!(
+            server_pid = target.process_id,
+            "a cancelled request still runs unanswered: cancel sent again"
+        );
+        forward(target).await;
+        drop(in_flight);
+        sent += 1;
+    }
+    sent
 }
 
 /// One cancel in flight to a slot's server.
@@ -316,7 +374,7 @@ impl CancelRegistry {
             tracing::debug!("cancel request with unknown key ignored");
             return false;
         };
-        let Some((target, in_flight)) = slot.begin() else {
+        let Some((target, turn, in_flight)) = slot.begin() else {
             let mut s = slot.lock();
             if let Some(waiting) = s.waiting.take() {
                 tracing::debug!("cancel request for a query waiting for a server");
@@ -334,6 +392,7 @@ impl CancelRegistry {
         };
         forward(target).await;
         drop(in_flight);
+        tokio::spawn(follow_up(slot, turn));
         true
     }
 }
@@ -354,7 +413,7 @@ impl crate::pool::WaitCancel for CancelSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     #[test]
     fn made_process_ids_carry_the_node_slot() {
@@ -374,8 +433,6 @@ mod tests {
         assert_eq!(node_slot(real.process_id()), None);
     }
 
-    /// Every connected client holds one slot: with its reference counts it must fit the
-    /// allocator's 128-byte size class (the next is 160).
     #[test]
     fn a_resumed_client_takes_over_its_own_key_from_a_session_still_ending() {
         let registry = Arc::new(CancelRegistry::default());
@@ -396,6 +453,8 @@ mod tests {
         assert!(Arc::ptr_eq(&slot, &new.slot), "the new session's");
     }
 
+    /// Every connected client holds one slot: with its reference counts it must fit the
+    /// allocator's 128-byte size class (the next is 160).
     #[test]
     fn a_slot_fits_in_128_bytes() {
         assert!(2 * std::mem::size_of::<usize>() + std::mem::size_of::<CancelSlot>() <= 128);
@@ -458,6 +517,64 @@ mod tests {
         reg.slot.mark_busy();
         assert!(reg.slot.set(target), "the next request runs");
         reg.slot.clear().await;
+    }
+
+    /// A stand-in server that counts the cancel requests it gets (each: read, then closed).
+    async fn counting_server() -> (CancelTarget, Arc<AtomicU32>, tokio::task::JoinHandle<()>) {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(AtomicU32::new(0));
+        let counted = count.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut c, _)) = listener.accept().await {
+                let mut req = [0u8; 16];
+                if c.read_exact(&mut req).await.is_ok() {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        let target = CancelTarget {
+            addr,
+            process_id: 7,
+            secret_key: 9,
+        };
+        (target, count, task)
+    }
+
+    /// A cancel PostgreSQL ignored (its backend was between messages, before the request
+    /// arrived) is sent again while the request runs unanswered, and only then.
+    #[tokio::test]
+    async fn a_cancel_is_sent_again_while_its_request_runs_unanswered() {
+        let (target, count, server) = counting_server().await;
+        let registry = Arc::new(CancelRegistry::default());
+        let reg = registry.register(None, ClientInfo::default());
+        let turn_now = || {
+            let (_, turn, guard) = reg.slot.begin().unwrap();
+            drop(guard);
+            turn
+        };
+        assert!(reg.slot.set(target));
+        // Nothing answered: every recheck cancels again.
+        let turn = turn_now();
+        let sent = follow_up(reg.slot.clone(), turn).await;
+        assert_eq!(sent, RECHECK.len() as u32);
+        assert_eq!(count.load(Ordering::SeqCst), sent);
+        // The request was answered after the cancel: not cancelled again.
+        reg.slot.note_answered();
+        assert_eq!(follow_up(reg.slot.clone(), turn).await, 0);
+        // The client's next unit (a server named again) is never cancelled by an old cancel.
+        let turn = turn_now();
+        reg.slot.clear().await;
+        reg.slot.mark_busy();
+        assert!(reg.slot.set(target));
+        assert_eq!(follow_up(reg.slot.clone(), turn).await, 0);
+        // Nor is anything once the server is given back.
+        let turn = turn_now();
+        reg.slot.clear().await;
+        assert_eq!(follow_up(reg.slot.clone(), turn).await, 0);
+        assert_eq!(count.load(Ordering::SeqCst), RECHECK.len() as u32);
+        server.abort();
     }
 
     /// A cancel whose forwarding is abandoned midway (its connection's login timed out) must

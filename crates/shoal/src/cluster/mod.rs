@@ -365,10 +365,12 @@ impl Node {
             None => nodes.keys().filter(|n| **n != self.id).cloned().collect(),
         };
         for t in targets {
-            match self.links.get(self, &t).await {
-                Ok(link) => {
-                    let _ = link.cancel(process_id, secret);
-                }
+            let passed = match self.links.get(self, &t).await {
+                Ok(link) => link.cancel(process_id, secret).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match passed {
+                Ok(()) => tracing::debug!(node = %t, "cancel request passed on"),
                 Err(e) => tracing::warn!(node = %t, error = %e, "cancel request not passed on"),
             }
         }

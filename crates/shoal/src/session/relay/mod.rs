@@ -450,6 +450,7 @@ impl Session {
         out: &mut Outbound,
         st: &mut LoopState,
     ) -> Result<(), SessionError> {
+        let answered = out.counts.queries;
         let mut side = ClientSide::of(
             &self.pool,
             &self.params,
@@ -476,6 +477,10 @@ impl Session {
             // the block is known, and refused if it is not.
             out.held = false;
             st.terminate = !self.take_client(hooks, server, flow, out)?;
+        }
+        if out.counts.queries != answered {
+            // A cancel forwarded before this answer is not sent again.
+            self.cancel.slot.note_answered();
         }
         Ok(())
     }
