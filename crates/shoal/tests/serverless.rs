@@ -330,6 +330,29 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
         body["rows"],
         serde_json::json!([{"n": 1, "t": true, "j": {"k": 1}, "big": "2"}])
     );
+    // Arrays as JSON arrays, each element by its type, as PostgreSQL writes them.
+    let (status, body) = send(
+        addr,
+        &plain,
+        &q(
+            "SELECT ARRAY[1, NULL]::int[] AS i, ARRAY['a b', 'NULL', NULL, 'q\"\\']::text[] AS t, \
+            '[0:1][1:2]={{1.5,NaN},{3,4}}'::float8[] AS f, ARRAY['{\"k\": [1]}']::jsonb[] AS j, \
+            ARRAY[10000000000]::bigint[] AS big, '{}'::bool[] AS e",
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["rows"],
+        serde_json::json!([{
+            "i": [1, null],
+            "t": ["a b", "NULL", null, "q\"\\"],
+            "f": [[1.5, "NaN"], [3.0, 4.0]],
+            "j": [{"k": [1]}],
+            "big": ["10000000000"],
+            "e": []
+        }])
+    );
 
     // Malformed requests: 400 with a message that says what is wrong.
     let (status, body) = post(addr, &[], &q("SELECT 1")).await;

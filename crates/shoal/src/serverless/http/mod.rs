@@ -21,6 +21,7 @@ use crate::net::Stream;
 mod exchange;
 mod request;
 mod results;
+mod values;
 mod warm;
 
 pub use warm::Warm;

@@ -225,43 +225,13 @@ fn command_and_count(tag: &str) -> (&str, Option<u64>) {
     (command, count)
 }
 
-/// Type OIDs shown as JSON rather than text when raw text is not asked for.
-mod oid {
-    pub const BOOL: u32 = 16;
-    pub const INT2: u32 = 21;
-    pub const INT4: u32 = 23;
-    pub const OID: u32 = 26;
-    pub const FLOAT4: u32 = 700;
-    pub const FLOAT8: u32 = 701;
-    pub const JSON: u32 = 114;
-    pub const JSONB: u32 = 3802;
-}
-
 fn value(out: &mut Vec<u8>, v: Option<&[u8]>, type_oid: u32, raw_text: bool) {
     let Some(v) = v else {
         out.extend_from_slice(b"null");
         return;
     };
     if !raw_text {
-        let typed = match type_oid {
-            oid::BOOL => match v {
-                b"t" => Some(Value::Bool(true)),
-                b"f" => Some(Value::Bool(false)),
-                _ => None,
-            },
-            oid::INT2 | oid::INT4 | oid::OID => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .map(Value::from),
-            oid::FLOAT4 | oid::FLOAT8 => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse::<f64>().ok())
-                .and_then(serde_json::Number::from_f64)
-                .map(Value::Number),
-            oid::JSON | oid::JSONB => serde_json::from_slice(v).ok(),
-            _ => None,
-        };
-        if let Some(t) = typed {
+        if let Some(t) = super::values::typed(v, type_oid) {
             // Writing a Value to a Vec cannot fail.
             let _ = serde_json::to_writer(&mut *out, &t);
             return;
@@ -351,7 +321,7 @@ mod tests {
     }
 
     fn select(a: &mut Answer) {
-        let fields = row_description(&[("n", oid::INT4), ("b", oid::BOOL), ("j", oid::JSONB)]);
+        let fields = row_description(&[("n", 23), ("b", 16), ("j", 3802)]);
         assert_eq!(a.take(b'1', b"").unwrap(), Step::More);
         a.take(b'2', b"").unwrap();
         a.take(b'T', &fields).unwrap();
