@@ -61,6 +61,16 @@ const CASES: &[Case] = &[
         "select set_config('default_transaction_read_only', 'on', false)",
         READ_ONLY,
     ),
+    // Transaction-local (a bare `true`): gone at the statement's end, no state left. Beside
+    // a session-level call in the same statement, the server still holds state.
+    case(
+        "SELECT set_config('search_path', 'pg_catalog', true)",
+        "SHOW search_path",
+    ),
+    case(
+        "SELECT set_config('statement_timeout', '7', true), set_config('role', 'iso_other', false)",
+        WHO,
+    ),
     keeps("SET default_transaction_read_only = on", READ_ONLY, "on"),
     keeps(
         "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
