@@ -451,23 +451,7 @@ impl Session {
         st: &mut LoopState,
     ) -> Result<(), SessionError> {
         let answered = out.counts.queries;
-        let mut side = ClientSide::of(
-            &self.pool,
-            &self.params,
-            self.id,
-            &mut self.statements,
-            None,
-            super::encoding_of(&self.extras),
-        );
-        st.fatal = take_server(
-            hooks,
-            &mut side,
-            server,
-            &mut self.extras,
-            flow,
-            out,
-            policy,
-        )?;
+        st.fatal = self.take_replies(hooks, server, flow, out, policy)?;
         if out.listener_due.is_some() {
             // Boxed: the relay's future stays the size it is without it.
             st.fatal = Box::pin(self.resume_at_ready(hooks, server, flow, out, policy)).await?;
@@ -521,25 +505,38 @@ impl Session {
         let mut fatal = None;
         while let Some(due) = out.listener_due.take() {
             self.sync_listener(due, server.process_id).await;
-            let mut side = ClientSide::of(
-                &self.pool,
-                &self.params,
-                self.id,
-                &mut self.statements,
-                None,
-                super::encoding_of(&self.extras),
-            );
-            fatal = take_server(
-                hooks,
-                &mut side,
-                server,
-                &mut self.extras,
-                flow,
-                out,
-                policy,
-            )?;
+            fatal = self.take_replies(hooks, server, flow, out, policy)?;
         }
         Ok(fatal)
+    }
+
+    /// [`take_server`] with the session's side of the relay.
+    #[inline(always)]
+    fn take_replies<H: Hooks>(
+        &mut self,
+        hooks: &mut H,
+        server: &mut ServerConn,
+        flow: &mut Flow,
+        out: &mut Outbound,
+        policy: Policy,
+    ) -> Result<Option<ErrorFields>, SessionError> {
+        let mut side = ClientSide::of(
+            &self.pool,
+            &self.params,
+            self.id,
+            &mut self.statements,
+            None,
+            super::encoding_of(&self.extras),
+        );
+        take_server(
+            hooks,
+            &mut side,
+            server,
+            &mut self.extras,
+            flow,
+            out,
+            policy,
+        )
     }
 }
 
