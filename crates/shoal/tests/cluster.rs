@@ -604,33 +604,6 @@ async fn links_run_in_tls_and_a_node_of_another_ca_is_refused() {
     .await;
 }
 
-/// Each client runs `SELECT 1` in a loop, each failing its test with `what` on an error,
-/// until the flag is set; each task returns how many it ran.
-fn select_loops(
-    clients: Vec<tokio_postgres::Client>,
-    what: &'static str,
-) -> (
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    Vec<tokio::task::JoinHandle<u64>>,
-) {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers = clients
-        .into_iter()
-        .map(|c| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    c.simple_query("SELECT 1").await.expect(what);
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
-    (stop, workers)
-}
-
 /// Connects through `n`, retrying while the cluster is between owners.
 async fn connect_retrying(n: &Shoal, db: &str) -> tokio_postgres::Client {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -793,25 +766,27 @@ async fn a_node_joining_and_leaving_under_load_fails_no_transaction() {
     for w in 0..4 {
         clients.push([&a, &b][w % 2].connect(&db).await);
     }
-    let (stop, workers) = select_loops(clients, "no failure under a join or a leave");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let traffic = common::traffic::Traffic::start(clients, "SELECT 1");
+    traffic.wait_for_each(5, "every client runs").await;
     let mut c = node(&etcd, "c", &db, "[pool]\npool_size = 2\n");
     // The new node serves clients too (relayed to the owner: the pool is busy, it stays).
     let via_c = c.connect(&db).await;
     via_c.simple_query("SELECT 1").await.unwrap();
     drop(via_c);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    traffic
+        .wait_for_each(5, "every client runs on after c joined")
+        .await;
     c.signal(libc::SIGTERM);
     assert_eq!(
         c.wait(Duration::from_secs(20)),
         Some(true),
         "c left cleanly"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in workers {
-        assert!(w.await.unwrap() > 10);
-    }
+    traffic
+        .wait_for_each(10, "every client runs on after c left")
+        .await;
+    let failures = traffic.stop().await;
+    assert!(failures.is_empty(), "under a join or a leave: {failures:?}");
     assert!(
         !c.log_contains("pool owned by this node"),
         "a busy pool does not move"
@@ -828,8 +803,8 @@ async fn an_owner_shutting_down_under_load_hands_its_relayed_clients_on() {
     for _ in 0..4 {
         clients.push(relay.connect(&db).await);
     }
-    let (stop, workers) = select_loops(clients, "no failure while the owner leaves");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let traffic = common::traffic::Traffic::start(clients, "SELECT 1");
+    traffic.wait_for_each(5, "every client runs").await;
     owner.signal(libc::SIGTERM);
     eventually(
         "the relaying node owns the pool",
@@ -837,11 +812,11 @@ async fn an_owner_shutting_down_under_load_hands_its_relayed_clients_on() {
         || relay.log_contains("pool owned by this node"),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in workers {
-        assert!(w.await.unwrap() > 10);
-    }
+    traffic
+        .wait_for_each(10, "every client runs on at the new owner")
+        .await;
+    let failures = traffic.stop().await;
+    assert!(failures.is_empty(), "while the owner left: {failures:?}");
     // Handed back by the leaving owner, not lost with it.
     assert!(relay.log_contains("is shutting down"), "no hand-back seen");
 }

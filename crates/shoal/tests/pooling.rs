@@ -111,7 +111,10 @@ async fn min_pool_size_is_kept_warm_and_lifetime_retires_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_pool_sheds_new_waiters_at_once_and_recovers() {
     let db = unique_db("pool");
-    let shoal = shoal_for(&db, "[pool]\npool_size = 1\nquery_wait_timeout = 2\n");
+    let shoal = shoal_for(
+        &db,
+        "[pool]\npool_size = 1\nquery_wait_timeout = 2\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
     let a = shoal.connect(&db).await;
     a.batch_execute("BEGIN; SELECT 1").await.unwrap();
     // B waits for A's server past half the timeout, then holds it in a transaction.
@@ -143,7 +146,10 @@ async fn a_saturated_pool_sheds_new_waiters_at_once_and_recovers() {
     assert_eq!(simple_rows(&c, "SELECT 4").await, ["4"]);
     c.batch_execute("BEGIN; SELECT 5").await.unwrap();
     let waiting = tokio::spawn(async move { a.simple_query("SELECT 6").await.map(|_| ()) });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("A waits for the server", Duration::from_secs(10), || {
+        common::changes::metric(&shoal, "shoal_pool_clients_waiting") >= 1.0
+    })
+    .await;
     c.batch_execute("COMMIT").await.unwrap();
     waiting.await.unwrap().expect("a short wait again");
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 pub struct Traffic {
     stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
+    /// Statements each client completed.
+    done: Vec<Arc<AtomicU64>>,
     workers: Vec<tokio::task::JoinHandle<Vec<String>>>,
 }
 
@@ -15,10 +16,11 @@ impl Traffic {
     /// Each client runs `sql` (simple protocol) in a loop until [`Traffic::stop`].
     pub fn start(clients: Vec<tokio_postgres::Client>, sql: &'static str) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
+        let done: Vec<Arc<AtomicU64>> = clients.iter().map(|_| Arc::default()).collect();
         let workers = clients
             .into_iter()
-            .map(|c| {
+            .zip(&done)
+            .map(|(c, done)| {
                 let (stop, done) = (stop.clone(), done.clone());
                 tokio::spawn(async move {
                     let mut failures = Vec::new();
@@ -43,13 +45,31 @@ impl Traffic {
 
     /// Statements completed so far.
     pub fn done(&self) -> u64 {
-        self.done.load(Ordering::Relaxed)
+        self.done.iter().map(|d| d.load(Ordering::Relaxed)).sum()
     }
 
     /// Waits until `n` more statements have completed.
     pub async fn wait_for(&self, n: u64) {
         let target = self.done() + n;
         super::eventually("traffic", Duration::from_secs(30), || self.done() >= target).await;
+    }
+
+    /// Waits until every client has completed `n` more statements (`what` names the moment,
+    /// should one of them stall).
+    #[allow(dead_code)]
+    pub async fn wait_for_each(&self, n: u64, what: &str) {
+        let from: Vec<u64> = self
+            .done
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .collect();
+        super::eventually(what, Duration::from_secs(30), || {
+            self.done
+                .iter()
+                .zip(&from)
+                .all(|(d, f)| d.load(Ordering::Relaxed) >= f + n)
+        })
+        .await;
     }
 
     /// Stops the clients; returns every error they saw.
