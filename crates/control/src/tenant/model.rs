@@ -413,6 +413,22 @@ impl Tenant {
                 "must be 1-63 lowercase letters, digits or hyphens, not starting or ending with a hyphen",
             );
         }
+        self.check_upstream(&mut add);
+        self.check_users(&mut add);
+        self.check_defaults(&mut add);
+        self.check_upstream_tls(&mut add);
+        self.check_realtime(&mut add);
+        self.check_access(&mut add);
+        self.check_features(&mut add);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Where the tenant's PostgreSQL is.
+    fn check_upstream(&self, add: &mut impl FnMut(&str, &str)) {
         if self.db_host.trim().is_empty() {
             add("db_host", "can't be blank");
         } else if self.db_host.len() > 253 || self.db_host.contains(['/', ' ', '\0']) {
@@ -426,6 +442,10 @@ impl Tenant {
         } else if self.db_database.len() > 63 || self.db_database.contains('\0') {
             add("db_database", "is not a PostgreSQL database name");
         }
+    }
+
+    /// The users: names, passwords, sizes, and the one that runs `auth_query`.
+    fn check_users(&self, add: &mut impl FnMut(&str, &str)) {
         if self.users.is_empty() {
             add("users", "at least one user is needed");
         }
@@ -464,6 +484,10 @@ impl Tenant {
         if managers > 1 {
             add("users", "at most one user may be is_manager");
         }
+    }
+
+    /// The defaults for users and `auth_query`.
+    fn check_defaults(&self, add: &mut impl FnMut(&str, &str)) {
         if self.default_pool_size == Some(0) || self.default_pool_size.is_some_and(|n| n > 10_000) {
             add("default_pool_size", "must be between 1 and 10000");
         }
@@ -475,6 +499,10 @@ impl Tenant {
                 add("auth_query", "must be a query of 1-4096 characters");
             }
         }
+    }
+
+    /// TLS to the tenant's PostgreSQL.
+    fn check_upstream_tls(&self, add: &mut impl FnMut(&str, &str)) {
         if self.upstream_verify == Some(UpstreamVerify::Peer) {
             if !self.upstream_ssl {
                 add("upstream_verify", "\"peer\" needs upstream_ssl = true");
@@ -500,6 +528,10 @@ impl Tenant {
                 add("sni_hostname", "is not a host name");
             }
         }
+    }
+
+    /// Realtime: JWT keys and the per-tenant limits.
+    fn check_realtime(&self, add: &mut impl FnMut(&str, &str)) {
         if let Some(jwks) = &self.jwt_jwks {
             if let Err(why) = check_jwks(jwks) {
                 add("jwt_jwks", &why);
@@ -533,6 +565,10 @@ impl Tenant {
                 add(field, "must be at least 1 (leave it out for no limit)");
             }
         }
+    }
+
+    /// Who may connect: the allow list and a ban.
+    fn check_access(&self, add: &mut impl FnMut(&str, &str)) {
         if self.allow_list.is_empty() {
             add(
                 "allow_list",
@@ -578,6 +614,10 @@ impl Tenant {
                 break;
             }
         }
+    }
+
+    /// Replicas, query rules, limits and the cache, checked as the config file's are.
+    fn check_features(&self, add: &mut impl FnMut(&str, &str)) {
         if let Err(e) = self.replicas() {
             add("replicas", e.trim_start_matches("tenant."));
         }
@@ -610,11 +650,6 @@ impl Tenant {
             let e = e.trim_start_matches("tenant.");
             let field = e.split(':').next().unwrap_or("cache");
             add(field, e.split_once(": ").map_or(e, |(_, m)| m));
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors)
         }
     }
 
