@@ -88,12 +88,16 @@ pub struct ProcessMetrics {
     pub serverless: ServerlessMetrics,
 }
 
+/// HTTP statuses the serverless front door counts per outcome
+/// (`shoal_serverless_http_requests`); any other is counted as "other".
+pub const HTTP_STATUSES: [u16; 11] = [200, 400, 401, 403, 404, 413, 429, 500, 503, 504, 507];
+
 /// The serverless front door's traffic, per transport.
 #[derive(Debug, Default)]
 pub struct ServerlessMetrics {
     pub websockets: AtomicU64,
-    /// HTTP queries answered, by status (`crate::serverless::HTTP_STATUSES`; others last).
-    http: [AtomicU64; crate::serverless::HTTP_STATUSES.len() + 1],
+    /// HTTP queries answered, by status ([`HTTP_STATUSES`]; others last).
+    http: [AtomicU64; HTTP_STATUSES.len() + 1],
 }
 
 impl ServerlessMetrics {
@@ -102,7 +106,7 @@ impl ServerlessMetrics {
     }
 
     pub fn http(&self, status: u16) {
-        let statuses = crate::serverless::HTTP_STATUSES;
+        let statuses = HTTP_STATUSES;
         let i = statuses
             .iter()
             .position(|s| *s == status)
@@ -112,7 +116,7 @@ impl ServerlessMetrics {
 
     /// (status label, count) for every status, "other" last.
     pub fn http_counts(&self) -> impl Iterator<Item = (String, u64)> + '_ {
-        let labels = crate::serverless::HTTP_STATUSES.map(|s| s.to_string());
+        let labels = HTTP_STATUSES.map(|s| s.to_string());
         labels
             .into_iter()
             .chain(std::iter::once("other".to_owned()))

@@ -11,6 +11,7 @@
 //! transaction.
 #![allow(clippy::vec_box)]
 
+mod failures;
 mod fence;
 mod idle;
 mod lease;

@@ -29,8 +29,7 @@ pub use warm::Warm;
 use exchange::{Exchange, Failure};
 use request::{RequestError, Shape, Work};
 
-/// HTTP statuses counted per outcome (`shoal_serverless_http_requests`).
-pub const STATUSES: [u16; 11] = [200, 400, 401, 403, 404, 413, 429, 500, 503, 504, 507];
+pub use crate::metrics::HTTP_STATUSES as STATUSES;
 
 pub async fn query(
     State(door): State<Arc<Door>>,
