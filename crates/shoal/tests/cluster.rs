@@ -393,7 +393,7 @@ async fn a_paused_owners_queued_write_never_commits_after_the_next_owner_serves(
             tokio::spawn(async move {
                 let sql = format!("INSERT INTO ledger VALUES ('{who} 2'); COMMIT");
                 let r = c.simple_query(&sql).await.map(|_| ());
-                (c, r)
+                (c, r, who)
             })
         })
         .collect();
@@ -419,8 +419,16 @@ async fn a_paused_owners_queued_write_never_commits_after_the_next_owner_serves(
     }
     owner.signal(libc::SIGCONT);
     for p in pending {
-        let (c, r) = p.await.unwrap();
-        let e = r.expect_err("a resumed owner's transaction cannot go on");
+        let (c, r, who) = p.await.unwrap();
+        let Err(e) = r else {
+            panic!(
+                "the {who} client's transaction went on past a resumed owner; ledger {:?}\n\
+                 owner:\n{}\nnext owner:\n{}",
+                simple_rows(&fresh, "SELECT who FROM ledger ORDER BY who").await,
+                owner.log_tail(60),
+                relay.log_tail(60)
+            );
+        };
         assert!(
             c.is_closed() || e.code().is_some_and(|c| c.code() == "08006"),
             "{e:?}"

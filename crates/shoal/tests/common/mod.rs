@@ -523,12 +523,22 @@ impl Shoal {
         Ok(client)
     }
 
+    /// Sends `sig`; a SIGSTOP returns once every thread has stopped. (`kill` returns before
+    /// a thread running on another core has taken the stop: bytes a test sends right after
+    /// could still be served by the "paused" process.)
     pub fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child process.
         #[allow(unsafe_code)]
         unsafe {
             libc::kill(self.child.id() as i32, sig)
         };
+        if sig == libc::SIGSTOP {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !all_threads_stopped(self.child.id()) {
+                assert!(std::time::Instant::now() < deadline, "SIGSTOP not taken");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// Waits for the process to exit, returning whether it exited successfully.
@@ -577,6 +587,20 @@ impl Drop for Shoal {
             s.retain(|&p| p != id);
         }
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in its `stat`; the state
+/// follows the command name's closing parenthesis).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+        })
+    })
 }
 
 fn strip_ansi(s: &str) -> String {
