@@ -386,6 +386,19 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
     )
     .await;
     assert_eq!(status, 404, "{body}");
+    // A bearer token (the driver's authToken) is refused, not ignored, and never echoed.
+    let mut bearer = with(&ta);
+    bearer.push((
+        "Authorization".into(),
+        "Bearer eyJ.secret-claims.sig".into(),
+    ));
+    let (status, body) = send(addr, &bearer, &q("SELECT 1")).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("authToken") && !message.contains("secret-claims"),
+        "{body}"
+    );
     // A statement's error: 400 with PostgreSQL's fields.
     let (status, body) = send(addr, &with(&ta), &q("SELEC 1")).await;
     assert_eq!(
@@ -442,7 +455,7 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
         .unwrap();
     let text = String::from_utf8_lossy(&metrics.stdout);
     for (status, n) in [
-        ("400", 4),
+        ("400", 5),
         ("401", 1),
         ("404", 1),
         ("413", 1),

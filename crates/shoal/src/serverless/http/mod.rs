@@ -56,6 +56,7 @@ async fn answer(door: &Arc<Door>, peer: Peer, headers: &HeaderMap, body: Body) -
         Err(_) => return too_large(limit),
     };
     let read = || -> Result<_, RequestError> {
+        request::no_authorization(headers.contains_key(header::AUTHORIZATION))?;
         let login = request::login(
             header("neon-connection-string").ok_or(RequestError::NoConnectionString)?,
         )?;

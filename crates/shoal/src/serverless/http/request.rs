@@ -79,6 +79,19 @@ pub enum RequestError {
     },
     #[error("the body is not the JSON of a query: {0}")]
     BadBody(String),
+    #[error("this front door takes no bearer token (the driver's authToken): the query would run as the connection string's user without the token's claims; leave authToken out and give the connection string's password")]
+    BearerToken,
+}
+
+/// Refuses a request that carries an `Authorization` header (what the driver's `authToken`
+/// sends) rather than run it without the token: its author expects the token's claims to
+/// decide what the query may see (row-level security), and run as the connection string's
+/// user alone it could see more. The header's value is never read, logged or echoed.
+pub fn no_authorization(present: bool) -> Result<(), RequestError> {
+    if present {
+        return Err(RequestError::BearerToken);
+    }
+    Ok(())
 }
 
 /// Reads the connection string: `postgres://` or `postgresql://`, a user, a database, the
@@ -272,6 +285,13 @@ fn quoted(s: &str, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bearer_token_is_refused_and_never_echoed() {
+        assert!(no_authorization(false).is_ok());
+        let e = no_authorization(true).unwrap_err().to_string();
+        assert!(e.contains("authToken"), "{e}");
+    }
 
     #[test]
     fn connection_strings() {
