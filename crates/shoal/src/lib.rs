@@ -91,3 +91,4 @@ pub mod timer;
 pub mod tls;
 pub mod ui;
 pub mod upgrade;
+pub mod wal;

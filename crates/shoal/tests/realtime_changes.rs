@@ -266,6 +266,113 @@ async fn the_slot_and_publication_go_with_the_last_subscriber() {
     .await;
 }
 
+/// Every slot in `db`, whoever made it.
+fn all_slots(pg: &Pg, db: &str) -> usize {
+    pg.psql_admin(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE database = '{db}'"
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// Reads `sql` through `c` until a run is answered from the cache; its rows.
+async fn until_cached(s: &Setup, c: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    let hits = || metric(&s.shoal, "shoal_cache_hits") + metric(&s.shoal, "shoal_cache_hits_total");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let before = hits();
+        let rows = simple_rows(c, sql).await;
+        if hits() > before {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never answered from the cache: {sql}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads `sql` through `c` until it returns `want` (a write straight to PostgreSQL
+/// reaches the cache through the change stream).
+async fn until_read(c: &tokio_postgres::Client, sql: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let rows = simple_rows(c, sql).await;
+        if rows == [want] {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{sql} returned {rows:?}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A database's changes reach the result cache and Postgres Changes through one slot: the
+/// cache's stream comes first, a subscriber's capture takes it over, and both go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_and_postgres_changes_share_one_slot() {
+    let s = setup_tenant(
+        logical_pg(),
+        "rt_one_slot",
+        "CREATE TABLE items (id int PRIMARY KEY, n int); INSERT INTO items VALUES (1, 1);
+         GRANT SELECT ON items TO authenticated;",
+        serde_json::json!({"cache": true, "cache_all_reads": true}),
+    );
+    let c = s.shoal.connect_as("app.acme", APP_PASSWORD, &s.db).await;
+    let read = "SELECT n FROM items WHERE id = 1";
+    assert_eq!(until_cached(&s, &c, read).await, ["1"]);
+    assert_eq!(all_slots(s.pg, &s.db), 1, "the cache's stream");
+    assert_eq!(slots(s.pg, &s.db), 0, "no tenant's capture yet");
+    run_sql(s.pg, &s.db, "UPDATE items SET n = 2 WHERE id = 1");
+    until_read(&c, read, "2").await;
+
+    let mut p = Phx::connect(s.rt, "acme", &token("alice")).await.unwrap();
+    let binding = serde_json::json!([{"event": "*", "schema": "public", "table": "items"}]);
+    subscribe(&mut p, "realtime:items", binding).await;
+    assert_eq!(all_slots(s.pg, &s.db), 1, "one slot for both");
+    assert_eq!(slots(s.pg, &s.db), 1, "the tenant's capture took it over");
+    run_sql(s.pg, &s.db, "UPDATE items SET n = 3 WHERE id = 1");
+    assert_eq!(change(&mut p).await["data"]["record"]["n"], 3);
+    until_read(&c, read, "3").await;
+    assert_eq!(until_cached(&s, &c, read).await, ["3"]);
+    run_sql(s.pg, &s.db, "UPDATE items SET n = 4 WHERE id = 1");
+    assert_eq!(change(&mut p).await["data"]["record"]["n"], 4);
+    until_read(&c, read, "4").await;
+    assert_eq!(all_slots(s.pg, &s.db), 1);
+
+    // The subscriber leaves: the slot stays for the cache, which still follows changes.
+    drop(p);
+    run_sql(s.pg, &s.db, "UPDATE items SET n = 5 WHERE id = 1");
+    until_read(&c, read, "5").await;
+    assert_eq!(until_cached(&s, &c, read).await, ["5"]);
+    assert_eq!(all_slots(s.pg, &s.db), 1);
+}
+
+/// The other order: a subscriber's capture runs first, and the cache joins its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_joins_a_subscribers_stream() {
+    let s = setup_tenant(
+        logical_pg(),
+        "rt_joins_slot",
+        "CREATE TABLE items (id int PRIMARY KEY, n int); INSERT INTO items VALUES (1, 1);
+         GRANT SELECT ON items TO authenticated;",
+        serde_json::json!({"cache": true, "cache_all_reads": true}),
+    );
+    let mut p = Phx::connect(s.rt, "acme", &token("alice")).await.unwrap();
+    let binding = serde_json::json!([{"event": "*", "schema": "public", "table": "items"}]);
+    subscribe(&mut p, "realtime:items", binding).await;
+    let c = s.shoal.connect_as("app.acme", APP_PASSWORD, &s.db).await;
+    let read = "SELECT n FROM items WHERE id = 1";
+    assert_eq!(until_cached(&s, &c, read).await, ["1"]);
+    run_sql(s.pg, &s.db, "UPDATE items SET n = 2 WHERE id = 1");
+    assert_eq!(change(&mut p).await["data"]["record"]["n"], 2);
+    until_read(&c, read, "2").await;
+    assert_eq!((all_slots(s.pg, &s.db), slots(s.pg, &s.db)), (1, 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_are_rendered_as_to_jsonb_renders_them() {
     let big =
@@ -457,7 +564,7 @@ async fn a_killed_stream_and_a_restarted_postgres_lose_and_repeat_nothing() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|l| l.contains("Postgres Changes capture failed"))
+        .filter(|l| l.contains("change stream failed"))
         .count();
     assert!(
         failures >= 2,

@@ -7,17 +7,18 @@
 //! no lock orders fills against invalidations, and an invalidation costs one atomic add.
 //!
 //! Who bumps: a write relayed through Shoal, before its commit reaches the client (see
-//! `session::relay`), and the database's change stream (see [`super::stream`]) for every
+//! `session::relay`), and the database's change stream (see [`super::tap`]) for every
 //! committed change from anywhere. A table is *covered* once the stream is known to carry
 //! its changes; only covered tables' results are kept. When the stream is lost, nothing is
 //! covered and the epoch moves on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::analysis::catalogue::{Catalogue, Source};
 use crate::server::Upstream;
+use crate::wal::{Captures, DbKey};
 
 /// One table name's state (by name without schema: a change to `a.t` counts for `b.t`
 /// too, which only costs a refill).
@@ -70,8 +71,11 @@ pub struct Freshness {
     /// The database's catalogue: which results may be kept, what a write touches. A new
     /// reading that differs moves the epoch (see [`Freshness::epoch`]).
     pub catalogue: Arc<Source>,
-    /// Wakes the stream task: a table to cover.
-    pub(super) wake: tokio::sync::Notify,
+    /// Where the database's change stream is registered for (see [`crate::wal`]).
+    captures: Weak<Captures>,
+    key: DbKey,
+    /// Wakes the stream's task: a table to cover (set once the stream is asked for).
+    pub(super) wake: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     pub(super) state: Mutex<StreamState>,
     /// Changes the stream saw, by cause (`stream`, `truncate`).
     pub(super) invalidations: [AtomicU64; 3],
@@ -84,25 +88,39 @@ pub const BY_STREAM: usize = 1;
 pub const BY_RESET: usize = 2;
 
 impl Freshness {
-    pub fn new(label: String, upstream: Upstream, catalogue: Arc<Source>) -> Arc<Freshness> {
+    /// The freshness of database `key`, whose changes come from the stream `captures` runs
+    /// for it.
+    pub fn new(
+        key: DbKey,
+        upstream: Upstream,
+        catalogue: Arc<Source>,
+        captures: &Arc<Captures>,
+    ) -> Arc<Freshness> {
         Arc::new(Freshness {
-            label,
+            label: format!("{}:{}/{}", key.0, key.1, key.2),
             upstream,
             epoch: AtomicU64::new(1),
             tables: RwLock::default(),
             catalogue,
-            wake: tokio::sync::Notify::new(),
+            captures: Arc::downgrade(captures),
+            key,
+            wake: std::sync::OnceLock::new(),
             state: Mutex::default(),
             invalidations: Default::default(),
             started: std::sync::Once::new(),
         })
     }
 
-    /// Starts the database's stream task (once), and the catalogue's.
+    /// Asks for the database's change stream (once), and starts the catalogue's task.
     pub fn start(self: &Arc<Self>) {
         self.catalogue.start();
         self.started.call_once(|| {
-            crate::control::spawn(super::stream::run(Arc::downgrade(self)));
+            let Some(captures) = self.captures.upgrade() else {
+                return;
+            };
+            let me: Arc<dyn crate::wal::Tap> = self.clone();
+            let wake = captures.attach(self.key.clone(), Arc::downgrade(&me));
+            let _ = self.wake.set(wake);
         });
     }
 
@@ -167,7 +185,9 @@ impl Freshness {
     /// Asks the stream task to cover `table`.
     pub fn want(&self, table: &Table) {
         if !table.wanted.swap(true, Ordering::AcqRel) {
-            self.wake.notify_one();
+            if let Some(w) = self.wake.get() {
+                w.notify_one();
+            }
         }
     }
 
@@ -231,7 +251,8 @@ mod tests {
 
     fn freshness() -> Arc<Freshness> {
         let catalogue = Source::new("test".into(), Upstream::nowhere(), Duration::from_secs(1));
-        Freshness::new("test".into(), Upstream::nowhere(), catalogue)
+        let key = ("test".into(), 5432, "test".into());
+        Freshness::new(key, Upstream::nowhere(), catalogue, &Arc::default())
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod analysis;
 pub mod capture;
 pub mod freshness;
 pub mod status;
-pub mod stream;
+mod tap;
 pub mod unit;
 
 use std::collections::{HashMap, HashSet};

@@ -45,6 +45,22 @@ impl Directory for Tenants {
     }
 }
 
+/// Without `[realtime]`, the capture tasks the cache's change streams need (see
+/// [`crate::wal`]): Realtime's, serving no tenant.
+pub fn start_taps(app: &Arc<App>) {
+    let node = match app.cluster.get() {
+        Some(n) => n.id.clone(),
+        None => format!(
+            "{}:{}",
+            shoal_control::config::host_name(),
+            app.config.server.listen.first().map_or(0, |a| a.port())
+        ),
+    };
+    let feeds = changes::Feeds::new(app, &node, std::sync::Weak::new());
+    feeds.serve_taps(app);
+    let _ = app.feeds.set(feeds);
+}
+
 /// Starts the WebSocket service when `[realtime]` is configured, on `inherited` (a
 /// previous process's socket) or its own; its address and socket. When Shoal shuts down
 /// (or hands over to a new process), every socket is closed with 1012 (service restart),
@@ -72,6 +88,7 @@ pub async fn start(
         None => format!("{}:{}", shoal_control::config::host_name(), addr.port()),
     };
     let feeds = changes::Feeds::new(app, &node, Arc::downgrade(&service));
+    feeds.serve_taps(app);
     service.set_feed(feeds.clone());
     // Tenant changes reach the service as the pooler applies them (weakly: the service
     // holds the app).

@@ -173,6 +173,8 @@ pub struct Registry {
     tenant_listeners: RwLock<Vec<TenantListener>>,
     /// This process's cluster lease as its pools' fences follow it.
     pub lease: Arc<crate::pool::LeaseClock>,
+    /// Each database's one change stream on this node, for the cache and Realtime.
+    pub captures: Arc<crate::wal::Captures>,
 }
 
 type TenantListener = Box<dyn Fn(&TenantEvent) + Send + Sync>;
@@ -200,6 +202,7 @@ impl Registry {
             catalogues: Mutex::new(HashMap::new()),
             limiters: Mutex::new(HashMap::new()),
             dial: std::sync::OnceLock::new(),
+            captures: Arc::default(),
         }
     }
 
@@ -484,9 +487,10 @@ impl Registry {
             }
             all.retain(|_, w| w.strong_count() > 0);
             let f = crate::cache::freshness::Freshness::new(
-                format!("{}:{}/{}", d.host, d.port, d.dbname),
+                key.clone(),
                 pool.upstream.clone(),
                 pool.catalogue().clone(),
+                &self.captures,
             );
             all.insert(key, Arc::downgrade(&f));
             f

@@ -237,8 +237,9 @@ async fn serve_with(
         started.add(Role::Api, fd, format!("api {addr}"));
     }
     let realtime = crate::realtime::start(&app, listeners.realtime.take()).await?;
-    if let Some((addr, fd, _)) = &realtime {
-        started.add(Role::Realtime, *fd, format!("realtime {addr}"));
+    match &realtime {
+        Some((addr, fd, _)) => started.add(Role::Realtime, *fd, format!("realtime {addr}")),
+        None => crate::realtime::start_taps(&app),
     }
     let serverless = crate::serverless::start(&app, listeners.serverless.take()).await?;
     if let Some((addr, fd)) = serverless {

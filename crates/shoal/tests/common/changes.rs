@@ -77,6 +77,16 @@ pub struct Setup {
 
 /// Shoal with realtime, tenant `acme` on a fresh database of `pg` made with `schema`.
 pub fn setup_on(pg: &'static Pg, prefix: &str, schema: &str) -> Setup {
+    setup_tenant(pg, prefix, schema, serde_json::json!({}))
+}
+
+/// [`setup_on`] with more of the tenant's settings (`extra`).
+pub fn setup_tenant(
+    pg: &'static Pg,
+    prefix: &str,
+    schema: &str,
+    extra: serde_json::Value,
+) -> Setup {
     let db = unique_db(prefix);
     pg.create_database(&db);
     run_sql(pg, &db, schema);
@@ -88,7 +98,13 @@ pub fn setup_on(pg: &'static Pg, prefix: &str, schema: &str) -> Setup {
         &shoal,
         "PUT",
         "/api/tenants/acme",
-        &tenant_body(pg, &db, serde_json::json!({ "jwt_secret": SECRET })),
+        &tenant_body(pg, &db, {
+            let mut t = serde_json::json!({ "jwt_secret": SECRET });
+            if let (Some(t), Some(extra)) = (t.as_object_mut(), extra.as_object()) {
+                t.extend(extra.clone());
+            }
+            t
+        }),
     );
     assert_eq!(status, 201, "{body}");
     let rt = shoal.realtime.expect("realtime listens");

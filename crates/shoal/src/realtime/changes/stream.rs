@@ -113,8 +113,13 @@ impl Row {
 
 /// What the stream says.
 pub(super) enum Event {
-    /// A committed transaction's row changes (maybe none), and where its commit ends.
-    Commit { end_lsn: u64, rows: Vec<Row> },
+    /// A committed transaction's row changes (maybe none), the tables it truncated (by
+    /// name), and where its commit ends.
+    Commit {
+        end_lsn: u64,
+        rows: Vec<Row>,
+        truncated: Vec<String>,
+    },
     /// A marker written by the capture came back.
     Marker(u64),
     /// The server has sent everything up to `wal_end`.
@@ -128,6 +133,8 @@ pub(super) struct Stream {
     types: HashMap<u32, String>,
     /// The transaction being read: its commit time and rows.
     txn: Option<(i64, Vec<Row>)>,
+    /// The tables the transaction being read truncated.
+    truncated: Vec<String>,
 }
 
 impl Stream {
@@ -153,6 +160,7 @@ impl Stream {
             rels: HashMap::new(),
             types: HashMap::new(),
             txn: None,
+            truncated: Vec::new(),
         })
     }
 
@@ -216,7 +224,22 @@ impl Stream {
             Message::Begin { commit_time, .. } => self.txn = Some((commit_time, Vec::new())),
             Message::Commit { end_lsn, .. } => {
                 let rows = self.txn.take().map(|(_, rows)| rows).unwrap_or_default();
-                return Ok(Some(Event::Commit { end_lsn, rows }));
+                let truncated = std::mem::take(&mut self.truncated);
+                return Ok(Some(Event::Commit {
+                    end_lsn,
+                    rows,
+                    truncated,
+                }));
+            }
+            Message::Truncate { relations, .. } => {
+                for r in relations {
+                    let rel = self.rels.get(&r).ok_or_else(|| {
+                        CaptureError::Protocol(format!(
+                            "a truncation of relation {r} before its description"
+                        ))
+                    })?;
+                    self.truncated.push(rel.table.clone());
+                }
             }
             Message::Relation(r) => {
                 let rel = self.describe(control, &r).await?;

@@ -26,9 +26,11 @@ use shoal_realtime::hub::SocketId;
 
 use super::deliver::{self, Listener};
 use super::stream::{quote_ident, CaptureError, Event, Row, Stream, MARKER, SETTINGS, TIMEOUT};
+use super::taps::Taps;
 use super::{authorize, count, messages, migrate, Command, FeedStats};
 use crate::app::App;
 use crate::server::{ServerConn, ServerError, Upstream};
+use crate::wal::DbKey;
 
 /// How often the partitions of `realtime.messages` are made ahead and dropped behind.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(3600);
@@ -62,8 +64,23 @@ impl Sub {
     }
 }
 
+/// Whom a task serves.
+pub(crate) struct Serves {
+    /// The Realtime tenant (none: only the database's taps).
+    pub tenant: Option<String>,
+    pub db: DbKey,
+    /// Whether it serves the database's taps (see [`super::taps`]).
+    pub taps: bool,
+}
+
 pub(crate) struct Task {
+    /// The tenant's id, or (serving taps alone) the database, for logs.
     tenant: String,
+    /// Whether it serves a Realtime tenant (else only its database's taps).
+    has_tenant: bool,
+    taps: Taps,
+    /// A tenant that takes the task over (with its slot name), once the stream is stopped.
+    adopt: Option<(String, String)>,
     app: Weak<App>,
     service: Weak<shoal_realtime::edge::Service>,
     /// The slot's and the publication's name.
@@ -87,15 +104,19 @@ pub(crate) struct Task {
 
 impl Task {
     pub(crate) fn new(
-        tenant: String,
+        serves: Serves,
         app: Weak<App>,
         service: Weak<shoal_realtime::edge::Service>,
         name: String,
         rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
         stats: Arc<FeedStats>,
     ) -> Task {
+        let Serves { tenant, db, taps } = serves;
         Task {
-            tenant,
+            has_tenant: tenant.is_some(),
+            tenant: tenant.unwrap_or_else(|| format!("{}:{}/{}", db.0, db.1, db.2)),
+            taps: Taps::new(db, taps, app.clone()),
+            adopt: None,
             app,
             service,
             name,
@@ -152,6 +173,8 @@ impl Task {
                     .retain(|o| !(o.socket == socket && o.topic == topic));
             }
             Command::Recheck(socket, topic) => self.rechecks.push((socket, topic)),
+            Command::Taps => {}
+            Command::Adopt(tenant, name) => self.adopt = Some((tenant, name)),
         }
         self.stats
             .subscriptions
@@ -188,6 +211,11 @@ impl Task {
     }
 
     fn upstream(&self) -> Result<Upstream, CaptureError> {
+        if !self.has_tenant {
+            return self.taps.upstream().ok_or_else(|| {
+                CaptureError::Refused("no pool caches the database any more".into())
+            });
+        }
         let app = self
             .app
             .upgrade()
@@ -229,7 +257,24 @@ impl Task {
 
     /// Whether anything here needs the database's stream.
     fn active(&self) -> bool {
-        !self.subs.is_empty()
+        !self.subs.is_empty() || !self.taps.live().is_empty()
+    }
+
+    /// A tenant takes over a task that served its database's taps alone: the taps' slot
+    /// goes (the tenant's user may not own its publication), and the tenant's is made.
+    async fn adopted(&mut self) {
+        let Some((tenant, name)) = self.adopt.take() else {
+            return;
+        };
+        if self.slot_made && !self.drop_slot().await {
+            tracing::warn!(slot = %self.name, "the slot of a database's cache was left behind");
+        }
+        tracing::info!(%tenant, database = %self.tenant, "a Realtime tenant's capture takes over its database's change stream");
+        self.tenant = tenant;
+        self.name = name;
+        self.has_tenant = true;
+        self.slot_made = false;
+        self.delivered = 0;
     }
 
     /// Hears commands until `d` has passed, or (with `early`) a join needs an answer;
@@ -273,27 +318,38 @@ pub(crate) async fn run(mut t: Task) {
                 None => return,
             }
         }
+        // A tenant that adopted the task while it waited streams from its own slot.
+        t.adopted().await;
         let error = match Capture::open(&mut t).await {
             Ok(mut c) => {
                 backoff = Duration::from_millis(100);
                 t.no_broadcasts = None;
-                match c.follow(&mut t).await {
-                    Ok(()) => {
-                        c.stream.close().await;
-                        c.control.close().await;
-                        continue;
-                    }
+                t.taps.started(&t.name);
+                let followed = c.follow(&mut t).await;
+                if followed.is_ok() {
+                    c.stream.close().await;
+                    c.control.close().await;
+                }
+                t.taps
+                    .lost(followed.as_ref().err().map(|e| e.to_string()).as_deref());
+                match followed {
+                    Ok(()) => continue,
                     Err(e) => e,
                 }
             }
-            Err(e) => e,
+            Err(e) => {
+                t.taps.lost(Some(&e.to_string()));
+                e
+            }
         };
         t.refuse_waiting(&error);
         // Only broadcasts from the database are wanted, and the database cannot give them
         // (or never could be reached): tried again in a minute, quietly. A stream that was
         // running is resumed at once.
-        let only_broadcasts =
-            t.subs.iter().all(Sub::optional) && (error.is_lasting() || !t.slot_made);
+        let only_broadcasts = t.has_tenant
+            && t.taps.live().is_empty()
+            && t.subs.iter().all(Sub::optional)
+            && (error.is_lasting() || !t.slot_made);
         t.no_broadcasts = only_broadcasts.then(|| no_broadcasts(&error));
         if let Some(why) = &t.no_broadcasts {
             // Joins still waiting (the error may pass, so they were not refused) are
@@ -308,8 +364,11 @@ pub(crate) async fn run(mut t: Task) {
             tracing::info!(tenant = %t.tenant, error = %error, "no broadcasts from the database for this tenant; trying again in a minute");
             Duration::from_secs(60)
         } else {
-            tracing::warn!(tenant = %t.tenant, error = %error, "Postgres Changes capture failed; retrying");
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            tracing::warn!(tenant = %t.tenant, error = %error, "the database's change stream failed; retrying");
+            // A database only the cache streams from is tried less often: its results are
+            // simply not kept meanwhile.
+            let most = if t.has_tenant { 5 } else { 30 };
+            backoff = (backoff * 2).min(Duration::from_secs(most));
             backoff
         };
         // A join waiting for an answer gets one (the error, as it lasts) without delay.
@@ -388,7 +447,8 @@ impl Capture {
         .await?;
         let mut published: HashSet<u32> =
             serde_json::from_str(&published).map_err(|e| CaptureError::Protocol(e.to_string()))?;
-        let messages = publish_messages(&mut control, &t.name, &t.tenant, &mut published).await?;
+        let messages = t.has_tenant
+            && publish_messages(&mut control, &t.name, &t.tenant, &mut published).await?;
         let stream = match Stream::start(&up, &t.name, &t.name, t.delivered).await {
             Err(CaptureError::Server(ServerError::Db(e))) if e.code == "42704" => {
                 tracing::warn!(tenant = %t.tenant, slot = %t.name, "the Postgres Changes slot is gone (dropped by someone?); changes since may be lost");
@@ -419,10 +479,11 @@ impl Capture {
     /// Streams until no subscriber is left (`Ok`) or something fails.
     async fn follow(&mut self, t: &mut Task) -> Result<(), CaptureError> {
         let mut tick = crate::timer::interval(Duration::from_secs(1));
+        let wake = t.taps.wake();
         self.cover(t).await?;
         self.recheck(t).await?;
         loop {
-            if !t.active() {
+            if !t.active() || t.adopt.is_some() {
                 return Ok(());
             }
             tokio::select! {
@@ -452,9 +513,13 @@ impl Capture {
                     }
                     self.flush(t).await?;
                 }
+                () = wake.notified() => self.cover(t).await?,
                 () = tick.tick() => {
+                    // A tap's table the catalogue did not know yet is tried again.
+                    self.cover(t).await?;
                     if t.delivered > 0 {
                         self.stream.confirm(t.delivered).await?;
+                        t.taps.confirmed(t.delivered);
                     }
                     if self.maintained.elapsed() >= MAINTAIN_EVERY {
                         self.maintained = Instant::now();
@@ -469,7 +534,12 @@ impl Capture {
 
     async fn on_event(&mut self, t: &mut Task, e: Event) -> Result<(), CaptureError> {
         match e {
-            Event::Commit { end_lsn, rows } => {
+            Event::Commit {
+                end_lsn,
+                rows,
+                truncated,
+            } => {
+                t.taps.committed(&rows, &truncated);
                 if end_lsn <= t.delivered {
                     // Delivered before the connection was lost.
                     return Ok(());
@@ -482,6 +552,7 @@ impl Capture {
                 // Changes before the marker go to those already subscribed; the joins it
                 // covers are answered, and get what commits after it.
                 self.flush(t).await?;
+                t.taps.marker(seq);
                 for s in &mut t.subs {
                     if s.marker.is_none_or(|m| m > seq) {
                         continue;
@@ -551,7 +622,7 @@ impl Capture {
                 }
             })
             .collect();
-        if let Some(service) = t.service.upgrade() {
+        if let Some(service) = t.service.upgrade().filter(|_| t.has_tenant) {
             let queued = messages::deliver(&service.hub(&t.tenant), &rows);
             count(&t.stats.delivered, queued);
         }
@@ -625,7 +696,8 @@ impl Capture {
             }
         }
         t.subs.retain(|s| s.ready.is_some() || !s.target.ended());
-        if covering.is_empty() {
+        let tapped = t.taps.cover(&mut self.control, &t.name).await?;
+        if covering.is_empty() && tapped.is_empty() {
             return Ok(());
         }
         let seq = t.next_marker;
@@ -644,6 +716,7 @@ impl Capture {
                 s.marker = Some(seq);
             }
         }
+        t.taps.marked(seq, tapped);
         Ok(())
     }
 
