@@ -71,6 +71,7 @@ pub mod metrics;
 pub mod net;
 pub mod notify;
 pub mod params;
+pub mod passwords;
 pub mod pool;
 pub mod prepared;
 pub mod query_rules;

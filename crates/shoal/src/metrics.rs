@@ -93,6 +93,25 @@ pub struct ProcessMetrics {
 pub const HTTP_STATUSES: [u16; 11] = [200, 400, 401, 403, 404, 413, 429, 500, 503, 504, 507];
 
 /// The serverless front door's traffic, per transport.
+/// Counters of one tenant's Postgres Changes capture, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct FeedStats {
+    /// Row changes read from the WAL.
+    pub changes: AtomicU64,
+    /// `postgres_changes` messages queued to subscribers.
+    pub delivered: AtomicU64,
+    /// Authorization queries run.
+    pub authorizations: AtomicU64,
+    /// Subscriptions currently served.
+    pub subscriptions: AtomicU64,
+}
+
+/// What lists the captures' counters per tenant (Realtime's change feed), so that what
+/// holds it need not name it.
+pub trait FeedCounters: Send + Sync {
+    fn per_tenant(&self) -> Vec<(String, std::sync::Arc<FeedStats>)>;
+}
+
 #[derive(Debug, Default)]
 pub struct ServerlessMetrics {
     pub websockets: AtomicU64,

@@ -32,13 +32,13 @@ pub struct App {
     /// Secrets found by auth_query.
     pub secrets: crate::auth_query::SecretCache,
     /// Passwords the serverless front door checked in cleartext lately.
-    pub passwords: crate::session::PasswordMemo,
+    pub passwords: crate::passwords::PasswordMemo,
     /// This node's cluster, once joined (never, without `[cluster]`).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Node>>,
     /// The realtime service, once started (never, without `[realtime]`).
     pub realtime: std::sync::OnceLock<Arc<shoal_realtime::edge::Service>>,
     /// Postgres Changes capture, with the realtime service.
-    pub feeds: std::sync::OnceLock<Arc<crate::realtime::changes::Feeds>>,
+    pub feeds: std::sync::OnceLock<Arc<dyn crate::metrics::FeedCounters>>,
     /// KiB of large client messages buffered whole now, by all clients together
     /// (bounded by `server.max_large_message_memory`).
     pub large_message_kib: std::sync::atomic::AtomicUsize,

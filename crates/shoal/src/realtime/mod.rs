@@ -126,10 +126,12 @@ pub async fn start(
     let _ = app.realtime.set(service.clone());
     let mut shutdown = app.lifecycle.shutdown.clone();
     let stopping = service.clone();
-    let serving = crate::control::spawn(crate::api::serve(
-        listener,
-        shoal_realtime::edge::router(service.clone()),
-    ));
+    let router = shoal_realtime::edge::router(service.clone());
+    let serving = crate::control::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "realtime stopped");
+        }
+    });
     crate::control::spawn(async move {
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {
@@ -146,7 +148,7 @@ pub async fn start(
 /// The `shoal_realtime_*` metric families, by tenant.
 pub fn encode(
     service: &Service,
-    feeds: Option<&Arc<changes::Feeds>>,
+    feeds: Option<&Arc<dyn crate::metrics::FeedCounters>>,
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
@@ -210,13 +212,13 @@ pub fn encode(
 
 /// The `shoal_realtime_postgres_changes_*` families, by tenant.
 fn encode_feeds(
-    feeds: &changes::Feeds,
+    feeds: &Arc<dyn crate::metrics::FeedCounters>,
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
     use shoal_control::metrics::{counter, gauge};
     use std::sync::atomic::{AtomicU64, Ordering};
-    let rows = feeds.stats();
+    let rows = feeds.per_tenant();
     let by_tenant = |v: &dyn Fn(&changes::FeedStats) -> &AtomicU64| -> Vec<_> {
         rows.iter()
             .map(|(t, s)| {

@@ -25,8 +25,6 @@ mod relayed;
 #[cfg(test)]
 mod size_tests;
 
-pub use auth::{keyed_digest, PasswordMemo};
-
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -51,18 +51,7 @@ pub(crate) enum Command {
     Adopt(String, String),
 }
 
-/// Counters of one tenant's capture, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct FeedStats {
-    /// Row changes read from the WAL.
-    pub changes: AtomicU64,
-    /// `postgres_changes` messages queued to subscribers.
-    pub delivered: AtomicU64,
-    /// Authorization queries run.
-    pub authorizations: AtomicU64,
-    /// Subscriptions currently served.
-    pub subscriptions: AtomicU64,
-}
+pub use crate::metrics::FeedStats;
 
 /// A capture task, for a Realtime tenant (and maybe its database's taps) or for a
 /// database's taps alone.
@@ -272,9 +261,10 @@ impl Feeds {
             }
         });
     }
+}
 
-    /// Each tenant's counters.
-    pub fn stats(&self) -> Vec<(String, Arc<FeedStats>)> {
+impl crate::metrics::FeedCounters for Feeds {
+    fn per_tenant(&self) -> Vec<(String, Arc<FeedStats>)> {
         self.lock()
             .iter()
             .filter(|((_, id), _)| !id.is_empty())

@@ -53,7 +53,7 @@ impl Default for Warm {
 
 impl Warm {
     pub fn key(&self, login: &Login) -> [u8; 32] {
-        crate::session::keyed_digest(&[
+        crate::passwords::keyed_digest(&[
             &self.salt,
             login.user.as_bytes(),
             login.password.as_bytes(),
