@@ -23,6 +23,8 @@
 //! - [`route`]: from a client's startup packet (later its TLS server name) to its user and
 //!   pool, over a registry of pools that can change at run time.
 //! - [`pool`]: server connection pools per (database, user): FIFO checkout, growth, reaping.
+//! - [`features`]: what each pool carries for the features (analyses, catalogue, rules,
+//!   cache, limits, replicas, LISTEN hub), kept as the pool's opaque add-on.
 //! - [`disposition`]: what becomes of a server when its client lets go (reuse, clean,
 //!   close and why), as one pure, unit-tested function.
 //! - [`server`]: one upstream connection: connect (or dial), authenticate, pooler-issued
@@ -62,6 +64,7 @@ pub mod cluster;
 pub mod disposition;
 pub mod error;
 pub mod fdpass;
+pub mod features;
 pub mod handoff;
 pub mod limits;
 pub mod listener;

@@ -3,6 +3,7 @@
 //! Apart from [`crate::metrics`], which holds the counters, so the parts that count (pools,
 //! the App) do not depend on what reads them.
 
+use crate::features::PoolFeatures;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -84,7 +85,7 @@ const POOL_GAUGES: PoolGauges = &[
     (
         "shoal_pool_listen_channels",
         "Channels the pool's transaction-mode clients LISTEN to (one listener connection serves them)",
-        |p| p.notify.channels() as i64,
+        |p| p.notify().map_or(0, |n| n.channels()) as i64,
     ),
 ];
 
@@ -112,17 +113,17 @@ const POOL_COUNTERS: PoolCounters = &[
     (
         "shoal_pool_notifications_delivered",
         "Notifications handed to listening clients by the pool's listener connection",
-        |p| load(&p.notify.counts.delivered),
+        |p| p.notify().map_or(0, |n| load(&n.counts.delivered)),
     ),
     (
         "shoal_pool_listener_connections_lost",
         "Listener connections lost while clients listened (notifications sent until it was back were lost)",
-        |p| load(&p.notify.counts.listener_lost),
+        |p| p.notify().map_or(0, |n| load(&n.counts.listener_lost)),
     ),
     (
         "shoal_pool_notification_overflows",
         "Clients closed for leaving more notifications unread than Shoal holds for one client",
-        |p| load(&p.notify.counts.overflowed),
+        |p| p.notify().map_or(0, |n| load(&n.counts.overflowed)),
     ),
 ];
 
@@ -148,7 +149,7 @@ impl Collector for ShoalCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let app = &self.app;
         // Replicas' pools too: their servers, checkouts (reads) and errors are theirs.
-        let pools = crate::replicas::status::with_replica_pools(app.routes.pools());
+        let pools = crate::features::with_replica_pools(app.routes.pools());
         encode_pools(&mut e, &pools)?;
         encode_process(&mut e, app)?;
         if crate::shard::count() > 1 {
@@ -158,9 +159,10 @@ impl Collector for ShoalCollector {
             crate::cluster::status::encode(node, &mut e)?;
         }
         let routed = app.routes.pools();
-        crate::replicas::status::encode(&routed, &mut e)?;
-        crate::query_rules::encode(&routed, &mut e)?;
-        crate::cache::status::encode(&routed, &mut e)?;
+        use crate::features::each;
+        crate::replicas::status::encode(&each(&routed, |f| f.replicas().cloned()), &mut e)?;
+        crate::query_rules::encode(&each(&routed, |f| f.rules()), &mut e)?;
+        crate::cache::status::encode(&each(&routed, |f| f.cache()), &mut e)?;
         if let Some(rt) = app.realtime.get() {
             crate::realtime::encode(rt, app.feeds.get(), &mut e)?;
         }

@@ -3,6 +3,7 @@
 
 use super::show::{n, t, Kind::Int, Kind::Text, ResultSet};
 use crate::app::App;
+use crate::features::PoolFeatures;
 
 /// `SHOW REPLICAS`: every backend of each pool with replicas, its role and state as last
 /// checked, its lag and the reads routed to it.
@@ -23,7 +24,9 @@ pub fn show(app: &App) -> ResultSet {
     ]);
     let mut pools = app.routes.pools();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
-    for b in crate::replicas::status::rows(&pools) {
+    for b in
+        crate::replicas::status::rows(&crate::features::each(&pools, |f| f.replicas().cloned()))
+    {
         r.row(vec![
             t(b.pool),
             t(b.host),
@@ -96,7 +99,7 @@ pub fn show_cache(app: &App) -> ResultSet {
     ]);
     let mut pools = app.routes.pools();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
-    for c in crate::cache::status::rows(&pools) {
+    for c in crate::cache::status::rows(&crate::features::each(&pools, |f| f.cache())) {
         r.row(vec![
             t(c.pool),
             t(c.database),
@@ -136,10 +139,9 @@ pub fn show_catalogues(app: &App) -> ResultSet {
     let mut pools = app.routes.pools();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     for p in pools {
-        let c = p.catalogue();
-        if !c.running() {
+        let Some(c) = p.catalogue().filter(|c| c.running()) else {
             continue;
-        }
+        };
         let s = c.status();
         r.row(vec![
             t(p.name.clone()),

@@ -6,6 +6,7 @@
 pub use shoal_control::api_auth as auth;
 pub mod ops;
 
+use crate::features::PoolFeatures;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

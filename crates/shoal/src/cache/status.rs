@@ -29,10 +29,10 @@ pub struct Row {
     pub invalidations: [u64; 3],
 }
 
-pub fn rows(pools: &[Arc<Pool>]) -> Vec<Row> {
+/// A row for each pool in `caches`, with its cache.
+pub fn rows(caches: &[(Arc<Pool>, Arc<super::QueryCache>)]) -> Vec<Row> {
     let mut rows = Vec::new();
-    for p in pools {
-        let Some(c) = p.cache() else { continue };
+    for (p, c) in caches {
         let f = &c.freshness;
         let state = f.stream_state();
         let s = &c.stats;
@@ -65,12 +65,12 @@ pub fn rows(pools: &[Arc<Pool>]) -> Vec<Row> {
 
 /// The `shoal_cache_*` metric families.
 pub fn encode(
-    pools: &[Arc<Pool>],
+    caches: &[(Arc<Pool>, Arc<super::QueryCache>)],
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
     use shoal_control::metrics::{counter, gauge};
-    let rows = rows(pools);
+    let rows = rows(caches);
     if rows.is_empty() {
         return Ok(());
     }

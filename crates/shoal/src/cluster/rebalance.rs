@@ -5,6 +5,7 @@
 //! servers close, and its key in etcd goes, so the next login anywhere claims it for the
 //! node hashing names.
 
+use crate::features::PoolFeatures;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ fn idle(pool: &Pool) -> bool {
         .load(std::sync::atomic::Ordering::Relaxed)
         == 0
         && pool.in_use() == 0
-        && !pool.notify.active()
+        && !pool.notify().is_some_and(|n| n.active())
 }
 
 /// Gives up `pool` if it is still idle once fenced (a client that logged in meanwhile keeps
@@ -38,7 +39,9 @@ async fn give_up(node: &Arc<Node>, pool: &Arc<Pool>) -> bool {
     }
     pool.fence.drop_mark();
     pool.close_idle().await;
-    pool.fence_replicas().await;
+    if let Some(r) = pool.replicas() {
+        r.fence().await;
+    }
     release(node, &pool.name).await;
     true
 }

@@ -55,35 +55,32 @@ enum End {
     Lost(ServerError),
 }
 
-pub(super) async fn run(pool: Weak<Pool>) {
+pub(super) async fn run(pool: Weak<Pool>, hub: Arc<Hub>) {
     let mut backoff = Duration::from_millis(100);
     let mut lost = false;
     loop {
         let Some(p) = pool.upgrade() else { return };
-        if p.notify.stop_if_unused() {
+        if hub.stop_if_unused() {
             return;
         }
         match ServerConn::connect(&p.upstream, p.settings.connect_timeout).await {
             Ok(conn) => {
                 backoff = Duration::from_millis(100);
                 tracing::debug!(pool = %p.name, pid = conn.process_id, "listener connection open");
-                match serve(&p, conn, lost).await {
+                match serve(&hub, conn, lost).await {
                     End::Done => return,
                     End::Lost(e) => {
                         lost = true;
-                        p.notify
-                            .counts
-                            .listener_lost
-                            .fetch_add(1, Ordering::Relaxed);
+                        hub.counts.listener_lost.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(pool = %p.name, error = %crate::logsafe::Escaped(&e), "listener connection lost; notifications sent until it is back are lost");
-                        p.notify.connection_lost();
+                        hub.connection_lost();
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(pool = %p.name, error = %crate::logsafe::Escaped(&e), retry_in_ms = backoff.as_millis() as u64, "cannot open the listener connection");
                 // Nothing can be delivered meanwhile: barriers wait for nothing.
-                p.notify.connection_lost();
+                hub.connection_lost();
                 drop(p);
                 crate::timer::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -94,8 +91,7 @@ pub(super) async fn run(pool: Weak<Pool>) {
 
 /// Serves one listener connection until it fails or nobody listens. `after_loss`: an
 /// earlier connection was lost, so listeners are warned once this one listens.
-async fn serve(pool: &Arc<Pool>, mut conn: ServerConn, after_loss: bool) -> End {
-    let hub = &pool.notify;
+async fn serve(hub: &Hub, mut conn: ServerConn, after_loss: bool) -> End {
     hub.lock().connected = true;
     let mut c = Conn {
         listened: HashSet::new(),

@@ -85,7 +85,7 @@ impl Hub {
     /// now). The receiver completes once the listener connection LISTENs to all of them;
     /// it is dropped unanswered if the pool goes away.
     pub fn update(
-        &self,
+        self: &Arc<Self>,
         pool: &Weak<crate::pool::Pool>,
         mailbox: &Arc<Mailbox>,
         before: &[Box<[u8]>],
@@ -150,7 +150,7 @@ impl Hub {
     /// completes, and ends the claim on `server_pid` then. Completes at once when nobody
     /// listens.
     pub fn barrier(
-        &self,
+        self: &Arc<Self>,
         pool: &Weak<crate::pool::Pool>,
         server_pid: i32,
     ) -> oneshot::Receiver<()> {
@@ -172,10 +172,10 @@ impl Hub {
     }
 
     /// Starts the listener task unless it runs; wakes it either way.
-    fn start(&self, s: &mut State, pool: &Weak<crate::pool::Pool>) {
+    fn start(self: &Arc<Self>, s: &mut State, pool: &Weak<crate::pool::Pool>) {
         if !s.running {
             s.running = true;
-            crate::control::spawn(listener::run(pool.clone()));
+            crate::control::spawn(listener::run(pool.clone(), self.clone()));
         }
         self.wake.notify_one();
     }
@@ -190,14 +190,16 @@ impl Hub {
 /// with the client (its channels are given up).
 pub struct Subscription {
     pool: Weak<crate::pool::Pool>,
+    hub: Weak<Hub>,
     pub mailbox: Arc<Mailbox>,
     pub channels: Vec<Box<[u8]>>,
 }
 
 impl Subscription {
-    pub fn new(pool: &crate::pool::Pool) -> Subscription {
+    pub fn new(pool: &crate::pool::Pool, hub: &Arc<Hub>) -> Subscription {
         Subscription {
             pool: pool.weak(),
+            hub: Arc::downgrade(hub),
             mailbox: Arc::default(),
             channels: Vec::new(),
         }
@@ -205,10 +207,8 @@ impl Subscription {
 
     /// Makes the hub's view of this client's channels `now`; see [`Hub::update`].
     pub fn update(&mut self, now: &[Box<[u8]>]) -> Option<oneshot::Receiver<()>> {
-        let pool = self.pool.upgrade()?;
-        let rx = pool
-            .notify
-            .update(&self.pool, &self.mailbox, &self.channels, now);
+        let hub = self.hub.upgrade()?;
+        let rx = hub.update(&self.pool, &self.mailbox, &self.channels, now);
         self.channels = now.to_vec();
         Some(rx)
     }

@@ -11,6 +11,7 @@
 //! transaction.
 #![allow(clippy::vec_box)]
 
+mod addons;
 mod failures;
 mod fence;
 mod idle;
@@ -18,6 +19,7 @@ mod lease;
 pub mod pg_fence;
 mod slow;
 
+pub use addons::AddOns;
 pub use fence::{Fence, LeaseClock};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
@@ -174,11 +176,6 @@ pub struct Pool {
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
     idle: Box<[Mutex<IdleList>]>,
-    /// Each statement text its clients send, analysed once: what its rules, cache and
-    /// replica split decide on (see [`crate::analysis`]).
-    pub analyses: Arc<crate::analysis::Analyses>,
-    /// See [`Pool::catalogue`].
-    catalogue: std::sync::OnceLock<Arc<crate::analysis::catalogue::Source>>,
     /// Live clients whose session state a full pool cleaned away, to be told at their next
     /// statement.
     lost_state: Mutex<std::collections::HashSet<u64>>,
@@ -214,22 +211,10 @@ pub struct Pool {
     resumed: tokio::sync::Notify,
     /// Per-second averages over the last `stats_period` (`SHOW STATS`).
     pub averages: Mutex<Averages>,
-    /// LISTEN/NOTIFY for the pool's transaction-mode clients.
-    pub notify: crate::notify::Hub,
     /// Whether this node may open servers for the pool (always, unless in a cluster).
     pub fence: Fence,
-    /// Read replicas of the pool's database, when reads may go to them.
-    replicas: std::sync::OnceLock<Arc<crate::replicas::ReplicaSet>>,
-    /// Query rules in force (its database's and its user's), replaced live on reloads;
-    /// `has_rules` spares the lock for pools without any.
-    rules: std::sync::RwLock<Option<Arc<crate::query_rules::QueryRules>>>,
-    has_rules: std::sync::atomic::AtomicBool,
-    /// The result cache, when the pool has one (replaced live when its settings change).
-    cache: std::sync::RwLock<Option<Arc<crate::cache::QueryCache>>>,
-    has_cache: std::sync::atomic::AtomicBool,
-    /// Rate and concurrency limits, when the pool's database or user has any.
-    limits: std::sync::RwLock<Option<Arc<crate::limits::PoolLimits>>>,
-    has_limits: std::sync::atomic::AtomicBool,
+    /// What the features keep for this pool (see [`AddOns`]).
+    addons: Arc<dyn AddOns>,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -287,16 +272,27 @@ pub struct Averages {
     pub wait_time: u64,
 }
 
+/// What a pool is called: see the fields of the same names on [`Pool`].
+pub struct Names {
+    pub name: String,
+    pub route_key: (String, String),
+    pub tenant: Option<String>,
+}
+
 impl Pool {
     pub fn new(
-        name: String,
-        route_key: (String, String),
+        names: Names,
         statements: crate::prepared::StatementRegistry,
-        tenant: Option<String>,
         settings: PoolSettings,
         upstream: Upstream,
         lease: Arc<LeaseClock>,
+        addons: Arc<dyn AddOns>,
     ) -> Arc<Pool> {
+        let Names {
+            name,
+            route_key,
+            tenant,
+        } = names;
         let pool = Arc::new_cyclic(|me| Pool {
             me: me.clone(),
             name,
@@ -314,23 +310,14 @@ impl Pool {
             reconnect_before: AtomicU64::new(0),
             resumed: tokio::sync::Notify::new(),
             averages: Mutex::new(Averages::default()),
-            notify: Default::default(),
             fence: Fence::new(lease),
-            replicas: std::sync::OnceLock::new(),
-            rules: std::sync::RwLock::new(None),
-            has_rules: std::sync::atomic::AtomicBool::new(false),
-            cache: std::sync::RwLock::new(None),
-            has_cache: std::sync::atomic::AtomicBool::new(false),
-            limits: std::sync::RwLock::new(None),
-            has_limits: std::sync::atomic::AtomicBool::new(false),
+            addons,
             last_slow_warning: AtomicU64::new(0),
             last_exhausted_warning: AtomicU64::new(0),
             slow: Default::default(),
             settings,
             upstream,
             lost_state: Mutex::default(),
-            analyses: Arc::default(),
-            catalogue: std::sync::OnceLock::new(),
             idle: (0..crate::shard::count())
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
@@ -344,143 +331,10 @@ impl Pool {
         pool
     }
 
-    /// The query rules in force, if any.
+    /// The add-on of type `T` the pool was made with, if that is its type.
     #[inline]
-    pub fn rules(&self) -> Option<Arc<crate::query_rules::QueryRules>> {
-        if !self.has_rules.load(Ordering::Acquire) {
-            return None;
-        }
-        self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Puts `rules` in force for the pool's clients from their next transaction on (unchanged
-    /// rules keep what they remember).
-    pub fn set_rules(&self, rules: Vec<crate::config::rules::Rule>) {
-        let mut current = self.rules.write().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref().map_or(&[][..], |r| r.rules()) == rules.as_slice() {
-            return;
-        }
-        let new = crate::query_rules::QueryRules::new(
-            rules,
-            self.analyses.clone(),
-            self.catalogue().clone(),
-        )
-        .map(Arc::new);
-        if new.as_ref().is_some_and(|r| r.needs_catalogue()) {
-            self.catalogue().start();
-        }
-        self.has_rules.store(new.is_some(), Ordering::Release);
-        *current = new;
-    }
-
-    /// The rate and concurrency limits its clients are held to, if any.
-    #[inline]
-    pub fn limits(&self) -> Option<Arc<crate::limits::PoolLimits>> {
-        if !self.has_limits.load(Ordering::Acquire) {
-            return None;
-        }
-        self.limits
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Puts `limits` in force from the clients' next transaction (the same limiters as now
-    /// keep their state).
-    pub fn set_limits(&self, limits: Option<crate::limits::PoolLimits>) {
-        let mut current = self.limits.write().unwrap_or_else(|e| e.into_inner());
-        let same = |a: &Option<Arc<crate::limits::Limiter>>,
-                    b: &Option<Arc<crate::limits::Limiter>>| {
-            match (a, b) {
-                (None, None) => true,
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            }
-        };
-        if let (Some(c), Some(n)) = (current.as_ref(), limits.as_ref()) {
-            if same(&c.database, &n.database) && same(&c.user, &n.user) && c.wait == n.wait {
-                return;
-            }
-        }
-        self.has_limits.store(limits.is_some(), Ordering::Release);
-        *current = limits.map(Arc::new);
-    }
-
-    /// The result cache, if the pool has one.
-    #[inline]
-    pub fn cache(&self) -> Option<Arc<crate::cache::QueryCache>> {
-        if !self.has_cache.load(Ordering::Acquire) {
-            return None;
-        }
-        self.cache.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Puts a cache with `config` in place (`None`: none), keeping the present one when its
-    /// settings are unchanged; `freshness` gives a new one its database's versions.
-    pub fn set_cache(
-        &self,
-        config: Option<crate::config::cache::Cache>,
-        freshness: impl FnOnce() -> Arc<crate::cache::freshness::Freshness>,
-    ) {
-        let mut current = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref().map(|c| &c.config) == config.as_ref() {
-            return;
-        }
-        let new = config.map(|c| {
-            Arc::new(crate::cache::QueryCache::new(
-                c,
-                freshness(),
-                self.analyses.clone(),
-            ))
-        });
-        if let Some(c) = &new {
-            c.freshness.start();
-        }
-        self.has_cache.store(new.is_some(), Ordering::Release);
-        *current = new;
-    }
-
-    /// The catalogue its statements are judged against: its database's, when shared (see
-    /// [`share_catalogue`](Self::share_catalogue)), else its own.
-    pub fn catalogue(&self) -> &Arc<crate::analysis::catalogue::Source> {
-        self.catalogue.get_or_init(|| {
-            crate::analysis::catalogue::Source::new(
-                format!(
-                    "{}:{}/{}",
-                    self.upstream.host, self.upstream.port, self.upstream.dbname
-                ),
-                self.upstream.clone(),
-                self.settings.connect_timeout,
-            )
-        })
-    }
-
-    /// Judges its statements against `source` (its database's, shared by its pools), if
-    /// it has none yet.
-    pub fn share_catalogue(&self, source: Arc<crate::analysis::catalogue::Source>) {
-        let _ = self.catalogue.set(source);
-    }
-
-    /// Gives the pool its replicas (once, as it is made).
-    pub fn set_replicas(&self, set: crate::replicas::ReplicaSet) {
-        let _ = self.replicas.set(Arc::new(set));
-    }
-
-    /// The pool's replicas, when reads may go to them.
-    pub fn replicas(&self) -> Option<&Arc<crate::replicas::ReplicaSet>> {
-        self.replicas.get()
-    }
-
-    /// The replica configuration the pool was made with (`None`: reads stay here).
-    pub fn replica_config(&self) -> Option<&crate::config::replicas::Replicas> {
-        self.replicas.get().map(|r| &r.config)
-    }
-
-    /// This node stopped owning the pool (cluster): its replicas' servers go as well.
-    pub async fn fence_replicas(&self) {
-        if let Some(r) = self.replicas.get() {
-            r.fence().await;
-        }
+    pub fn addons<T: AddOns>(&self) -> Option<&T> {
+        (&*self.addons as &dyn std::any::Any).downcast_ref()
     }
 
     /// The database this pool serves, as the console and routing name it (a config entry's
@@ -919,7 +773,7 @@ impl Pool {
         if owned {
             self.server_fds.shut_reads();
             self.close_idle().await;
-            self.fence_replicas().await;
+            self.addons.stop_serving().await;
         }
         owned
     }

@@ -347,13 +347,12 @@ fn cstr_rest(b: &[u8]) -> &[u8] {
 
 /// The `shoal_rule_matches` metric family: statements each rule of each pool matched.
 pub fn encode(
-    pools: &[Arc<crate::pool::Pool>],
+    pools: &[(Arc<crate::pool::Pool>, Arc<QueryRules>)],
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
     let mut rows = Vec::new();
-    for p in pools {
-        let Some(rules) = p.rules() else { continue };
+    for (p, rules) in pools {
         for (rule, n) in rules.counts() {
             let action = match rule.action {
                 Action::Deny => "deny",

@@ -163,7 +163,13 @@ pub enum Target<'a> {
 impl ReplicaSet {
     /// Replica pools for `primary`'s (database, user), made with its settings and
     /// credentials.
-    pub fn new(primary: &Pool, config: Replicas) -> ReplicaSet {
+    pub fn new(
+        primary: &Pool,
+        config: Replicas,
+        analyses: Arc<crate::analysis::Analyses>,
+        catalogue: Arc<crate::analysis::catalogue::Source>,
+        member_addons: impl Fn() -> Arc<dyn crate::pool::AddOns>,
+    ) -> ReplicaSet {
         let members = config
             .hosts
             .iter()
@@ -171,17 +177,21 @@ impl ReplicaSet {
                 let mut upstream = primary.upstream.clone();
                 upstream.host = h.host.clone();
                 upstream.port = h.port;
-                let pool = Pool::new(
-                    format!("{}@{}:{}", primary.name, h.host, h.port),
-                    (
+                let names = crate::pool::Names {
+                    name: format!("{}@{}:{}", primary.name, h.host, h.port),
+                    route_key: (
                         format!("{}@{}:{}", primary.database(), h.host, h.port),
                         primary.route_key.1.clone(),
                     ),
+                    tenant: primary.tenant.clone(),
+                };
+                let pool = Pool::new(
+                    names,
                     crate::prepared::StatementRegistry::sharing(Default::default()),
-                    primary.tenant.clone(),
                     primary.settings.clone(),
                     upstream,
                     primary.fence.lease().clone(),
+                    member_addons(),
                 );
                 Member {
                     pool,
@@ -200,10 +210,7 @@ impl ReplicaSet {
         ReplicaSet {
             config,
             members,
-            verdicts: verdicts::Verdicts::new(
-                primary.analyses.clone(),
-                primary.catalogue().clone(),
-            ),
+            verdicts: verdicts::Verdicts::new(analyses, catalogue),
             checker: OnceLock::new(),
             writer: AtomicUsize::new(0),
             primary_role: AtomicU8::new(Role::Unknown as u8),
@@ -219,7 +226,7 @@ impl ReplicaSet {
     /// Starts the checker of `primary`'s replicas, once.
     pub fn start(self: &Arc<Self>, primary: &Arc<Pool>) {
         self.checker.get_or_init(|| {
-            primary.catalogue().start();
+            self.verdicts.catalogue().start();
             crate::control::spawn(health::run(Arc::downgrade(self), Arc::downgrade(primary)));
         });
     }

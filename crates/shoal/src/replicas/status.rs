@@ -35,12 +35,11 @@ fn known(v: u64) -> Option<u64> {
     (v != u64::MAX).then_some(v)
 }
 
-/// Every backend of every pool in `pools` that has replicas: its primary first.
-pub fn rows(pools: &[Arc<Pool>]) -> Vec<BackendRow> {
+/// Every backend of each pool in `sets` with its replicas: its primary first.
+pub fn rows(sets: &[(Arc<Pool>, Arc<ReplicaSet>)]) -> Vec<BackendRow> {
     let mut out = Vec::new();
     let now = crate::clock::now_ms();
-    for p in pools {
-        let Some(set) = p.replicas() else { continue };
+    for (p, set) in sets {
         let writer = set.writer();
         let primary_role = set.primary_role();
         out.push(BackendRow {
@@ -95,28 +94,14 @@ pub fn rows(pools: &[Arc<Pool>]) -> Vec<BackendRow> {
     out
 }
 
-/// `pools` with the replica pools of each, for listings of every pool with servers.
-pub fn with_replica_pools(pools: Vec<Arc<Pool>>) -> Vec<Arc<Pool>> {
-    let mut all = Vec::with_capacity(pools.len());
-    for p in pools {
-        let members: Vec<Arc<Pool>> = p
-            .replicas()
-            .map(|s: &Arc<ReplicaSet>| s.members.iter().map(|m| m.pool.clone()).collect())
-            .unwrap_or_default();
-        all.push(p);
-        all.extend(members);
-    }
-    all
-}
-
 /// The `shoal_replica_*` metric families.
 pub fn encode(
-    pools: &[Arc<Pool>],
+    sets: &[(Arc<Pool>, Arc<ReplicaSet>)],
     e: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
 ) -> Result<(), std::fmt::Error> {
     use crate::metrics::LabelValue;
     use shoal_control::metrics::{counter, gauge};
-    let rows = rows(pools);
+    let rows = rows(sets);
     if rows.is_empty() {
         return Ok(());
     }

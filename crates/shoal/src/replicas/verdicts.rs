@@ -58,6 +58,11 @@ impl Verdicts {
         c.loaded && c.standby_reads(reads)
     }
 
+    /// The catalogue the verdicts are judged against.
+    pub fn catalogue(&self) -> &Arc<Source> {
+        &self.catalogue
+    }
+
     /// Verdicts over the pool's analysis and catalogue.
     pub fn new(analyses: Arc<crate::analysis::Analyses>, catalogue: Arc<Source>) -> Verdicts {
         Verdicts {

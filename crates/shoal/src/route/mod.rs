@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use shoal_wire::sqlstate;
 
+use crate::analysis::catalogue::Source;
 use crate::config::{ClientAuth, Config, Database, PoolMode, PoolSettings, User};
+use crate::features::{Features, PoolFeatures};
 use crate::pool::Pool;
 use crate::server::Upstream;
 pub mod tenant;
@@ -403,32 +405,43 @@ impl Registry {
             Some(t) => format!("{}/{}", t.id(), user.name),
             None => format!("{}/{}", db.name, user.name),
         };
-        let pool = Pool::new(
+        let upstream = Upstream {
+            host: db.host.clone(),
+            port: db.port,
+            family: db.family,
+            dbname: db.dbname.clone(),
+            user: user.server_user.clone(),
+            password: user.server_password.clone(),
+            tls: tls.map(Arc::new),
+            tls_settings,
+            passthrough: user.passthrough.clone(),
+            dial: self.dial.get().cloned(),
+        };
+        let features = Features::new(self.catalogue_for(db, &upstream, &settings));
+        let names = crate::pool::Names {
             name,
-            (db.name.clone(), user.name.clone()),
+            route_key: (db.name.clone(), user.name.clone()),
+            tenant: routed.tenant().map(|t| t.id().to_owned()),
+        };
+        let pool = Pool::new(
+            names,
             crate::prepared::StatementRegistry::sharing(self.schema_counter(db)),
-            routed.tenant().map(|t| t.id().to_owned()),
             settings,
-            Upstream {
-                host: db.host.clone(),
-                port: db.port,
-                family: db.family,
-                dbname: db.dbname.clone(),
-                user: user.server_user.clone(),
-                password: user.server_password.clone(),
-                tls: tls.map(Arc::new),
-                tls_settings,
-                passthrough: user.passthrough.clone(),
-                dial: self.dial.get().cloned(),
-            },
+            upstream,
             self.lease.clone(),
+            features.clone(),
         );
-        self.share_catalogue(&pool, db);
-        pool.set_rules(rules_for(db, user));
-        self.set_cache(&pool, db, user);
-        self.set_limits(&pool, db, user);
+        self.set_features(&pool, db, user);
         if let Some(replicas) = replicas_for(db, user) {
-            pool.set_replicas(crate::replicas::ReplicaSet::new(&pool, replicas));
+            // A replica's pool keeps its own LISTEN hub and judges by the primary's catalogue.
+            let catalogue = features.catalogue().clone();
+            features.set_replicas(crate::replicas::ReplicaSet::new(
+                &pool,
+                replicas,
+                features.analyses().clone(),
+                catalogue.clone(),
+                || Features::new(catalogue.clone()),
+            ));
         }
         if let Some(t) = routed.tenant() {
             // A tenant's `default_parameter_status` answers logins without startup
@@ -463,23 +476,42 @@ impl Registry {
             .clone()
     }
 
-    /// Gives `pool` its database's catalogue, read through the first pool that needed it.
-    fn share_catalogue(&self, pool: &Pool, d: &Database) {
+    /// `d`'s catalogue, shared by its pools: read through the first pool that needed it.
+    fn catalogue_for(
+        &self,
+        d: &Database,
+        upstream: &Upstream,
+        settings: &PoolSettings,
+    ) -> Arc<Source> {
         let key = (d.host.clone(), d.port, d.dbname.clone());
         let mut all = self.catalogues.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = all.get(&key).and_then(std::sync::Weak::upgrade) {
-            pool.share_catalogue(c);
-            return;
+            return c;
         }
         all.retain(|_, w| w.strong_count() > 0);
-        all.insert(key, Arc::downgrade(pool.catalogue()));
+        let c = Source::new(
+            format!("{}:{}/{}", upstream.host, upstream.port, upstream.dbname),
+            upstream.clone(),
+            settings.connect_timeout,
+        );
+        all.insert(key, Arc::downgrade(&c));
+        c
+    }
+
+    /// Puts in force on `pool` the rules, result cache and limits `d` and `u` call for
+    /// (clients already on it are held to them from their next transaction).
+    fn set_features(&self, pool: &Pool, d: &Database, u: &User) {
+        let Some(f) = pool.features() else { return };
+        f.set_rules(rules_for(d, u));
+        self.set_cache(pool, f, d, u);
+        self.set_limits(f, d, u);
     }
 
     /// Gives `pool` the result cache `d` and `u` call for (transaction mode only: a
     /// session-mode client's server keeps its own state), sharing its database's freshness.
-    fn set_cache(&self, pool: &Pool, d: &Database, u: &User) {
+    fn set_cache(&self, pool: &Pool, f: &Features, d: &Database, u: &User) {
         let on = u.cache.unwrap_or(d.cache.enabled) && pool.settings.mode == PoolMode::Transaction;
-        pool.set_cache(on.then(|| d.cache.clone()), || {
+        f.set_cache(on.then(|| d.cache.clone()), || {
             let key = (d.host.clone(), d.port, d.dbname.clone());
             let mut all = self.freshness.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(f) = all.get(&key).and_then(std::sync::Weak::upgrade) {
@@ -489,7 +521,7 @@ impl Registry {
             let f = crate::cache::freshness::Freshness::new(
                 key.clone(),
                 pool.upstream.clone(),
-                pool.catalogue().clone(),
+                f.catalogue().clone(),
                 &self.captures,
             );
             all.insert(key, Arc::downgrade(&f));
@@ -498,7 +530,7 @@ impl Registry {
     }
 
     /// Gives `pool` the rate and concurrency limits of `d` (shared by its pools) and `u`.
-    fn set_limits(&self, pool: &Pool, d: &Database, u: &User) {
+    fn set_limits(&self, f: &Features, d: &Database, u: &User) {
         use crate::config::limits::Limits;
         let mut all = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
         let mut limiter = |key: String, config: Limits, label: String| {
@@ -536,7 +568,7 @@ impl Registry {
             user,
             wait: d.limits.wait,
         });
-        pool.set_limits(limits);
+        f.set_limits(limits);
     }
 
     /// Every pool routing can reach.
@@ -586,9 +618,7 @@ impl Registry {
             };
             let settings = config.pool_settings(d, u);
             // Rules change in place: clients already on the pool are held to the new ones.
-            pool.set_rules(rules_for(d, u));
-            self.set_cache(pool, d, u);
-            self.set_limits(pool, d, u);
+            self.set_features(pool, d, u);
             if !same_upstream(pool, d, u) || without_size(&settings) != without_size(&pool.settings)
             {
                 stale.push((db.clone(), user.clone()));
@@ -661,15 +691,12 @@ impl Registry {
             match keep_settings {
                 Some(s) if without_size(s) == without_size(&pool.settings) => {
                     // Rules change in place, for clients already on the pool too.
-                    if let Some(u) = listed {
-                        pool.set_rules(rules_for(&database, u));
-                        self.set_cache(&pool, &database, u);
-                        self.set_limits(&pool, &database, u);
-                    } else {
-                        pool.set_rules(database.rules.clone());
-                        let named = User::named(&user, ClientAuth::Trust);
-                        self.set_cache(&pool, &database, &named);
-                        self.set_limits(&pool, &database, &named);
+                    match listed {
+                        Some(u) => self.set_features(&pool, &database, u),
+                        None => {
+                            let named = User::named(&user, ClientAuth::Trust);
+                            self.set_features(&pool, &database, &named);
+                        }
                     }
                     if s.size != pool.size() {
                         pool.resize(s.size).await;

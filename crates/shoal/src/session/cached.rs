@@ -7,6 +7,7 @@
 //! where this runs), not listening (its notifications come with its replies), with no
 //! error to skip past.
 
+use crate::features::PoolFeatures;
 use std::sync::atomic::Ordering;
 
 use shoal_wire::sql::ClientEncoding;

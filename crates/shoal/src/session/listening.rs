@@ -3,6 +3,7 @@
 //! NOTIFY reaching it before its ReadyForQuery, and its notifications written to its socket
 //! (see [`crate::notify`]).
 
+use crate::features::PoolFeatures;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
@@ -140,16 +141,18 @@ impl Session {
     /// client, which is warned instead).
     pub(super) async fn sync_listener(&mut self, due: ListenerDue, server_pid: i32) {
         let mut waits = Vec::with_capacity(2);
-        if due.barrier {
-            waits.push(self.pool.notify.barrier(&self.pool.weak(), server_pid));
+        if let Some(hub) = self.pool.notify().filter(|_| due.barrier) {
+            waits.push(hub.barrier(&self.pool.weak(), server_pid));
         }
         let x = Extras::get(&mut self.extras);
         if due.update {
             x.sets.listening_changed = false;
-            let sub = x
-                .listen
-                .get_or_insert_with(|| Subscription::new(&self.pool));
-            waits.extend(sub.update(&x.sets.listening));
+            if let Some(hub) = self.pool.notify() {
+                let sub = x
+                    .listen
+                    .get_or_insert_with(|| Subscription::new(&self.pool, hub));
+                waits.extend(sub.update(&x.sets.listening));
+            }
         }
         let limit = self.pool.settings.connect_timeout;
         let mut late = false;
@@ -177,7 +180,9 @@ impl Session {
     pub(super) fn end_claim(&mut self, server_pid: i32) {
         if let Some(x) = self.extras.as_mut() {
             if std::mem::take(&mut x.sets.notified) {
-                self.pool.notify.unclaim(server_pid);
+                if let Some(hub) = self.pool.notify() {
+                    hub.unclaim(server_pid);
+                }
             }
         }
     }

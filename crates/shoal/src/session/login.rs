@@ -2,6 +2,7 @@
 //! the pool, the ParameterStatus values to report and the cancel key, all bounded by
 //! `client_login_timeout`.
 
+use crate::features::PoolFeatures;
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -25,6 +25,7 @@ mod relayed;
 #[cfg(test)]
 mod size_tests;
 
+use crate::features::PoolFeatures;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -11,6 +11,7 @@
 //! PostgreSQL enforces on the primary, not a proof: `SET TRANSACTION READ WRITE`, or a
 //! `COMMIT` followed by a write in the same string, would otherwise reach the replica.
 
+use crate::features::PoolFeatures;
 use std::sync::Arc;
 
 use shoal_wire::frontend::tag as fe;

@@ -92,7 +92,7 @@ async fn sample(ui: Weak<Ui>) {
 /// The pooler's running totals and gauges now, summed over its pools (replicas' too).
 fn measure(app: &App) -> (feed::Totals, feed::Gauges) {
     use std::sync::atomic::Ordering::Relaxed;
-    let pools = crate::replicas::status::with_replica_pools(app.routes.pools());
+    let pools = crate::features::with_replica_pools(app.routes.pools());
     let mut t = feed::Totals {
         at: crate::clock::epoch_ms(),
         ..feed::Totals::default()

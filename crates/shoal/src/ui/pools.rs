@@ -106,7 +106,7 @@ pub struct PoolRow {
 
 /// Every pool with servers: routing's and their replicas'.
 pub fn all(app: &App) -> Vec<Arc<Pool>> {
-    crate::replicas::status::with_replica_pools(app.routes.pools())
+    crate::features::with_replica_pools(app.routes.pools())
 }
 
 /// In a cluster: this node's id and who owns which pool.

@@ -2,6 +2,7 @@
 //! replicas and the result cache. Each is `None` (and the page leaves it out) unless the
 //! feature is in use.
 
+use crate::features::PoolFeatures;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
@@ -96,7 +97,8 @@ pub fn sections(app: &App, rates: &RealtimeRates) -> Sections {
             })
             .collect()
     });
-    let replicas = crate::replicas::status::rows(&pools);
+    let replicas =
+        crate::replicas::status::rows(&crate::features::each(&pools, |f| f.replicas().cloned()));
     let cache: Vec<CacheRow> = pools
         .iter()
         .filter_map(|p| {

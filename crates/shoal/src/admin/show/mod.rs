@@ -59,7 +59,7 @@ fn mode(p: &Pool) -> &'static str {
 
 /// Every pool with servers: routing's, and their replicas' (`database@host:port`).
 fn sorted_pools(app: &App) -> Vec<Arc<Pool>> {
-    let mut pools = crate::replicas::status::with_replica_pools(app.routes.pools());
+    let mut pools = crate::features::with_replica_pools(app.routes.pools());
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     pools
 }

@@ -3,6 +3,7 @@
 //! on whole databases, notifications), and handed to the hooks on its way to the server.
 //! COPY data passes in streams, and stray COPY messages are dropped.
 
+use crate::features::PoolFeatures;
 use bytes::Buf;
 use shoal_wire::frame::{next_frame_len, HEADER_LEN};
 use shoal_wire::frontend::{self, tag as fe};
@@ -258,7 +259,9 @@ fn claim(
     let x = Extras::get(extras);
     if !x.sets.notified {
         x.sets.notified = true;
-        pool.notify.claim(server_pid, client_pid);
+        if let Some(hub) = pool.notify() {
+            hub.claim(server_pid, client_pid);
+        }
     }
 }
 

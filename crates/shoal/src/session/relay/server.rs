@@ -2,6 +2,7 @@
 //! command tags that change the session or the schema) and passed on, in place or through
 //! the hooks, and the end of each request (ReadyForQuery) accounted.
 
+use crate::features::PoolFeatures;
 use bytes::Buf;
 use shoal_wire::backend::{self, tag as be, ErrorFields};
 use shoal_wire::frame::{next_frame_len, HEADER_LEN};
@@ -363,6 +364,8 @@ fn ready_for_query(
         // Committed DDL: statements parsed from now on must see it, and the catalogue the
         // rules, the cache and the replica split judge by is read again.
         side.registry.schema_changed();
-        side.pool.catalogue().changed();
+        if let Some(c) = side.pool.catalogue() {
+            c.changed();
+        }
     }
 }
