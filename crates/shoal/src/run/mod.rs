@@ -89,11 +89,16 @@ pub fn bind(config: &Config) -> std::io::Result<Listeners> {
         listener::ensure_not_served(*addr).map_err(failed)?;
         let first = listener::bind_tcp_std(*addr, s.listen_backlog, true).map_err(failed)?;
         let bound = first.local_addr()?;
-        l.tcp.push(tokio::net::TcpListener::from_std(first)?);
         for shard in 1..shards {
             let other = listener::bind_tcp_std(bound, s.listen_backlog, true).map_err(failed)?;
             l.shard_tcp.push((shard, other));
         }
+        // Steered before anyone can connect: until shard 0's accept loop first runs, the
+        // kernel would otherwise spread connections over closed shards' sockets too.
+        if let Err(e) = crate::reuseport::steer(&first, crate::shard::open()) {
+            tracing::debug!(error = %e, "cannot steer new connections: closed shards hand them over");
+        }
+        l.tcp.push(tokio::net::TcpListener::from_std(first)?);
     }
     if let Some(dir) = &s.unix_socket_dir {
         let port = l
