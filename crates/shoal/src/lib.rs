@@ -52,6 +52,7 @@ pub use shoal_control::runtime as control;
 pub use shoal_control::{config, logsafe, upstream_tls};
 
 pub mod admin;
+pub mod admission;
 pub mod analysis;
 pub mod api;
 pub mod app;

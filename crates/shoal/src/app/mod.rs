@@ -1,16 +1,15 @@
 //! State shared by every session: the configuration, the routes and their pools, the cancel
 //! keys, the client counts and the shutdown signal.
 
-mod admission;
 mod lifecycle;
 
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use admission::{Admission, ClientGuard, LoginGuard, CHURN};
 pub use lifecycle::Lifecycle;
 
+use crate::admission::Admission;
 use crate::cancel::CancelRegistry;
 use crate::config::Config;
 

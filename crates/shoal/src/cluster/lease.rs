@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Node;
-use crate::app::App;
 
 /// How often the lease's state is looked at while a renewal is overdue (and the peers
 /// probed); otherwise it is looked at on each renewal, and when the next one is late.
@@ -33,7 +32,7 @@ const FRESH: Duration = Duration::from_secs(1);
 /// as they keep saying so. Otherwise, at the deadline, every owned pool is fenced.
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-pub async fn keep(app: Arc<App>, node: Arc<Node>) {
+pub async fn keep(node: Arc<Node>) {
     let ttl = node.config.lease_ttl;
     loop {
         let m = node.membership();
@@ -53,7 +52,7 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
                 .store(since.as_millis() as u64, Ordering::Relaxed);
             if since < ttl / 4 + TICK {
                 deadline = deadline.max(m.valid_until());
-                app.routes.lease.set_deadline(deadline);
+                node.host.routes.lease.set_deadline(deadline);
                 if fenced || vouching {
                     tracing::info!(node = %node.id, "cluster lease renewed again");
                 }
@@ -68,14 +67,14 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
             node.links.probe_control();
             if vouched(&node, ttl, renewed) {
                 deadline = deadline.max(Instant::now() + ttl / 4);
-                app.routes.lease.set_deadline(deadline);
+                node.host.routes.lease.set_deadline(deadline);
                 if !vouching {
                     tracing::warn!(node = %node.id, unrenewed = ?since, "etcd cannot be reached, by any node: serving the pools this node owns, changing no ownership");
                     vouching = true;
                 }
             } else if !fenced && Instant::now() + TICK >= deadline {
                 vouching = false;
-                fence_all(&app, &node).await;
+                fence_all(&node).await;
                 fenced = true;
             }
             tokio::time::sleep(TICK).await;
@@ -83,11 +82,11 @@ pub async fn keep(app: Arc<App>, node: Arc<Node>) {
         if node.left.load(Ordering::SeqCst) {
             return;
         }
-        fence_all(&app, &node).await;
+        fence_all(&node).await;
         tracing::warn!(node = %node.id, "cluster lease expired: joining the cluster again");
         let mut wait = Duration::from_millis(200);
         loop {
-            match super::join(&app, &node.joining).await {
+            match super::join(&node.host, &node.joining).await {
                 Ok(fresh) => {
                     tracing::info!(node = %node.id, slot = fresh.slot(), "joined the cluster again");
                     *node.membership.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
@@ -123,10 +122,10 @@ fn vouched(node: &Node, ttl: Duration, renewed: Instant) -> bool {
 /// Fences every pool this node owns: no server is used for it, idle ones are closed, and
 /// the transactions running on the others end (their sockets are shut), so this node never
 /// acts beside the owner the others will choose once its lease expires.
-async fn fence_all(app: &App, node: &Node) {
-    app.routes.lease.set_deadline(Instant::now());
+async fn fence_all(node: &Node) {
+    node.host.routes.lease.set_deadline(Instant::now());
     let mut fenced = 0;
-    for pool in app.routes.pools() {
+    for pool in node.host.routes.pools() {
         if pool.stop_serving().await {
             fenced += 1;
         }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use shoal_cluster::link::{self, handshake, Incoming, Link, Side};
 
 use super::{Node, NodeError};
-use crate::app::App;
 use crate::net::Io;
 
 /// How long a link's connect and handshake may take: long enough for a node busy with a
@@ -256,26 +255,26 @@ impl Links {
     }
 }
 
-/// Drives a link until it ends. On an accepted link (`app` given) it serves what the peer
+/// Drives a link until it ends. On an accepted link (`node` given) it serves what the peer
 /// asks of this node: its relayed clients and its cancels. The peer of an outgoing link asks
 /// nothing.
 async fn run(
     io: Box<dyn Io>,
     l: Link,
     mut incoming: tokio::sync::mpsc::UnboundedReceiver<Incoming>,
-    accepted: Option<(Arc<App>, Arc<Node>)>,
+    accepted: Option<Arc<Node>>,
 ) {
     let serve = async {
         while let Some(inc) = incoming.recv().await {
-            let Some((app, node)) = &accepted else {
+            let Some(node) = &accepted else {
                 continue;
             };
             match inc {
-                Incoming::Stream(s, what) => node.handlers.dispatch(app.clone(), s, what),
+                Incoming::Stream(s, what) => node.handlers.dispatch(s, what),
                 Incoming::Cancel(pid, key) => {
-                    let app = app.clone();
+                    let cancels = node.host.cancels.clone();
                     tokio::spawn(async move {
-                        app.cancels.cancel(pid, key).await;
+                        cancels.cancel(pid, key).await;
                     });
                 }
             }
@@ -293,7 +292,7 @@ async fn run(
 /// data-plane shard of its own (round robin), where the clients it relays are served.
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<Node>) {
+pub async fn accept(listener: tokio::net::TcpListener, node: Arc<Node>) {
     let mut next_shard = 0usize;
     loop {
         let (tcp, addr) = match listener.accept().await {
@@ -309,7 +308,7 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
         // are served where the local ones are.
         let shard = next_shard % crate::shard::open().clamp(1, crate::shard::count());
         next_shard += 1;
-        let (app, node) = (app.clone(), node.clone());
+        let node = node.clone();
         // Proved, then driven, on the shard whose clients it will carry.
         let start = move |tcp: tokio::net::TcpStream| async move {
             let proved = crate::timer::timeout(CONNECT_TIMEOUT, prove(tcp, &node)).await;
@@ -331,7 +330,7 @@ pub async fn accept(listener: tokio::net::TcpListener, app: Arc<App>, node: Arc<
                 .unwrap_or_else(|e| e.into_inner())
                 .push(l.clone());
             tracing::info!(%peer, shard, "node link accepted");
-            let accepted = Some((app, node.clone()));
+            let accepted = Some(node.clone());
             run(io, l, incoming, accepted).await;
         };
         match (crate::shard::handle(shard), tcp.into_std()) {
@@ -376,7 +375,7 @@ async fn prove(tcp: tokio::net::TcpStream, node: &Node) -> Result<(Box<dyn Io>, 
 /// peer stopped answering, and reports this node's load (its clients) in its registration.
 // Runs on the control runtime, which has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-pub async fn upkeep(app: Arc<App>, node: Arc<Node>) {
+pub async fn upkeep(node: Arc<Node>) {
     let mut tick = tokio::time::interval(UPKEEP_EVERY);
     let probe_every = (PROBE_EVERY.as_secs() / UPKEEP_EVERY.as_secs()).max(1);
     let mut tick_no = 0u64;
@@ -412,7 +411,8 @@ pub async fn upkeep(app: Arc<App>, node: Arc<Node>) {
         node.links.forget_dead();
         // The load others see (`SHOW NODES`), every few seconds when it changed.
         if probing {
-            let load = app
+            let load = node
+                .host
                 .admission
                 .clients
                 .load(std::sync::atomic::Ordering::Relaxed) as u64;

@@ -35,9 +35,11 @@ use std::sync::Arc;
 use shoal_cluster::ownership::Claim;
 use shoal_cluster::{ClusterError, Membership, MembershipConfig, NodeInfo};
 
-use crate::app::App;
+use crate::admission::Admission;
+use crate::cancel::CancelRegistry;
 use crate::config::Cluster;
 use crate::pool::Pool;
+use crate::route::Registry;
 pub use handlers::Handlers;
 
 /// Where a pool's clients are served.
@@ -91,8 +93,18 @@ pub struct ClusterMetrics {
     pub takeover_ended: AtomicU64,
 }
 
+/// What the cluster uses of the process it runs in: the pools it owns and fences, the
+/// cancel keys it stamps with its slot and serves for peers, the client count it reports.
+/// (The services that take relayed streams are reached through [`Handlers`].)
+pub struct Host {
+    pub routes: Arc<Registry>,
+    pub cancels: Arc<CancelRegistry>,
+    pub admission: Arc<Admission>,
+}
+
 pub struct Node {
     pub id: String,
+    pub(crate) host: Host,
     pub config: Cluster,
     /// This node's registration; replaced when the node joins again after its lease expired.
     pub(crate) membership: std::sync::RwLock<Arc<Membership>>,
@@ -123,11 +135,11 @@ const PARK_PHASES: usize = 16;
 /// and accepts node links on `relay_listen`. Pools made from here on start fenced. Run on
 /// the control runtime, before clients are accepted.
 pub async fn start(
-    app: &Arc<App>,
+    host: Host,
     config: Cluster,
     handlers: Handlers,
 ) -> Result<Arc<Node>, NodeError> {
-    app.routes.lease.set_clustered();
+    host.routes.lease.set_clustered();
     let node_tls = config.tls.as_ref().map(tls::NodeTls::load).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.relay_listen)
         .await
@@ -149,7 +161,7 @@ pub async fn start(
         },
         lease_ttl: config.lease_ttl,
     };
-    let membership = join(app, &joining).await.map_err(NodeError::Join)?;
+    let membership = join(&host, &joining).await.map_err(NodeError::Join)?;
     // None when parking is off: no client then waits on a tick.
     let park_ticks = match config.park_idle_after {
         Some(_) => (0..crate::shard::count())
@@ -159,6 +171,7 @@ pub async fn start(
     };
     let node = Arc::new(Node {
         id: config.node_id.clone(),
+        host,
         links: links::Links::new(config.secret.as_bytes(), node_tls),
         config,
         membership: std::sync::RwLock::new(Arc::new(membership)),
@@ -170,10 +183,10 @@ pub async fn start(
         handlers,
     });
     tracing::info!(node = %node.id, slot = node.slot(), relay = %relay, "joined the cluster");
-    tokio::spawn(links::accept(listener, app.clone(), node.clone()));
-    tokio::spawn(links::upkeep(app.clone(), node.clone()));
-    tokio::spawn(lease::keep(app.clone(), node.clone()));
-    tokio::spawn(rebalance::run(app.clone(), node.clone()));
+    tokio::spawn(links::accept(listener, node.clone()));
+    tokio::spawn(links::upkeep(node.clone()));
+    tokio::spawn(lease::keep(node.clone()));
+    tokio::spawn(rebalance::run(node.clone()));
     if let Some(every) = node.config.park_idle_after {
         tokio::spawn(tick_idle_clock(
             Arc::downgrade(&node),
@@ -215,13 +228,13 @@ impl Node {
 }
 
 /// Registers this node; the cancel keys made from then on carry its slot.
-pub(crate) async fn join(app: &App, cfg: &MembershipConfig) -> Result<Membership, ClusterError> {
+pub(crate) async fn join(host: &Host, cfg: &MembershipConfig) -> Result<Membership, ClusterError> {
     let m = Membership::join(cfg.clone()).await?;
     if m.slot() > crate::cancel::MAX_SLOT {
         return Err(ClusterError::NoSlot);
     }
-    app.cancels.set_node_slot(m.slot());
-    app.routes.lease.set_deadline(m.valid_until());
+    host.cancels.set_node_slot(m.slot());
+    host.routes.lease.set_deadline(m.valid_until());
     Ok(m)
 }
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Node;
-use crate::app::App;
 use crate::pool::Pool;
 
 /// How often owned pools are looked over.
@@ -58,14 +57,14 @@ async fn release(node: &Arc<Node>, key: &str) {
 /// Runs on the control runtime for as long as the node does.
 // The control runtime has tokio's time driver.
 #[allow(clippy::disallowed_methods)]
-pub async fn run(app: Arc<App>, node: Arc<Node>) {
+pub async fn run(node: Arc<Node>) {
     let mut tick = tokio::time::interval(EVERY);
     loop {
         tick.tick().await;
         if !node.lease_alive() {
             continue;
         }
-        let pools = app.routes.pools();
+        let pools = node.host.routes.pools();
         for pool in &pools {
             if !pool.fence.owned() || !idle(pool) {
                 continue;

@@ -217,7 +217,7 @@ async fn serve_with(
     use crate::upgrade::Role;
     crate::control::set(tokio::runtime::Handle::current());
     crate::clock::start();
-    crate::memory::start(&crate::app::CHURN);
+    crate::memory::start(&crate::admission::CHURN);
     let (tx, rx) = watch::channel(false);
     let app = App::new(config, rx).map_err(std::io::Error::other)?;
     start_cluster(&app).await?;
@@ -304,13 +304,25 @@ async fn start_cluster(app: &std::sync::Arc<App>) -> std::io::Result<()> {
         return Ok(());
     };
     // The streams peers open: relayed clients, and realtime's fabric.
-    let handlers = crate::cluster::Handlers::new(|app, stream, what| {
-        tokio::spawn(crate::session::serve_relayed(app, stream, what));
+    // Weak: the App holds the node, which holds these.
+    let weak = std::sync::Arc::downgrade(app);
+    let relayed = weak.clone();
+    let handlers = crate::cluster::Handlers::new(move |stream, what| {
+        if let Some(app) = relayed.upgrade() {
+            tokio::spawn(crate::session::serve_relayed(app, stream, what));
+        }
     })
-    .on(crate::realtime::fabric::OPENING, |app, stream, _| {
-        crate::control::spawn(crate::realtime::fabric::receive(app, stream));
+    .on(crate::realtime::fabric::OPENING, move |stream, _| {
+        if let Some(app) = weak.upgrade() {
+            crate::control::spawn(crate::realtime::fabric::receive(app, stream));
+        }
     });
-    let node = crate::cluster::start(app, c, handlers)
+    let host = crate::cluster::Host {
+        routes: app.routes.clone(),
+        cancels: app.cancels.clone(),
+        admission: app.admission.clone(),
+    };
+    let node = crate::cluster::start(host, c, handlers)
         .await
         .map_err(std::io::Error::other)?;
     let _ = app.cluster.set(node);

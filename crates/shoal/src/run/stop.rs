@@ -25,7 +25,7 @@ pub(super) async fn drain(app: &App) {
     // first query (a connection per transaction, as pgbench -C, should not be cut between
     // its login and its query): wait for a quiet spell with no transaction and no login.
     let mut quiet_since = tokio::time::Instant::now();
-    let mut last_churn = crate::app::CHURN.load(Ordering::Relaxed);
+    let mut last_churn = crate::admission::CHURN.load(Ordering::Relaxed);
     let handing_over = app.lifecycle.handoff.get().is_some();
     while tokio::time::Instant::now() < deadline {
         if handing_over {
@@ -38,7 +38,7 @@ pub(super) async fn drain(app: &App) {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         }
-        let churn = crate::app::CHURN.load(Ordering::Relaxed);
+        let churn = crate::admission::CHURN.load(Ordering::Relaxed);
         let busy = app.lifecycle.active.load(Ordering::Relaxed) > 0
             || app.admission.logins.load(Ordering::Relaxed) > 0
             || churn != last_churn;

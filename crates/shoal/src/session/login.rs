@@ -12,7 +12,8 @@ use shoal_wire::backend;
 use shoal_wire::sqlstate;
 
 use super::{auth, finish, handshake, Session, SessionError};
-use crate::app::{App, ClientGuard};
+use crate::admission::ClientGuard;
+use crate::app::App;
 use crate::cancel::Registration;
 use crate::config::{ClientAuth, PoolMode, User};
 use crate::error::ErrorKind;

@@ -37,7 +37,8 @@ use shoal_wire::frontend::{self, tag as fe};
 use shoal_wire::sql::ClientEncoding;
 use shoal_wire::sqlstate;
 
-use crate::app::{App, ClientGuard};
+use crate::admission::ClientGuard;
+use crate::app::App;
 use crate::cancel::Registration;
 use crate::config::PoolMode;
 use crate::error::ErrorKind;

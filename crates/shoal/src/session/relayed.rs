@@ -32,7 +32,7 @@ pub(super) struct Relaying {
     pub(super) stream: Stream,
     pub(super) relayed: Relayed,
     /// Counts the client while it is relayed.
-    pub(super) _guard: crate::app::ClientGuard,
+    pub(super) _guard: crate::admission::ClientGuard,
 }
 
 /// Relays a client authenticated here to the node that owns its pool, until either ends.
@@ -69,7 +69,7 @@ pub(super) fn relay_out(mut r: Relaying) -> impl std::future::Future<Output = ()
                 }
                 let parked = pipe::Counted::new(&node.metrics.parked);
                 node.metrics.parks.fetch_add(1, Ordering::Relaxed);
-                crate::app::CHURN.fetch_add(1, Ordering::Relaxed);
+                crate::admission::CHURN.fetch_add(1, Ordering::Relaxed);
                 let woke = loop {
                     if let Err(e) = std::future::poll_fn(|cx| r.stream.poll_read_ready(cx)).await {
                         break Err(RelayError::Client(e));
