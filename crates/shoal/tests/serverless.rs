@@ -237,6 +237,107 @@ async fn neons_driver_over_tls() {
     );
 }
 
+/// A token for `sub` with `role`, expiring `exp_in` seconds from now, signed with `secret`.
+fn signed(secret: &str, role: &str, sub: &str, exp_in: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({"role": role, "sub": sub, "exp": now + exp_in}),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// Bearer tokens (the driver's `authToken`): checked with the tenant's `jwt_secret`, each
+/// query runs with the token's role and claims, so row-level security decides what it sees
+/// (`tests/clients/serverless/neon-claims.mjs`, with the real driver); forged, expired and
+/// malformed tokens are refused with clear answers that never echo them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_tokens_run_queries_under_their_claims() {
+    const SECRET: &str = "serverless-claims-jwt-secret-0123456789";
+    let (s, _data, addr) = http_shoal();
+    let db = tenant(&s, "claims", serde_json::json!({"jwt_secret": SECRET}));
+    let role = "shoal_http_reader";
+    pg().psql_admin(&format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
+         CREATE ROLE {role} NOLOGIN; END IF; END $$; GRANT {role} TO app"
+    ));
+    common::changes::run_sql(
+        pg(),
+        &db,
+        &format!(
+            "CREATE TABLE notes (owner text, body text); \
+             INSERT INTO notes VALUES ('alice', 'a1'), ('alice', 'a2'), ('bob', 'b1'); \
+             ALTER TABLE notes ENABLE ROW LEVEL SECURITY; \
+             CREATE POLICY mine ON notes FOR SELECT \
+               USING (owner = current_setting('request.jwt.claims', true)::json->>'sub'); \
+             GRANT SELECT ON notes TO {role}"
+        ),
+    );
+    let dsn = format!("postgresql://app.claims:{APP_PASSWORD}@127.0.0.1/{db}");
+    let (alice, bob) = (
+        signed(SECRET, role, "alice", 3600),
+        signed(SECRET, role, "bob", 3600),
+    );
+    let forged = signed(
+        "not-the-tenants-secret-0123456789abcdef",
+        role,
+        "alice",
+        3600,
+    );
+    node(
+        "neon-claims.mjs",
+        &[&addr.to_string(), &dsn, role, &alice, &bob, &forged],
+        &[],
+        "with authToken: ok",
+    );
+
+    let ask = |authorization: String| {
+        let dsn = dsn.clone();
+        async move {
+            let headers = [
+                ("Neon-Connection-String", dsn.as_str()),
+                ("Authorization", authorization.as_str()),
+            ];
+            post(
+                addr,
+                &headers,
+                r#"{"query": "SELECT body FROM notes", "params": []}"#,
+            )
+            .await
+        }
+    };
+    let expired = signed(SECRET, role, "alice", -60);
+    let (status, body) = ask(format!("Bearer {expired}")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("28000")),
+        "{body}"
+    );
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("expired") && !message.contains(&expired),
+        "{body}"
+    );
+    let (status, body) = ask("Basic YXBwOnNlY3JldA==".into()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(!body.to_string().contains("YXBw"), "{body}");
+    // A wrong password is refused whatever the token says.
+    let headers = [
+        (
+            "Neon-Connection-String",
+            format!("postgresql://app.claims:wrong@127.0.0.1/{db}"),
+        ),
+        ("Authorization", format!("Bearer {alice}")),
+    ];
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, body) = post(addr, &headers, r#"{"query": "SELECT 1", "params": []}"#).await;
+    assert_eq!(status, 401, "{body}");
+}
+
 /// POSTs `body` to the front door's `/sql` with `headers`; (status, JSON body).
 async fn post(
     addr: std::net::SocketAddr,
@@ -386,17 +487,24 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
     )
     .await;
     assert_eq!(status, 404, "{body}");
-    // A bearer token (the driver's authToken) is refused, not ignored, and never echoed.
+    // A bearer token (the driver's authToken) for a tenant without keys to check it with is
+    // refused, not ignored, and never echoed.
     let mut bearer = with(&ta);
     bearer.push((
         "Authorization".into(),
         "Bearer eyJ.secret-claims.sig".into(),
     ));
     let (status, body) = send(addr, &bearer, &q("SELECT 1")).await;
-    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("28000")),
+        "{body}"
+    );
     let message = body["message"].as_str().unwrap();
     assert!(
-        message.contains("authToken") && !message.contains("secret-claims"),
+        message.contains("authToken")
+            && message.contains("jwt_secret")
+            && !message.contains("secret-claims"),
         "{body}"
     );
     // A statement's error: 400 with PostgreSQL's fields.
@@ -455,8 +563,8 @@ async fn http_queries_get_clear_answers_and_keep_tenants_apart() {
         .unwrap();
     let text = String::from_utf8_lossy(&metrics.stdout);
     for (status, n) in [
-        ("400", 5),
-        ("401", 1),
+        ("400", 4),
+        ("401", 2),
         ("404", 1),
         ("413", 1),
         ("429", 1),

@@ -140,14 +140,23 @@ impl Exchange {
     pub async fn run(
         &mut self,
         work: &Work,
+        preamble: Option<&Statement>,
         shape: Shape,
         max_response: usize,
     ) -> Result<Vec<u8>, Failure> {
         let mut out = BytesMut::with_capacity(1024);
-        let mut answer = match work {
+        // The preamble (a token's claims, set transaction-local) runs in the statements'
+        // transaction: a batch's, after its BEGIN, or the implicit one that lasts until Sync.
+        let hidden = |out: &mut BytesMut| {
+            if let Some(p) = preamble {
+                statement(out, p, false);
+            }
+        };
+        let answer = match work {
             Work::One(s) => {
+                hidden(&mut out);
                 statement(&mut out, s, true);
-                Answer::new(shape, max_response, false, 1)
+                Answer::new(shape, max_response, false, 1 + preamble.is_some() as usize)
             }
             Work::Batch { begin, statements } => {
                 let bare = |text: &str| Statement {
@@ -155,12 +164,18 @@ impl Exchange {
                     params: Vec::new(),
                 };
                 statement(&mut out, &bare(begin), false);
+                hidden(&mut out);
                 for s in statements {
                     statement(&mut out, s, true);
                 }
                 statement(&mut out, &bare("COMMIT"), false);
-                Answer::new(shape, max_response, true, statements.len() + 2)
+                let n = statements.len() + 2 + preamble.is_some() as usize;
+                Answer::new(shape, max_response, true, n)
             }
+        };
+        let mut answer = match preamble {
+            Some(_) => answer.after_preamble(),
+            None => answer,
         };
         frontend::sync(&mut out);
         self.send(&out).await?;

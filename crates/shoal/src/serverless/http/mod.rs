@@ -18,6 +18,7 @@ use super::listener::Peer;
 use super::Door;
 use crate::net::Stream;
 
+mod claims;
 mod exchange;
 mod request;
 mod results;
@@ -56,7 +57,7 @@ async fn answer(door: &Arc<Door>, peer: Peer, headers: &HeaderMap, body: Body) -
         Err(_) => return too_large(limit),
     };
     let read = || -> Result<_, RequestError> {
-        request::no_authorization(headers.contains_key(header::AUTHORIZATION))?;
+        let token = request::bearer(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))?;
         let login = request::login(
             header("neon-connection-string").ok_or(RequestError::NoConnectionString)?,
         )?;
@@ -70,24 +71,33 @@ async fn answer(door: &Arc<Door>, peer: Peer, headers: &HeaderMap, body: Body) -
             header("neon-batch-deferrable"),
         )?;
         let work = request::work(&body, begin)?;
-        Ok((login, shape, work))
+        Ok((login, shape, work, token))
     };
-    match read() {
-        Ok((login, shape, work)) => {
-            drop(body);
-            run(door, peer, &login, &work, shape).await
+    let (login, shape, work, token) = match read() {
+        Ok(x) => x,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let claims = match token.map(|t| claims::check(&door.app, &login, peer.addr.ip(), t)) {
+        None => None,
+        Some(Ok(statement)) => Some(statement),
+        Some(Err(e)) => {
+            let code = e.code();
+            let body = serde_json::json!({"message": e.to_string(), "code": code});
+            return (status_for(code, true), json_headers(), body.to_string()).into_response();
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-    }
+    };
+    drop(body);
+    run(door, peer, &login, (&work, claims.as_ref()), shape).await
 }
 
-/// Runs the request on a kept session for its connection string, or logs in on a fresh
-/// one; answers; past the request timeout, cancels.
+/// Runs the request (its statements, after its token's claims if it has one) on a kept
+/// session for its connection string, or logs in on a fresh one; answers; past the request
+/// timeout, cancels.
 async fn run(
     door: &Arc<Door>,
     peer: Peer,
     login: &request::Login,
-    work: &Work,
+    (work, claims): (&Work, Option<&request::Statement>),
     shape: Shape,
 ) -> Response {
     let key = door.warm.key(login);
@@ -106,7 +116,7 @@ async fn run(
             if !logged_in {
                 ex.login(login).await?;
             }
-            match ex.run(work, shape, door.max_response).await {
+            match ex.run(work, claims, shape, door.max_response).await {
                 // A kept session ended meanwhile, before reading anything: nothing ran.
                 Err(Failure::Closed) if logged_in => {
                     ex = fresh();

@@ -79,19 +79,28 @@ pub enum RequestError {
     },
     #[error("the body is not the JSON of a query: {0}")]
     BadBody(String),
-    #[error("this front door takes no bearer token (the driver's authToken): the query would run as the connection string's user without the token's claims; leave authToken out and give the connection string's password")]
-    BearerToken,
+    #[error(
+        "the Authorization header must be \"Bearer\" and a JWT (what the driver's authToken sends)"
+    )]
+    BadAuthorization,
 }
 
-/// Refuses a request that carries an `Authorization` header (what the driver's `authToken`
-/// sends) rather than run it without the token: its author expects the token's claims to
-/// decide what the query may see (row-level security), and run as the connection string's
-/// user alone it could see more. The header's value is never read, logged or echoed.
-pub fn no_authorization(present: bool) -> Result<(), RequestError> {
-    if present {
-        return Err(RequestError::BearerToken);
+/// The bearer token of an `Authorization` header (the driver's `authToken`), if one came.
+/// A header of another form is refused rather than ignored: its author expects it to
+/// decide what the query may see. Its value is never logged or echoed.
+pub fn bearer(header: Option<&[u8]>) -> Result<Option<&str>, RequestError> {
+    let Some(value) = header else {
+        return Ok(None);
+    };
+    let value = std::str::from_utf8(value).map_err(|_| RequestError::BadAuthorization)?;
+    let (scheme, token) = value
+        .split_once(' ')
+        .ok_or(RequestError::BadAuthorization)?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(RequestError::BadAuthorization);
     }
-    Ok(())
+    Ok(Some(token))
 }
 
 /// Reads the connection string: `postgres://` or `postgresql://`, a user, a database, the
@@ -287,10 +296,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_bearer_token_is_refused_and_never_echoed() {
-        assert!(no_authorization(false).is_ok());
-        let e = no_authorization(true).unwrap_err().to_string();
-        assert!(e.contains("authToken"), "{e}");
+    fn bearer_tokens() {
+        assert_eq!(bearer(None), Ok(None));
+        assert_eq!(bearer(Some(b"Bearer eyJ.a.b")), Ok(Some("eyJ.a.b")));
+        assert_eq!(bearer(Some(b"bearer  eyJ.a.b ")), Ok(Some("eyJ.a.b")));
+        for bad in [
+            &b"Basic dXNlcjpwdw=="[..],
+            b"Bearer",
+            b"Bearer ",
+            b"eyJ.a.b",
+            b"\xff x",
+        ] {
+            let e = bearer(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("authToken") && !e.contains("dXNl"), "{e}");
+        }
     }
 
     #[test]

@@ -32,9 +32,13 @@ pub enum AnswerError {
 pub struct Answer {
     shape: Shape,
     limit: usize,
-    /// A batch: its BEGIN (first) and COMMIT (last) answers are not shown.
+    /// A batch: its results go in a list.
     batch: bool,
-    /// Statements sent, BEGIN and COMMIT included.
+    /// Statements whose answers are not shown, at the start (a batch's BEGIN, a bearer
+    /// token's claims) and at the end (a batch's COMMIT).
+    hidden_first: usize,
+    hidden_last: usize,
+    /// Statements sent, the hidden ones included.
     statements: usize,
     /// Statements answered so far.
     done: usize,
@@ -58,6 +62,8 @@ impl Answer {
             shape,
             limit,
             batch,
+            hidden_first: batch as usize,
+            hidden_last: batch as usize,
             statements,
             done: 0,
             out,
@@ -69,8 +75,15 @@ impl Answer {
         }
     }
 
+    /// One more statement, before the shown ones, whose answer is not shown (counted in
+    /// `statements` given to [`Answer::new`]).
+    pub fn after_preamble(mut self) -> Answer {
+        self.hidden_first += 1;
+        self
+    }
+
     fn shown(&self) -> bool {
-        !self.batch || (self.done > 0 && self.done + 1 < self.statements)
+        self.done >= self.hidden_first && self.done + self.hidden_last < self.statements
     }
 
     /// Takes one message of the session's answer.
@@ -113,7 +126,7 @@ impl Answer {
         if !self.in_result {
             return;
         }
-        if self.batch && self.done > 1 {
+        if self.batch && self.done > self.hidden_first {
             self.out.push(b',');
         }
         self.out.extend_from_slice(br#"{"fields":["#);
@@ -386,6 +399,39 @@ mod tests {
         assert_eq!(results[1]["command"], "INSERT");
         assert_eq!(results[1]["rowCount"], 3);
         assert_eq!(results[1]["fields"], serde_json::json!([]));
+    }
+
+    /// A bearer token's claims statement (sent without Describe) shows in neither a
+    /// one-shot answer nor a batch's.
+    #[test]
+    fn a_preamble_is_hidden() {
+        for batch in [false, true] {
+            let statements = if batch { 4 } else { 2 };
+            let mut a = Answer::new(Shape::default(), 1 << 20, batch, statements).after_preamble();
+            if batch {
+                a.take(b'C', &cstr("BEGIN")).unwrap();
+            }
+            a.take(b'1', b"").unwrap();
+            a.take(b'2', b"").unwrap();
+            a.take(b'D', &data_row(&[Some("reader"), Some("{}")]))
+                .unwrap();
+            a.take(b'C', &cstr("SELECT 1")).unwrap();
+            select(&mut a);
+            if batch {
+                a.take(b'C', &cstr("COMMIT")).unwrap();
+            }
+            a.take(b'Z', b"I").unwrap();
+            let v: Value = serde_json::from_slice(&a.finish().unwrap()).unwrap();
+            let result = if batch {
+                let results = v["results"].as_array().unwrap();
+                assert_eq!(results.len(), 1, "{v}");
+                results[0].clone()
+            } else {
+                v
+            };
+            assert_eq!(result["rowCount"], 2, "{result}");
+            assert!(!result.to_string().contains("reader"), "{result}");
+        }
     }
 
     #[test]
