@@ -29,6 +29,19 @@ pub struct Admission {
     /// A per-process secret that makes the fake SCRAM salt of an unknown user stable within
     /// this process and unpredictable outside it.
     mock_secret: [u8; 16],
+    /// Sessions Shoal keeps logged in on its own account, ended to make room for a client
+    /// a client limit would refuse (set when the serverless front door starts).
+    pub spare: std::sync::OnceLock<Arc<dyn Spare>>,
+}
+
+/// Logged-in sessions kept idle by Shoal itself (the serverless front door's HTTP sessions,
+/// kept for the next query with the same credentials). They count as clients, so a client
+/// limit could refuse a real client for them: a login that meets a limit ends them first.
+pub trait Spare: Send + Sync {
+    /// How many are kept now.
+    fn kept(&self) -> usize;
+    /// Ends them all (each leaves once its task sees its stream close); how many.
+    fn shed(&self) -> usize;
 }
 
 /// Grows with every client that connects or leaves, and every relayed client parked (which
@@ -87,7 +100,33 @@ impl Admission {
                 crate::config::secs(server.auth_failure_window),
             ),
             mock_secret: rand::random(),
+            spare: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Whether sessions kept on Shoal's own account could make room for a client.
+    pub fn has_spare(&self) -> bool {
+        self.spare.get().is_some_and(|s| s.kept() > 0)
+    }
+
+    /// A client limit refuses a login while `full` holds: ends the kept sessions, if there
+    /// are any, and waits (briefly) for them to leave. Whether `full` no longer holds.
+    pub async fn make_room(&self, full: impl Fn() -> bool) -> bool {
+        const WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+        let Some(spare) = self.spare.get() else {
+            return false;
+        };
+        if spare.shed() == 0 {
+            return !full();
+        }
+        let deadline = std::time::Instant::now() + WAIT;
+        while full() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            crate::timer::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        true
     }
 
     fn lock_by_addr(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, u32>> {

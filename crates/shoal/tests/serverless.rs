@@ -642,3 +642,84 @@ async fn http_sessions_are_kept_only_when_clean() {
     .await;
     assert_eq!(status, 401);
 }
+
+/// Sessions kept for the next HTTP query never cost a real client its place: a login that
+/// `max_client_conn` (the server's, or a tenant's per pool) would refuse ends them first,
+/// and the limits still hold once none are left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_http_sessions_make_room_for_clients() {
+    let data = tempfile::tempdir().unwrap();
+    let config = base_config(
+        pg(),
+        &[],
+        &format!(
+            "[api]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SHOAL_API_TOKEN\"\n[store]\ndata_dir = \"{}\"\n\
+             [serverless]\nlisten = \"127.0.0.1:0\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+            data.path().display()
+        ),
+    );
+    let s = Shoal::start_with_env(
+        &with_server_keys(&config, "max_client_conn = 3"),
+        &[
+            ("SHOAL_API_TOKEN", API_TEST_TOKEN),
+            ("API_JWT_SECRET", "unused-secret-0123456789"),
+        ],
+    );
+    let addr = s.ready_addr("serverless").expect("the serverless listener");
+    let db = tenant(&s, "room", serde_json::json!({"default_max_clients": 2}));
+    let other = tenant(&s, "other", serde_json::json!({}));
+    let http = |app_name: &str| {
+        let conn =
+            format!("postgresql://app.room:{APP_PASSWORD}@h/{db}?application_name={app_name}");
+        async move {
+            let (status, body) = post(
+                addr,
+                &[("Neon-Connection-String", conn.as_str())],
+                r#"{"query": "SELECT 1 AS one", "params": []}"#,
+            )
+            .await;
+            assert_eq!(
+                (status, &body["rows"][0]["one"]),
+                (200, &serde_json::json!(1)),
+                "{body}"
+            );
+        }
+    };
+    // Two connection strings (application names differ): two sessions kept, the pool's
+    // max_client_conn (2) reached.
+    http("a").await;
+    http("b").await;
+    assert_eq!(logged_in_clients(&s), 2, "both sessions kept");
+    // A third is let in: the kept ones made room.
+    http("c").await;
+    eventually("the kept sessions left", Duration::from_secs(10), || {
+        logged_in_clients(&s) == 1
+    })
+    .await;
+    http("d").await;
+    assert_eq!(logged_in_clients(&s), 2);
+    // The server's max_client_conn (3): TCP clients of another tenant get in past the two
+    // kept sessions, and the limit holds once no kept session is left.
+    let tcp = |n: u32| {
+        let s = &s;
+        let other = &other;
+        async move {
+            let c = s
+                .try_connect(&s.conninfo("app.other", APP_PASSWORD, other))
+                .await;
+            c.map(|c| (n, c))
+        }
+    };
+    let mut clients = Vec::new();
+    for n in 0..3 {
+        let (_, c) = tcp(n)
+            .await
+            .unwrap_or_else(|e| panic!("TCP client {n}: {e}"));
+        assert_eq!(simple_rows(&c, "SELECT 1").await, vec!["1".to_string()]);
+        clients.push(c);
+    }
+    let Err(refused) = tcp(3).await else {
+        panic!("a fourth client is over max_client_conn");
+    };
+    assert_eq!(code(&refused), "53300", "{refused}");
+}

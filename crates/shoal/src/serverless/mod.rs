@@ -40,7 +40,7 @@ struct Door {
     /// Round robin over the data plane's shards.
     next_shard: AtomicUsize,
     /// Sessions HTTP queries left clean, for the next query with the same credentials.
-    warm: http::Warm,
+    warm: Arc<http::Warm>,
 }
 
 /// Serves `[serverless] listen` (or the socket a previous process handed over). Returns
@@ -65,8 +65,9 @@ pub async fn start(
         max_response: section.max_response_size,
         request_timeout: section.request_timeout,
         next_shard: AtomicUsize::new(0),
-        warm: http::Warm::default(),
+        warm: Arc::new(http::Warm::default()),
     });
+    let _ = app.admission.spare.set(door.warm.clone());
     let sweeping = Arc::downgrade(&door);
     tokio::spawn(async move {
         let mut every = crate::timer::interval(std::time::Duration::from_secs(2));

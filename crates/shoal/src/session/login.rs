@@ -101,7 +101,8 @@ pub(super) async fn login_phase(
 async fn counted(app: &Arc<App>, id: u64, stream: &mut Stream) -> Option<ClientGuard> {
     let (guard, _) = app.admission.client_guard();
     let max = app.config.server.max_client_conn;
-    if app.admission.connected_clients() > max {
+    let full = || app.admission.connected_clients() > max;
+    if full() && !app.admission.make_room(full).await {
         drop(guard);
         let e = SessionError::fatal(
             ErrorKind::ClientLimit,
@@ -270,7 +271,8 @@ fn admit(app: &App, req: &Request) -> Result<(), SessionError> {
         ));
     }
     let max = app.config.server.max_client_conn;
-    if app.admission.connected_clients() >= max {
+    // (Sessions Shoal keeps on its own account make room once the client has logged in.)
+    if app.admission.connected_clients() >= max && !app.admission.has_spare() {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,
             sqlstate::TOO_MANY_CONNECTIONS,
@@ -604,7 +606,8 @@ pub(super) async fn enter_pool(
     let pool_client = PoolClient(pool.clone());
     rules_allow_mode(&pool)?;
     cap_statement_timeout(&pool, &mut req.startup.params);
-    if per_pool > 0 && n > per_pool {
+    let full = || pool.stats.clients.load(Ordering::Relaxed) > per_pool;
+    if per_pool > 0 && n > per_pool && !app.admission.make_room(full).await {
         return Err(SessionError::fatal(
             ErrorKind::ClientLimit,
             sqlstate::TOO_MANY_CONNECTIONS,

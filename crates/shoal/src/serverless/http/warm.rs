@@ -8,9 +8,10 @@
 //! `LISTEN`, `PREPARE`) is kept, so the next query finds the session as a fresh login
 //! would. They are keyed by a digest of user, password, database and application name
 //! under a random per-process key, so only the same credentials find one. A kept session
-//! is a client like any other (it counts against `max_client_conn`), so few are kept and
-//! not for long; a session is given up a minute after its login, so a changed password
-//! stops working for HTTP queries within that minute.
+//! is a client like any other (it counts in `max_client_conn`), so few are kept and not for
+//! long, and a login that a client limit would refuse ends them all first (see
+//! [`crate::admission::Spare`]). A session is given up a minute after its login, so a
+//! changed password stops working for HTTP queries within that minute.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -131,6 +132,22 @@ impl Warm {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.kept.lock().unwrap().1
+    }
+}
+
+impl crate::admission::Spare for Warm {
+    fn kept(&self) -> usize {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    fn shed(&self) -> usize {
+        let all = {
+            let mut g = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            g.1 = 0;
+            std::mem::take(&mut g.0)
+        };
+        // Dropped outside the lock, as in `sweep`.
+        all.into_values().map(|list| list.len()).sum()
     }
 }
 
