@@ -48,15 +48,26 @@ fn app(fake: &FakePg, pool: &str) -> Arc<App> {
 /// An App for `fake`'s database whose pools reach their servers through `dial` (`None`:
 /// over TCP to `fake`).
 fn app_reaching(fake: &FakePg, pool: &str, dial: Option<Arc<dyn shoal::server::Dial>>) -> Arc<App> {
-    clock();
     let size = if pool.contains("pool_size") {
         ""
     } else {
         "pool_size = 1\n"
     };
+    app_configured(fake, "", &format!("[pool]\n{size}{pool}\n"), dial)
+}
+
+/// An App for `fake`'s database with `server` keys and further `sections` (`[pool]`,
+/// more users) beside user `raw`.
+fn app_configured(
+    fake: &FakePg,
+    server: &str,
+    sections: &str,
+    dial: Option<Arc<dyn shoal::server::Dial>>,
+) -> Arc<App> {
+    clock();
     let text = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n\
-         [pool]\n{size}{pool}\n\
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n{server}\n\
+         {sections}\n\
          [databases.fake]\nhost = \"127.0.0.1\"\nport = {}\n\
          [users.raw]\nauth_method = \"trust\"\nserver_user = \"app\"\nserver_password = \"x\"\n",
         fake.addr.port()
@@ -607,4 +618,110 @@ async fn past_the_lease_deadline_a_statement_never_reaches_a_server() {
     let seen = fake.shared.queries.lock().unwrap().clone();
     assert!(seen.iter().any(|q| q.contains("'owned'")));
     assert!(!seen.iter().any(|q| q.contains("'late'")), "{seen:?}");
+}
+
+/// A login as `user` with `password` (MD5) from `peer`, over a pipe: the session ready for
+/// queries, or the error it answered with.
+async fn md5_login(
+    app: &Arc<App>,
+    peer: &str,
+    user: &str,
+    password: &str,
+) -> Result<Raw, raw::Msg> {
+    let (ours, theirs) = tokio::io::duplex(PIPE);
+    tokio::spawn(shoal::session::serve(
+        app.clone(),
+        Stream::Buffered(Box::new(theirs)),
+        Some(peer.parse().unwrap()),
+    ));
+    let mut r = Raw::over(ours);
+    r.startup(user, "fake", &[]).await;
+    loop {
+        let m = r.recv().await.expect("an answer");
+        match m.tag {
+            'R' if m.body.len() == 8 && m.body[..4] == 5u32.to_be_bytes() => {
+                let salt: [u8; 4] = m.body[4..8].try_into().unwrap();
+                let stored = shoal_wire::md5::stored_secret(user, password);
+                let mut b = BytesMut::new();
+                let answer = shoal_wire::md5::salted_response(&stored, salt);
+                shoal_wire::frontend::password(&mut b, &answer);
+                r.send(&b).await;
+            }
+            'E' => return Err(m),
+            'Z' => return Ok(r),
+            _ => {}
+        }
+    }
+}
+
+/// Failed logins, in paused time: from one address as one user, each failure after the
+/// first is answered later (100 ms, then 200 ms); the third bans the pair, right password or
+/// not, until `auth_failure_window` has passed, and then the right password gets in. The same
+/// user from another address, and another user, are unaffected throughout.
+#[tokio::test(start_paused = true)]
+async fn failed_logins_are_delayed_banned_and_forgiven() {
+    let fake = FakePg::start().await;
+    let app = app_configured(
+        &fake,
+        "auth_failure_ban = 3\nauth_failure_window = 60",
+        "[pool]\npool_size = 1\n[users.pw]\nauth_method = \"md5\"\npassword = \"right\"\n\
+         server_user = \"app\"\nserver_password = \"x\"\n",
+        Some(fake.dialer(PIPE)),
+    );
+    let (guesser, other) = ("10.0.0.1:5000", "10.0.0.2:5000");
+    let mut waited = Vec::new();
+    for _ in 0..3 {
+        let started = tokio::time::Instant::now();
+        let e = md5_login(&app, guesser, "pw", "wrong")
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.code(), "28P01", "{}", e.text());
+        waited.push(started.elapsed());
+    }
+    assert!(waited[0] < Duration::from_millis(100), "{waited:?}");
+    assert!(waited[1] >= Duration::from_millis(100), "{waited:?}");
+    assert!(waited[2] >= Duration::from_millis(200), "{waited:?}");
+    // Banned now, even with the right password; not so the same user from elsewhere, or
+    // another user from the same address.
+    let e = md5_login(&app, guesser, "pw", "right")
+        .await
+        .err()
+        .expect("banned");
+    assert_eq!(e.code(), "28000", "{}", e.text());
+    assert!(e.text().contains("too many failed logins"), "{}", e.text());
+    let mut c = md5_login(&app, other, "pw", "right")
+        .await
+        .expect("another address");
+    assert_eq!(c.simple("SELECT 'in'").await.unwrap(), vec!["in"]);
+    drop(c);
+    let mut c = Raw::login_over(
+        {
+            let (ours, theirs) = tokio::io::duplex(PIPE);
+            tokio::spawn(shoal::session::serve(
+                app.clone(),
+                Stream::Buffered(Box::new(theirs)),
+                Some(guesser.parse().unwrap()),
+            ));
+            Raw::over(ours)
+        },
+        "raw",
+        "fake",
+        &[],
+    )
+    .await;
+    assert_eq!(c.simple("SELECT 'in'").await.unwrap(), vec!["in"]);
+    drop(c);
+    // Still banned just before the window ends; forgiven after it.
+    tokio::time::advance(Duration::from_secs(55)).await;
+    let e = md5_login(&app, guesser, "pw", "right")
+        .await
+        .err()
+        .expect("still banned");
+    assert_eq!(e.code(), "28000", "{}", e.text());
+    tokio::time::advance(Duration::from_secs(6)).await;
+    let mut c = md5_login(&app, guesser, "pw", "right")
+        .await
+        .expect("forgiven");
+    assert_eq!(c.simple("SELECT 'in'").await.unwrap(), vec!["in"]);
 }
