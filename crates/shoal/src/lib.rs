@@ -47,6 +47,10 @@
 //!   the client's encoding: what query rules, the result cache and the replica split
 //!   decide on.
 
+/// The features the data plane runs with, named once here so the session calls them through
+/// [`session::seam::Features`], resolved at compile time, without naming a feature module.
+pub type Plugged = features::relay::Plugged;
+
 // The control plane's modules, under the names the pooler has always used for them.
 pub use shoal_control::runtime as control;
 pub use shoal_control::{config, logsafe, upstream_tls};

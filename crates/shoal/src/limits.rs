@@ -57,9 +57,7 @@ impl Bucket {
     }
 }
 
-/// Why a client was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal(pub String);
+pub use crate::session::seam::Refusal;
 
 impl Limiter {
     pub fn new(config: Limits, label: String) -> Limiter {
@@ -223,27 +221,6 @@ impl PoolLimits {
     }
 }
 
-/// A PostgreSQL time setting's value in milliseconds (`"5s"`, `"250"`, `"1min"`); 0 means
-/// no limit, as for `statement_timeout`.
-pub fn pg_duration_ms(value: &str) -> Option<f64> {
-    let v = value.trim().trim_matches('\'');
-    let split = v
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(v.len());
-    let (num, unit) = v.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let scale = match unit.trim() {
-        "" | "ms" => 1.0,
-        "us" => 0.001,
-        "s" => 1000.0,
-        "min" => 60_000.0,
-        "h" => 3_600_000.0,
-        "d" => 86_400_000.0,
-        _ => return None,
-    };
-    Some(n * scale)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,14 +281,5 @@ mod tests {
         let e = l.admit_query().await.unwrap_err();
         assert!(e.0.contains("user \"u\""), "{e:?}");
         assert!(db.tokens().unwrap() > 3.9, "refunded");
-    }
-
-    #[test]
-    fn postgres_durations_read_as_milliseconds() {
-        assert_eq!(pg_duration_ms("250"), Some(250.0));
-        assert_eq!(pg_duration_ms("'5s'"), Some(5000.0));
-        assert_eq!(pg_duration_ms("2min"), Some(120_000.0));
-        assert_eq!(pg_duration_ms("0"), Some(0.0));
-        assert_eq!(pg_duration_ms("soon"), None);
     }
 }

@@ -208,9 +208,39 @@ pub fn apply_values(params: &[(String, String)]) -> Vec<&str> {
         .collect()
 }
 
+/// A PostgreSQL time setting's value in milliseconds (`"5s"`, `"250"`, `"1min"`); 0 means
+/// no limit, as for `statement_timeout`.
+pub fn pg_duration_ms(value: &str) -> Option<f64> {
+    let v = value.trim().trim_matches('\'');
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let scale = match unit.trim() {
+        "" | "ms" => 1.0,
+        "us" => 0.001,
+        "s" => 1000.0,
+        "min" => 60_000.0,
+        "h" => 3_600_000.0,
+        "d" => 86_400_000.0,
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_durations_read_as_milliseconds() {
+        assert_eq!(pg_duration_ms("250"), Some(250.0));
+        assert_eq!(pg_duration_ms("'5s'"), Some(5000.0));
+        assert_eq!(pg_duration_ms("2min"), Some(120_000.0));
+        assert_eq!(pg_duration_ms("0"), Some(0.0));
+        assert_eq!(pg_duration_ms("soon"), None);
+    }
 
     fn msg(params: &[(&str, &str)]) -> StartupMessage {
         StartupMessage {

@@ -100,19 +100,59 @@ pub(super) async fn login_phase(
 /// (then the client is told and `None` returned).
 async fn counted(app: &Arc<App>, id: u64, stream: &mut Stream) -> Option<ClientGuard> {
     let (guard, _) = app.admission.client_guard();
-    let max = app.config.server.max_client_conn;
-    let full = || app.admission.connected_clients() > max;
-    if full() && !app.admission.make_room(full).await {
-        drop(guard);
-        let e = SessionError::fatal(
-            ErrorKind::ClientLimit,
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!("too many client connections: server.max_client_conn ({max}) reached"),
-        );
-        Box::pin(finish(id, stream, Err(e))).await;
-        return None;
+    if app.admission.connected_clients() <= app.config.server.max_client_conn {
+        return Some(guard);
     }
-    Some(guard)
+    Box::pin(over_max(app, id, stream, guard)).await
+}
+
+/// [`counted`] past `max_client_conn`: room made by ending the sessions Shoal keeps on its
+/// own account, or the client told. (Boxed apart: a rare path that would grow every
+/// login's future.)
+async fn over_max(
+    app: &Arc<App>,
+    id: u64,
+    stream: &mut Stream,
+    guard: ClientGuard,
+) -> Option<ClientGuard> {
+    let max = app.config.server.max_client_conn;
+    let admission = &app.admission;
+    if admission
+        .make_room(|| admission.connected_clients() > max)
+        .await
+    {
+        return Some(guard);
+    }
+    drop(guard);
+    let e = SessionError::fatal(
+        ErrorKind::ClientLimit,
+        sqlstate::TOO_MANY_CONNECTIONS,
+        format!("too many client connections: server.max_client_conn ({max}) reached"),
+    );
+    finish(id, stream, Err(e)).await;
+    None
+}
+
+/// [`enter_pool`] past the pool's `max_client_conn`: room made by ending the sessions
+/// Shoal keeps on its own account, or the refusal. (Boxed apart: a rare path that would
+/// grow every login's future.)
+async fn over_pool_max(app: &App, client: PoolClient) -> Result<PoolClient, SessionError> {
+    let max = client.settings.max_client_conn;
+    if app
+        .admission
+        .make_room(|| client.stats.clients.load(Ordering::Relaxed) > max)
+        .await
+    {
+        return Ok(client);
+    }
+    Err(SessionError::fatal(
+        ErrorKind::ClientLimit,
+        sqlstate::TOO_MANY_CONNECTIONS,
+        format!(
+            "too many client connections for pool \"{}\": max_client_conn ({max}) reached",
+            client.name
+        ),
+    ))
 }
 
 /// Where a login ends up.
@@ -606,17 +646,11 @@ pub(super) async fn enter_pool(
     let pool_client = PoolClient(pool.clone());
     rules_allow_mode(&pool)?;
     cap_statement_timeout(&pool, &mut req.startup.params);
-    let full = || pool.stats.clients.load(Ordering::Relaxed) > per_pool;
-    if per_pool > 0 && n > per_pool && !app.admission.make_room(full).await {
-        return Err(SessionError::fatal(
-            ErrorKind::ClientLimit,
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!(
-                "too many client connections for pool \"{}\": max_client_conn ({per_pool}) reached",
-                pool.name
-            ),
-        ));
-    }
+    let pool_client = if per_pool > 0 && n > per_pool {
+        Box::pin(over_pool_max(app, pool_client)).await?
+    } else {
+        pool_client
+    };
     // A session-mode client keeps one server: a replica's for a client whose reads all go
     // to replicas, the promoted replica's after a failover.
     let server_pool = match pool.replicas() {
@@ -680,7 +714,7 @@ fn cap_statement_timeout(pool: &Pool, params: &mut [(String, String)]) {
     let cap_ms = cap.as_millis().max(1) as f64;
     for (k, v) in params.iter_mut() {
         if k == "statement_timeout" {
-            let asked = crate::limits::pg_duration_ms(v).unwrap_or(0.0);
+            let asked = crate::params::pg_duration_ms(v).unwrap_or(0.0);
             if asked <= 0.0 || asked > cap_ms {
                 *v = format!("{}", cap_ms as u64);
             }

@@ -22,6 +22,7 @@ mod outbound;
 mod reads;
 mod relay;
 mod relayed;
+pub mod seam;
 #[cfg(test)]
 mod size_tests;
 
@@ -47,10 +48,11 @@ use crate::logsafe::Escaped;
 use crate::net::Stream;
 use crate::params::SharedParams;
 use crate::pool::{Lease, Leaving};
-use crate::{prepared, sets};
+use crate::{prepared, sets, Plugged};
 use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
 use relay::{Policy, RelayEnd};
+use seam::Features as _;
 
 use ending::{end_session, finish, send_error};
 pub use error::SessionError;
@@ -501,28 +503,23 @@ impl Session {
         loop {
             match self.handle_idle_messages().await? {
                 Idle::NeedServer => {
-                    let limits = self.pool.limits();
-                    if let Some(l) = limits.as_ref().filter(|l| l.has_rate()) {
-                        if let Err(r) = l.admit_query().await {
-                            self.refuse_over_limit(r).await?;
-                            continue;
-                        }
+                    let limits = Plugged::limits(&self.pool);
+                    if let Err(r) = Plugged::admit_unit(&limits).await {
+                        self.refuse_over_limit(r).await?;
+                        continue;
                     }
                     if self.pool.cache().is_some() && self.answer_from_cache().await? {
                         continue;
                     }
-                    let running = match limits.as_ref().filter(|l| l.has_concurrency()) {
-                        Some(l) => match l.admit_transaction().await {
-                            Ok(r) => Some(r),
-                            Err(r) => {
-                                if let Some(x) = self.extras.as_mut() {
-                                    x.capture = None;
-                                }
-                                self.refuse_over_limit(r).await?;
-                                continue;
+                    let running = match Plugged::admit_transaction(&limits).await {
+                        Ok(r) => r,
+                        Err(r) => {
+                            if let Some(x) = self.extras.as_mut() {
+                                x.capture = None;
                             }
-                        },
-                        None => None,
+                            self.refuse_over_limit(r).await?;
+                            continue;
+                        }
                     };
                     let gone = self.run_transaction().await?;
                     drop(running);
@@ -825,7 +822,7 @@ impl Session {
     }
 
     /// Tells a client over a rate or concurrency limit that its unit was refused.
-    async fn refuse_over_limit(&mut self, r: crate::limits::Refusal) -> Result<(), SessionError> {
+    async fn refuse_over_limit(&mut self, r: seam::Refusal) -> Result<(), SessionError> {
         self.app.metrics.rejected(ErrorKind::ClientLimit);
         tracing::debug!(conn = self.id, pool = %self.pool.name, reason = %r.0, "over a limit");
         self.fail_unit(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, &r.0)

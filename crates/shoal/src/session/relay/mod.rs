@@ -26,6 +26,8 @@ use crate::config::replicas::ReadRouting;
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
 use crate::server::ServerConn;
+use crate::session::seam::Features as _;
+use crate::Plugged;
 
 mod client;
 mod server;
@@ -213,9 +215,7 @@ impl Session {
             ));
         }
         if policy.per_transaction() {
-            if let Some(l) = self.pool.limits() {
-                l.charge(out.counts.queries);
-            }
+            Plugged::transaction_ran(&self.pool, out.counts.queries);
         }
         out.flush_counts(&self.pool);
         if let Some(cache) = &out.cache {

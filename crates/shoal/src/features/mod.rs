@@ -7,6 +7,11 @@
 //! whoever makes a pool keeps its `Arc<Features>` to set them.
 //! Rules, cache and limits are replaced live on reloads, so each sits behind a lock with a
 //! flag that spares pools without one the lock on every statement.
+//!
+//! [`relay`] is the session's side of them: the data plane's `session::seam::Features`,
+//! implemented over these.
+
+pub mod relay;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};

@@ -1,0 +1,43 @@
+//! The features as the session sees them: [`crate::session::seam::Features`] implemented
+//! over each pool's [`super::Features`].
+
+use std::sync::Arc;
+
+use super::PoolFeatures;
+use crate::limits::{PoolLimits, Running};
+use crate::pool::Pool;
+use crate::session::seam::{self, Refusal};
+
+/// The features the data plane runs with (named at the crate root as [`crate::Plugged`]).
+pub struct Plugged;
+
+impl seam::Features for Plugged {
+    type Limits = Option<Arc<PoolLimits>>;
+    type Running = Option<Running>;
+
+    #[inline]
+    fn limits(pool: &Pool) -> Self::Limits {
+        pool.limits()
+    }
+
+    async fn admit_unit(limits: &Self::Limits) -> Result<(), Refusal> {
+        match limits.as_ref().filter(|l| l.has_rate()) {
+            Some(l) => l.admit_query().await,
+            None => Ok(()),
+        }
+    }
+
+    async fn admit_transaction(limits: &Self::Limits) -> Result<Self::Running, Refusal> {
+        match limits.as_ref().filter(|l| l.has_concurrency()) {
+            Some(l) => l.admit_transaction().await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    #[inline]
+    fn transaction_ran(pool: &Pool, queries: u64) {
+        if let Some(l) = pool.limits() {
+            l.charge(queries);
+        }
+    }
+}
