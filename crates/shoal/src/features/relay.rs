@@ -3,9 +3,15 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use shoal_wire::sql::ClientEncoding;
+
 use super::PoolFeatures;
 use crate::limits::{PoolLimits, Running};
 use crate::pool::Pool;
+use crate::prepared::ClientStatements;
+use crate::query_rules::QueryRules;
 use crate::session::seam::{self, Refusal};
 
 /// The features the data plane runs with (named at the crate root as [`crate::Plugged`]).
@@ -39,5 +45,27 @@ impl seam::Features for Plugged {
         if let Some(l) = pool.limits() {
             l.charge(queries);
         }
+    }
+
+    type Rules = Arc<QueryRules>;
+
+    #[inline]
+    fn rules(pool: &Pool) -> Option<Self::Rules> {
+        pool.rules()
+    }
+
+    async fn rules_ready(rules: &Self::Rules, limit: Duration) {
+        rules.catalogue_read(limit).await
+    }
+
+    #[inline]
+    fn refusal(
+        rules: &Self::Rules,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        pool: &str,
+        encoding: ClientEncoding,
+    ) -> Option<(&'static str, String)> {
+        rules.refusal(msg, statements, pool, encoding)
     }
 }

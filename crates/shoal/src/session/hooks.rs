@@ -15,8 +15,10 @@ use bytes::BytesMut;
 use shoal_wire::frame::FrameError;
 
 use super::outbound::ClientSink;
+use super::seam::Features as _;
 use crate::prepared::{ClientStatements, Expect, StatementRegistry, ToServer, Translator};
 use crate::server_session::ServerSession;
+use crate::Plugged;
 
 /// What a hook may see and change while one message passes: the client's side of the
 /// session and the server's.
@@ -33,7 +35,7 @@ pub(super) struct HookCx<'a> {
     /// The client's transaction status now.
     pub(super) status: u8,
     /// The pool's query rules, when it has any, and its name (for their log lines).
-    pub(super) rules: Option<&'a crate::query_rules::QueryRules>,
+    pub(super) rules: Option<&'a super::seam::Rules>,
     pub(super) pool_name: &'a str,
     /// How the server reads the client's text now, and whether a message sent may change
     /// that before the server says (see [`super::Extras::recoding`]).
@@ -128,9 +130,13 @@ impl Hooks for Prepared {
     ) -> Result<(), FrameError> {
         let refusal = match (cx.refuse, cx.rules) {
             (Some(why), _) => Some((shoal_wire::sqlstate::READ_ONLY_SQL_TRANSACTION, why.into())),
-            (None, Some(rules)) => {
-                rules.refusal(msg, cx.statements.as_deref(), cx.pool_name, cx.encoding)
-            }
+            (None, Some(rules)) => Plugged::refusal(
+                rules,
+                msg,
+                cx.statements.as_deref(),
+                cx.pool_name,
+                cx.encoding,
+            ),
             (None, None) => None,
         };
         let (statements, queue, dirty) = cx.server.translation();

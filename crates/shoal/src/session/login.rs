@@ -24,6 +24,8 @@ use crate::params::StartupRequest;
 use crate::pool::{Lease, Pool, ServerWait};
 use crate::route::{RouteError, RouteRequest, Routed};
 use crate::server::ServerError;
+use crate::session::seam::Features as _;
+use crate::Plugged;
 
 /// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own
 /// failures; returns the logged-in session.
@@ -727,7 +729,7 @@ fn cap_statement_timeout(pool: &Pool, params: &mut [(String, String)]) {
 /// future.)
 #[inline(never)]
 fn rules_allow_mode(pool: &Pool) -> Result<(), SessionError> {
-    if pool.settings.mode != PoolMode::Session || pool.rules().is_none() {
+    if pool.settings.mode != PoolMode::Session || Plugged::rules(pool).is_none() {
         return Ok(());
     }
     Err(SessionError::fatal(

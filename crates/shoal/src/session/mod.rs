@@ -550,10 +550,10 @@ impl Session {
                 .await?;
             return Ok(false);
         }
-        if let Some(r) = self.pool.rules() {
+        if let Some(r) = Plugged::rules(&self.pool) {
             // Until the catalogue is read, a function rule cannot see behind operators,
             // casts and views: the first transactions wait for it.
-            r.catalogue_read(self.pool.settings.connect_timeout).await;
+            Plugged::rules_ready(&r, self.pool.settings.connect_timeout).await;
         }
         self.cancel.slot.mark_busy();
         if let Some(sub) = self.extras.as_ref().and_then(|x| x.listen.as_ref()) {
@@ -790,8 +790,9 @@ impl Session {
                 fe::PARSE
                     if !self.skip_until_sync
                         && self.pool.settings.mode == PoolMode::Transaction
-                        && self.pool.rules().is_none_or(|r| {
-                            r.refusal(
+                        && Plugged::rules(&self.pool).is_none_or(|r| {
+                            Plugged::refusal(
+                                &r,
                                 &self.cbuf[..n],
                                 self.statements.as_deref(),
                                 &self.pool.name,

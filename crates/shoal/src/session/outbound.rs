@@ -63,7 +63,7 @@ pub(super) struct Outbound {
     pub(super) wrote: bool,
     /// The pool's query rules as the transaction began (client messages only: replies need
     /// none).
-    pub(super) rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+    pub(super) rules: Option<super::seam::Rules>,
     /// The reply being kept for the pool's cache (see `super::cached`).
     pub(super) capture: Option<Box<crate::cache::Capture>>,
     /// The pool's cache, on its primary: what each statement may write is noted in

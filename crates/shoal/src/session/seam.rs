@@ -4,12 +4,20 @@
 //! ([`crate::Plugged`]), so every call is resolved at compile time: nothing is called
 //! through a pointer or boxed, and the session names no feature module.
 //!
-//! Moved behind it so far: the pools' rate and concurrency limits. The rest (result cache,
-//! replicas, query rules, LISTEN) is still called by name; see docs/architecture.md.
+//! Moved behind it so far: the pools' rate and concurrency limits, and their query rules.
+//! The rest (result cache, replicas, LISTEN) is still called by name; see
+//! docs/architecture.md.
 
 use std::future::Future;
+use std::time::Duration;
+
+use shoal_wire::sql::ClientEncoding;
 
 use crate::pool::Pool;
+use crate::prepared::ClientStatements;
+
+/// The query rules of the features the data plane runs with.
+pub type Rules = <crate::Plugged as Features>::Rules;
 
 /// A unit of work refused before it reached a server, with what to tell the client
 /// (`53400`).
@@ -36,4 +44,23 @@ pub trait Features {
 
     /// A transaction ended, having answered `queries` queries (rates count them all).
     fn transaction_ran(pool: &Pool, queries: u64);
+
+    /// A pool's query rules, as a transaction holds them (a reload's apply from the next).
+    type Rules: Send + Sync;
+
+    fn rules(pool: &Pool) -> Option<Self::Rules>;
+
+    /// Waits (up to `limit`) until the rules can judge every statement (a rule naming a
+    /// function reads the catalogue first).
+    fn rules_ready(rules: &Self::Rules, limit: Duration) -> impl Future<Output = ()> + Send;
+
+    /// The SQLSTATE and message of the error that refuses `msg` (a whole client message,
+    /// its text in `encoding`), or `None` when it may pass. `pool` names the pool in logs.
+    fn refusal(
+        rules: &Self::Rules,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        pool: &str,
+        encoding: ClientEncoding,
+    ) -> Option<(&'static str, String)>;
 }

@@ -81,7 +81,7 @@ struct ClientSide<'a> {
     registry: &'a crate::prepared::StatementRegistry,
     /// For what DDL makes stale (rare: read from the pool when it happens).
     pool: &'a crate::pool::Pool,
-    rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+    rules: Option<crate::session::seam::Rules>,
     pool_name: &'a str,
     params: &'a [(String, String)],
     client_id: u64,
@@ -104,7 +104,7 @@ impl<'a> ClientSide<'a> {
         params: &'a [(String, String)],
         client_id: u64,
         statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
-        rules: Option<std::sync::Arc<crate::query_rules::QueryRules>>,
+        rules: Option<crate::session::seam::Rules>,
         encoding: shoal_wire::sql::ClientEncoding,
     ) -> Self {
         ClientSide {
@@ -138,7 +138,7 @@ impl<'a> ClientSide<'a> {
             max_prepared: self.max_prepared,
             pending: &mut flow.pending,
             status: flow.status,
-            rules: self.rules.as_deref(),
+            rules: self.rules.as_ref(),
             pool_name: self.pool_name,
             encoding: self.encoding,
             recoding: &mut self.recoding,
@@ -171,7 +171,7 @@ impl Session {
             policy.per_transaction() && self.pool.notify().is_some_and(|n| n.active());
         // In force for the whole transaction (a change applies from the next one).
         if policy.per_transaction() {
-            out.rules = self.pool.rules();
+            out.rules = Plugged::rules(&self.pool);
             if self.takes_writes(lease.pool()) {
                 out.cache = self.pool.cache();
             }
