@@ -8,6 +8,8 @@
 //! - [`listener`]: TCP and Unix listening sockets and the accept loops.
 //! - [`net`]: the transport seam for both sides (TCP, Unix, TLS either way, in-process
 //!   streams).
+//! - [`seam`]: what the session asks of the features, as one trait the features implement
+//!   (named at the crate root as [`Plugged`], resolved at compile time).
 //! - [`session`]: one client from handshake to close: authentication, login, and the
 //!   transaction-mode and session-mode loops around the relay.
 //! - [`tls`]: client-facing TLS: certificates by SNI, the handshake after SSLRequest or direct.
@@ -48,7 +50,7 @@
 //!   decide on.
 
 /// The features the data plane runs with, named once here so the session calls them through
-/// [`session::seam::Features`], resolved at compile time, without naming a feature module.
+/// [`seam::Features`], resolved at compile time, without naming a feature module.
 pub type Plugged = features::relay::Plugged;
 
 // The control plane's modules, under the names the pooler has always used for them.
@@ -89,6 +91,7 @@ pub mod reuseport;
 pub mod route;
 pub mod run;
 pub mod scrape;
+pub mod seam;
 pub mod server;
 pub mod server_session;
 pub mod serverless;

@@ -57,7 +57,7 @@ impl Bucket {
     }
 }
 
-pub use crate::session::seam::Refusal;
+pub use crate::seam::Refusal;
 
 impl Limiter {
     pub fn new(config: Limits, label: String) -> Limiter {

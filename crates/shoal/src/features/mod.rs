@@ -8,7 +8,7 @@
 //! Rules, cache and limits are replaced live on reloads, so each sits behind a lock with a
 //! flag that spares pools without one the lock on every statement.
 //!
-//! [`relay`] is the session's side of them: the data plane's `session::seam::Features`,
+//! [`relay`] is the session's side of them: the data plane's `seam::Features`,
 //! implemented over these.
 
 pub mod relay;

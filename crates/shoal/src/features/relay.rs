@@ -1,18 +1,30 @@
-//! The features as the session sees them: [`crate::session::seam::Features`] implemented
+//! The features as the session sees them: [`crate::seam::Features`] implemented
 //! over each pool's [`super::Features`].
 
 use std::sync::Arc;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use shoal_wire::sql::ClientEncoding;
 
 use super::PoolFeatures;
+use crate::cache::analysis::Touches;
+use crate::cache::{Capture, Fill, QueryCache, Touched};
 use crate::limits::{PoolLimits, Running};
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 use crate::query_rules::QueryRules;
-use crate::session::seam::{self, Refusal};
+use crate::seam::{self, CacheUnit, FromCache, Refusal};
+
+/// How many times a client waits for others' fills of its key before running it itself.
+const WAITS: usize = 2;
+
+/// A transaction's writes, as a pool's cache follows them.
+pub struct Writes {
+    cache: Arc<QueryCache>,
+    touched: Touched,
+}
 
 /// The features the data plane runs with (named at the crate root as [`crate::Plugged`]).
 pub struct Plugged;
@@ -68,4 +80,145 @@ impl seam::Features for Plugged {
     ) -> Option<(&'static str, String)> {
         rules.refusal(msg, statements, pool, encoding)
     }
+
+    #[inline]
+    fn has_cache(pool: &Pool) -> bool {
+        pool.cache().is_some()
+    }
+
+    async fn from_cache(pool: &Pool, unit: CacheUnit<'_>) -> FromCache<Self::Capture> {
+        let Some(cache) = pool.cache() else {
+            return FromCache::Pass;
+        };
+        // A new pool's first statements wait for the catalogue (once, briefly) rather than
+        // all pass uncached.
+        cache
+            .freshness
+            .catalogue
+            .loaded(pool.settings.connect_timeout)
+            .await;
+        let Some(candidate) = cache.candidate(unit.buf, unit.statements, unit.prefix) else {
+            return FromCache::Pass;
+        };
+        for attempt in 0..=WAITS {
+            if let Some(reply) = cache.lookup(&candidate.key) {
+                cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return FromCache::Hit {
+                    reply,
+                    len: candidate.len,
+                    unnamed_parse: candidate.unnamed_parse.clone(),
+                };
+            }
+            if attempt == WAITS {
+                break;
+            }
+            let notify = match cache.begin_fill(&candidate) {
+                Fill::Lead(capture) => {
+                    cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    return FromCache::Fill(capture);
+                }
+                Fill::Skip => {
+                    cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    return FromCache::Pass;
+                }
+                Fill::Wait(n) => n,
+            };
+            cache.stats.waits.fetch_add(1, Ordering::Relaxed);
+            wait_for_fill(&cache, &candidate.key, &notify).await;
+        }
+        cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+        FromCache::Pass
+    }
+
+    type Capture = Box<Capture>;
+
+    #[inline]
+    fn feed(capture: &mut Self::Capture, bytes: &[u8]) {
+        capture.feed(bytes);
+    }
+
+    #[inline]
+    fn captured(capture: Self::Capture) {
+        capture.finish();
+    }
+
+    type Writes = Writes;
+
+    #[inline]
+    fn writes(pool: &Pool) -> Option<Writes> {
+        pool.cache().map(|cache| Writes {
+            cache,
+            touched: Touched::default(),
+        })
+    }
+
+    #[inline]
+    fn note_write(
+        writes: &mut Writes,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    ) {
+        note_writes(writes, msg, statements, encoding);
+    }
+
+    #[inline]
+    fn writes_done(writes: &mut Writes) {
+        if !writes.touched.is_nothing() {
+            writes.touched.apply(&writes.cache.freshness);
+        }
+    }
+
+    #[inline]
+    fn schema_changed(pool: &Pool) {
+        if let Some(c) = pool.catalogue() {
+            c.changed();
+        }
+    }
+}
+
+/// Waits until the client filling `key` is done (or [`crate::cache::FILL_WAIT`] passes).
+async fn wait_for_fill(cache: &QueryCache, key: &[u8], notify: &tokio::sync::Notify) {
+    let notified = notify.notified();
+    let mut notified = std::pin::pin!(notified);
+    // Registered before looking: a fill ending after the look wakes this wait.
+    notified.as_mut().enable();
+    if !cache.filling(key) {
+        return;
+    }
+    let _ = crate::timer::timeout(crate::cache::FILL_WAIT, notified).await;
+}
+
+/// Notes what the client message `msg` (about to go to the pool's primary) may write:
+/// a Query's text, the statement a Bind runs, or anything for a FunctionCall.
+fn note_writes(
+    writes: &mut Writes,
+    msg: &[u8],
+    statements: Option<&ClientStatements>,
+    enc: ClientEncoding,
+) {
+    use shoal_wire::frontend::tag as fe;
+    let body = &msg[shoal_wire::frame::HEADER_LEN..];
+    let cstr = |b: &[u8]| -> usize { b.iter().position(|&c| c == 0).unwrap_or(b.len()) };
+    let text = match msg[0] {
+        fe::QUERY => &body[..cstr(body)],
+        fe::BIND => {
+            let rest = &body[(cstr(body) + 1).min(body.len())..];
+            let name = &rest[..cstr(rest)];
+            match statements.and_then(|s| s.text_of(name)) {
+                Some(t) => t,
+                None => {
+                    writes.touched.add(Touches::Everything);
+                    return;
+                }
+            }
+        }
+        fe::FUNCTION_CALL => {
+            writes.touched.add(Touches::Everything);
+            return;
+        }
+        _ => return,
+    };
+    let touches = writes.cache.touches(text, enc);
+    writes.touched.add(touches);
 }

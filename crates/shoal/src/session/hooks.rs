@@ -15,8 +15,8 @@ use bytes::BytesMut;
 use shoal_wire::frame::FrameError;
 
 use super::outbound::ClientSink;
-use super::seam::Features as _;
 use crate::prepared::{ClientStatements, Expect, StatementRegistry, ToServer, Translator};
+use crate::seam::Features as _;
 use crate::server_session::ServerSession;
 use crate::Plugged;
 
@@ -35,7 +35,7 @@ pub(super) struct HookCx<'a> {
     /// The client's transaction status now.
     pub(super) status: u8,
     /// The pool's query rules, when it has any, and its name (for their log lines).
-    pub(super) rules: Option<&'a super::seam::Rules>,
+    pub(super) rules: Option<&'a crate::seam::Rules>,
     pub(super) pool_name: &'a str,
     /// How the server reads the client's text now, and whether a message sent may change
     /// that before the server says (see [`super::Extras::recoding`]).

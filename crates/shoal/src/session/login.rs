@@ -23,8 +23,8 @@ use crate::net::Stream;
 use crate::params::StartupRequest;
 use crate::pool::{Lease, Pool, ServerWait};
 use crate::route::{RouteError, RouteRequest, Routed};
+use crate::seam::Features as _;
 use crate::server::ServerError;
-use crate::session::seam::Features as _;
 use crate::Plugged;
 
 /// Handshake, authentication and login, bounded by `client_login_timeout`. Reports its own

@@ -22,7 +22,6 @@ mod outbound;
 mod reads;
 mod relay;
 mod relayed;
-pub mod seam;
 #[cfg(test)]
 mod size_tests;
 
@@ -48,11 +47,11 @@ use crate::logsafe::Escaped;
 use crate::net::Stream;
 use crate::params::SharedParams;
 use crate::pool::{Lease, Leaving};
+use crate::seam::Features as _;
 use crate::{prepared, sets, Plugged};
 use flow::Flow;
 use login::{login_phase, LoggedIn, PoolClient};
 use relay::{Policy, RelayEnd};
-use seam::Features as _;
 
 use ending::{end_session, finish, send_error};
 pub use error::SessionError;
@@ -196,7 +195,7 @@ pub struct Extras {
     /// The client's `target_session_attrs` (overrides the pool's `read_routing`).
     pub target: Option<crate::config::replicas::TargetSessionAttrs>,
     /// The reply of the unit about to run is to be kept by the pool's cache.
-    pub capture: Option<Box<crate::cache::Capture>>,
+    pub capture: Option<crate::seam::Capture>,
     /// The client's `client_encoding` as its server last reported it, when not UTF8 (see
     /// [`shoal_wire::encoding`]): how every statement of the client is read.
     pub encoding: ClientEncoding,
@@ -508,7 +507,7 @@ impl Session {
                         self.refuse_over_limit(r).await?;
                         continue;
                     }
-                    if self.pool.cache().is_some() && self.answer_from_cache().await? {
+                    if self.answer_from_cache().await? {
                         continue;
                     }
                     let running = match Plugged::admit_transaction(&limits).await {
@@ -823,7 +822,7 @@ impl Session {
     }
 
     /// Tells a client over a rate or concurrency limit that its unit was refused.
-    async fn refuse_over_limit(&mut self, r: seam::Refusal) -> Result<(), SessionError> {
+    async fn refuse_over_limit(&mut self, r: crate::seam::Refusal) -> Result<(), SessionError> {
         self.app.metrics.rejected(ErrorKind::ClientLimit);
         tracing::debug!(conn = self.id, pool = %self.pool.name, reason = %r.0, "over a limit");
         self.fail_unit(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, &r.0)

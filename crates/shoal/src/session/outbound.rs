@@ -9,6 +9,8 @@
 //! so each peer sees its messages in order; while those bytes are in place, the buffer is
 //! empty.
 
+use crate::seam::Features as _;
+use crate::Plugged;
 use bytes::{Buf, BytesMut};
 use shoal_wire::frame::HEADER_LEN;
 
@@ -63,13 +65,12 @@ pub(super) struct Outbound {
     pub(super) wrote: bool,
     /// The pool's query rules as the transaction began (client messages only: replies need
     /// none).
-    pub(super) rules: Option<super::seam::Rules>,
+    pub(super) rules: Option<crate::seam::Rules>,
     /// The reply being kept for the pool's cache (see `super::cached`).
-    pub(super) capture: Option<Box<crate::cache::Capture>>,
-    /// The pool's cache, on its primary: what each statement may write is noted in
-    /// `touched`, and applied before the client hears its transaction ended.
-    pub(super) cache: Option<std::sync::Arc<crate::cache::QueryCache>>,
-    pub(super) touched: crate::cache::Touched,
+    pub(super) capture: Option<crate::seam::Capture>,
+    /// For the pool's cache, on its primary: what each statement may write, made stale
+    /// before the client hears its transaction ended.
+    pub(super) writes: Option<crate::seam::Writes>,
 }
 
 impl Outbound {
@@ -79,10 +80,13 @@ impl Outbound {
     pub(super) fn sent_to_client(&mut self, n: usize, server_buf: &mut BytesMut) {
         self.counts.bytes_out += n as u64;
         if let Some(c) = self.capture.as_mut() {
-            c.feed(match self.direct {
-                0 => &self.to_client[..n],
-                _ => &server_buf[..n],
-            });
+            Plugged::feed(
+                c,
+                match self.direct {
+                    0 => &self.to_client[..n],
+                    _ => &server_buf[..n],
+                },
+            );
         }
         if self.direct > 0 {
             server_buf.advance(n);
@@ -117,8 +121,7 @@ impl Outbound {
             wrote: false,
             rules: None,
             capture: None,
-            cache: None,
-            touched: Default::default(),
+            writes: None,
         }
     }
 

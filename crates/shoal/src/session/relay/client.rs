@@ -4,6 +4,8 @@
 //! COPY data passes in streams, and stray COPY messages are dropped.
 
 use crate::features::PoolFeatures;
+use crate::seam::Features as _;
+use crate::Plugged;
 use bytes::Buf;
 use shoal_wire::frame::{next_frame_len, HEADER_LEN};
 use shoal_wire::frontend::{self, tag as fe};
@@ -211,14 +213,8 @@ fn watch(
     msg: &[u8],
     tag: u8,
 ) {
-    if let Some(cache) = &out.cache {
-        super::super::cached::note_writes(
-            cache,
-            msg,
-            side.statements.as_deref(),
-            &mut out.touched,
-            side.encoding,
-        );
+    if let Some(w) = out.writes.as_mut() {
+        Plugged::note_write(w, msg, side.statements.as_deref(), side.encoding);
     }
     let body = &msg[HEADER_LEN..];
     match tag {

@@ -25,8 +25,8 @@ use super::{Session, SessionError};
 use crate::config::replicas::ReadRouting;
 use crate::net::poll_read_buf;
 use crate::pool::Lease;
+use crate::seam::Features as _;
 use crate::server::ServerConn;
-use crate::session::seam::Features as _;
 use crate::Plugged;
 
 mod client;
@@ -81,7 +81,7 @@ struct ClientSide<'a> {
     registry: &'a crate::prepared::StatementRegistry,
     /// For what DDL makes stale (rare: read from the pool when it happens).
     pool: &'a crate::pool::Pool,
-    rules: Option<crate::session::seam::Rules>,
+    rules: Option<crate::seam::Rules>,
     pool_name: &'a str,
     params: &'a [(String, String)],
     client_id: u64,
@@ -104,7 +104,7 @@ impl<'a> ClientSide<'a> {
         params: &'a [(String, String)],
         client_id: u64,
         statements: &'a mut Option<Box<crate::prepared::ClientStatements>>,
-        rules: Option<crate::session::seam::Rules>,
+        rules: Option<crate::seam::Rules>,
         encoding: shoal_wire::sql::ClientEncoding,
     ) -> Self {
         ClientSide {
@@ -161,7 +161,7 @@ impl Session {
         flow: &mut Flow,
         policy: Policy,
         proven: u32,
-        capture: Option<Box<crate::cache::Capture>>,
+        capture: Option<crate::seam::Capture>,
     ) -> Result<RelayEnd, SessionError> {
         let mut out = Outbound::new();
         out.capture = capture;
@@ -173,7 +173,7 @@ impl Session {
         if policy.per_transaction() {
             out.rules = Plugged::rules(&self.pool);
             if self.takes_writes(lease.pool()) {
-                out.cache = self.pool.cache();
+                out.writes = Plugged::writes(&self.pool);
             }
         }
         if policy.per_transaction()
@@ -218,13 +218,13 @@ impl Session {
             Plugged::transaction_ran(&self.pool, out.counts.queries);
         }
         out.flush_counts(&self.pool);
-        if let Some(cache) = &out.cache {
+        if let Some(w) = out.writes.as_mut() {
             // Ended without its ReadyForQuery (a lost server): what it sent may have
             // committed.
-            out.touched.apply(&cache.freshness);
+            Plugged::writes_done(w);
         }
         if let Some(capture) = out.capture.take() {
-            capture.finish();
+            Plugged::captured(capture);
         }
         if out.wrote {
             // Its next reads go only where this transaction's commit is visible.

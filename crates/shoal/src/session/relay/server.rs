@@ -2,7 +2,8 @@
 //! command tags that change the session or the schema) and passed on, in place or through
 //! the hooks, and the end of each request (ReadyForQuery) accounted.
 
-use crate::features::PoolFeatures;
+use crate::seam::Features as _;
+use crate::Plugged;
 use bytes::Buf;
 use shoal_wire::backend::{self, tag as be, ErrorFields};
 use shoal_wire::frame::{next_frame_len, HEADER_LEN};
@@ -354,18 +355,16 @@ fn ready_for_query(
             x.sets.ready(flow.status);
         }
     }
-    if flow.status == b'I' && !out.touched.is_nothing() {
+    if flow.status == b'I' {
         // Before the client reads that its transaction ended.
-        if let Some(cache) = &out.cache {
-            out.touched.apply(&cache.freshness);
+        if let Some(w) = out.writes.as_mut() {
+            Plugged::writes_done(w);
         }
     }
     if flow.status == b'I' && std::mem::take(&mut flow.schema_changed) {
         // Committed DDL: statements parsed from now on must see it, and the catalogue the
         // rules, the cache and the replica split judge by is read again.
         side.registry.schema_changed();
-        if let Some(c) = side.pool.catalogue() {
-            c.changed();
-        }
+        Plugged::schema_changed(side.pool);
     }
 }

@@ -1,0 +1,126 @@
+//! What the session asks of the features at the points of a client's life where they
+//! decide, as one trait the data plane defines and the features implement
+//! ([`crate::features::relay`]). The implementation is chosen once, at the crate root
+//! ([`crate::Plugged`]), so every call is resolved at compile time: nothing is called
+//! through a pointer or boxed, and the session names no feature module.
+//!
+//! Moved behind it so far: the pools' rate and concurrency limits, query rules and result
+//! cache. The rest (replicas, LISTEN) is still called by name; see docs/architecture.md.
+
+use std::future::Future;
+use std::time::Duration;
+
+use shoal_wire::sql::ClientEncoding;
+
+use crate::pool::Pool;
+use crate::prepared::ClientStatements;
+
+/// The query rules of the features the data plane runs with.
+pub type Rules = <crate::Plugged as Features>::Rules;
+/// A transaction's writes as a result cache follows them.
+pub type Writes = <crate::Plugged as Features>::Writes;
+/// A reply being kept for a result cache.
+pub type Capture = <crate::Plugged as Features>::Capture;
+
+/// The unit at the head of a client's buffer, as a result cache is asked about it.
+pub struct CacheUnit<'a> {
+    /// The client's buffer, the unit at its head (whole messages, already validated).
+    pub buf: &'a [u8],
+    pub statements: Option<&'a ClientStatements>,
+    /// What every key of this client starts with: what its session holds that changes what
+    /// a statement returns (startup parameters, settings).
+    pub prefix: Vec<u8>,
+}
+
+/// What a result cache makes of a unit.
+pub enum FromCache<C> {
+    /// Its reply, to write in place of running the `len` bytes of the unit; the body of
+    /// its unnamed Parse (a range of the buffer), which stays the client's unnamed statement.
+    Hit {
+        reply: bytes::Bytes,
+        len: usize,
+        unnamed_parse: Option<std::ops::Range<usize>>,
+    },
+    /// Run it, feeding its reply to this capture as it goes to the client.
+    Fill(C),
+    /// Run it; nothing is kept.
+    Pass,
+}
+
+/// A unit of work refused before it reached a server, with what to tell the client
+/// (`53400`).
+#[derive(Debug)]
+pub struct Refusal(pub String);
+
+pub trait Features {
+    /// What a pool's limits are for one unit of work (looked up once per unit).
+    type Limits: Send + Sync;
+    /// What a transaction holds while it runs (a place under a concurrency limit).
+    type Running: Send;
+
+    fn limits(pool: &Pool) -> Self::Limits;
+
+    /// A unit of work that needs a server is about to run, or be answered from a cache: it
+    /// may have to wait for its turn, or be refused (a rate limit).
+    fn admit_unit(limits: &Self::Limits) -> impl Future<Output = Result<(), Refusal>> + Send;
+
+    /// A transaction is about to take a server: what it holds while it runs, after waiting
+    /// its turn, or a refusal (a concurrency limit).
+    fn admit_transaction(
+        limits: &Self::Limits,
+    ) -> impl Future<Output = Result<Self::Running, Refusal>> + Send;
+
+    /// A transaction ended, having answered `queries` queries (rates count them all).
+    fn transaction_ran(pool: &Pool, queries: u64);
+
+    /// A pool's query rules, as a transaction holds them (a reload's apply from the next).
+    type Rules: Send + Sync;
+
+    fn rules(pool: &Pool) -> Option<Self::Rules>;
+
+    /// Waits (up to `limit`) until the rules can judge every statement (a rule naming a
+    /// function reads the catalogue first).
+    fn rules_ready(rules: &Self::Rules, limit: Duration) -> impl Future<Output = ()> + Send;
+
+    /// The SQLSTATE and message of the error that refuses `msg` (a whole client message,
+    /// its text in `encoding`), or `None` when it may pass. `pool` names the pool in logs.
+    fn refusal(
+        rules: &Self::Rules,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        pool: &str,
+        encoding: ClientEncoding,
+    ) -> Option<(&'static str, String)>;
+
+    /// Whether the pool has a result cache to ask.
+    fn has_cache(pool: &Pool) -> bool;
+
+    /// Asks the pool's result cache about a unit (waiting, briefly, for another client
+    /// filling the same key). Only for a client whose session holds nothing the key does
+    /// not say, between transactions, in UTF8.
+    fn from_cache(
+        pool: &Pool,
+        unit: CacheUnit<'_>,
+    ) -> impl Future<Output = FromCache<Self::Capture>> + Send;
+
+    /// A reply being kept: fed the bytes the client is sent, then done.
+    type Capture: Send;
+    fn feed(capture: &mut Self::Capture, bytes: &[u8]);
+    fn captured(capture: Self::Capture);
+
+    /// What a transaction on a pool's primary may write, noted for its result cache.
+    type Writes: Send;
+    fn writes(pool: &Pool) -> Option<Self::Writes>;
+    fn note_write(
+        writes: &mut Self::Writes,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    );
+    /// What was noted is made stale (the transaction ended, or may have committed), before
+    /// the client hears of it.
+    fn writes_done(writes: &mut Self::Writes);
+
+    /// DDL committed on the pool: the catalogue the features judge by is read again.
+    fn schema_changed(pool: &Pool);
+}
