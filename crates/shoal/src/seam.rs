@@ -4,14 +4,16 @@
 //! ([`crate::Plugged`]), so every call is resolved at compile time: nothing is called
 //! through a pointer or boxed, and the session names no feature module.
 //!
-//! Moved behind it so far: the pools' rate and concurrency limits, query rules and result
-//! cache. The rest (replicas, LISTEN) is still called by name; see docs/architecture.md.
+//! Behind it: the pools' rate and concurrency limits, query rules, result cache and read
+//! replicas. LISTEN is still called by name; see docs/architecture.md.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use shoal_wire::sql::ClientEncoding;
 
+use crate::config::replicas::{ReadRouting, ReplicaFallback};
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 
@@ -30,6 +32,40 @@ pub struct CacheUnit<'a> {
     /// What every key of this client starts with: what its session holds that changes what
     /// a statement returns (startup parameters, settings).
     pub prefix: Vec<u8>,
+}
+
+/// The read replicas of the features the data plane runs with.
+pub type Replicas = <crate::Plugged as Features>::Replicas;
+
+/// What a client's unit of work (a Query, or extended messages up to their Sync) comes to,
+/// for a pool's read replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadUnit {
+    /// Every statement only reads: `messages` messages may go to a replica.
+    Reads { messages: u32 },
+    /// Something in it may write (or cannot be proven not to).
+    Writes,
+    /// The unit is not all buffered yet: a decision now could split it.
+    Incomplete,
+}
+
+/// Where a read can run.
+pub enum ReadTarget {
+    Primary,
+    Replica(Arc<Pool>),
+    /// Reads must not go to the primary (`replica_fallback = "error"`) and no replica is
+    /// usable.
+    NoReplica,
+}
+
+/// Where writes go now.
+pub enum WriteTarget {
+    /// The configured primary.
+    Configured,
+    /// The replica promoted in its place (its pool, while it has one).
+    Promoted(Option<Arc<Pool>>),
+    /// The configured primary is a standby and no replica was promoted.
+    Nowhere,
 }
 
 /// What a result cache makes of a unit.
@@ -123,4 +159,43 @@ pub trait Features {
 
     /// DDL committed on the pool: the catalogue the features judge by is read again.
     fn schema_changed(pool: &Pool);
+
+    /// A pool's read replicas (`[databases.*.replicas]`).
+    type Replicas: Send + Sync;
+    fn replicas(pool: &Pool) -> Option<&Self::Replicas>;
+    /// The pool's `read_routing` and `replica_fallback`.
+    fn replica_routing(replicas: &Self::Replicas) -> (ReadRouting, ReplicaFallback);
+    /// Starts following the replicas, at their first use.
+    fn start_replicas(replicas: &Self::Replicas, primary: &Arc<Pool>);
+    /// Starts following the replicas and waits (up to `limit`) for their first check, when
+    /// it has not been made yet.
+    fn replicas_checked(
+        replicas: &Self::Replicas,
+        primary: &Arc<Pool>,
+        limit: Duration,
+    ) -> impl Future<Output = ()> + Send;
+    /// What the unit at the head of `buf` comes to.
+    fn read_unit(
+        replicas: &Self::Replicas,
+        buf: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    ) -> ReadUnit;
+    /// Whether the one message `msg` is proven to read.
+    fn message_reads(
+        replicas: &Self::Replicas,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    ) -> bool;
+    /// Where a read of a client that last wrote at `wrote_at` ([`crate::clock::now_ms`]) runs.
+    fn choose_read(
+        replicas: &Self::Replicas,
+        primary: &Pool,
+        wrote_at: u64,
+        fallback: ReplicaFallback,
+    ) -> ReadTarget;
+    fn write_target(replicas: &Self::Replicas) -> WriteTarget;
+    /// The replica `pool` failed in real traffic: it gets none for a while.
+    fn ban_replica(replicas: &Self::Replicas, pool: &Arc<Pool>);
 }

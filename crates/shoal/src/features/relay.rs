@@ -11,11 +11,13 @@ use shoal_wire::sql::ClientEncoding;
 use super::PoolFeatures;
 use crate::cache::analysis::Touches;
 use crate::cache::{Capture, Fill, QueryCache, Touched};
+use crate::config::replicas::{ReadRouting, ReplicaFallback};
 use crate::limits::{PoolLimits, Running};
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 use crate::query_rules::QueryRules;
-use crate::seam::{self, CacheUnit, FromCache, Refusal};
+use crate::replicas::{ReplicaSet, Target, Writer};
+use crate::seam::{self, CacheUnit, FromCache, ReadTarget, ReadUnit, Refusal, WriteTarget};
 
 /// How many times a client waits for others' fills of its key before running it itself.
 const WAITS: usize = 2;
@@ -173,6 +175,76 @@ impl seam::Features for Plugged {
     fn schema_changed(pool: &Pool) {
         if let Some(c) = pool.catalogue() {
             c.changed();
+        }
+    }
+    type Replicas = Arc<ReplicaSet>;
+
+    #[inline]
+    fn replicas(pool: &Pool) -> Option<&Self::Replicas> {
+        pool.replicas()
+    }
+
+    fn replica_routing(set: &Self::Replicas) -> (ReadRouting, ReplicaFallback) {
+        (set.routing(), set.config.fallback)
+    }
+
+    fn start_replicas(set: &Self::Replicas, primary: &Arc<Pool>) {
+        set.start(primary);
+    }
+
+    async fn replicas_checked(set: &Self::Replicas, primary: &Arc<Pool>, limit: Duration) {
+        if !set.checked() {
+            set.start(primary);
+            set.first_check(limit).await;
+        }
+    }
+
+    fn read_unit(
+        set: &Self::Replicas,
+        buf: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    ) -> ReadUnit {
+        set.verdicts.unit(buf, encoding, |name| {
+            statements.and_then(|s| s.text_of(name))
+        })
+    }
+
+    fn message_reads(
+        set: &Self::Replicas,
+        msg: &[u8],
+        statements: Option<&ClientStatements>,
+        encoding: ClientEncoding,
+    ) -> bool {
+        set.verdicts.message_reads(msg, encoding, |name| {
+            statements.and_then(|s| s.text_of(name))
+        })
+    }
+
+    fn choose_read(
+        set: &Self::Replicas,
+        primary: &Pool,
+        wrote_at: u64,
+        fallback: ReplicaFallback,
+    ) -> ReadTarget {
+        match set.choose(primary, wrote_at, fallback) {
+            Target::Primary => ReadTarget::Primary,
+            Target::Replica(m) => ReadTarget::Replica(m.pool.clone()),
+            Target::NoReplica => ReadTarget::NoReplica,
+        }
+    }
+
+    fn write_target(set: &Self::Replicas) -> WriteTarget {
+        match set.writer() {
+            Writer::Configured => WriteTarget::Configured,
+            Writer::Member(_) => WriteTarget::Promoted(set.writer_pool().cloned()),
+            Writer::Nowhere => WriteTarget::Nowhere,
+        }
+    }
+
+    fn ban_replica(set: &Self::Replicas, pool: &Arc<Pool>) {
+        if let Some(m) = set.members.iter().find(|m| Arc::ptr_eq(&m.pool, pool)) {
+            m.ban(set.ban_ms(), "unavailable to a client");
         }
     }
 }

@@ -26,15 +26,7 @@ pub struct Verdicts {
 }
 
 /// What a unit of client work (a Query, or extended messages up to their Sync) comes to.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// Every statement only reads: `messages` messages may go to a replica.
-    Reads { messages: u32 },
-    /// Something in it may write (or cannot be proven not to).
-    Writes,
-    /// The unit is not all buffered yet: a decision now could split it.
-    Incomplete,
-}
+pub use crate::seam::ReadUnit as Unit;
 
 impl Verdicts {
     /// Whether the statement `text`, in the client's encoding `enc`, only reads. A text

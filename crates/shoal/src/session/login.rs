@@ -2,7 +2,6 @@
 //! the pool, the ParameterStatus values to report and the cancel key, all bounded by
 //! `client_login_timeout`.
 
-use crate::features::PoolFeatures;
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -655,7 +654,7 @@ pub(super) async fn enter_pool(
     };
     // A session-mode client keeps one server: a replica's for a client whose reads all go
     // to replicas, the promoted replica's after a failover.
-    let server_pool = match pool.replicas() {
+    let server_pool = match Plugged::replicas(&pool) {
         Some(_) if pool.settings.mode == PoolMode::Session => {
             Box::pin(super::reads::session_backend(&pool, req.startup.target)).await?
         }

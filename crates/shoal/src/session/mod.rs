@@ -25,7 +25,6 @@ mod relayed;
 #[cfg(test)]
 mod size_tests;
 
-use crate::features::PoolFeatures;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -719,7 +718,7 @@ impl Session {
         loop {
             attempts += 1;
             // Another pool than the client's when a replica reads, or a promoted one writes.
-            let (other, replica) = match self.pool.replicas() {
+            let (other, replica) = match Plugged::replicas(&self.pool) {
                 None => (None, None),
                 Some(_) => match Box::pin(self.next_backend()).await? {
                     Some(b) => b,

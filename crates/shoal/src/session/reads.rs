@@ -11,7 +11,6 @@
 //! PostgreSQL enforces on the primary, not a proof: `SET TRANSACTION READ WRITE`, or a
 //! `COMMIT` followed by a write in the same string, would otherwise reach the replica.
 
-use crate::features::PoolFeatures;
 use std::sync::Arc;
 
 use shoal_wire::frontend::tag as fe;
@@ -24,8 +23,8 @@ use crate::config::replicas::{ReadRouting, ReplicaFallback};
 use crate::error::ErrorKind;
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
-use crate::replicas::verdicts::Unit;
-use crate::replicas::{Target, Writer};
+use crate::seam::{Features as _, ReadTarget, ReadUnit as Unit, WriteTarget};
+use crate::Plugged;
 
 /// [`Outbound::cleared`] of a unit passed whole (inside a `READ ONLY` block).
 const UNTIL_UNIT_END: u32 = u32::MAX;
@@ -52,10 +51,10 @@ impl Session {
     pub(super) async fn next_backend(
         &mut self,
     ) -> Result<Option<(Option<Arc<Pool>>, Option<u32>)>, super::SessionError> {
-        if let Some(set) = self.pool.replicas() {
-            if self.routing().0 != ReadRouting::Primary && !set.checked() {
-                set.start(&self.pool);
-                set.first_check(self.pool.settings.connect_timeout).await;
+        if let Some(set) = Plugged::replicas(&self.pool) {
+            if self.routing().0 != ReadRouting::Primary {
+                Plugged::replicas_checked(set, &self.pool, self.pool.settings.connect_timeout)
+                    .await;
             }
         }
         Ok(Some(match self.backend() {
@@ -75,10 +74,10 @@ impl Session {
 
     /// The backend for the unit at the head of the client's buffer.
     fn backend(&self) -> Backend {
-        let Some(set) = self.pool.replicas() else {
+        let Some(set) = Plugged::replicas(&self.pool) else {
             return Backend::Primary;
         };
-        set.start(&self.pool);
+        Plugged::start_replicas(set, &self.pool);
         let (routing, fallback) = self.routing();
         // A fill for the cache reads where the versions it records are true: the primary.
         let filling = self.extras.as_ref().is_some_and(|x| x.capture.is_some());
@@ -98,19 +97,16 @@ impl Session {
         };
         if let Some(proven) = read {
             let wrote_at = self.extras.as_ref().map_or(0, |x| x.wrote_at);
-            match set.choose(&self.pool, wrote_at, fallback) {
-                Target::Replica(m) => return Backend::Replica(m.pool.clone(), proven),
-                Target::NoReplica => return Backend::NoReplica,
-                Target::Primary => {}
+            match Plugged::choose_read(set, &self.pool, wrote_at, fallback) {
+                ReadTarget::Replica(pool) => return Backend::Replica(pool, proven),
+                ReadTarget::NoReplica => return Backend::NoReplica,
+                ReadTarget::Primary => {}
             }
         }
-        match set.writer() {
-            Writer::Configured => Backend::Primary,
-            Writer::Member(_) => match set.writer_pool() {
-                Some(p) => Backend::Writer(p.clone()),
-                None => Backend::Primary,
-            },
-            Writer::Nowhere => Backend::NoPrimary,
+        match Plugged::write_target(set) {
+            WriteTarget::Configured | WriteTarget::Promoted(None) => Backend::Primary,
+            WriteTarget::Promoted(Some(p)) => Backend::Writer(p),
+            WriteTarget::Nowhere => Backend::NoPrimary,
         }
     }
 
@@ -121,8 +117,8 @@ impl Session {
         if let Some(r) = target.and_then(|t| t.routing()) {
             return r;
         }
-        match self.pool.replicas() {
-            Some(set) => (set.routing(), set.config.fallback),
+        match Plugged::replicas(&self.pool) {
+            Some(set) => Plugged::replica_routing(set),
             None => (ReadRouting::Primary, ReplicaFallback::Primary),
         }
     }
@@ -131,19 +127,15 @@ impl Session {
     /// promoted in its primary's place.
     pub(super) fn takes_writes(&self, pool: &Arc<Pool>) -> bool {
         Arc::ptr_eq(pool, &self.pool)
-            || self
-                .pool
-                .replicas()
-                .and_then(|r| r.writer_pool())
-                .is_some_and(|w| Arc::ptr_eq(w, pool))
+            || Plugged::replicas(&self.pool).is_some_and(|r| {
+                matches!(Plugged::write_target(r), WriteTarget::Promoted(Some(w)) if Arc::ptr_eq(&w, pool))
+            })
     }
 
     /// Bans the replica `pool` after a failure in real traffic.
     pub(super) fn ban_replica(&self, pool: &Arc<Pool>) {
-        if let Some(set) = self.pool.replicas() {
-            if let Some(m) = set.members.iter().find(|m| Arc::ptr_eq(&m.pool, pool)) {
-                m.ban(set.ban_ms(), "unavailable to a client");
-            }
+        if let Some(set) = Plugged::replicas(&self.pool) {
+            Plugged::ban_replica(set, pool);
         }
     }
 
@@ -182,11 +174,10 @@ fn unit(
     statements: Option<&ClientStatements>,
     enc: shoal_wire::sql::ClientEncoding,
 ) -> Unit {
-    let Some(set) = pool.replicas() else {
+    let Some(set) = Plugged::replicas(pool) else {
         return Unit::Writes;
     };
-    set.verdicts
-        .unit(buf, enc, |name| statements.and_then(|s| s.text_of(name)))
+    Plugged::read_unit(set, buf, statements, enc)
 }
 
 /// What becomes of a client message while a transaction may only read.
@@ -226,10 +217,8 @@ pub(super) fn replica_may_take(
             .ok()
             .flatten()
             .unwrap_or(buf.len());
-        let text = |name: &[u8]| statements.and_then(|s| s.text_of(name));
-        let proven = pool
-            .replicas()
-            .is_some_and(|set| set.verdicts.message_reads(&buf[..n], enc, text));
+        let proven = Plugged::replicas(pool)
+            .is_some_and(|set| Plugged::message_reads(set, &buf[..n], statements, enc));
         if proven {
             return Take::Pass;
         }
@@ -265,20 +254,18 @@ pub(super) async fn session_backend(
     pool: &Arc<Pool>,
     target: Option<crate::config::replicas::TargetSessionAttrs>,
 ) -> Result<Arc<Pool>, super::SessionError> {
-    let Some(set) = pool.replicas() else {
+    let Some(set) = Plugged::replicas(pool) else {
         return Ok(pool.clone());
     };
-    set.start(pool);
+    Plugged::start_replicas(set, pool);
     let (routing, fallback) = target
         .and_then(|t| t.routing())
-        .unwrap_or((set.routing(), set.config.fallback));
-    if !set.checked() {
-        set.first_check(pool.settings.connect_timeout).await;
-    }
+        .unwrap_or_else(|| Plugged::replica_routing(set));
+    Plugged::replicas_checked(set, pool, pool.settings.connect_timeout).await;
     if routing == ReadRouting::Replicas {
-        match set.choose(pool, 0, fallback) {
-            Target::Replica(m) => return Ok(m.pool.clone()),
-            Target::NoReplica => {
+        match Plugged::choose_read(set, pool, 0, fallback) {
+            ReadTarget::Replica(p) => return Ok(p),
+            ReadTarget::NoReplica => {
                 return Err(super::SessionError::fatal(
                     ErrorKind::ServerUnavailable,
                     sqlstate::CONNECTION_FAILURE,
@@ -288,12 +275,12 @@ pub(super) async fn session_backend(
                     ),
                 ))
             }
-            Target::Primary => {}
+            ReadTarget::Primary => {}
         }
     }
-    match set.writer() {
-        Writer::Member(_) => Ok(set.writer_pool().cloned().unwrap_or_else(|| pool.clone())),
-        Writer::Nowhere => Err(super::SessionError::fatal(
+    match Plugged::write_target(set) {
+        WriteTarget::Promoted(p) => Ok(p.unwrap_or_else(|| pool.clone())),
+        WriteTarget::Nowhere => Err(super::SessionError::fatal(
             ErrorKind::ServerUnavailable,
             sqlstate::CONNECTION_FAILURE,
             format!(
@@ -301,6 +288,6 @@ pub(super) async fn session_backend(
                 pool.name
             ),
         )),
-        Writer::Configured => Ok(pool.clone()),
+        WriteTarget::Configured => Ok(pool.clone()),
     }
 }

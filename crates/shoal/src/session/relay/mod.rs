@@ -177,7 +177,7 @@ impl Session {
             }
         }
         if policy.per_transaction()
-            && self.pool.replicas().is_some()
+            && Plugged::replicas(&self.pool).is_some()
             && self.routing().0 == ReadRouting::Split
         {
             if self.takes_writes(lease.pool()) {
