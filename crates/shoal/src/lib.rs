@@ -17,8 +17,8 @@
 //! - [`prepared`]: prepared statements in transaction mode, as pure code: each client's
 //!   statements, pooler-wide names, what each server holds, the replies it owes.
 //! - [`sets`]: session `SET`s a transaction-mode client holds, replayed on its next server.
-//! - [`notify`]: LISTEN/NOTIFY in transaction mode: a listener connection per pool, and
-//!   each listening client's mailbox.
+//! - [`notify`]: LISTEN/NOTIFY in transaction mode: a listener connection per pool, filling
+//!   each listening client's [`mailbox`] (the data plane's, which the session writes from).
 //! - [`tenant`]: tenants ready for routing, and the service applying store changes to it.
 //! - [`cluster`]: this process as a node of a cluster (`[cluster]`): who owns a pool,
 //!   node links, relaying a client to its pool's owner.
@@ -76,6 +76,7 @@ pub mod handoff;
 pub mod limits;
 pub mod listener;
 pub mod login_failures;
+pub mod mailbox;
 pub mod memory;
 pub mod metrics;
 pub mod net;

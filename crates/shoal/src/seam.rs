@@ -4,8 +4,9 @@
 //! ([`crate::Plugged`]), so every call is resolved at compile time: nothing is called
 //! through a pointer or boxed, and the session names no feature module.
 //!
-//! Behind it: the pools' rate and concurrency limits, query rules, result cache and read
-//! replicas. LISTEN is still called by name; see docs/architecture.md.
+//! Behind it: the pools' rate and concurrency limits, query rules, result cache, read
+//! replicas and LISTEN (whose deliveries wait in a [`crate::mailbox::Mailbox`], the data
+//! plane's).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,7 +14,10 @@ use std::time::Duration;
 
 use shoal_wire::sql::ClientEncoding;
 
+use tokio::sync::oneshot;
+
 use crate::config::replicas::{ReadRouting, ReplicaFallback};
+use crate::mailbox::Mailbox;
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 
@@ -33,6 +37,9 @@ pub struct CacheUnit<'a> {
     /// a statement returns (startup parameters, settings).
     pub prefix: Vec<u8>,
 }
+
+/// A client's LISTEN, as the features the data plane runs with keep it.
+pub type Listening = <crate::Plugged as Features>::Listening;
 
 /// The read replicas of the features the data plane runs with.
 pub type Replicas = <crate::Plugged as Features>::Replicas;
@@ -198,4 +205,29 @@ pub trait Features {
     fn write_target(replicas: &Self::Replicas) -> WriteTarget;
     /// The replica `pool` failed in real traffic: it gets none for a while.
     fn ban_replica(replicas: &Self::Replicas, pool: &Arc<Pool>);
+
+    /// A transaction-mode client's LISTEN through the pool's listening connection: the
+    /// channels it listens to, and its mailbox.
+    type Listening: Send + Sync;
+    /// Whether anyone listens through the pool now (only then are notifying transactions
+    /// followed; read once per transaction).
+    fn listeners_active(pool: &Pool) -> bool;
+    /// A client about to send SQL that may notify, on server `server_pid`: notifications
+    /// from that server are the client's until the barrier for it completes.
+    fn claim(pool: &Pool, server_pid: i32, client_pid: i32);
+    /// Gives up a claim without waiting (the transaction ended without a ReadyForQuery the
+    /// client waits for).
+    fn unclaim(pool: &Pool, server_pid: i32);
+    /// What completes once every notification committed so far (those of the claim on
+    /// `server_pid` included) has been delivered; `None` when the pool has no listener.
+    fn barrier(pool: &Pool, server_pid: i32) -> Option<oneshot::Receiver<()>>;
+    /// A client starts listening (`None`: the pool has no listener to listen through).
+    fn listen(pool: &Pool) -> Option<Self::Listening>;
+    /// The client listens to `channels` now: what completes once the listening connection
+    /// does too.
+    fn listen_to(
+        listening: &mut Self::Listening,
+        channels: &[Box<[u8]>],
+    ) -> Option<oneshot::Receiver<()>>;
+    fn mailbox(listening: &Self::Listening) -> &Mailbox;
 }

@@ -13,6 +13,8 @@ use crate::cache::analysis::Touches;
 use crate::cache::{Capture, Fill, QueryCache, Touched};
 use crate::config::replicas::{ReadRouting, ReplicaFallback};
 use crate::limits::{PoolLimits, Running};
+use crate::mailbox::Mailbox;
+use crate::notify::Subscription;
 use crate::pool::Pool;
 use crate::prepared::ClientStatements;
 use crate::query_rules::QueryRules;
@@ -246,6 +248,45 @@ impl seam::Features for Plugged {
         if let Some(m) = set.members.iter().find(|m| Arc::ptr_eq(&m.pool, pool)) {
             m.ban(set.ban_ms(), "unavailable to a client");
         }
+    }
+
+    type Listening = Subscription;
+
+    #[inline]
+    fn listeners_active(pool: &Pool) -> bool {
+        pool.notify().is_some_and(|hub| hub.active())
+    }
+
+    fn claim(pool: &Pool, server_pid: i32, client_pid: i32) {
+        if let Some(hub) = pool.notify() {
+            hub.claim(server_pid, client_pid);
+        }
+    }
+
+    fn unclaim(pool: &Pool, server_pid: i32) {
+        if let Some(hub) = pool.notify() {
+            hub.unclaim(server_pid);
+        }
+    }
+
+    fn barrier(pool: &Pool, server_pid: i32) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        Some(pool.notify()?.barrier(&pool.weak(), server_pid))
+    }
+
+    fn listen(pool: &Pool) -> Option<Subscription> {
+        Some(Subscription::new(pool, pool.notify()?))
+    }
+
+    fn listen_to(
+        listening: &mut Subscription,
+        channels: &[Box<[u8]>],
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
+        listening.update(channels)
+    }
+
+    #[inline]
+    fn mailbox(listening: &Subscription) -> &Mailbox {
+        &listening.mailbox
     }
 }
 

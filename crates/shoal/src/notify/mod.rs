@@ -14,14 +14,13 @@
 //! the pool, and what it delivers meanwhile is dropped: the listener delivers it.
 
 mod listener;
-mod mailbox;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::oneshot;
 
-pub use mailbox::{Mail, Mailbox, Put, MAX_PENDING};
+pub use crate::mailbox::{Mail, Mailbox, Put, MAX_PENDING};
 
 /// The pool's side of LISTEN/NOTIFY: who listens to what, and the listener connection's
 /// task (running while anyone listens).

@@ -1,9 +1,8 @@
 //! A transaction-mode client's LISTEN/NOTIFY, from the session's side: telling the pool's
 //! listener what the client listens to before the client learns its LISTEN is done, its own
 //! NOTIFY reaching it before its ReadyForQuery, and its notifications written to its socket
-//! (see [`crate::notify`]).
+//! (the listener itself is behind [`crate::seam::Features`]).
 
-use crate::features::PoolFeatures;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
@@ -13,7 +12,9 @@ use shoal_wire::sqlstate;
 use super::outbound::Outbound;
 use super::{Extras, Session, SessionError};
 use crate::error::ErrorKind;
-use crate::notify::{Mail, Subscription};
+use crate::mailbox::Mail;
+use crate::seam::Features as _;
+use crate::Plugged;
 
 /// What the listener must do before the client's next ReadyForQuery goes out.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +22,7 @@ pub(super) struct ListenerDue {
     /// The channels the client listens to changed.
     update: bool,
     /// The client's transaction may have notified: what it sent reaches the pool's
-    /// listeners first (see [`crate::notify::Hub::claim`]).
+    /// listeners first (see [`crate::seam::Features::claim`]).
     barrier: bool,
 }
 
@@ -71,11 +72,12 @@ fn deliver_before_ready(
     let Some(sub) = x.listen.as_ref() else {
         return Ok(());
     };
-    if !sub.mailbox.has_mail() {
+    let mailbox = Plugged::mailbox(sub);
+    if !mailbox.has_mail() {
         return Ok(());
     }
     out.spill_to_client(server_buf);
-    match sub.mailbox.take_into(&mut out.to_client) {
+    match mailbox.take_into(&mut out.to_client) {
         Mail::Empty => Ok(()),
         Mail::Overflowed => Err(overflowed()),
     }
@@ -130,7 +132,7 @@ pub(super) fn overflowed() -> SessionError {
         sqlstate::PROGRAM_LIMIT_EXCEEDED,
         format!(
             "closing the connection: the client left more than {} KiB of notifications unread",
-            crate::notify::MAX_PENDING / 1024
+            crate::mailbox::MAX_PENDING / 1024
         ),
     )
 }
@@ -141,17 +143,17 @@ impl Session {
     /// client, which is warned instead).
     pub(super) async fn sync_listener(&mut self, due: ListenerDue, server_pid: i32) {
         let mut waits = Vec::with_capacity(2);
-        if let Some(hub) = self.pool.notify().filter(|_| due.barrier) {
-            waits.push(hub.barrier(&self.pool.weak(), server_pid));
+        if due.barrier {
+            waits.extend(Plugged::barrier(&self.pool, server_pid));
         }
         let x = Extras::get(&mut self.extras);
         if due.update {
             x.sets.listening_changed = false;
-            if let Some(hub) = self.pool.notify() {
-                let sub = x
-                    .listen
-                    .get_or_insert_with(|| Subscription::new(&self.pool, hub));
-                waits.extend(sub.update(&x.sets.listening));
+            if x.listen.is_none() {
+                x.listen = Plugged::listen(&self.pool);
+            }
+            if let Some(sub) = x.listen.as_mut() {
+                waits.extend(Plugged::listen_to(sub, &x.sets.listening));
             }
         }
         let limit = self.pool.settings.connect_timeout;
@@ -168,9 +170,9 @@ impl Session {
                 "01000",
                 "Shoal's listening connection to the server is not ready: notifications are delivered once it is",
             );
-            sub.mailbox.put(&msg);
+            Plugged::mailbox(sub).put(&msg);
         }
-        if x.sets.listening.is_empty() && !sub.mailbox.has_mail() {
+        if x.sets.listening.is_empty() && !Plugged::mailbox(sub).has_mail() {
             // Listens to nothing any more: the client is an ordinary one again.
             x.listen = None;
         }
@@ -180,9 +182,7 @@ impl Session {
     pub(super) fn end_claim(&mut self, server_pid: i32) {
         if let Some(x) = self.extras.as_mut() {
             if std::mem::take(&mut x.sets.notified) {
-                if let Some(hub) = self.pool.notify() {
-                    hub.unclaim(server_pid);
-                }
+                Plugged::unclaim(&self.pool, server_pid);
             }
         }
     }
@@ -194,10 +194,7 @@ impl Session {
             return Poll::Pending;
         };
         let stream = &mut self.stream;
-        match sub
-            .mailbox
-            .poll_deliver(cx, |cx, b| stream.poll_write(cx, b))
-        {
+        match Plugged::mailbox(sub).poll_deliver(cx, |cx, b| stream.poll_write(cx, b)) {
             Poll::Ready(Ok(Mail::Overflowed)) => Poll::Ready(Err(overflowed())),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
             Poll::Ready(Ok(Mail::Empty)) | Poll::Pending => {

@@ -183,7 +183,7 @@ pub struct Extras {
     /// The new process refused this client (see [`crate::handoff`]): it stays here.
     pub stays: bool,
     /// The client's notifications, while it listens (transaction mode).
-    pub listen: Option<crate::notify::Subscription>,
+    pub listen: Option<crate::seam::Listening>,
     /// A relayed client: the signature of the state last sent to the relaying node.
     pub shipped: u64,
     /// A relayed client this node (shutting down) asked the relaying node to take back.
@@ -556,7 +556,7 @@ impl Session {
         self.cancel.slot.mark_busy();
         if let Some(sub) = self.extras.as_ref().and_then(|x| x.listen.as_ref()) {
             // Its notifications now wait for the transaction's end.
-            sub.mailbox.busy();
+            Plugged::mailbox(sub).busy();
         }
         let attached = self.attach().await;
         // A fill runs only on the server just found (see `cached`).

@@ -3,7 +3,6 @@
 //! on whole databases, notifications), and handed to the hooks on its way to the server.
 //! COPY data passes in streams, and stray COPY messages are dropped.
 
-use crate::features::PoolFeatures;
 use crate::seam::Features as _;
 use crate::Plugged;
 use bytes::Buf;
@@ -244,7 +243,7 @@ fn settle_side(side: &mut ClientSide<'_>, extras: &mut Option<Box<Extras>>) {
 }
 
 /// Claims the server for the client's notifications (once per transaction; see
-/// [`crate::notify::Hub::claim`]).
+/// [`crate::seam::Features::claim`]).
 #[cold]
 fn claim(
     pool: &crate::pool::Pool,
@@ -255,9 +254,7 @@ fn claim(
     let x = Extras::get(extras);
     if !x.sets.notified {
         x.sets.notified = true;
-        if let Some(hub) = pool.notify() {
-            hub.claim(server_pid, client_pid);
-        }
+        Plugged::claim(pool, server_pid, client_pid);
     }
 }
 

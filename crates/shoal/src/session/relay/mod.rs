@@ -9,7 +9,6 @@
 //! by readiness, so neither side can stall the other (a client pipelining a large batch while
 //! PostgreSQL streams results back cannot deadlock the relay).
 
-use crate::features::PoolFeatures;
 use bytes::Buf;
 use shoal_wire::backend::ErrorFields;
 
@@ -166,9 +165,8 @@ impl Session {
         let mut out = Outbound::new();
         out.capture = capture;
         // Read once per transaction: a pool's first listener arriving meanwhile misses only
-        // this transaction's claim (see `crate::notify::Hub::claim`).
-        out.notify_active =
-            policy.per_transaction() && self.pool.notify().is_some_and(|n| n.active());
+        // this transaction's claim (see `crate::seam::Features::claim`).
+        out.notify_active = policy.per_transaction() && Plugged::listeners_active(&self.pool);
         // In force for the whole transaction (a change applies from the next one).
         if policy.per_transaction() {
             out.rules = Plugged::rules(&self.pool);
