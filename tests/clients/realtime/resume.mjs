@@ -98,7 +98,9 @@ cut()
 console.log(JSON.stringify({ cut: true }))
 await go()
 await sending
-const all = () => new Set(seen).size >= messages && new Set(ids).size >= rows
+// With resume, the replay can arrive before the rejoin's reply: wait for that too.
+const all = () =>
+  new Set(seen).size >= messages && new Set(ids).size >= rows && (!resume || room.state === 'joined')
 await Promise.race([until(all), timeout(15000, 'everything')]).catch(() => {})
 const missing = [...Array(messages).keys()].filter((n) => !seen.includes(n))
 console.log(
