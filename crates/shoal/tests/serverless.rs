@@ -239,10 +239,7 @@ async fn neons_driver_over_tls() {
 
 /// A token for `sub` with `role`, expiring `exp_in` seconds from now, signed with `secret`.
 fn signed(secret: &str, role: &str, sub: &str, exp_in: i64) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = common::changes::now();
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &serde_json::json!({"role": role, "sub": sub, "exp": now + exp_in}),
