@@ -85,7 +85,7 @@ const POOL_GAUGES: PoolGauges = &[
     (
         "shoal_pool_listen_channels",
         "Channels the pool's transaction-mode clients LISTEN to (one listener connection serves them)",
-        |p| p.notify().map_or(0, |n| n.channels()) as i64,
+        |p| p.notify().channels() as i64,
     ),
 ];
 
@@ -113,17 +113,17 @@ const POOL_COUNTERS: PoolCounters = &[
     (
         "shoal_pool_notifications_delivered",
         "Notifications handed to listening clients by the pool's listener connection",
-        |p| p.notify().map_or(0, |n| load(&n.counts.delivered)),
+        |p| load(&p.notify().counts.delivered),
     ),
     (
         "shoal_pool_listener_connections_lost",
         "Listener connections lost while clients listened (notifications sent until it was back were lost)",
-        |p| p.notify().map_or(0, |n| load(&n.counts.listener_lost)),
+        |p| load(&p.notify().counts.listener_lost),
     ),
     (
         "shoal_pool_notification_overflows",
         "Clients closed for leaving more notifications unread than Shoal holds for one client",
-        |p| p.notify().map_or(0, |n| load(&n.counts.overflowed)),
+        |p| load(&p.notify().counts.overflowed),
     ),
 ];
 

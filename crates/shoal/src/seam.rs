@@ -101,7 +101,9 @@ pub trait Features {
     /// What a transaction holds while it runs (a place under a concurrency limit).
     type Running: Send;
 
-    fn limits(pool: &Pool) -> Self::Limits;
+    /// The pool's limits, `None` when it has none (then nothing is admitted: no future is
+    /// made for a unit that cannot wait).
+    fn limits(pool: &Pool) -> Option<Self::Limits>;
 
     /// A unit of work that needs a server is about to run, or be answered from a cache: it
     /// may have to wait for its turn, or be refused (a rate limit).

@@ -139,9 +139,10 @@ pub fn show_catalogues(app: &App) -> ResultSet {
     let mut pools = app.routes.pools();
     pools.sort_by(|a, b| a.name.cmp(&b.name));
     for p in pools {
-        let Some(c) = p.catalogue().filter(|c| c.running()) else {
+        let c = p.catalogue();
+        if !c.running() {
             continue;
-        };
+        }
         let s = c.status();
         r.row(vec![
             t(p.name.clone()),

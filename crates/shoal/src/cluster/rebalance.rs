@@ -23,7 +23,7 @@ fn idle(pool: &Pool) -> bool {
         .load(std::sync::atomic::Ordering::Relaxed)
         == 0
         && pool.in_use() == 0
-        && !pool.notify().is_some_and(|n| n.active())
+        && !pool.notify().active()
 }
 
 /// Gives up `pool` if it is still idle once fenced (a client that logged in meanwhile keeps

@@ -1,9 +1,9 @@
 //! What each pool carries for the features: its statement analyses and catalogue, query
 //! rules, result cache, limits, replicas and LISTEN hub.
 //!
-//! The pool is data plane and names none of these; it holds a [`Features`] as its opaque
-//! add-on (`pool::AddOns`), made with it by the route registry, and this module reads it back
-//! by type. Import [`PoolFeatures`] to ask a pool for them: `pool.cache()`, `pool.rules()`;
+//! The pool is data plane and names none of these; it holds a [`Features`] as its add-on
+//! (`pool::AddOns`, its type named at the crate root through `pool::Plug`), made with it by
+//! the route registry. Import [`PoolFeatures`] to ask a pool for them: `pool.cache()`, `pool.rules()`;
 //! whoever makes a pool keeps its `Arc<Features>` to set them.
 //! Rules, cache and limits are replaced live on reloads, so each sits behind a lock with a
 //! flag that spares pools without one the lock on every statement.
@@ -201,30 +201,28 @@ impl<T> Swappable<T> {
     }
 }
 
-/// A pool's features, for code above the data plane (and the relay, until its hooks take
-/// them). A pool made without [`Features`] has none: no rules, cache, limits, replicas or
-/// LISTEN.
+/// A pool's features, for code above the data plane and for [`relay`].
 pub trait PoolFeatures {
-    fn features(&self) -> Option<&Features>;
+    fn features(&self) -> &Features;
 
     #[inline]
     fn rules(&self) -> Option<Arc<QueryRules>> {
-        self.features()?.rules()
+        self.features().rules()
     }
 
     #[inline]
     fn limits(&self) -> Option<Arc<PoolLimits>> {
-        self.features()?.limits()
+        self.features().limits()
     }
 
     #[inline]
     fn cache(&self) -> Option<Arc<QueryCache>> {
-        self.features()?.cache()
+        self.features().cache()
     }
 
     #[inline]
     fn replicas(&self) -> Option<&Arc<ReplicaSet>> {
-        self.features()?.replicas()
+        self.features().replicas()
     }
 
     /// The replica configuration the pool was made with (`None`: reads stay here).
@@ -232,22 +230,21 @@ pub trait PoolFeatures {
         self.replicas().map(|r| &r.config)
     }
 
-    fn catalogue(&self) -> Option<&Arc<Source>> {
-        Some(self.features()?.catalogue())
+    fn catalogue(&self) -> &Arc<Source> {
+        self.features().catalogue()
     }
 
-    /// LISTEN/NOTIFY for the pool's transaction-mode clients (`None`: the pool has no hub,
-    /// so nobody listens through it).
+    /// LISTEN/NOTIFY for the pool's transaction-mode clients.
     #[inline]
-    fn notify(&self) -> Option<&Arc<Hub>> {
-        Some(self.features()?.notify())
+    fn notify(&self) -> &Arc<Hub> {
+        self.features().notify()
     }
 }
 
 impl PoolFeatures for Pool {
     #[inline]
-    fn features(&self) -> Option<&Features> {
-        self.addons::<Features>()
+    fn features(&self) -> &Features {
+        self.addons()
     }
 }
 
@@ -255,7 +252,7 @@ impl PoolFeatures for Pool {
 pub fn each<T>(pools: &[Arc<Pool>], pick: impl Fn(&Features) -> Option<T>) -> Vec<(Arc<Pool>, T)> {
     pools
         .iter()
-        .filter_map(|p| Some((p.clone(), pick(p.features()?)?)))
+        .filter_map(|p| Some((p.clone(), pick(p.features())?)))
         .collect()
 }
 

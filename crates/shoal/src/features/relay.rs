@@ -33,26 +33,30 @@ pub struct Writes {
 /// The features the data plane runs with (named at the crate root as [`crate::Plugged`]).
 pub struct Plugged;
 
+impl crate::pool::Plug for Plugged {
+    type AddOns = super::Features;
+}
+
 impl seam::Features for Plugged {
-    type Limits = Option<Arc<PoolLimits>>;
+    type Limits = Arc<PoolLimits>;
     type Running = Option<Running>;
 
     #[inline]
-    fn limits(pool: &Pool) -> Self::Limits {
+    fn limits(pool: &Pool) -> Option<Self::Limits> {
         pool.limits()
     }
 
     async fn admit_unit(limits: &Self::Limits) -> Result<(), Refusal> {
-        match limits.as_ref().filter(|l| l.has_rate()) {
-            Some(l) => l.admit_query().await,
-            None => Ok(()),
+        match limits.has_rate() {
+            true => limits.admit_query().await,
+            false => Ok(()),
         }
     }
 
     async fn admit_transaction(limits: &Self::Limits) -> Result<Self::Running, Refusal> {
-        match limits.as_ref().filter(|l| l.has_concurrency()) {
-            Some(l) => l.admit_transaction().await.map(Some),
-            None => Ok(None),
+        match limits.has_concurrency() {
+            true => limits.admit_transaction().await.map(Some),
+            false => Ok(None),
         }
     }
 
@@ -175,9 +179,7 @@ impl seam::Features for Plugged {
 
     #[inline]
     fn schema_changed(pool: &Pool) {
-        if let Some(c) = pool.catalogue() {
-            c.changed();
-        }
+        pool.catalogue().changed();
     }
     type Replicas = Arc<ReplicaSet>;
 
@@ -254,27 +256,23 @@ impl seam::Features for Plugged {
 
     #[inline]
     fn listeners_active(pool: &Pool) -> bool {
-        pool.notify().is_some_and(|hub| hub.active())
+        pool.notify().active()
     }
 
     fn claim(pool: &Pool, server_pid: i32, client_pid: i32) {
-        if let Some(hub) = pool.notify() {
-            hub.claim(server_pid, client_pid);
-        }
+        pool.notify().claim(server_pid, client_pid);
     }
 
     fn unclaim(pool: &Pool, server_pid: i32) {
-        if let Some(hub) = pool.notify() {
-            hub.unclaim(server_pid);
-        }
+        pool.notify().unclaim(server_pid);
     }
 
     fn barrier(pool: &Pool, server_pid: i32) -> Option<tokio::sync::oneshot::Receiver<()>> {
-        Some(pool.notify()?.barrier(&pool.weak(), server_pid))
+        Some(pool.notify().barrier(&pool.weak(), server_pid))
     }
 
     fn listen(pool: &Pool) -> Option<Subscription> {
-        Some(Subscription::new(pool, pool.notify()?))
+        Some(Subscription::new(pool, pool.notify()))
     }
 
     fn listen_to(

@@ -19,7 +19,7 @@ mod lease;
 pub mod pg_fence;
 mod slow;
 
-pub use addons::AddOns;
+pub use addons::{AddOns, Plug, PoolAddOns};
 pub use fence::{Fence, LeaseClock};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
@@ -214,7 +214,7 @@ pub struct Pool {
     /// Whether this node may open servers for the pool (always, unless in a cluster).
     pub fence: Fence,
     /// What the features keep for this pool (see [`AddOns`]).
-    addons: Arc<dyn AddOns>,
+    addons: Arc<PoolAddOns>,
     /// When the last slow-query and pool-exhausted warnings were logged (rate limits).
     last_slow_warning: AtomicU64,
     last_exhausted_warning: AtomicU64,
@@ -286,7 +286,7 @@ impl Pool {
         settings: PoolSettings,
         upstream: Upstream,
         lease: Arc<LeaseClock>,
-        addons: Arc<dyn AddOns>,
+        addons: Arc<PoolAddOns>,
     ) -> Arc<Pool> {
         let Names {
             name,
@@ -331,10 +331,10 @@ impl Pool {
         pool
     }
 
-    /// The add-on of type `T` the pool was made with, if that is its type.
+    /// The add-on the pool was made with.
     #[inline]
-    pub fn addons<T: AddOns>(&self) -> Option<&T> {
-        (&*self.addons as &dyn std::any::Any).downcast_ref()
+    pub fn addons(&self) -> &PoolAddOns {
+        &self.addons
     }
 
     /// The database this pool serves, as the console and routing name it (a config entry's

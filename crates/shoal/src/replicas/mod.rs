@@ -168,7 +168,7 @@ impl ReplicaSet {
         config: Replicas,
         analyses: Arc<crate::analysis::Analyses>,
         catalogue: Arc<crate::analysis::catalogue::Source>,
-        member_addons: impl Fn() -> Arc<dyn crate::pool::AddOns>,
+        member_addons: impl Fn() -> Arc<crate::pool::PoolAddOns>,
     ) -> ReplicaSet {
         let members = config
             .hosts

@@ -501,7 +501,7 @@ impl Registry {
     /// Puts in force on `pool` the rules, result cache and limits `d` and `u` call for
     /// (clients already on it are held to them from their next transaction).
     fn set_features(&self, pool: &Pool, d: &Database, u: &User) {
-        let Some(f) = pool.features() else { return };
+        let f = pool.features();
         f.set_rules(rules_for(d, u));
         self.set_cache(pool, f, d, u);
         self.set_limits(f, d, u);

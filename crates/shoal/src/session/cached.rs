@@ -19,10 +19,9 @@ use crate::Plugged;
 impl Session {
     /// Answers the unit at the head of the client's buffer from the cache, if it can.
     /// Returns true when it did; false when the unit needs a server (with a fill set up
-    /// in the client's extras when its reply is to be kept).
+    /// in the client's extras when its reply is to be kept). For a pool with a cache.
     pub(super) async fn answer_from_cache(&mut self) -> Result<bool, SessionError> {
-        if !Plugged::has_cache(&self.pool)
-            || self.skip_until_sync
+        if self.skip_until_sync
             || self.extras.as_ref().is_some_and(|x| {
                 x.listen.is_some() || x.capture.is_some() || x.holds_state || x.recoding
             })

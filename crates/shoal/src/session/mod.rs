@@ -502,14 +502,21 @@ impl Session {
             match self.handle_idle_messages().await? {
                 Idle::NeedServer => {
                     let limits = Plugged::limits(&self.pool);
-                    if let Err(r) = Plugged::admit_unit(&limits).await {
-                        self.refuse_over_limit(r).await?;
+                    if let Some(l) = &limits {
+                        if let Err(r) = Plugged::admit_unit(l).await {
+                            self.refuse_over_limit(r).await?;
+                            continue;
+                        }
+                    }
+                    // Asked only where there is a cache: most pools make no future for it.
+                    if Plugged::has_cache(&self.pool) && self.answer_from_cache().await? {
                         continue;
                     }
-                    if self.answer_from_cache().await? {
-                        continue;
-                    }
-                    let running = match Plugged::admit_transaction(&limits).await {
+                    let admitted = match &limits {
+                        Some(l) => Plugged::admit_transaction(l).await.map(Some),
+                        None => Ok(None),
+                    };
+                    let running = match admitted {
                         Ok(r) => r,
                         Err(r) => {
                             if let Some(x) = self.extras.as_mut() {
@@ -842,7 +849,7 @@ impl Session {
     async fn report_server_loss(
         &mut self,
         flow: &Flow,
-        fatal: Option<ErrorFields>,
+        fatal: Option<Box<ErrorFields>>,
     ) -> Result<(), SessionError> {
         let (code, detail) = match &fatal {
             Some(f) => (known_code(&f.code), f.message.as_str()),

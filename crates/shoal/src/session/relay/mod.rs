@@ -72,7 +72,7 @@ pub enum RelayEnd {
     /// The client's connection ended.
     ClientGone,
     /// The server connection failed; carries PostgreSQL's FATAL error if it sent one.
-    ServerLost(Option<ErrorFields>),
+    ServerLost(Option<Box<ErrorFields>>),
 }
 
 /// The client's side of the session, lent to hooks while messages pass.
@@ -250,6 +250,7 @@ impl Session {
             fatal: None,
             overdue: Overdue::new(self.pool.settings.statement_timeout),
             draining: false,
+            answered: 0,
         };
         if out.server_pending() {
             out.query_start = Some(out.txn_start);
@@ -269,11 +270,12 @@ impl Session {
             let step =
                 std::future::poll_fn(|cx| self.poll_step(cx, server, out, reads, &mut st.overdue))
                     .await;
-            if let Some(end) = self
-                .on_step(step, hooks, server, flow, policy, out, &mut st)
-                .await?
-            {
+            if let Some(end) = self.on_step(step, hooks, server, flow, policy, out, &mut st)? {
                 return Ok(end);
+            }
+            if out.listener_due.is_some() {
+                // Boxed: the relay's future stays the size it is without it.
+                Box::pin(self.resume_at_ready(hooks, server, flow, policy, out, &mut st)).await?;
             }
         }
     }
@@ -373,9 +375,12 @@ impl Session {
         Poll::Pending
     }
 
-    /// Does what `step` calls for; how the relay ends, if it does now.
+    /// Does what `step` calls for; how the relay ends, if it does now. Not async: a step
+    /// that must wait (for the pool's listener) leaves `out.listener_due` for the loop, so
+    /// the common step builds no future of its own.
     #[allow(clippy::too_many_arguments)]
-    async fn on_step<H: Hooks>(
+    #[inline(always)]
+    fn on_step<H: Hooks>(
         &mut self,
         step: Step,
         hooks: &mut H,
@@ -402,8 +407,7 @@ impl Session {
                 return Ok(Some(RelayEnd::ServerLost(None)))
             }
             Step::FromServer(Ok(_)) => {
-                self.server_bytes(hooks, server, flow, policy, out, st)
-                    .await?;
+                self.server_bytes(hooks, server, flow, policy, out, st)?;
             }
             Step::FromClient(Ok(0))
                 if flow.pending > 0
@@ -441,7 +445,10 @@ impl Session {
 
     /// New bytes from the server: its replies taken. Transaction mode keeps the client and
     /// reports an ERROR once the replies before a FATAL are out; session mode passes it on.
-    async fn server_bytes<H: Hooks>(
+    /// Replies stopped before a ReadyForQuery that waits for the pool's listener are
+    /// finished by [`Self::resume_at_ready`].
+    #[inline(always)]
+    fn server_bytes<H: Hooks>(
         &mut self,
         hooks: &mut H,
         server: &mut ServerConn,
@@ -450,19 +457,31 @@ impl Session {
         out: &mut Outbound,
         st: &mut LoopState,
     ) -> Result<(), SessionError> {
-        let answered = out.counts.queries;
+        st.answered = out.counts.queries;
         st.fatal = self.take_replies(hooks, server, flow, out, policy)?;
-        if out.listener_due.is_some() {
-            // Boxed: the relay's future stays the size it is without it.
-            st.fatal = Box::pin(self.resume_at_ready(hooks, server, flow, out, policy)).await?;
+        if out.listener_due.is_none() {
+            self.after_replies(hooks, server, flow, out, st)?;
         }
+        Ok(())
+    }
+
+    /// What follows the replies taken: a held unit proven again, a cancel not sent twice.
+    #[inline(always)]
+    fn after_replies<H: Hooks>(
+        &mut self,
+        hooks: &mut H,
+        server: &mut ServerConn,
+        flow: &mut Flow,
+        out: &mut Outbound,
+        st: &mut LoopState,
+    ) -> Result<(), SessionError> {
         if out.held && flow.is_idle() && flow.status != b'I' {
             // The held unit is inside a block opened READ ONLY: it is proven again now that
             // the block is known, and refused if it is not.
             out.held = false;
             st.terminate = !self.take_client(hooks, server, flow, out)?;
         }
-        if out.counts.queries != answered {
+        if out.counts.queries != st.answered {
             // A cancel forwarded before this answer is not sent again.
             self.cancel.slot.note_answered();
         }
@@ -475,12 +494,14 @@ struct LoopState {
     /// The client sent Terminate.
     terminate: bool,
     /// The server's FATAL, reported once the replies before it are out.
-    fatal: Option<ErrorFields>,
+    fatal: Option<Box<ErrorFields>>,
     overdue: Overdue,
     /// Shutdown closed the client's read side while requests were in flight: their replies
     /// still go out (a forwarded COMMIT's outcome reaches the client), then the client is
     /// told why it is closed.
     draining: bool,
+    /// Queries answered before the server's latest bytes were taken.
+    answered: u64,
 }
 
 /// Which sides the relay reads from this step (neither while too much waits to be written
@@ -499,15 +520,15 @@ impl Session {
         hooks: &mut H,
         server: &mut ServerConn,
         flow: &mut Flow,
-        out: &mut Outbound,
         policy: Policy,
-    ) -> Result<Option<ErrorFields>, SessionError> {
-        let mut fatal = None;
+        out: &mut Outbound,
+        st: &mut LoopState,
+    ) -> Result<(), SessionError> {
         while let Some(due) = out.listener_due.take() {
             self.sync_listener(due, server.process_id).await;
-            fatal = self.take_replies(hooks, server, flow, out, policy)?;
+            st.fatal = self.take_replies(hooks, server, flow, out, policy)?;
         }
-        Ok(fatal)
+        self.after_replies(hooks, server, flow, out, st)
     }
 
     /// [`take_server`] with the session's side of the relay.
@@ -519,7 +540,7 @@ impl Session {
         flow: &mut Flow,
         out: &mut Outbound,
         policy: Policy,
-    ) -> Result<Option<ErrorFields>, SessionError> {
+    ) -> Result<Option<Box<ErrorFields>>, SessionError> {
         let mut side = ClientSide::of(
             &self.pool,
             &self.params,

@@ -90,7 +90,7 @@ pub(super) fn take_server<H: Hooks>(
     flow: &mut Flow,
     out: &mut Outbound,
     policy: Policy,
-) -> Result<Option<ErrorFields>, SessionError> {
+) -> Result<Option<Box<ErrorFields>>, SessionError> {
     loop {
         if out.server_rest > 0 {
             stream_some(&mut server.buf, &mut out.to_client, &mut out.server_rest);
@@ -162,8 +162,9 @@ enum Reply {
     Seen,
     /// Something was put in front of it (it moved in the buffer).
     Moved,
-    /// A FATAL error: the server is lost.
-    Fatal(ErrorFields),
+    /// A FATAL error: the server is lost. Boxed, as everywhere the relay carries one: the
+    /// results it passes for every message and step stay small.
+    Fatal(Box<ErrorFields>),
 }
 
 /// What [`Seen::reply`] reads and updates.
@@ -197,7 +198,7 @@ impl Seen<'_, '_> {
                         self.out.to_client.extend_from_slice(&self.server.buf[..n]);
                     }
                     self.server.buf.advance(n);
-                    return Ok(Reply::Fatal(e));
+                    return Ok(Reply::Fatal(Box::new(e)));
                 }
             }
             be::COPY_IN_RESPONSE => self.flow.copy_in_response(),
