@@ -12,6 +12,8 @@
 //! implemented over these.
 
 pub mod relay;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
