@@ -592,21 +592,33 @@ async fn a_checkout_given_up_while_connecting_gives_its_room_back() {
 
 /// Fencing in one process (the lease is the App's, not the process's): a pool owned under a
 /// lease serves until its deadline; past it, the next statement never reaches a server and
-/// the client is closed with `08006`, to reconnect where the pool's owner now is.
+/// the client is closed with `08006`, to reconnect where the pool's owner now is. A second
+/// node in the same process, under a lease of its own, serves on.
 #[tokio::test]
 async fn past_the_lease_deadline_a_statement_never_reaches_a_server() {
     let fake = FakePg::start().await;
+    let owned = |app: &Arc<App>| {
+        app.routes.lease.set_clustered();
+        let pool = pool_of(app);
+        assert!(pool.fence.fenced(), "a cluster's pool starts closed");
+        pool.fence.own();
+        app.routes
+            .lease
+            .set_deadline(std::time::Instant::now() + Duration::from_secs(60));
+    };
     let app = app(&fake, "");
-    app.routes.lease.set_clustered();
-    let pool = pool_of(&app);
-    assert!(pool.fence.fenced(), "a cluster's pool starts closed");
-    pool.fence.own();
-    app.routes
-        .lease
-        .set_deadline(std::time::Instant::now() + Duration::from_secs(60));
+    owned(&app);
+    let other = app_reaching(&fake, "", Some(fake.dialer(PIPE)));
+    owned(&other);
     let mut c = client(&app).await;
+    let mut on_other = client(&other).await;
     assert_eq!(c.simple("SELECT 'owned'").await.unwrap(), vec!["owned"]);
     app.routes.lease.set_deadline(std::time::Instant::now());
+    assert_eq!(
+        on_other.simple("SELECT 'other'").await.unwrap(),
+        vec!["other"],
+        "the other node's lease is its own"
+    );
     let mut out = BytesMut::new();
     raw::query(&mut out, "SELECT 'late'");
     c.send(&out).await;
@@ -615,6 +627,10 @@ async fn past_the_lease_deadline_a_statement_never_reaches_a_server() {
     assert_eq!(refused.code(), "08006", "{refused:?}");
     assert!(refused.text().contains("did not run"), "{refused:?}");
     assert!(c.recv().await.is_none(), "the client is closed");
+    assert_eq!(
+        on_other.simple("SELECT 'still'").await.unwrap(),
+        vec!["still"]
+    );
     let seen = fake.shared.queries.lock().unwrap().clone();
     assert!(seen.iter().any(|q| q.contains("'owned'")));
     assert!(!seen.iter().any(|q| q.contains("'late'")), "{seen:?}");
