@@ -133,9 +133,10 @@ def ensure_installed():
 
 
 def build_shoal():
+    """Release binaries, built where cargo puts them (CARGO_TARGET_DIR, if set)."""
     subprocess.run(["cargo", "build", "--release", "--bin", "shoal", "--bin", "loadgen", "--bin", "hop"],
                    cwd=ROOT, check=True)
-    return os.path.join(ROOT, "target", "release")
+    return os.path.join(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release")
 
 
 class Workdir:
