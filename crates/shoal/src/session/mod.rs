@@ -605,20 +605,7 @@ impl Session {
                         None => return Ok(false),
                     }
                 }
-                // Bytes nobody asked for, or replies still owed: this server is not at a
-                // true boundary, and no other client may have it.
-                let unread = !(lease.buf.is_empty() && lease.session.owes_nothing());
-                if unread {
-                    tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.session.owed(), "server not at a clean boundary; closing it");
-                }
-                let state = crate::disposition::ServerState {
-                    unread,
-                    ..Default::default()
-                };
-                match crate::disposition::decide(&state) {
-                    crate::disposition::Disposition::Close(reason) => lease.close(reason),
-                    _ => lease.checkin(),
-                }
+                self.give_back(lease);
                 Ok(false)
             }
             Ok(RelayEnd::Terminate) => {
@@ -632,25 +619,7 @@ impl Session {
             Ok(RelayEnd::ServerLost(fatal)) => {
                 drop(lease);
                 if flow.status != b'I' {
-                    // Inside a transaction block: the client's session is gone with the
-                    // server's, as on a direct connection. Pass the server's own FATAL on.
-                    // A fenced node's servers may have been ended by the pool's next
-                    // owner (its FATAL says "administrator command"): say why.
-                    let (kind, code, message) = match fatal {
-                        _ if self.pool.fence.fenced() => (
-                            ErrorKind::Fenced,
-                            sqlstate::CONNECTION_FAILURE,
-                            "this Shoal node stopped serving the pool (its cluster lease lapsed); the transaction was ended: reconnect".to_string(),
-                        ),
-                        Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
-                        None => (
-                            ErrorKind::ServerLost,
-                            sqlstate::CONNECTION_FAILURE,
-                            "server closed the connection unexpectedly".to_string(),
-                        ),
-                    };
-                    tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
-                    return Err(SessionError::fatal(kind, code, message));
+                    return Err(self.lost_in_block(fatal));
                 }
                 self.report_server_loss(&flow, fatal).await?;
                 Ok(false)
@@ -660,6 +629,47 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// The server goes back to the pool after its transaction ended, unless bytes nobody
+    /// asked for, or replies still owed, say it is not at a true boundary: then no other
+    /// client may have it, and it is closed.
+    fn give_back(&self, lease: Lease) {
+        let unread = !(lease.buf.is_empty() && lease.session.owes_nothing());
+        if unread {
+            tracing::warn!(conn = self.id, pool = %self.pool.name, unread = lease.buf.len(), owed = lease.session.owed(), "server not at a clean boundary; closing it");
+        }
+        let state = crate::disposition::ServerState {
+            unread,
+            ..Default::default()
+        };
+        match crate::disposition::decide(&state) {
+            crate::disposition::Disposition::Close(reason) => lease.close(reason),
+            _ => lease.checkin(),
+        }
+    }
+
+    /// The server was lost inside a transaction block: the client's session is gone with the
+    /// server's, as on a direct connection, and the server's own FATAL is passed on. A fenced
+    /// node's servers may have been ended by the pool's next owner (its FATAL says
+    /// "administrator command"): the error says why.
+    #[cold]
+    fn lost_in_block(&self, fatal: Option<Box<ErrorFields>>) -> SessionError {
+        let (kind, code, message) = match fatal {
+            _ if self.pool.fence.fenced() => (
+                ErrorKind::Fenced,
+                sqlstate::CONNECTION_FAILURE,
+                "this Shoal node stopped serving the pool (its cluster lease lapsed); the transaction was ended: reconnect".to_string(),
+            ),
+            Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
+            None => (
+                ErrorKind::ServerLost,
+                sqlstate::CONNECTION_FAILURE,
+                "server closed the connection unexpectedly".to_string(),
+            ),
+        };
+        tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
+        SessionError::fatal(kind, code, message)
     }
 
     /// Stops a server that ran the client's LISTEN from listening before it goes back to
