@@ -47,17 +47,17 @@ impl seam::Features for Plugged {
     }
 
     async fn admit_unit(limits: &Self::Limits) -> Result<(), Refusal> {
-        match limits.has_rate() {
-            true => limits.admit_query().await,
-            false => Ok(()),
+        if !limits.has_rate() {
+            return Ok(());
         }
+        limits.admit_query().await
     }
 
     async fn admit_transaction(limits: &Self::Limits) -> Result<Self::Running, Refusal> {
-        match limits.has_concurrency() {
-            true => limits.admit_transaction().await.map(Some),
-            false => Ok(None),
+        if !limits.has_concurrency() {
+            return Ok(None);
         }
+        limits.admit_transaction().await.map(Some)
     }
 
     #[inline]

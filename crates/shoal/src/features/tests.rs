@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use shoal_wire::backend;
 use shoal_wire::sql::ClientEncoding;
 
 use super::relay::Plugged;
@@ -72,28 +73,20 @@ fn pool_with_cache() -> (Arc<Pool>, Arc<Freshness>, Arc<Source>) {
 
 fn query(text: &str) -> Vec<u8> {
     let mut m = BytesMut::new();
-    m.put_u8(b'Q');
-    m.put_u32(4 + text.len() as u32 + 1);
-    m.put_slice(text.as_bytes());
-    m.put_u8(0);
+    shoal_wire::frontend::query(&mut m, text);
     m.to_vec()
 }
 
 /// A reply to `SELECT a FROM t`: one row, `value`, up to ReadyForQuery (idle).
 fn reply(value: &str) -> Vec<u8> {
     let mut m = BytesMut::new();
-    let message = |m: &mut BytesMut, tag: u8, body: &[u8]| {
-        m.put_u8(tag);
-        m.put_u32(4 + body.len() as u32);
-        m.put_slice(body);
-    };
-    let mut row = BytesMut::new();
-    row.put_u16(1);
-    row.put_u32(value.len() as u32);
-    row.put_slice(value.as_bytes());
-    message(&mut m, b'D', &row);
-    message(&mut m, b'C', b"SELECT 1\0");
-    message(&mut m, b'Z', b"I");
+    backend::put_message(&mut m, b'D', |b| {
+        b.put_u16(1);
+        b.put_u32(value.len() as u32);
+        b.put_slice(value.as_bytes());
+    });
+    backend::put_message(&mut m, b'C', |b| backend::put_cstr(b, "SELECT 1"));
+    backend::ready_for_query(&mut m, b'I');
     m.to_vec()
 }
 
