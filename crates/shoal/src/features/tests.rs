@@ -166,6 +166,15 @@ async fn kept_replies_go_stale_on_every_change_they_could_miss() {
     assert_eq!(served(&pool, READ).await, None, "a write through Shoal");
     assert_eq!(stats.stale.load(Ordering::Relaxed), 1);
 
+    // Named with its schema and quoted, it is the same table.
+    fill(&pool, READ, "two").await;
+    write(&pool, "UPDATE \"public\".\"t\" SET a = 'three'");
+    assert_eq!(
+        served(&pool, READ).await,
+        None,
+        "a schema-qualified, quoted name"
+    );
+
     // A commit from anywhere else, seen on the stream.
     fill(&pool, READ, "two").await;
     assert_eq!(
