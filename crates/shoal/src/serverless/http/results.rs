@@ -94,6 +94,10 @@ impl Answer {
                     FrameError::Malformed("a second description before the result ended").into(),
                 )
             }
+            // One statement, one result: a second would glue two JSON objects together.
+            tag::ROW_DESCRIPTION | tag::NO_DATA if !self.batch && !self.out.is_empty() => {
+                return Err(FrameError::Malformed("a second result for one statement").into())
+            }
             tag::ROW_DESCRIPTION => {
                 let fields = backend::parse_row_description(body)?;
                 self.begin_result(&fields);
@@ -470,6 +474,17 @@ mod tests {
             a.take(b'D', &data_row(&[Some(&big)])),
             Err(AnswerError::TooLarge(300))
         );
+    }
+
+    #[test]
+    fn a_second_result_for_one_statement_is_malformed() {
+        let mut a = Answer::new(Shape::default(), 1 << 20, false, 1);
+        a.take(b'n', b"").unwrap();
+        a.take(b'C', &cstr("SELECT 0")).unwrap();
+        assert!(matches!(
+            a.take(b'T', &row_description(&[("t", 25)])),
+            Err(AnswerError::Malformed(_))
+        ));
     }
 
     #[test]
