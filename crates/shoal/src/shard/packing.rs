@@ -14,6 +14,14 @@
 //! saturated machine with several shards open it likewise tries one fewer, and keeps that
 //! if the work holds. A trial that fails is not tried again for a while (longer after each
 //! failure, at once when the load changes).
+//!
+//! Work is noisy: on a shared 2-core machine one interval's rate strays 10-30 % from the
+//! next, so a fixed 4 % gain over one second's mean was met by chance in about one trial
+//! in three, and a second shard that cost 10 % more CPU per query stayed open. A trial is
+//! therefore judged as a measurement: the gain must exceed its threshold by twice the
+//! standard error of the difference of the two means. While the difference is within that
+//! margin the trial goes on measuring, up to [`TRIAL_MAX`] intervals; still undecided then,
+//! the packing keeps the fewer shards (each costs CPU per query).
 
 use std::collections::VecDeque;
 
@@ -33,6 +41,12 @@ const GAIN: f64 = 0.04;
 /// How much less work a trial with one shard fewer may do and still be kept (fewer threads
 /// cost less CPU per query).
 const LOSS: f64 = 0.02;
+/// Intervals of work kept at the current open count: a trial's baseline.
+const HISTORY: usize = 15;
+/// The most intervals a trial measures (after [`SETTLE`]): 5 s at 200 ms.
+const TRIAL_MAX: u32 = 25;
+/// Standard errors a difference in work must clear to count: about 97 % one-sided.
+const Z: f64 = 2.0;
 /// Intervals before a failed trial is tried again: 10 s at 200 ms, doubling to 5 minutes.
 const BACKOFF_FIRST: u64 = 50;
 const BACKOFF_MAX: u64 = 1500;
@@ -71,12 +85,56 @@ enum Want {
     TryClose,
 }
 
+/// Mean and variance of a run of work readings (Welford's method).
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    n: u32,
+    mean: f64,
+    m2: f64,
+}
+
+impl Sample {
+    fn of<'a>(xs: impl IntoIterator<Item = &'a f64>) -> Sample {
+        let mut s = Sample::default();
+        xs.into_iter().for_each(|&x| s.add(x));
+        s
+    }
+
+    fn add(&mut self, x: f64) {
+        self.n += 1;
+        let d = x - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (x - self.mean);
+    }
+
+    /// The squared standard error of the mean.
+    fn var_of_mean(&self) -> f64 {
+        if self.n < 2 {
+            return 0.0;
+        }
+        self.m2 / (self.n - 1) as f64 / self.n as f64
+    }
+
+    /// How far the difference of two means may stray by chance ([`Z`] standard errors).
+    fn margin(&self, other: &Sample) -> f64 {
+        Z * (self.var_of_mean() + other.var_of_mean()).sqrt()
+    }
+}
+
 #[derive(Debug)]
 struct Trial {
     from: usize,
-    baseline: f64,
+    baseline: Sample,
     seen: u32,
-    sum: f64,
+    got: Sample,
+}
+
+/// What a trial's measurements say so far.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    Keep,
+    Revert,
+    Measuring,
 }
 
 /// When a kind of trial may run again.
@@ -88,8 +146,14 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn allows(&self, tick: u64, load: f64) -> bool {
-        tick >= self.until || (load - self.load).abs() > LOAD_CHANGED * self.load.max(1.0)
+    /// Whether a trial may run now, `load` being the work at the current count: once the
+    /// wait is over, or at once if the load surely moved by [`LOAD_CHANGED`] (beyond
+    /// three standard errors: noise alone does not bring trials back).
+    fn allows(&self, tick: u64, load: &Sample) -> bool {
+        let moved = (load.mean - self.load).abs();
+        tick >= self.until
+            || (moved > LOAD_CHANGED * self.load.max(1.0)
+                && moved > 1.5 * load.margin(&Sample::default()))
     }
 
     fn failed(&mut self, tick: u64, load: f64) {
@@ -127,7 +191,7 @@ impl Packer {
             open: 1,
             tick: 0,
             streak: (Want::Stay, 0),
-            recent: VecDeque::with_capacity(SUSTAINED as usize),
+            recent: VecDeque::with_capacity(HISTORY),
             trial: None,
             up: Backoff::default(),
             down: Backoff::default(),
@@ -150,7 +214,7 @@ impl Packer {
             self.judge_trial(r.work);
             return self.open;
         }
-        if self.recent.len() == SUSTAINED as usize {
+        if self.recent.len() == HISTORY {
             self.recent.pop_front();
         }
         self.recent.push_back(r.work);
@@ -163,16 +227,16 @@ impl Packer {
         if want == Want::Stay || self.streak.1 < SUSTAINED {
             return self.open;
         }
-        let load = self.recent.iter().sum::<f64>() / self.recent.len() as f64;
+        let load = Sample::of(&self.recent);
         match want {
             // Load that arrives at once (a deploy, a benchmark) is met in a few seconds, not one
             // shard a second: as many more as are open, but no more than the free cores.
             Want::Open => self.change(self.open + self.open.min((r.idle_cores as usize).max(1))),
             Want::Close => self.change(self.open - 1),
-            Want::TryOpen if self.up.allows(self.tick, load) => {
+            Want::TryOpen if self.up.allows(self.tick, &load) => {
                 self.start_trial(self.open + 1, load)
             }
-            Want::TryClose if self.down.allows(self.tick, load) => {
+            Want::TryClose if self.down.allows(self.tick, &load) => {
                 self.start_trial(self.open - 1, load)
             }
             _ => {}
@@ -211,14 +275,14 @@ impl Packer {
         self.recent.clear();
     }
 
-    fn start_trial(&mut self, open: usize, baseline: f64) {
+    fn start_trial(&mut self, open: usize, baseline: Sample) {
         let from = self.open;
         self.change(open);
         self.trial = Some(Trial {
             from,
             baseline,
             seen: 0,
-            sum: 0.0,
+            got: Sample::default(),
         });
     }
 
@@ -227,29 +291,49 @@ impl Packer {
             return;
         };
         trial.seen += 1;
-        if trial.seen > SETTLE {
-            trial.sum += work;
-        }
-        if trial.seen < SETTLE + SUSTAINED {
+        if trial.seen <= SETTLE {
             return;
         }
-        let got = trial.sum / SUSTAINED as f64;
-        let (from, baseline) = (trial.from, trial.baseline);
-        self.trial = None;
-        let opened = self.open > from;
-        let kept = if opened {
-            got >= baseline * (1.0 + GAIN)
-        } else {
-            got >= baseline * (1.0 - LOSS)
+        trial.got.add(work);
+        if trial.got.n < SUSTAINED {
+            return;
+        }
+        let opened = self.open > trial.from;
+        let verdict = verdict(opened, &trial.baseline, &trial.got);
+        let verdict = match verdict {
+            Verdict::Measuring if trial.got.n < TRIAL_MAX => return,
+            // Undecided after the longest measurement: the fewer shards.
+            Verdict::Measuring if opened => Verdict::Revert,
+            Verdict::Measuring => Verdict::Keep,
+            v => v,
         };
+        let (from, baseline) = (trial.from, trial.baseline.mean);
+        self.trial = None;
         let backoff = if opened { &mut self.up } else { &mut self.down };
-        if kept {
+        if verdict == Verdict::Keep {
             backoff.succeeded();
             self.change(self.open);
         } else {
             backoff.failed(self.tick, baseline);
             self.change(from);
         }
+    }
+}
+
+/// A trial's verdict from its baseline and what it measured: one shard more is kept if it
+/// surely brings [`GAIN`] more work, one fewer if it surely loses no more than [`LOSS`].
+fn verdict(opened: bool, baseline: &Sample, got: &Sample) -> Verdict {
+    let margin = baseline.margin(got);
+    let (gain, base) = (got.mean - baseline.mean, baseline.mean);
+    let (keep, revert) = if opened {
+        (gain - margin >= base * GAIN, gain + margin < base * GAIN)
+    } else {
+        (gain - margin >= -base * LOSS, gain + margin < -base * LOSS)
+    };
+    match (keep, revert) {
+        (true, _) => Verdict::Keep,
+        (_, true) => Verdict::Revert,
+        _ => Verdict::Measuring,
     }
 }
 
