@@ -227,21 +227,52 @@ impl Packer {
         if want == Want::Stay || self.streak.1 < SUSTAINED {
             return self.open;
         }
-        let load = Sample::of(&self.recent);
         match want {
             // Load that arrives at once (a deploy, a benchmark) is met in a few seconds, not one
             // shard a second: as many more as are open, but no more than the free cores.
             Want::Open => self.change(self.open + self.open.min((r.idle_cores as usize).max(1))),
             Want::Close => self.change(self.open - 1),
-            Want::TryOpen if self.up.allows(self.tick, &load) => {
-                self.start_trial(self.open + 1, load)
+            Want::TryOpen | Want::TryClose => {
+                let Some(load) = self.steady_load() else {
+                    return self.open;
+                };
+                let (backoff, open) = if want == Want::TryOpen {
+                    (&self.up, self.open + 1)
+                } else {
+                    (&self.down, self.open - 1)
+                };
+                if backoff.allows(self.tick, &load) {
+                    self.start_trial(open, load);
+                }
             }
-            Want::TryClose if self.down.allows(self.tick, &load) => {
-                self.start_trial(self.open - 1, load)
-            }
-            _ => {}
+            Want::Stay => {}
         }
         self.open
+    }
+
+    /// The work of the last intervals while the current want held, as a trial's baseline;
+    /// none while the load is still moving (a benchmark ramping up measures as a gain for
+    /// whatever is tried next). The longest such run of intervals whose older and newer
+    /// halves agree within the noise and [`GAIN`].
+    fn steady_load(&self) -> Option<Sample> {
+        let longest = (self.streak.1 as usize).min(self.recent.len());
+        (SUSTAINED as usize..=longest).rev().find_map(|len| {
+            let tail = self.recent.range(self.recent.len() - len..);
+            let (older, newer) = tail.clone().enumerate().fold(
+                (Sample::default(), Sample::default()),
+                |(mut o, mut n), (i, &w)| {
+                    if i < len / 2 {
+                        o.add(w);
+                    } else {
+                        n.add(w);
+                    }
+                    (o, n)
+                },
+            );
+            let moved = (newer.mean - older.mean).abs();
+            let steady = moved <= (GAIN * older.mean).max(older.margin(&newer));
+            steady.then(|| Sample::of(tail))
+        })
     }
 
     fn wants(&self, r: &Reading) -> Want {

@@ -2,7 +2,7 @@
 //! from recordings (`bench/shard-signals`, 2 cores) or from the 16-core runs reported in
 //! issue 55.
 
-use super::{Packer, Reading, Thresholds, SUSTAINED};
+use super::{Packer, Reading, Thresholds, SUSTAINED, TRIAL_MAX};
 
 /// The defaults of `[server]`.
 const T: Thresholds = Thresholds {
@@ -126,6 +126,33 @@ fn on_two_noisy_busy_cores_a_second_shard_that_does_more_work_mostly_stays() {
             time_at[1] + time_at[2]
         );
     }
+}
+
+#[test]
+fn a_load_still_ramping_up_is_not_read_as_a_trial_s_gain() {
+    // A benchmark starts: quiet, then its work climbs for 3 s to its plateau. A second shard
+    // does 13 % less work at any load, which a baseline taken on the climb would hide.
+    let mut p = Packer::new(2, T);
+    let mut at_two = 0;
+    for i in 0..400 {
+        let (demand, load) = match i {
+            0..20 => (0.02, 0.0),
+            20..35 => (0.95, 20_000.0 * (0.4 + 0.6 * (i - 20) as f64 / 15.0)),
+            _ => (0.95, 20_000.0),
+        };
+        let work = if p.open() == 2 { load * 0.87 } else { load };
+        p.step(&Reading {
+            demand: &[demand, demand],
+            idle_cores: 0.05,
+            work,
+        });
+        at_two += usize::from(p.open() == 2);
+    }
+    // At most one trial, once the climb is over, which fails.
+    assert!(
+        at_two <= 2 + TRIAL_MAX as usize,
+        "two shards open {at_two} of 400 intervals"
+    );
 }
 
 /// Issue 55's 16-core run at 1,250 clients: PostgreSQL and pgbench keep 12 or more cores
