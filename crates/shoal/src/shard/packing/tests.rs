@@ -204,6 +204,17 @@ fn on_sixteen_saturated_cores_shards_open_as_long_as_they_bring_work() {
 }
 
 #[test]
+fn on_sixteen_saturated_noisy_cores_undecided_trials_do_not_wear_shards_away() {
+    // An undecided trial of one fewer keeps the fewer: with 20 % noise that must not drift
+    // the packing down, since each shard up to nine brings 12 % or more.
+    for seed in 1..=3 {
+        let time_at = replay_noisy(&sixteen_cores(0.05), 5000, 0.2, seed);
+        let at_eight_or_more: usize = time_at[8..].iter().sum();
+        assert!(at_eight_or_more > 4500, "seed {seed}: {time_at:?}");
+    }
+}
+
+#[test]
 fn shards_close_when_their_work_fits_in_fewer() {
     let quiet = Machine {
         shards: 4,
