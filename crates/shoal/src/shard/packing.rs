@@ -16,8 +16,9 @@
 //! failure, at once when the load changes).
 //!
 //! Work is noisy: on a shared 2-core machine one interval's rate strays 10-30 % from the
-//! next, so a fixed 4 % gain over one second's mean was met by chance in about one trial
-//! in three, and a second shard that cost 10 % more CPU per query stayed open. A trial is
+//! next, so a fixed 4 % gain over one second's mean was met by chance often enough that a
+//! second shard doing 13 % less work (and costing 10 % more CPU per query) stayed open two
+//! thirds of the time or more in a replay with 30 % noise. A trial is
 //! therefore judged as a measurement: the gain must exceed its threshold by twice the
 //! standard error of the difference of the two means. While the difference is within that
 //! margin the trial goes on measuring, up to [`TRIAL_MAX`] intervals; still undecided then,
