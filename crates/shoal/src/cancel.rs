@@ -139,18 +139,20 @@ impl CancelSlot {
     /// flight is rare and brief (one loopback round trip to PostgreSQL), so waiting for it
     /// polls on a short timer rather than keeping a wait list in every client.
     pub async fn clear(&self) {
-        loop {
-            {
-                let mut s = self.lock();
-                s.target = None;
-                s.busy = false;
-                s.pending = false;
-                if s.in_flight == 0 {
-                    return;
-                }
-            }
+        while !self.clear_now() {
             crate::timer::sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    /// Forgets the server; `false` if a cancel for it may still arrive, which
+    /// [`CancelSlot::clear`] then waits out. The common case, once per transaction, makes
+    /// no future.
+    pub fn clear_now(&self) -> bool {
+        let mut s = self.lock();
+        s.target = None;
+        s.busy = false;
+        s.pending = false;
+        s.in_flight == 0
     }
 
     /// The client's query is about to wait for a server; the receiver fires if a cancel

@@ -589,7 +589,10 @@ impl Session {
             .relay(&mut lease, &mut flow, Policy::Transaction, proven, capture)
             .await;
         self.end_claim(lease.process_id);
-        self.cancel.slot.clear().await;
+        if !self.cancel.slot.clear_now() {
+            // A cancel on its way (rare): boxed, so the session's future stays its size.
+            Box::pin(self.cancel.slot.clear()).await;
+        }
         self.set_active(false);
         match end {
             Ok(RelayEnd::Boundary) => {
