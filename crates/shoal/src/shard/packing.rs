@@ -259,17 +259,8 @@ impl Packer {
         let longest = (self.streak.1 as usize).min(self.recent.len());
         (SUSTAINED as usize..=longest).rev().find_map(|len| {
             let tail = self.recent.range(self.recent.len() - len..);
-            let (older, newer) = tail.clone().enumerate().fold(
-                (Sample::default(), Sample::default()),
-                |(mut o, mut n), (i, &w)| {
-                    if i < len / 2 {
-                        o.add(w);
-                    } else {
-                        n.add(w);
-                    }
-                    (o, n)
-                },
-            );
+            let older = Sample::of(tail.clone().take(len / 2));
+            let newer = Sample::of(tail.clone().skip(len / 2));
             let moved = (newer.mean - older.mean).abs();
             let steady = moved <= (GAIN * older.mean).max(older.margin(&newer));
             steady.then(|| Sample::of(tail))
