@@ -139,7 +139,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
     let mut steered = 0;
     loop {
         if steer {
-            steer_to_open(&listener, &mut steered);
+            steer_to_open(&listener, app.shards.open(), &mut steered);
         }
         tokio::select! {
             r = listener.accept() => match r {
@@ -147,10 +147,10 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
                     tune(&stream, &app);
                     app.metrics.accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let here = crate::shard::current();
-                    match crate::shard::placement_for_new(here).and_then(crate::shard::handle) {
+                    match app.shards.placement_for_new(here).and_then(|s| app.shards.handle(s)) {
                         // Accepted on a closed shard: the client lives on an open one.
                         Some(target) => {
-                            crate::shard::note_handed_over();
+                            app.shards.note_handed_over();
                             hand_over(target, stream, peer, app.clone())
                         }
                         None => {
@@ -170,8 +170,7 @@ pub async fn accept_tcp(listener: TcpListener, app: Arc<App>, steer: bool) {
 }
 
 /// Tells the kernel how many shards are open, when that changed since it was last told.
-fn steer_to_open(listener: &TcpListener, steered: &mut usize) {
-    let open = crate::shard::open();
+fn steer_to_open(listener: &TcpListener, open: usize, steered: &mut usize) {
     if open != *steered {
         *steered = open;
         if let Err(e) = crate::reuseport::steer(listener, open) {

@@ -129,34 +129,13 @@ fn main() -> anyhow::Result<()> {
             }
             rt.enable_all().build().context("starting the runtime")?
         }
-        shoal::config::Runtime::PerCore => {
-            let n = match config.server.worker_threads {
-                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                n => n,
-            };
-            let packing = config.server.shard_packing;
-            shoal::shard::start(n, packing).context("starting the shard threads")?;
-            tracing::info!(shards = n, packing, "per-core data plane");
-            // The control plane's runtime, on this thread.
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?
-        }
+        // The control plane's runtime, on this thread; `serve` starts the shard threads.
+        shoal::config::Runtime::PerCore => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?,
     };
-    let per_core = config.server.runtime == shoal::config::Runtime::PerCore;
-    let packing = (per_core && config.server.shard_packing).then_some(shoal::shard::Thresholds {
-        open_at: config.server.shard_open_busy,
-        close_at: config.server.shard_close_busy,
-        idle_cores: config.server.shard_open_idle_cores,
-    });
     rt.block_on(async {
-        if let Some(thresholds) = packing {
-            tokio::spawn(shoal::shard::monitor(
-                thresholds,
-                std::time::Duration::from_millis(200),
-            ));
-        }
         let stop = async {
             use tokio::signal::unix::{signal, SignalKind};
             let (Ok(mut int), Ok(mut term)) = (

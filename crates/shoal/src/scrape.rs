@@ -152,8 +152,8 @@ impl Collector for ShoalCollector {
         let pools = crate::features::with_replica_pools(app.routes.pools());
         encode_pools(&mut e, &pools)?;
         encode_process(&mut e, app)?;
-        if crate::shard::count() > 1 {
-            encode_shards(&mut e)?;
+        if app.shards.count() > 1 {
+            encode_shards(&mut e, &app.shards)?;
         }
         if let Some(node) = app.cluster.get() {
             crate::cluster::status::encode(node, &mut e)?;
@@ -297,14 +297,18 @@ fn encode_process(
 }
 
 /// The per-core data plane's shards (only when there are several).
-fn encode_shards(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+fn encode_shards(
+    e: &mut DescriptorEncoder<'_>,
+    shards: &crate::shard::Shards,
+) -> Result<(), std::fmt::Error> {
     gauge(
         e,
         "shoal_shards_open",
         "Per-core data plane: shards taking clients now",
-        &[(vec![], crate::shard::open() as i64)],
+        &[(vec![], shards.open() as i64)],
     )?;
-    let rows: Vec<(Labels, i64)> = crate::shard::client_counts()
+    let rows: Vec<(Labels, i64)> = shards
+        .client_counts()
         .into_iter()
         .enumerate()
         .map(|(i, n)| (vec![("shard", LabelValue::new(&i.to_string()))], n as i64))
@@ -319,7 +323,7 @@ fn encode_shards(e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         e,
         "shoal_shard_handovers",
         "Per-core data plane: clients accepted on a closed shard and handed to an open one",
-        &[(vec![], crate::shard::handed_over())],
+        &[(vec![], shards.handed_over())],
     )
 }
 

@@ -194,3 +194,105 @@ async fn large_replies_to_a_slow_tls_client_always_complete() {
         }
     }
 }
+
+/// Names of this process's threads that are shard threads.
+fn shard_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with("shoal-shard-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Two nodes in one process, each with its own per-core shard threads (2 and 3): each
+/// serves its own clients on its own shards and counts them there, and each node's threads
+/// end when it stops. With the shards a process global, the second node would have shared
+/// the first one's count and its threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_in_one_process_keep_their_own_shards() {
+    shoal::clock::start();
+    let mut nodes = Vec::new();
+    for (n, prefix) in [(2, "shards_a"), (3, "shards_b")] {
+        let db = unique_db(prefix);
+        pg().create_database(&db);
+        let text = with_server_keys(&base_config(pg(), &[&db], ""), "shard_packing = false");
+        let config = Config::parse(&text, "test", &|_| None).unwrap();
+        let shards = shoal::shard::Shards::start(n, false).unwrap();
+        let listeners = shoal::run::bind(&config, &shards).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = shards.clone();
+        let ready_file = ready.clone();
+        let served = tokio::spawn(async move {
+            let stop = async {
+                let _ = stopped.await;
+            };
+            shoal::run::serve_on(config, serving, listeners, Some(&ready_file), stop).await
+        });
+        eventually(
+            "the node is ready",
+            std::time::Duration::from_secs(10),
+            || ready.exists(),
+        )
+        .await;
+        let text = std::fs::read_to_string(&ready).unwrap();
+        let addr: std::net::SocketAddr = text
+            .lines()
+            .find_map(|l| l.strip_prefix("tcp "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        nodes.push((n, db, shards, addr, stop, served, dir));
+    }
+    assert_eq!(
+        shard_threads(),
+        5,
+        "each node started its own shard threads"
+    );
+    let mut clients = Vec::new();
+    for (n, db, _, addr, ..) in &nodes {
+        for _ in 0..6 {
+            let (c, conn) = tokio_postgres::Config::new()
+                .host(addr.ip().to_string())
+                .port(addr.port())
+                .user("app")
+                .password(APP_PASSWORD)
+                .dbname(db)
+                .connect(tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            clients.push((*n, db.clone(), c));
+        }
+    }
+    for (_, db, c) in &clients {
+        assert_eq!(
+            simple_rows(c, "SELECT current_database()").await,
+            vec![db.clone()]
+        );
+    }
+    for (n, _, shards, ..) in &nodes {
+        let counts = shards.client_counts();
+        assert_eq!(counts.len(), *n, "node with {n} shards: {counts:?}");
+        assert_eq!(
+            counts.iter().sum::<usize>(),
+            6,
+            "node with {n} shards: {counts:?}"
+        );
+    }
+    drop(clients);
+    for (_, _, shards, _, stop, served, _dir) in nodes {
+        let _ = stop.send(());
+        served.await.unwrap().unwrap();
+        shards.stop();
+    }
+    eventually(
+        "every shard thread has ended",
+        std::time::Duration::from_secs(10),
+        || shard_threads() == 0,
+    )
+    .await;
+}

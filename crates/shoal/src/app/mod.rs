@@ -38,16 +38,28 @@ pub struct App {
     pub realtime: std::sync::OnceLock<Arc<shoal_realtime::edge::Service>>,
     /// Postgres Changes capture, with the realtime service.
     pub feeds: std::sync::OnceLock<Arc<dyn crate::metrics::FeedCounters>>,
+    /// The per-core data plane's shard threads (none: everything on one runtime).
+    pub shards: Arc<crate::shard::Shards>,
     /// KiB of large client messages buffered whole now, by all clients together
     /// (bounded by `server.max_large_message_memory`).
     pub large_message_kib: std::sync::atomic::AtomicUsize,
 }
 
 impl App {
-    /// Fails when a TLS certificate or key cannot be loaded (naming the file).
+    /// An App whose sessions run on the caller's runtime, without shard threads. Fails when a
+    /// TLS certificate or key cannot be loaded (naming the file).
     pub fn new(
         config: Config,
         shutdown: watch::Receiver<bool>,
+    ) -> Result<Arc<App>, crate::tls::TlsError> {
+        App::on_shards(config, shutdown, crate::shard::Shards::none())
+    }
+
+    /// An App whose clients live on `shards`.
+    pub fn on_shards(
+        config: Config,
+        shutdown: watch::Receiver<bool>,
+        shards: Arc<crate::shard::Shards>,
     ) -> Result<Arc<App>, crate::tls::TlsError> {
         let tls = crate::tls::TlsState::load(&config.tls)?;
         Ok(Arc::new(App {
@@ -57,7 +69,11 @@ impl App {
             secrets: Default::default(),
             passwords: Default::default(),
             metrics: Default::default(),
-            routes: Arc::new(crate::route::Registry::new(config.clone())),
+            routes: Arc::new(crate::route::Registry::with_shards(
+                config.clone(),
+                shards.count(),
+            )),
+            shards,
             config,
             cancels: Arc::new(CancelRegistry::default()),
             cluster: Default::default(),

@@ -306,7 +306,8 @@ pub async fn accept(listener: tokio::net::TcpListener, node: Arc<Node>) {
         let _ = tcp.set_nodelay(true);
         // On a shard taking clients (packing may keep others closed): its relayed clients
         // are served where the local ones are.
-        let shard = next_shard % crate::shard::open().clamp(1, crate::shard::count());
+        let shard = node.host.shards.round_robin(next_shard);
+        let handle = node.host.shards.handle(shard).cloned();
         next_shard += 1;
         let node = node.clone();
         // Proved, then driven, on the shard whose clients it will carry.
@@ -333,7 +334,7 @@ pub async fn accept(listener: tokio::net::TcpListener, node: Arc<Node>) {
             let accepted = Some(node.clone());
             run(io, l, incoming, accepted).await;
         };
-        match (crate::shard::handle(shard), tcp.into_std()) {
+        match (handle, tcp.into_std()) {
             (Some(h), Ok(std)) => {
                 h.spawn(async move {
                     match tokio::net::TcpStream::from_std(std) {

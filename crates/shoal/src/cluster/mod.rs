@@ -100,6 +100,8 @@ pub struct Host {
     pub routes: Arc<Registry>,
     pub cancels: Arc<CancelRegistry>,
     pub admission: Arc<Admission>,
+    /// Where relayed clients and node links are served.
+    pub shards: Arc<crate::shard::Shards>,
 }
 
 pub struct Node {
@@ -164,7 +166,7 @@ pub async fn start(
     let membership = join(&host, &joining).await.map_err(NodeError::Join)?;
     // None when parking is off: no client then waits on a tick.
     let park_ticks = match config.park_idle_after {
-        Some(_) => (0..crate::shard::count())
+        Some(_) => (0..host.shards.count())
             .map(|_| std::array::from_fn(|_| tokio::sync::Notify::new()))
             .collect(),
         None => Vec::new(),

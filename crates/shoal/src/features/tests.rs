@@ -64,6 +64,7 @@ fn pool_with_cache() -> (Arc<Pool>, Arc<Freshness>, Arc<Source>) {
         Upstream::nowhere(),
         Arc::new(crate::pool::LeaseClock::new(false)),
         features.clone(),
+        1,
     );
     let key = ("127.0.0.1".into(), 5432, "d".into());
     let freshness = Freshness::new(key, Upstream::nowhere(), source.clone(), &Arc::default());

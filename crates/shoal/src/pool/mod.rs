@@ -287,6 +287,7 @@ impl Pool {
         upstream: Upstream,
         lease: Arc<LeaseClock>,
         addons: Arc<PoolAddOns>,
+        shards: usize,
     ) -> Arc<Pool> {
         let Names {
             name,
@@ -318,7 +319,7 @@ impl Pool {
             settings,
             upstream,
             lost_state: Mutex::default(),
-            idle: (0..crate::shard::count())
+            idle: (0..shards.max(1))
                 .map(|_| Mutex::new(IdleList::default()))
                 .collect(),
             login_params: Mutex::new(HashMap::new()),
@@ -341,6 +342,11 @@ impl Pool {
     /// name, or `tenant:<id>`).
     pub fn database(&self) -> &str {
         &self.route_key.0
+    }
+
+    /// Shards this pool keeps idle servers for.
+    pub fn shards(&self) -> usize {
+        self.idle.len()
     }
 
     fn lock_shard(&self, shard: usize) -> std::sync::MutexGuard<'_, IdleList> {

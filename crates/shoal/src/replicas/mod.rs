@@ -192,6 +192,7 @@ impl ReplicaSet {
                     upstream,
                     primary.fence.lease().clone(),
                     member_addons(),
+                    primary.shards(),
                 );
                 Member {
                     pool,

@@ -173,6 +173,8 @@ pub struct Registry {
     /// Told of tenants changed or ended, for the services beside the pooler (realtime),
     /// before the change is acknowledged.
     tenant_listeners: RwLock<Vec<TenantListener>>,
+    /// Shards of the data plane its pools keep idle lists for.
+    shards: usize,
     /// This process's cluster lease as its pools' fences follow it.
     pub lease: Arc<crate::pool::LeaseClock>,
     /// Each database's one change stream on this node, for the cache and Realtime.
@@ -189,8 +191,15 @@ pub enum TenantEvent {
 }
 
 impl Registry {
+    /// Routes for clients on one runtime (no shard threads).
     pub fn new(config: Config) -> Registry {
+        Registry::with_shards(config, 1)
+    }
+
+    /// Routes whose pools serve clients on `shards` shard threads.
+    pub fn with_shards(config: Config, shards: usize) -> Registry {
         Registry {
+            shards: shards.max(1),
             lease: Arc::new(crate::pool::LeaseClock::new(config.cluster.is_some())),
             config: RwLock::new(Arc::new(config)),
             tenants: Tenants::default(),
@@ -430,6 +439,7 @@ impl Registry {
             upstream,
             self.lease.clone(),
             features.clone(),
+            self.shards,
         );
         self.set_features(&pool, db, user);
         if let Some(replicas) = replicas_for(db, user) {

@@ -25,7 +25,7 @@ pub(super) fn clients(
         let line = format!("unix {}", path.display());
         started.add(Role::Unix { path: path.clone() }, l.as_raw_fd(), line);
         unix_paths.push(path);
-        match crate::shard::handle(0) {
+        match app.shards.handle(0) {
             // The per-core data plane: shard 0 accepts on it.
             Some(shard0) => {
                 let l = l.into_std()?;
@@ -47,8 +47,8 @@ pub(super) fn clients(
         listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
         tracing::info!(%addr, "listening");
         started.add(Role::Tcp { shard: 0 }, l.as_raw_fd(), format!("tcp {addr}"));
-        let steer = crate::shard::count() > 1;
-        match crate::shard::handle(0) {
+        let steer = app.shards.count() > 1;
+        match app.shards.handle(0) {
             Some(_) => {
                 // Shard 0 accepts on it, in its runtime, as the other shards on theirs.
                 shard_tcp.push((0, l.into_std()?));
@@ -64,8 +64,8 @@ pub(super) fn clients(
             listener::set_client_options(socket2::SockRef::from(&l), &app.config.server)?;
             started.sockets.push((Role::Tcp { shard }, l.as_raw_fd()));
         }
-        let steer = shard == 0 && crate::shard::count() > 1;
-        let Some(handle) = crate::shard::handle(shard) else {
+        let steer = shard == 0 && app.shards.count() > 1;
+        let Some(handle) = app.shards.handle(shard) else {
             let app = app.clone();
             tokio::spawn(async move {
                 if let Ok(l) = tokio::net::TcpListener::from_std(l) {

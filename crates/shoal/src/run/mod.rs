@@ -12,6 +12,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
@@ -22,6 +23,7 @@ mod tenants;
 use crate::app::App;
 use crate::config::Config;
 use crate::listener;
+use crate::shard::Shards;
 
 /// Listening sockets, bound by the caller (so an embedder or a test can choose them; see
 /// [`bind`]).
@@ -42,13 +44,16 @@ pub struct Listeners {
 
 impl Listeners {
     /// Sockets handed over by a previous process ([`crate::upgrade`]).
-    pub fn inherited(i: crate::upgrade::Inherited) -> std::io::Result<Listeners> {
+    pub fn inherited(
+        i: crate::upgrade::Inherited,
+        shards: &crate::shard::Shards,
+    ) -> std::io::Result<Listeners> {
         let tcp = |l: std::net::TcpListener| -> std::io::Result<tokio::net::TcpListener> {
             l.set_nonblocking(true)?;
             tokio::net::TcpListener::from_std(l)
         };
         let mut out = Listeners::default();
-        let shards = crate::shard::count();
+        let shards = shards.count();
         // Each socket goes to the shard that had it (modulo this process's shard count), so
         // every address's shard-0 socket steers its own group, however many addresses.
         for (old_shard, l) in i.tcp {
@@ -70,12 +75,29 @@ impl Listeners {
     }
 }
 
-/// Binds every listener the configuration names. Fails with the address that could not be
-/// bound.
-pub fn bind(config: &Config) -> std::io::Result<Listeners> {
+/// The shard threads `[server]` asks for: one per core (or `worker_threads`) for the per-core
+/// data plane, none for the multi-threaded one (its clients live on the caller's runtime).
+pub fn start_shards(config: &Config) -> std::io::Result<Arc<Shards>> {
+    let s = &config.server;
+    if s.runtime != crate::config::Runtime::PerCore {
+        return Ok(Shards::none());
+    }
+    let n = match s.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let shards = Shards::start(n, s.shard_packing)?;
+    tracing::info!(shards = n, packing = s.shard_packing, "per-core data plane");
+    Ok(shards)
+}
+
+/// Binds every listener the configuration names, one socket per shard on each address.
+/// Fails with the address that could not be bound.
+pub fn bind(config: &Config, shards: &Shards) -> std::io::Result<Listeners> {
     let s = &config.server;
     let mut l = Listeners::default();
-    let shards = crate::shard::count();
+    let open = shards.open();
+    let shards = shards.count();
     for addr in &s.listen {
         let failed = |e: std::io::Error| {
             std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
@@ -95,7 +117,7 @@ pub fn bind(config: &Config) -> std::io::Result<Listeners> {
         }
         // Steered before anyone can connect: until shard 0's accept loop first runs, the
         // kernel would otherwise spread connections over closed shards' sockets too.
-        if let Err(e) = crate::reuseport::steer(&first, crate::shard::open()) {
+        if let Err(e) = crate::reuseport::steer(&first, open) {
             tracing::debug!(error = %e, "cannot steer new connections: closed shards hand them over");
         }
         l.tcp.push(tokio::net::TcpListener::from_std(first)?);
@@ -164,28 +186,39 @@ async fn serve_taking_over(
         Some(p) => crate::upgrade::take_over(p)?,
         None => None,
     };
-    let (listeners, takeover) = match takeover {
+    let shards = start_shards(&config)?;
+    let bound = match takeover {
         Some(t) => {
             let crate::upgrade::Takeover { inherited, control } = t;
-            (Listeners::inherited(inherited)?, Some(control))
+            Listeners::inherited(inherited, &shards).map(|l| (l, Some(control)))
         }
-        None => (bind(&config)?, None),
+        None => bind(&config, &shards).map(|l| (l, None)),
     };
-    let upgrade = upgrade_socket.map(|p| Upgrade {
-        path: p.to_owned(),
-        confirm: takeover,
-    });
-    serve_with(config, listeners, ready_file, upgrade, stop).await
+    let served = match bound {
+        Ok((listeners, takeover)) => {
+            let upgrade = upgrade_socket.map(|p| Upgrade {
+                path: p.to_owned(),
+                confirm: takeover,
+            });
+            serve_with(config, shards.clone(), listeners, ready_file, upgrade, stop).await
+        }
+        Err(e) => Err(e),
+    };
+    shards.stop();
+    served
 }
 
 /// [`serve_with`], boxed here (see [`Stop`]).
 fn serve_boxed<'a>(
     config: Config,
+    shards: Arc<Shards>,
     listeners: Listeners,
     ready_file: Option<&'a Path>,
     stop: Stop<'a>,
 ) -> Served<'a> {
-    Box::pin(serve_with(config, listeners, ready_file, None, stop))
+    Box::pin(serve_with(
+        config, shards, listeners, ready_file, None, stop,
+    ))
 }
 
 /// Zero-downtime upgrade state: the control socket's path, and the line to the previous
@@ -195,20 +228,23 @@ struct Upgrade {
     confirm: Option<std::os::unix::net::UnixStream>,
 }
 
-/// Serves on `listeners` until `stop` resolves, then shuts down gracefully. Once every
+/// Serves on `listeners` (bound for `shards`: see [`bind`]) until `stop` resolves, then
+/// shuts down gracefully; clients live on `shards`, which the caller stops after. Once every
 /// listener is accepting, their addresses are written to `ready_file`, if given (atomically:
 /// the file appears complete).
 pub async fn serve_on(
     config: Config,
+    shards: Arc<Shards>,
     listeners: Listeners,
     ready_file: Option<&Path>,
     stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    serve_boxed(config, listeners, ready_file, Box::pin(stop)).await
+    serve_boxed(config, shards, listeners, ready_file, Box::pin(stop)).await
 }
 
 async fn serve_with(
     config: Config,
+    shards: Arc<Shards>,
     mut listeners: Listeners,
     ready_file: Option<&Path>,
     upgrade: Option<Upgrade>,
@@ -219,7 +255,8 @@ async fn serve_with(
     crate::clock::start();
     crate::memory::start(&crate::admission::CHURN);
     let (tx, rx) = watch::channel(false);
-    let app = App::new(config, rx).map_err(std::io::Error::other)?;
+    let app = App::on_shards(config, rx, shards).map_err(std::io::Error::other)?;
+    start_packing(&app);
     start_cluster(&app).await?;
     tokio::spawn(reload_on_sighup(app.clone()));
     let mut started = Started::default();
@@ -298,6 +335,24 @@ impl Started {
     }
 }
 
+/// Opens and closes shards as the load needs them (`shard_packing`), on this runtime.
+fn start_packing(app: &App) {
+    let s = &app.config.server;
+    if !s.shard_packing || app.shards.count() < 2 {
+        return;
+    }
+    let thresholds = crate::shard::Thresholds {
+        open_at: s.shard_open_busy,
+        close_at: s.shard_close_busy,
+        idle_cores: s.shard_open_idle_cores,
+    };
+    tokio::spawn(crate::shard::monitor(
+        app.shards.clone(),
+        thresholds,
+        std::time::Duration::from_millis(200),
+    ));
+}
+
 /// Joins the cluster, when configured, before any client is accepted.
 async fn start_cluster(app: &std::sync::Arc<App>) -> std::io::Result<()> {
     let Some(c) = app.config.cluster.clone() else {
@@ -321,6 +376,7 @@ async fn start_cluster(app: &std::sync::Arc<App>) -> std::io::Result<()> {
         routes: app.routes.clone(),
         cancels: app.cancels.clone(),
         admission: app.admission.clone(),
+        shards: app.shards.clone(),
     };
     let node = crate::cluster::start(host, c, handlers)
         .await

@@ -111,9 +111,9 @@ impl Door {
     ) -> DuplexStream {
         let (ours, theirs) = tokio::io::duplex(PIPE);
         let session = crate::session::serve(self.app.clone(), stream(theirs), Some(peer));
-        let shards = crate::shard::open().clamp(1, crate::shard::count());
-        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % shards;
-        match crate::shard::handle(shard) {
+        let shards = &self.app.shards;
+        let shard = shards.round_robin(self.next_shard.fetch_add(1, Ordering::Relaxed));
+        match shards.handle(shard) {
             Some(h) => drop(h.spawn(session)),
             None => drop(tokio::spawn(session)),
         }

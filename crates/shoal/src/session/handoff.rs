@@ -149,7 +149,9 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
     };
     // Served on the first shard (or this runtime without the per-core data plane); the
     // shards' placement moves it later like any client.
-    let handle = crate::shard::handle(0)
+    let handle = app
+        .shards
+        .handle(0)
         .cloned()
         .unwrap_or_else(tokio::runtime::Handle::current);
     let (done, started) = tokio::sync::oneshot::channel();

@@ -264,7 +264,7 @@ impl Drop for Session {
                 .fetch_sub(1, Ordering::Relaxed);
         }
         self.app.admission.client_left();
-        crate::shard::client_left(crate::shard::current());
+        self.app.shards.client_left(crate::shard::current());
     }
 }
 
@@ -290,7 +290,7 @@ impl Session {
         if matches!(stream, Stream::Link(_)) {
             app.admission.relayed_in.fetch_add(1, Ordering::Relaxed);
         }
-        crate::shard::client_arrived(crate::shard::current());
+        app.shards.client_arrived(crate::shard::current());
         if let Some(fd) = stream.raw_fd() {
             app.lifecycle.client_fds.insert(fd);
             pool.client_fds.insert(fd);
@@ -451,7 +451,8 @@ impl Session {
                             return Err(e);
                         }
                         if matches!(self.stream, Stream::Tcp(_)) {
-                            if let Some(target) = crate::shard::placement(crate::shard::current()) {
+                            if let Some(target) = self.app.shards.placement(crate::shard::current())
+                            {
                                 return Ok(Next::MoveTo(target));
                             }
                         }

@@ -8,7 +8,8 @@ use crate::net::Stream;
 /// reactor and joins the target's, where a new task goes on serving it. Gives the session
 /// back if it cannot move (it then stays here).
 pub(super) fn move_to(mut session: Session, target: usize) -> Result<(), Box<Session>> {
-    let Some(handle) = crate::shard::handle(target) else {
+    let app = session.app.clone();
+    let Some(handle) = app.shards.handle(target) else {
         return Err(Box::new(session));
     };
     let tcp = match std::mem::replace(&mut session.stream, Stream::Upgrading) {
@@ -39,8 +40,8 @@ pub(super) fn move_to(mut session: Session, target: usize) -> Result<(), Box<Ses
                 "client moves to another shard"
             );
             session.stream = Stream::Tcp(s);
-            crate::shard::client_left(crate::shard::current());
-            crate::shard::client_arrived(target);
+            app.shards.client_left(crate::shard::current());
+            app.shards.client_arrived(target);
             handle.spawn(serve_transaction_mode(session));
         }
         Err(e) => {

@@ -19,37 +19,25 @@
 //! buffer) move to balance the open shards at the moment they go idle ([`placement`]);
 //! servers follow their clients at checkout.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-static COUNT: AtomicUsize = AtomicUsize::new(1);
+use std::cell::{Cell, OnceCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
     static ON_SHARD: Cell<bool> = const { Cell::new(false) };
+    /// The set this thread is a shard of: what it counts its answers in. A thread belongs to
+    /// one set for its life, so two processes' worth of shards (two nodes in one test) never
+    /// mix.
+    static MINE: OnceCell<Arc<Shards>> = const { OnceCell::new() };
 }
 
 /// [`reactor`] of a thread that is no shard's.
 pub const NO_SHARD: usize = usize::MAX;
 
-/// How many shards pools keep idle lists for (set once, before pools exist).
-pub fn count() -> usize {
-    COUNT.load(Ordering::Relaxed).max(1)
-}
-
-pub fn set_count(n: usize) {
-    COUNT.store(n.max(1), Ordering::Relaxed);
-}
-
-/// The shard this thread serves.
+/// The shard this thread serves (0 off the shards).
 pub fn current() -> usize {
-    CURRENT.with(|c| c.get()).min(count() - 1)
-}
-
-/// Marks this thread as serving shard `i` (called as each shard's runtime thread starts).
-pub fn enter(i: usize) {
-    CURRENT.with(|c| c.set(i));
-    ON_SHARD.with(|c| c.set(true));
+    CURRENT.with(|c| c.get())
 }
 
 /// The shard whose reactor a socket made on this thread joins: [`current`] on a shard,
@@ -63,96 +51,219 @@ pub fn reactor() -> usize {
     }
 }
 
-static HANDLES: std::sync::OnceLock<Vec<tokio::runtime::Handle>> = std::sync::OnceLock::new();
-
-/// The runtime of shard `i`, once the shards run (none unless the per-core data plane runs).
-pub fn handle(i: usize) -> Option<&'static tokio::runtime::Handle> {
-    HANDLES.get().and_then(|h| h.get(i))
+/// A query answered (a ReadyForQuery relayed to its client) on this thread's shard; not
+/// counted off the shards, where no packing reads it.
+pub fn note_answered() {
+    MINE.with(|m| {
+        if let Some(s) = m.get() {
+            s.signals.answered(current());
+        }
+    });
 }
 
-/// Shards taking clients now (see the module doc); all of them when packing is off.
-static OPEN: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// Clients living on each shard.
-static CLIENTS: std::sync::OnceLock<Box<[AtomicUsize]>> = std::sync::OnceLock::new();
-
-/// Clients accepted on a closed shard and handed to an open one (few while the kernel is
-/// steered to open shards, see [`crate::reuseport`]).
-static HANDED_OVER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-pub fn note_handed_over() {
-    HANDED_OVER.fetch_add(1, Ordering::Relaxed);
+/// The shard threads of one data plane, and what they share: which of them take clients,
+/// how many clients each holds. Held by the [`crate::app::App`] (not a process global), so
+/// each node in a process has its own.
+pub struct Shards {
+    handles: Vec<tokio::runtime::Handle>,
+    /// Shards taking clients now (see the module doc); all of them when packing is off.
+    open: AtomicUsize,
+    /// Clients living on each shard.
+    clients: Box<[AtomicUsize]>,
+    /// Clients accepted on a closed shard and handed to an open one (few while the kernel is
+    /// steered to open shards, see [`crate::reuseport`]).
+    handed_over: AtomicU64,
+    signals: signals::Counters,
+    /// Dropped to end the shard threads (see [`Shards::stop`]).
+    stops: Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
+    stopped: AtomicBool,
 }
 
-pub fn handed_over() -> u64 {
-    HANDED_OVER.load(Ordering::Relaxed)
-}
+impl Shards {
+    /// No shard threads: everything runs on the caller's runtime as shard 0 of 1 (the
+    /// multi-threaded data plane, embedders, tests).
+    pub fn none() -> Arc<Shards> {
+        Arc::new(Shards::with_threads(Vec::new(), 1))
+    }
 
-pub fn open() -> usize {
-    OPEN.load(Ordering::Relaxed).clamp(1, count())
-}
+    fn with_threads(handles: Vec<tokio::runtime::Handle>, open: usize) -> Shards {
+        let n = handles.len().max(1);
+        Shards {
+            handles,
+            open: AtomicUsize::new(open),
+            clients: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            handed_over: AtomicU64::new(0),
+            signals: signals::Counters::new(vec![0; n]),
+            stops: Mutex::default(),
+            stopped: AtomicBool::new(false),
+        }
+    }
 
-fn clients() -> &'static [AtomicUsize] {
-    CLIENTS.get().map(|c| &c[..]).unwrap_or(&[])
-}
+    /// Starts `n` shard threads, each a single-threaded runtime with I/O and
+    /// [`crate::timer`]'s timers only; one shard open with `packing`, all of them without.
+    /// Returns once every runtime is up. The threads run until [`Shards::stop`].
+    pub fn start(n: usize, packing: bool) -> std::io::Result<Arc<Shards>> {
+        let n = n.max(1);
+        let mut handles = Vec::with_capacity(n);
+        let mut stops = Vec::with_capacity(n);
+        let mut started = Vec::with_capacity(n);
+        let mut tids = Vec::with_capacity(n);
+        for i in 0..n {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let (set_tx, set_rx) = std::sync::mpsc::channel::<Arc<Shards>>();
+            std::thread::Builder::new()
+                .name(format!("shoal-shard-{i}"))
+                .spawn(move || shard_thread(i, tx, set_rx, stopped))?;
+            let (handle, tid) = rx.recv().map_err(std::io::Error::other)??;
+            handles.push(handle);
+            tids.push(tid);
+            stops.push(stop);
+            started.push(set_tx);
+        }
+        let mut shards = Shards::with_threads(handles, if packing { 1 } else { n });
+        shards.signals = signals::Counters::new(tids);
+        let shards = Arc::new(shards);
+        *shards.stops.lock().unwrap_or_else(|e| e.into_inner()) = stops;
+        for set in started {
+            let _ = set.send(shards.clone());
+        }
+        Ok(shards)
+    }
 
-/// Clients on each shard now (for metrics and tests).
-pub fn client_counts() -> Vec<usize> {
-    clients()
-        .iter()
-        .map(|c| c.load(Ordering::Relaxed))
-        .collect()
-}
+    /// Ends the shard threads: their runtimes drop whatever tasks are left (the caller
+    /// drained the clients first), and the packing's monitor returns.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.stops.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 
-/// A client now lives on `shard`.
-pub fn client_arrived(shard: usize) {
-    if let Some(c) = clients().get(shard) {
-        c.fetch_add(1, Ordering::Relaxed);
+    /// How many shards pools keep idle lists for.
+    pub fn count(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Shards taking clients now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed).clamp(1, self.count())
+    }
+
+    /// The runtime of shard `i` (none without shard threads).
+    pub fn handle(&self, i: usize) -> Option<&tokio::runtime::Handle> {
+        self.handles.get(i)
+    }
+
+    /// The open shard the `nth` thing spread round robin goes to.
+    pub fn round_robin(&self, nth: usize) -> usize {
+        nth % self.open()
+    }
+
+    pub fn note_handed_over(&self) {
+        self.handed_over.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn handed_over(&self) -> u64 {
+        self.handed_over.load(Ordering::Relaxed)
+    }
+
+    /// Clients on each shard now (for metrics and tests).
+    pub fn client_counts(&self) -> Vec<usize> {
+        self.clients
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// A client now lives on `shard`.
+    pub fn client_arrived(&self, shard: usize) {
+        if let Some(c) = self.clients.get(shard) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A client left `shard` (ended, or moved away).
+    // `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
+    #[allow(deprecated)]
+    pub fn client_left(&self, shard: usize) {
+        if let Some(c) = self.clients.get(shard) {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    fn clients_on(&self, i: usize) -> usize {
+        self.clients.get(i).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// The open shard with the fewest clients.
+    fn least_loaded(&self) -> usize {
+        (0..self.open())
+            .min_by_key(|&i| self.clients_on(i))
+            .unwrap_or(0)
+    }
+
+    /// Where a client just accepted on shard `here` should live, when not here: on a closed
+    /// shard, the least loaded open one.
+    pub fn placement_for_new(&self, here: usize) -> Option<usize> {
+        (self.count() > 1 && here >= self.open()).then(|| self.least_loaded())
+    }
+
+    /// Where a client going idle on shard `here` should move, if anywhere: off a closed
+    /// shard, or from an open shard holding clearly more clients than the least loaded one.
+    pub fn placement(&self, here: usize) -> Option<usize> {
+        if self.count() == 1 {
+            return None;
+        }
+        let target = self.least_loaded();
+        if here >= self.open() {
+            return Some(target);
+        }
+        let (mine, least) = (self.clients_on(here), self.clients_on(target));
+        (target != here && mine > least + 2.max(mine / 8)).then_some(target)
     }
 }
 
-/// A client left `shard` (ended, or moved away).
-// `fetch_update` is renamed `try_update` in newer Rust; Shoal still builds with 1.87.
-#[allow(deprecated)]
-pub fn client_left(shard: usize) {
-    if let Some(c) = clients().get(shard) {
-        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+/// A shard thread's life: build its runtime, say so, learn its set, run until stopped.
+fn shard_thread(
+    i: usize,
+    started: std::sync::mpsc::Sender<std::io::Result<(tokio::runtime::Handle, i32)>>,
+    set: std::sync::mpsc::Receiver<Arc<Shards>>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    CURRENT.with(|c| c.set(i));
+    ON_SHARD.with(|c| c.set(true));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = started.send(Err(e));
+            return;
+        }
+    };
+    if let Err(e) = rt.block_on(async { crate::timer::install() }) {
+        let _ = started.send(Err(e));
+        return;
     }
-}
-
-/// The open shard with the fewest clients.
-fn least_loaded() -> usize {
-    let open = open();
-    (0..open)
-        .min_by_key(|&i| clients().get(i).map_or(0, |c| c.load(Ordering::Relaxed)))
-        .unwrap_or(0)
-}
-
-/// Where a client just accepted on shard `here` should live, when not here: on a closed
-/// shard, the least loaded open one.
-pub fn placement_for_new(here: usize) -> Option<usize> {
-    (count() > 1 && here >= open()).then(least_loaded)
-}
-
-/// Where a client going idle on shard `here` should move, if anywhere: off a closed shard,
-/// or from an open shard holding clearly more clients than the least loaded one.
-pub fn placement(here: usize) -> Option<usize> {
-    if count() == 1 {
-        return None;
-    }
-    let target = least_loaded();
-    if here >= open() {
-        return Some(target);
-    }
-    let n = |i: usize| clients().get(i).map_or(0, |c| c.load(Ordering::Relaxed));
-    let (mine, least) = (n(here), n(target));
-    (target != here && mine > least + 2.max(mine / 8)).then_some(target)
+    let tid = nix::unistd::gettid().as_raw();
+    let _ = started.send(Ok((rt.handle().clone(), tid)));
+    // Nothing is spawned here before the set exists: `start` hands the handles out only
+    // after every thread has its set.
+    let Ok(shards) = set.recv() else {
+        return;
+    };
+    MINE.with(|m| {
+        let _ = m.set(shards);
+    });
+    rt.block_on(async {
+        let _ = stopped.await;
+    });
 }
 
 mod packing;
 mod signals;
 
 pub use packing::{Packer, Reading, Thresholds, SUSTAINED};
-pub use signals::note_answered;
 
 /// Idle and total jiffies of the machine (the first line of `/proc/stat`).
 fn machine_jiffies() -> Option<(u64, u64)> {
@@ -168,21 +279,24 @@ fn machine_jiffies() -> Option<(u64, u64)> {
 }
 
 /// Opens and closes shards as [`Packer`] decides from each interval's signals, every
-/// `every`, until the process ends.
+/// `every`, until the shards stop.
 // Runs on the main runtime (tokio's timers work there).
 #[allow(clippy::disallowed_methods)]
-pub async fn monitor(t: Thresholds, every: std::time::Duration) {
-    let n = count();
+pub async fn monitor(shards: Arc<Shards>, t: Thresholds, every: std::time::Duration) {
+    let n = shards.count();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
     let mut packer = Packer::new(n, t);
-    let mut seen = signals::Seen::new(n);
+    let mut seen = signals::Seen::new(&shards);
     let mut last_cpu = machine_jiffies();
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let open = open();
-        let interval = seen.next(open);
+        if shards.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        let open = shards.open();
+        let interval = seen.next(&shards, open);
         let cpu = if interval.quiet {
             None
         } else {
@@ -209,45 +323,7 @@ pub async fn monitor(t: Thresholds, every: std::time::Duration) {
                 (false, false) => "none",
             };
             tracing::info!(open = next, trial, demand = ?&interval.demand[..open], idle_cores = idle, work = interval.work, "per-core data plane: {} shard(s) open", next);
-            OPEN.store(next, Ordering::Relaxed);
+            shards.open.store(next, Ordering::Relaxed);
         }
     }
-}
-
-/// Starts `n` shard threads, each a single-threaded runtime with I/O and [`crate::timer`]'s
-/// timers only. Returns once every runtime is up.
-pub fn start(n: usize, packing: bool) -> std::io::Result<()> {
-    set_count(n);
-    let _ = CLIENTS.set((0..n).map(|_| AtomicUsize::new(0)).collect());
-    signals::init(n);
-    OPEN.store(if packing { 1 } else { n }, Ordering::Relaxed);
-    let mut handles = Vec::new();
-    for i in 0..n {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("shoal-shard-{i}"))
-            .spawn(move || {
-                enter(i);
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_io()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
-                if let Err(e) = rt.block_on(async { crate::timer::install() }) {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-                signals::note_thread(i);
-                let _ = tx.send(Ok(rt.handle().clone()));
-                rt.block_on(std::future::pending::<()>());
-            })?;
-        handles.push(rx.recv().map_err(std::io::Error::other)??);
-    }
-    let _ = HANDLES.set(handles);
-    Ok(())
 }

@@ -3,40 +3,50 @@
 //! cannot be read) and the queries answered, counted per shard so that counting costs a
 //! shard no shared cache line.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use super::Shards;
 
 /// A counter alone on its cache line (two, for the adjacent-line prefetcher).
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
-static ANSWERED: OnceLock<Box<[Padded]>> = OnceLock::new();
-static TIDS: OnceLock<Box<[AtomicI32]>> = OnceLock::new();
-
-pub(super) fn init(n: usize) {
-    let _ = ANSWERED.set((0..n).map(|_| Padded(AtomicU64::new(0))).collect());
-    let _ = TIDS.set((0..n).map(|_| AtomicI32::new(0)).collect());
+/// Each shard's queries answered, and its thread's id (0 where there is no thread).
+pub(super) struct Counters {
+    answered: Box<[Padded]>,
+    tids: Box<[i32]>,
 }
 
-/// Records the calling thread as shard `i`'s (called on the shard thread as it starts).
-pub(super) fn note_thread(i: usize) {
-    if let Some(t) = TIDS.get().and_then(|t| t.get(i)) {
-        t.store(nix::unistd::gettid().as_raw(), Ordering::Relaxed);
+impl Counters {
+    pub fn new(tids: Vec<i32>) -> Counters {
+        Counters {
+            answered: tids.iter().map(|_| Padded(AtomicU64::new(0))).collect(),
+            tids: tids.into(),
+        }
     }
-}
 
-/// A query answered (a ReadyForQuery relayed to its client) on this thread's shard.
-pub fn note_answered() {
-    if let Some(c) = ANSWERED.get().and_then(|a| a.get(super::current())) {
-        c.0.fetch_add(1, Ordering::Relaxed);
+    /// A query answered on shard `i`.
+    pub fn answered(&self, i: usize) {
+        if let Some(c) = self.answered.get(i) {
+            c.0.fetch_add(1, Ordering::Relaxed);
+        }
     }
-}
 
-fn answered() -> u64 {
-    ANSWERED
-        .get()
-        .map_or(0, |a| a.iter().map(|c| c.0.load(Ordering::Relaxed)).sum())
+    fn total(&self) -> u64 {
+        self.answered
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn runnable(&self, i: usize) -> Option<u64> {
+        let tid = *self.tids.get(i)?;
+        if tid == 0 {
+            return None;
+        }
+        parse_schedstat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
+    }
 }
 
 /// Time on a CPU plus time waiting for one, in nanoseconds: the first two fields of a
@@ -47,16 +57,8 @@ pub(super) fn parse_schedstat(text: &str) -> Option<u64> {
     Some(on_cpu.saturating_add(waiting))
 }
 
-fn runnable(i: usize) -> Option<u64> {
-    let tid = TIDS.get()?.get(i)?.load(Ordering::Relaxed);
-    if tid == 0 {
-        return None;
-    }
-    parse_schedstat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
-}
-
-fn busy(i: usize) -> Duration {
-    super::handle(i).map_or(Duration::ZERO, |h| {
+fn busy(shards: &Shards, i: usize) -> Duration {
+    shards.handle(i).map_or(Duration::ZERO, |h| {
         h.metrics().worker_total_busy_duration(0)
     })
 }
@@ -85,23 +87,24 @@ pub(super) struct Seen {
 const QUIET: f64 = 0.05;
 
 impl Seen {
-    pub fn new(n: usize) -> Seen {
+    pub fn new(shards: &Shards) -> Seen {
+        let n = shards.count();
         Seen {
-            runnable: (0..n).map(runnable).collect(),
-            busy: (0..n).map(busy).collect(),
-            answered: answered(),
+            runnable: (0..n).map(|i| shards.signals.runnable(i)).collect(),
+            busy: (0..n).map(|i| busy(shards, i)).collect(),
+            answered: shards.signals.total(),
             at: Instant::now(),
         }
     }
 
-    pub fn next(&mut self, open: usize) -> Interval {
+    pub fn next(&mut self, shards: &Shards, open: usize) -> Interval {
         let now = Instant::now();
         let wall = now.duration_since(self.at).as_secs_f64().max(1e-3);
         self.at = now;
         let n = self.busy.len();
         let busy: Vec<f64> = (0..n)
             .map(|i| {
-                let b = busy(i);
+                let b = busy(shards, i);
                 let f = b.saturating_sub(self.busy[i]).as_secs_f64() / wall;
                 self.busy[i] = b;
                 f
@@ -113,7 +116,7 @@ impl Seen {
                 let (before, now) = if quiet {
                     (None, None)
                 } else {
-                    (self.runnable[i], runnable(i))
+                    (self.runnable[i], shards.signals.runnable(i))
                 };
                 self.runnable[i] = now;
                 match (before, now) {
@@ -122,7 +125,7 @@ impl Seen {
                 }
             })
             .collect();
-        let total = answered();
+        let total = shards.signals.total();
         let work = total.saturating_sub(self.answered) as f64 / wall;
         self.answered = total;
         Interval {
