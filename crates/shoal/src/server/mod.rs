@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use shoal_wire::backend::{self, tag, AuthRequest, ErrorFields};
-use shoal_wire::{frontend, md5, Frame, FrameError};
+use shoal_wire::backend::{self, tag, ErrorFields};
+use shoal_wire::{frontend, Frame, FrameError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::net::Stream;
+
+mod login;
 
 /// Largest message accepted from a server during login and pooler-issued queries; real results
 /// stream through the relay, which has its own bound.
@@ -345,107 +346,15 @@ impl ServerConn {
         params.extend_from_slice(extra);
         frontend::startup(&mut out, &params);
         self.stream.write_all(&out).await?;
-        let mut scram: Option<ScramSha256> = None;
-        // SCRAM passthrough: the exchange, then the server signature it must answer with.
-        let mut passthrough: Option<Result<shoal_wire::scram::ClientExchange, [u8; 32]>> = None;
+        let mut auth = login::Answerer::new(up);
         loop {
             let frame = self.read_frame().await?;
             match frame.tag() {
                 tag::AUTHENTICATION => {
                     out.clear();
-                    let password = || {
-                        up.password
-                            .as_deref()
-                            .ok_or_else(|| ServerError::NoPassword(up.user.clone()))
-                    };
-                    match backend::parse_auth(frame.body())? {
-                        AuthRequest::Ok => continue,
-                        AuthRequest::Cleartext => frontend::password(&mut out, password()?),
-                        AuthRequest::Md5 { salt } => {
-                            let stored = match (&up.password, up.passthrough.as_deref()) {
-                                (None, Some(crate::config::Passthrough::Md5(s))) => s.clone(),
-                                _ => md5::stored_secret(&up.user, password()?),
-                            };
-                            frontend::password(&mut out, &md5::salted_response(&stored, salt));
-                        }
-                        AuthRequest::Sasl { mechanisms } => {
-                            if !mechanisms.contains(&"SCRAM-SHA-256") {
-                                return Err(ServerError::Protocol(format!(
-                                    "server offers no supported SASL mechanism ({mechanisms:?})"
-                                )));
-                            }
-                            if let (None, Some(crate::config::Passthrough::Scram { .. })) =
-                                (&up.password, up.passthrough.as_deref())
-                            {
-                                let (ex, first) = shoal_wire::scram::ClientExchange::new();
-                                frontend::sasl_initial_response(
-                                    &mut out,
-                                    "SCRAM-SHA-256",
-                                    first.as_bytes(),
-                                );
-                                passthrough = Some(Ok(ex));
-                                self.stream.write_all(&out).await?;
-                                continue;
-                            }
-                            let s = ScramSha256::new(
-                                password()?.as_bytes(),
-                                ChannelBinding::unsupported(),
-                            );
-                            frontend::sasl_initial_response(&mut out, "SCRAM-SHA-256", s.message());
-                            scram = Some(s);
-                        }
-                        AuthRequest::SaslContinue(data) if passthrough.is_some() => {
-                            let Some(Ok(ex)) = passthrough.take() else {
-                                return Err(ServerError::Protocol("SASL continue twice".into()));
-                            };
-                            let Some(crate::config::Passthrough::Scram {
-                                client_key,
-                                verifier,
-                            }) = up.passthrough.as_deref()
-                            else {
-                                return Err(ServerError::Protocol("no passthrough key".into()));
-                            };
-                            let v = shoal_wire::scram::Verifier::parse(verifier)
-                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
-                            let fin = ex
-                                .respond_with_key(data, client_key, &v)
-                                .map_err(|e| ServerError::Passthrough(e.to_string()))?;
-                            frontend::sasl_response(&mut out, fin.message.as_bytes());
-                            passthrough = Some(Err(fin.server_signature));
-                        }
-                        AuthRequest::SaslFinal(data) if passthrough.is_some() => {
-                            let Some(Err(expected)) = passthrough.take() else {
-                                return Err(ServerError::Protocol("SASL final too early".into()));
-                            };
-                            shoal_wire::scram::verify_server_final(data, &expected).map_err(
-                                |e| ServerError::Protocol(format!("server SCRAM signature: {e}")),
-                            )?;
-                            continue;
-                        }
-                        AuthRequest::SaslContinue(data) => {
-                            let s = scram.as_mut().ok_or_else(|| {
-                                ServerError::Protocol("SASL continue before SASL start".into())
-                            })?;
-                            s.update(data)
-                                .map_err(|e| ServerError::Protocol(e.to_string()))?;
-                            frontend::sasl_response(&mut out, s.message());
-                        }
-                        AuthRequest::SaslFinal(data) => {
-                            let s = scram.as_mut().ok_or_else(|| {
-                                ServerError::Protocol("SASL final before SASL start".into())
-                            })?;
-                            s.finish(data).map_err(|e| {
-                                ServerError::Protocol(format!("server SCRAM signature: {e}"))
-                            })?;
-                            continue;
-                        }
-                        AuthRequest::Other(code) => {
-                            return Err(ServerError::Protocol(format!(
-                                "unsupported authentication request {code}"
-                            )))
-                        }
+                    if auth.answer(backend::parse_auth(frame.body())?, &mut out)? {
+                        self.stream.write_all(&out).await?;
                     }
-                    self.stream.write_all(&out).await?;
                 }
                 tag::BACKEND_KEY_DATA => {
                     (self.process_id, self.secret_key) =
