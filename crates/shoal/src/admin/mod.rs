@@ -211,6 +211,40 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
                 return false;
             }
         },
+        Command::Pause(_)
+        | Command::Suspend
+        | Command::Resume(_)
+        | Command::Kill(_)
+        | Command::WaitClose(_)
+        | Command::Reconnect(_)
+        | Command::Disable(_)
+        | Command::Enable(_) => control_pools(app, cmd, out).await,
+        Command::Set(text) => {
+            error(
+                out,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                &format!(
+                    "\"{text}\": Shoal's settings change in its configuration file: edit it and \
+                     run RELOAD (SHOW CONFIG shows what is in effect)"
+                ),
+            );
+            return false;
+        }
+        Command::Shutdown => {
+            tracing::info!(
+                clients = app.admission.clients.load(Ordering::Relaxed),
+                "SHUTDOWN requested from the admin console"
+            );
+            app.lifecycle.shutdown_request.notify_one();
+            command_complete(out, "SHUTDOWN");
+        }
+    }
+    true
+}
+
+/// The commands that hold, release, end or empty pools (PgBouncer's, with its tags).
+async fn control_pools(app: &Arc<App>, cmd: Command, out: &mut BytesMut) {
+    match cmd {
         Command::Pause(db) => {
             let pools = app.routes.pause(db.as_deref());
             tracing::info!(database = ?db, pools = pools.len(), "PAUSE: waiting for running transactions");
@@ -270,25 +304,6 @@ async fn run(app: &Arc<App>, text: &str, access: Access, out: &mut BytesMut) -> 
             tracing::info!(database = %db, "{tag}");
             command_complete(out, tag);
         }
-        Command::Set(text) => {
-            error(
-                out,
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                &format!(
-                    "\"{text}\": Shoal's settings change in its configuration file: edit it and \
-                     run RELOAD (SHOW CONFIG shows what is in effect)"
-                ),
-            );
-            return false;
-        }
-        Command::Shutdown => {
-            tracing::info!(
-                clients = app.admission.clients.load(Ordering::Relaxed),
-                "SHUTDOWN requested from the admin console"
-            );
-            app.lifecycle.shutdown_request.notify_one();
-            command_complete(out, "SHUTDOWN");
-        }
+        _ => {}
     }
-    true
 }

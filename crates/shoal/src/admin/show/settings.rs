@@ -100,6 +100,8 @@ pub fn users(app: &App) -> ResultSet {
     r
 }
 
+/// `SHOW CONFIG`: the settings PgBouncer's console lists that Shoal has, what is in effect
+/// and the default; `changeable` says whether `RELOAD` changes it.
 pub fn config(app: &App) -> ResultSet {
     let mut r = ResultSet::new(&[
         ("key", Text),
@@ -108,114 +110,84 @@ pub fn config(app: &App) -> ResultSet {
         ("changeable", Text),
     ]);
     let c = app.routes.config();
-    let d = crate::config::PoolSection::default();
-    let s = &app.config.server;
-    let rows: Vec<(&str, String, String, bool)> = vec![
-        (
-            "listen_addr",
-            format!("{:?}", s.listen),
-            String::new(),
-            false,
-        ),
-        (
-            "max_client_conn",
-            s.max_client_conn.to_string(),
-            "10000".into(),
-            false,
-        ),
-        (
-            "pool_mode",
-            format!("{:?}", c.pool.pool_mode).to_lowercase(),
-            "transaction".into(),
-            true,
-        ),
-        (
-            "default_pool_size",
-            c.pool.pool_size.to_string(),
-            d.pool_size.to_string(),
-            true,
-        ),
-        (
-            "min_pool_size",
-            c.pool.min_pool_size.to_string(),
-            d.min_pool_size.to_string(),
-            true,
-        ),
-        (
-            "server_idle_timeout",
-            c.pool.server_idle_timeout.to_string(),
-            d.server_idle_timeout.to_string(),
-            true,
-        ),
-        (
-            "server_lifetime",
-            c.pool.server_lifetime.to_string(),
-            d.server_lifetime.to_string(),
-            true,
-        ),
-        (
-            "server_connect_timeout",
-            c.pool.server_connect_timeout.to_string(),
-            d.server_connect_timeout.to_string(),
-            true,
-        ),
-        (
-            "query_wait_timeout",
-            c.pool.query_wait_timeout.to_string(),
-            d.query_wait_timeout.to_string(),
-            true,
-        ),
-        (
-            "server_reset_query",
-            c.pool.server_reset_query.clone(),
-            d.server_reset_query.clone(),
-            true,
-        ),
-        (
-            "client_idle_timeout",
-            c.pool.client_idle_timeout.to_string(),
-            d.client_idle_timeout.to_string(),
-            true,
-        ),
-        (
-            "max_prepared_statements",
-            c.pool.max_prepared_statements.to_string(),
-            d.max_prepared_statements.to_string(),
-            true,
-        ),
-        (
-            "stats_period",
-            c.pool.stats_period.to_string(),
-            d.stats_period.to_string(),
-            true,
-        ),
-        (
-            "client_login_timeout",
-            s.client_login_timeout.to_string(),
-            "15".into(),
-            false,
-        ),
-        (
-            "max_packet_size",
-            s.max_packet_size.to_string(),
-            "67108864".into(),
-            false,
-        ),
-        (
-            "shutdown_timeout",
-            s.shutdown_timeout.to_string(),
-            "30".into(),
-            false,
-        ),
-        (
-            "client_tls",
-            format!("{:?}", app.tls.mode).to_lowercase(),
-            String::new(),
-            false,
-        ),
-    ];
-    for (k, v, def, ch) in rows {
-        r.row(vec![t(k), t(v), t(def), t(if ch { "yes" } else { "no" })]);
-    }
+    let (p, d) = (&c.pool, crate::config::PoolSection::default());
+    let (s, ds) = (&app.config.server, crate::config::ServerSection::default());
+    let mut row = |key: &str, value: String, default: String, changeable: bool| {
+        let changeable = if changeable { "yes" } else { "no" };
+        r.row(vec![t(key), t(value), t(default), t(changeable)]);
+    };
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    row(
+        "listen_addr",
+        format!("{:?}", s.listen),
+        String::new(),
+        false,
+    );
+    let n = |v: &dyn std::fmt::Display| v.to_string();
+    row(
+        "max_client_conn",
+        n(&s.max_client_conn),
+        n(&ds.max_client_conn),
+        false,
+    );
+    row("pool_mode", lower(&p.pool_mode), lower(&d.pool_mode), true);
+    row("default_pool_size", n(&p.pool_size), n(&d.pool_size), true);
+    row(
+        "min_pool_size",
+        n(&p.min_pool_size),
+        n(&d.min_pool_size),
+        true,
+    );
+    row(
+        "server_idle_timeout",
+        n(&p.server_idle_timeout),
+        n(&d.server_idle_timeout),
+        true,
+    );
+    row(
+        "server_lifetime",
+        n(&p.server_lifetime),
+        n(&d.server_lifetime),
+        true,
+    );
+    let connect = (&p.server_connect_timeout, &d.server_connect_timeout);
+    row("server_connect_timeout", n(connect.0), n(connect.1), true);
+    row(
+        "query_wait_timeout",
+        n(&p.query_wait_timeout),
+        n(&d.query_wait_timeout),
+        true,
+    );
+    let reset = (p.server_reset_query.clone(), d.server_reset_query.clone());
+    row("server_reset_query", reset.0, reset.1, true);
+    row(
+        "client_idle_timeout",
+        n(&p.client_idle_timeout),
+        n(&d.client_idle_timeout),
+        true,
+    );
+    let prepared = (&p.max_prepared_statements, &d.max_prepared_statements);
+    row(
+        "max_prepared_statements",
+        n(prepared.0),
+        n(prepared.1),
+        true,
+    );
+    row("stats_period", n(&p.stats_period), n(&d.stats_period), true);
+    let login = (&s.client_login_timeout, &ds.client_login_timeout);
+    row("client_login_timeout", n(login.0), n(login.1), false);
+    row(
+        "max_packet_size",
+        n(&s.max_packet_size),
+        n(&ds.max_packet_size),
+        false,
+    );
+    row(
+        "shutdown_timeout",
+        n(&s.shutdown_timeout),
+        n(&ds.shutdown_timeout),
+        false,
+    );
+    row("client_tls", lower(&app.tls.mode), String::new(), false);
     r
 }
