@@ -15,7 +15,7 @@
 //! **Batches.** Transactions that arrive together (everything the connection has
 //! buffered) are authorised together: one query per table and identity per batch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,11 @@ const MAX_BATCH: usize = 5000;
 /// How long a join may wait for a capture that keeps failing before it is refused.
 const JOIN_PATIENCE: Duration = Duration::from_secs(5);
 
+/// Which channel: its socket and topic.
+type SubKey = (SocketId, String);
+
+/// A channel subscribed here (its socket is in its key).
 struct Sub {
-    socket: SocketId,
     topic: String,
     private: bool,
     writes: Arc<std::sync::atomic::AtomicBool>,
@@ -87,7 +90,13 @@ pub(crate) struct Task {
     name: String,
     rx: tokio::sync::mpsc::UnboundedReceiver<Command>,
     stats: Arc<FeedStats>,
-    subs: Vec<Sub>,
+    /// Every channel subscribed here, by socket and topic: a join, a leave or a re-join is
+    /// a look-up, not a scan over every channel of the tenant (64,000 at the seed's scale).
+    subs: BTreeMap<SubKey, Sub>,
+    /// The joins not answered yet (and perhaps some answered since, dropped as they are
+    /// next looked at): what covering and markers go through, so neither scans every
+    /// channel for each join.
+    waiting: BTreeSet<SubKey>,
     /// The end of the last transaction delivered in the slot's life (see the module doc).
     delivered: u64,
     slot_made: bool,
@@ -122,7 +131,8 @@ impl Task {
             name,
             rx,
             stats,
-            subs: Vec::new(),
+            subs: BTreeMap::new(),
+            waiting: BTreeSet::new(),
             delivered: 0,
             slot_made: false,
             next_marker: 1,
@@ -146,10 +156,8 @@ impl Task {
                     ready,
                     replay,
                 } = *s;
-                self.subs
-                    .retain(|o| !(o.socket == socket && o.topic == topic));
+                let key = (socket, topic.clone());
                 let mut sub = Sub {
-                    socket,
                     topic,
                     private,
                     writes,
@@ -166,11 +174,14 @@ impl Task {
                         r.failed(why);
                     }
                 }
-                self.subs.push(sub);
+                if sub.ready.is_some() {
+                    self.waiting.insert(key.clone());
+                }
+                // In place of the socket's earlier join of the topic, if any.
+                self.subs.insert(key, sub);
             }
             Command::Unsubscribe(socket, topic) => {
-                self.subs
-                    .retain(|o| !(o.socket == socket && o.topic == topic));
+                self.subs.remove(&(socket, topic));
             }
             Command::Recheck(socket, topic) => self.rechecks.push((socket, topic)),
             Command::Taps => {}
@@ -181,11 +192,34 @@ impl Task {
             .store(self.subs.len() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The joins still waiting; those answered since leave the set.
+    fn waiting_now(&mut self) -> Vec<SubKey> {
+        let subs = &self.subs;
+        self.waiting
+            .retain(|k| subs.get(k).is_some_and(|s| s.ready.is_some()));
+        self.waiting.iter().cloned().collect()
+    }
+
+    /// Answers a waiting join with a refusal.
+    fn refuse(&mut self, key: &SubKey, why: &str) {
+        self.waiting.remove(key);
+        if let Some(r) = self.subs.get_mut(key).and_then(|s| s.ready.take()) {
+            r.failed(why);
+        }
+    }
+
+    /// Forgets the channels of sockets that ended without a leave (a refused join's, a
+    /// dropped connection's). Once a second, not per join: it looks at every channel.
+    fn sweep_ended(&mut self) {
+        self.subs
+            .retain(|_, s| s.ready.is_some() || !s.target.ended());
+    }
+
     /// Refuses the joins that cannot be served: all waiting ones when `e` lasts, else
     /// those that have waited too long.
     fn refuse_waiting(&mut self, e: &CaptureError) {
         let lasting = e.is_lasting();
-        self.subs.retain_mut(|s| {
+        self.subs.retain(|_, s| {
             if s.ready.is_none() || !(lasting || s.since.elapsed() >= JOIN_PATIENCE) {
                 return true;
             }
@@ -348,13 +382,13 @@ pub(crate) async fn run(mut t: Task) {
         // running is resumed at once.
         let only_broadcasts = t.has_tenant
             && t.taps.live().is_empty()
-            && t.subs.iter().all(Sub::optional)
+            && t.subs.values().all(Sub::optional)
             && (error.is_lasting() || !t.slot_made);
         t.no_broadcasts = only_broadcasts.then(|| no_broadcasts(&error));
         if let Some(why) = &t.no_broadcasts {
             // Joins still waiting (the error may pass, so they were not refused) are
             // answered now, not after the next try a minute from now.
-            for s in t.subs.iter_mut().filter(|s| s.optional()) {
+            for s in t.subs.values_mut().filter(|s| s.optional()) {
                 if let Some(r) = s.ready.take() {
                     r.failed(why);
                 }
@@ -458,8 +492,8 @@ impl Capture {
             r => r?,
         };
         // Waiting joins are covered again (a marker written before may be lost).
-        for s in &mut t.subs {
-            if s.ready.is_some() {
+        for key in &t.waiting {
+            if let Some(s) = t.subs.get_mut(key) {
                 s.marker = None;
             }
         }
@@ -515,6 +549,7 @@ impl Capture {
                 }
                 () = wake.notified() => self.cover(t).await?,
                 () = tick.tick() => {
+                    t.sweep_ended();
                     // A tap's table the catalogue did not know yet is tried again.
                     self.cover(t).await?;
                     if t.delivered > 0 {
@@ -553,13 +588,17 @@ impl Capture {
                 // covers are answered, and get what commits after it.
                 self.flush(t).await?;
                 t.taps.marker(seq);
-                for s in &mut t.subs {
+                for key in t.waiting_now() {
+                    let Some(s) = t.subs.get_mut(&key) else {
+                        continue;
+                    };
                     if s.marker.is_none_or(|m| m > seq) {
                         continue;
                     }
                     let Some(r) = s.ready.take() else {
                         continue;
                     };
+                    t.waiting.remove(&key);
                     // Read now, not before the marker: a message committed in between is
                     // replayed (and may come again live), never missed.
                     let replayed = match s.replay {
@@ -601,7 +640,7 @@ impl Capture {
         let mut identities: Vec<Identity> = Vec::new();
         let listeners: Vec<Listener<'_>> = t
             .subs
-            .iter()
+            .values()
             // Channels without bindings take no changes (their broadcasts from the database
             // go through the hub): thousands of them cost a batch nothing.
             .filter(|s| s.ready.is_none() && !s.target.ended() && !s.bindings.is_empty())
@@ -656,13 +695,12 @@ impl Capture {
     /// Adds the tables of the joins waiting for cover to the publication and writes a
     /// marker for them; refuses a join whose tables do not exist or cannot be published.
     async fn cover(&mut self, t: &mut Task) -> Result<(), CaptureError> {
-        let mut covering = Vec::new();
-        for i in 0..t.subs.len() {
-            let s = &t.subs[i];
-            if s.ready.is_none() || s.marker.is_some() {
+        let mut covering = 0;
+        for key in t.waiting_now() {
+            let Some(s) = t.subs.get(&key) else {
                 continue;
-            }
-            if s.ready.as_ref().is_some_and(Ready::abandoned) {
+            };
+            if s.marker.is_some() || s.ready.as_ref().is_some_and(Ready::abandoned) {
                 continue;
             }
             if s.private {
@@ -678,26 +716,18 @@ impl Capture {
                     let why = format!(
                         "Unauthorized: You do not have permissions to read from this Channel topic: {channel}"
                     );
-                    if let Some(r) = t.subs[i].ready.take() {
-                        r.failed(&why);
-                    }
+                    t.refuse(&key, &why);
                     continue;
                 }
                 s.writes.store(write, std::sync::atomic::Ordering::Release);
             }
-            let s = &t.subs[i];
             match self.publish(&t.name, &s.bindings).await? {
-                Ok(()) => covering.push(i),
-                Err(reason) => {
-                    if let Some(r) = t.subs[i].ready.take() {
-                        r.failed(&reason);
-                    }
-                }
+                Ok(()) => covering += 1,
+                Err(reason) => t.refuse(&key, &reason),
             }
         }
-        t.subs.retain(|s| s.ready.is_some() || !s.target.ended());
         let tapped = t.taps.cover(&mut self.control, &t.name).await?;
-        if covering.is_empty() && tapped.is_empty() {
+        if covering == 0 && tapped.is_empty() {
             return Ok(());
         }
         let seq = t.next_marker;
@@ -711,9 +741,11 @@ impl Capture {
         crate::timer::timeout(TIMEOUT, self.control.simple_query(&sql))
             .await
             .map_err(|_| CaptureError::Timeout("writing a marker"))??;
-        for s in &mut t.subs {
-            if s.ready.is_some() && s.marker.is_none() {
-                s.marker = Some(seq);
+        for key in &t.waiting {
+            if let Some(s) = t.subs.get_mut(key) {
+                if s.ready.is_some() && s.marker.is_none() {
+                    s.marker = Some(seq);
+                }
             }
         }
         t.taps.marked(seq, tapped);
@@ -724,15 +756,13 @@ impl Capture {
     /// read is shut down.
     async fn recheck(&mut self, t: &mut Task) -> Result<(), CaptureError> {
         while let Some((socket, topic)) = t.rechecks.pop() {
-            let Some(s) = t
-                .subs
-                .iter()
-                .find(|s| s.socket == socket && s.topic == topic && s.private && s.ready.is_none())
-            else {
+            let key = (socket, topic);
+            let Some(s) = t.subs.get(&key).filter(|s| s.private && s.ready.is_none()) else {
                 continue;
             };
+            let topic = &key.1;
             let identity = s.identity.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let channel = topic.strip_prefix("realtime:").unwrap_or(&topic).to_owned();
+            let channel = topic.strip_prefix("realtime:").unwrap_or(topic).to_owned();
             let (read, write) = if self.messages {
                 authorize::private_access(&mut self.control, &identity, &channel).await?
             } else {
@@ -744,7 +774,7 @@ impl Capture {
                 s.target.shut_down(&format!(
                     "Unauthorized: You do not have permissions to read from this Channel topic: {channel}"
                 ));
-                t.subs.retain(|o| !(o.socket == socket && o.topic == topic));
+                t.subs.remove(&key);
             }
         }
         Ok(())
@@ -895,3 +925,6 @@ async fn drop_slot_on(c: &mut ServerConn, name: &str) -> Result<(), CaptureError
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
