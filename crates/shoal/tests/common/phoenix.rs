@@ -124,14 +124,41 @@ impl Phx {
         }
     }
 
-    /// Reads until a message satisfies `want`; that message.
+    /// Reads until a message satisfies `want`; that message. Other messages (heartbeat
+    /// replies among them) do not extend the wait.
     pub async fn until(&mut self, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let m = self.next().await;
             if want(&m) {
                 return m;
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting; last message {m}"
+            );
         }
+    }
+
+    /// The replies' payloads to the messages with refs `refs`, in that order, however the
+    /// server ordered them (a refused join is answered before an earlier one that succeeds).
+    pub async fn replies(&mut self, refs: &[String]) -> Vec<serde_json::Value> {
+        let mut got = vec![serde_json::Value::Null; refs.len()];
+        let mut left = refs.len();
+        while left > 0 {
+            let m = self
+                .until(|m| m["event"] == "phx_reply" && refs.iter().any(|r| m["ref"] == r.as_str()))
+                .await;
+            let i = refs
+                .iter()
+                .position(|r| m["ref"] == r.as_str())
+                .unwrap_or(0);
+            if got[i].is_null() {
+                left -= 1;
+            }
+            got[i] = m["payload"].clone();
+        }
+        got
     }
 
     /// Reads (without heartbeating) until the socket ends; how it ended.
