@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::login::{LoggedIn, PoolClient};
+use super::entry::PoolClient;
+use super::login::LoggedIn;
 use super::{serve_transaction_mode, Extras, Session};
 use crate::app::App;
 use crate::config::{ClientAuth, Passthrough, User};
@@ -173,7 +174,7 @@ pub async fn adopt(app: Arc<App>, fd: OwnedFd, image: SessionImage) -> bool {
             peer: image.peer,
             target: image.target,
             // Refined by the image's held SETs in `restore`.
-            encoding: super::login::startup_encoding(&image.params),
+            encoding: super::entry::startup_encoding(&image.params),
         };
         let (mut session, _) = Session::new(&app, id, guard, stream, logged_in);
         session.restore(image);
@@ -199,7 +200,7 @@ fn image_encoding(image: &SessionImage) -> shoal_wire::sql::ClientEncoding {
                 ClientEncoding::from_name(v.trim_matches(|c| c == '\'' || c == '"'))
             })
         });
-    held.unwrap_or_else(|| super::login::startup_encoding(&image.params))
+    held.unwrap_or_else(|| super::entry::startup_encoding(&image.params))
 }
 
 impl Session {

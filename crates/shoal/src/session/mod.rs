@@ -9,6 +9,7 @@ mod auth;
 mod budget;
 mod cached;
 mod ending;
+mod entry;
 mod error;
 mod flow;
 mod handoff;
@@ -22,41 +23,42 @@ mod outbound;
 mod reads;
 mod relay;
 mod relayed;
+mod session_mode;
 #[cfg(test)]
 mod size_tests;
+mod unserved;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::{Buf, BytesMut};
-use shoal_wire::backend::{self, ErrorFields, Severity};
-use shoal_wire::frame::next_frame_len;
-use shoal_wire::frontend::{self, tag as fe};
+use bytes::BytesMut;
 use shoal_wire::sql::ClientEncoding;
 use shoal_wire::sqlstate;
 
 use crate::admission::ClientGuard;
 use crate::app::App;
 use crate::cancel::Registration;
-use crate::config::PoolMode;
+use crate::error::ClientError;
 use crate::error::ErrorKind;
-use crate::error::{known_code, ClientError};
 use crate::logsafe::Escaped;
 use crate::net::Stream;
 use crate::params::SharedParams;
 use crate::pool::{Lease, Leaving};
 use crate::seam::Features as _;
 use crate::{prepared, sets, Plugged};
+use entry::PoolClient;
 use flow::Flow;
-use login::{login_phase, LoggedIn, PoolClient};
+use login::{login_phase, LoggedIn};
 use relay::{Policy, RelayEnd};
 
-use ending::{end_session, finish, send_error};
+use ending::{end_session, finish};
 pub use error::SessionError;
 pub use handoff::adopt;
 use moving::move_to;
 pub use relayed::serve_relayed;
+use session_mode::serve_session_mode;
+use unserved::Idle;
 
 /// Serves one accepted connection to its end. Never panics on client input; every failure
 /// is logged with the connection id and, where the protocol allows, reported to the client.
@@ -81,12 +83,6 @@ pub fn serve(
             None => serve_transaction_mode(session).await,
         }
     }
-}
-
-/// The session-mode client from login to its end (boxed: session mode holds a server anyway).
-async fn serve_session_mode(mut session: Session, lease: Lease) {
-    let result = session.run_session_mode(lease).await;
-    end_session(&mut session, result).await;
 }
 
 /// The transaction-mode client from login (or from a move to this shard) to its end.
@@ -134,15 +130,6 @@ fn leaving(flow: &Flow, reset: bool) -> Leaving {
         in_transaction: flow.status != b'I',
         reset,
     }
-}
-
-/// What the buffered client messages call for while no server is held.
-enum Idle {
-    /// Need more bytes before anything can be decided.
-    NeedMore,
-    /// The next message needs a server.
-    NeedServer,
-    Terminate,
 }
 
 /// Whether the client left (Terminate, or its connection ended) while being served.
@@ -653,29 +640,6 @@ impl Session {
         }
     }
 
-    /// The server was lost inside a transaction block: the client's session is gone with the
-    /// server's, as on a direct connection, and the server's own FATAL is passed on. A fenced
-    /// node's servers may have been ended by the pool's next owner (its FATAL says
-    /// "administrator command"): the error says why.
-    #[cold]
-    fn lost_in_block(&self, fatal: Option<Box<ErrorFields>>) -> SessionError {
-        let (kind, code, message) = match fatal {
-            _ if self.pool.fence.fenced() => (
-                ErrorKind::Fenced,
-                sqlstate::CONNECTION_FAILURE,
-                "this Shoal node stopped serving the pool (its cluster lease lapsed); the transaction was ended: reconnect".to_string(),
-            ),
-            Some(f) => (ErrorKind::ServerLost, known_code(&f.code), f.message),
-            None => (
-                ErrorKind::ServerLost,
-                sqlstate::CONNECTION_FAILURE,
-                "server closed the connection unexpectedly".to_string(),
-            ),
-        };
-        tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message), "server lost inside a transaction; closing the client");
-        SessionError::fatal(kind, code, message)
-    }
-
     /// Stops a server that ran the client's LISTEN from listening before it goes back to
     /// the pool (what it received meanwhile is dropped: the pool's listener delivers it).
     /// `None` when the server failed and was closed.
@@ -687,43 +651,6 @@ impl Session {
                 tracing::warn!(conn = self.id, pool = %self.pool.name, "could not unlisten a server; closing it");
                 lease.close(crate::disposition::CloseReason::Lost);
                 None
-            }
-        }
-    }
-
-    async fn run_session_mode(&mut self, mut lease: Lease) -> Result<(), SessionError> {
-        // Session mode marks no request busy, so no cancel can be pending here.
-        let _named = self.cancel.slot.set(lease.cancel_target());
-        self.set_active(true);
-        let mut flow = Flow::default();
-        let end = self
-            .relay(&mut lease, &mut flow, Policy::Session, 0, None)
-            .await;
-        self.cancel.slot.clear().await;
-        match end {
-            Ok(RelayEnd::Boundary) | Ok(RelayEnd::Terminate) => {
-                lease.release(leaving(&flow, true)).await;
-                Ok(())
-            }
-            Ok(RelayEnd::ClientGone) => {
-                lease.release(leaving(&flow, true)).await;
-                self.gone_or_shut_down()
-            }
-            Ok(RelayEnd::ServerLost(fatal)) => {
-                drop(lease);
-                match fatal {
-                    // Already passed on to the client by the relay.
-                    Some(_) => Err(SessionError::ClientGone),
-                    None => Err(SessionError::fatal(
-                        ErrorKind::ServerLost,
-                        sqlstate::CONNECTION_FAILURE,
-                        "server closed the connection unexpectedly",
-                    )),
-                }
-            }
-            Err(e) => {
-                lease.release(leaving(&flow, true)).await;
-                Err(e)
             }
         }
     }
@@ -784,107 +711,5 @@ impl Session {
                 return Ok(None);
             }
         }
-    }
-
-    /// Handles buffered messages that need no server: Terminate, a lone Sync, stray copy
-    /// messages, and messages of a batch whose error was already reported.
-    async fn handle_idle_messages(&mut self) -> Result<Idle, SessionError> {
-        let max = self.app.config.server.max_packet_size;
-        let mut out = BytesMut::new();
-        let result = loop {
-            let Some(n) = next_frame_len(&self.cbuf, max).map_err(SessionError::from_frame)? else {
-                break Idle::NeedMore;
-            };
-            frontend::validate(self.cbuf[0], &self.cbuf[shoal_wire::frame::HEADER_LEN..n])
-                .map_err(SessionError::from_frame)?;
-            match self.cbuf[0] {
-                fe::TERMINATE => break Idle::Terminate,
-                fe::SYNC | fe::QUERY | fe::FUNCTION_CALL if self.skip_until_sync => {
-                    self.skip_until_sync = false;
-                    backend::ready_for_query(&mut out, b'I');
-                }
-                fe::SYNC => backend::ready_for_query(&mut out, b'I'),
-                // A named Parse of a statement servers already accepted: no server needed (a
-                // client blocked in a synchronous prepare must not wait for a busy pool).
-                fe::PARSE
-                    if !self.skip_until_sync
-                        && self.pool.settings.mode == PoolMode::Transaction
-                        && Plugged::rules(&self.pool).is_none_or(|r| {
-                            Plugged::refusal(
-                                &r,
-                                &self.cbuf[..n],
-                                self.statements.as_deref(),
-                                &self.pool.name,
-                                encoding_of(&self.extras),
-                            )
-                            .is_none()
-                        })
-                        && prepared::parse_without_server(
-                            &self.pool.statements,
-                            &self.params,
-                            &mut self.statements,
-                            &self.cbuf[..n],
-                            encoding_of(&self.extras),
-                        ) =>
-                {
-                    backend::put_message(&mut out, b'1', |_| {});
-                }
-                fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {}
-                _ if self.skip_until_sync => {}
-                _ => break Idle::NeedServer,
-            }
-            self.cbuf.advance(n);
-        };
-        if !out.is_empty() {
-            self.stream.write_all(&out).await?;
-        }
-        Ok(result)
-    }
-
-    /// Tells a client over a rate or concurrency limit that its unit was refused.
-    async fn refuse_over_limit(&mut self, r: crate::seam::Refusal) -> Result<(), SessionError> {
-        self.app.metrics.rejected(ErrorKind::ClientLimit);
-        tracing::debug!(conn = self.id, pool = %self.pool.name, reason = %r.0, "over a limit");
-        self.fail_unit(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, &r.0)
-            .await
-    }
-
-    /// Reports an error for the client's current unit of work (a Query, or an extended batch
-    /// up to its Sync) that could not reach a server; the client can go on afterwards.
-    async fn fail_unit(&mut self, code: &str, message: &str) -> Result<(), SessionError> {
-        send_error(&mut self.stream, Severity::Error, code, message, None).await?;
-        self.skip_until_sync = true;
-        Ok(())
-    }
-
-    /// The server died under a transaction-mode client outside a transaction block (its
-    /// statement was running in autocommit): tell the client with an ERROR (its connection to
-    /// Shoal is fine), answer the ReadyForQuery it still expects, and let it go on.
-    async fn report_server_loss(
-        &mut self,
-        flow: &Flow,
-        fatal: Option<Box<ErrorFields>>,
-    ) -> Result<(), SessionError> {
-        let (code, detail) = match &fatal {
-            Some(f) => (known_code(&f.code), f.message.as_str()),
-            None => (
-                sqlstate::CONNECTION_FAILURE,
-                "server closed the connection unexpectedly",
-            ),
-        };
-        let message = format!(
-            "server connection lost while running the statement ({detail}); it may or may not have completed; the next statement runs on another server connection"
-        );
-        tracing::warn!(conn = self.id, pool = %self.pool.name, message = %Escaped(&message));
-        if flow.pending > 0 || flow.unsynced || flow.copy_in {
-            let mut out = BytesMut::new();
-            backend::error_response(&mut out, Severity::Error, code, &message, None);
-            for _ in 0..flow.pending {
-                backend::ready_for_query(&mut out, b'I');
-            }
-            self.skip_until_sync = flow.unsynced;
-            self.stream.write_all(&out).await?;
-        }
-        Ok(())
     }
 }

@@ -12,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use shoal_cluster::link::LinkStream;
 use shoal_wire::sqlstate;
 
+use super::entry;
 use super::login::{self, Relayed, Request};
 use super::{finish, Extras, Session, SessionError};
 use crate::app::App;
@@ -152,7 +153,7 @@ pub fn serve_relayed(
             return;
         };
         match lease {
-            Some(lease) => Box::pin(super::serve_session_mode(session, *lease)).await,
+            Some(lease) => Box::pin(super::session_mode::serve_session_mode(session, *lease)).await,
             None => super::serve_transaction_mode(session).await,
         }
     }
@@ -291,7 +292,7 @@ async fn log_in(
     }
     match resume {
         Some(r) => resumed(app, req, pool, r).map(|(done, image)| Served::Resumed(done, image)),
-        None => login::enter_pool(app, stream, &mut req, pool)
+        None => entry::enter_pool(app, stream, &mut req, pool)
             .await
             .map(Served::In),
     }
@@ -349,10 +350,10 @@ fn resumed(
         .cancels
         .register_exact(pid, secret, info.clone())
         .unwrap_or_else(|| app.cancels.register(None, info));
-    let encoding = login::startup_encoding(&req.startup.params);
+    let encoding = entry::startup_encoding(&req.startup.params);
     Ok((
         Box::new(login::LoggedIn {
-            pool: login::PoolClient(pool),
+            pool: entry::PoolClient(pool),
             params: req.startup.params,
             cancel,
             lease: None,
