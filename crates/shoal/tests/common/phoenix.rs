@@ -23,7 +23,11 @@ pub enum Ended {
     Dropped,
 }
 
+/// How long a read waits with nothing arriving.
 const WAIT: Duration = Duration::from_secs(15);
+/// How long [`Phx::until`] waits in all while other messages arrive: long enough for a
+/// capture to start on a loaded machine, short enough that a lost message fails the test.
+const UNTIL_WAIT: Duration = Duration::from_secs(60);
 
 /// The upgrade URL for `tenant` with `token`.
 pub fn url(rt: SocketAddr, tenant: &str, token: &str) -> String {
@@ -125,9 +129,9 @@ impl Phx {
     }
 
     /// Reads until a message satisfies `want`; that message. Other messages (heartbeat
-    /// replies among them) do not extend the wait.
+    /// replies among them) do not extend the wait past [`UNTIL_WAIT`].
     pub async fn until(&mut self, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        let deadline = tokio::time::Instant::now() + WAIT;
+        let deadline = tokio::time::Instant::now() + UNTIL_WAIT;
         loop {
             let m = self.next().await;
             if want(&m) {
