@@ -2,6 +2,12 @@
 //! the pool, or the admin console) and how it enters its pool: its limits, its settings
 //! checked against the pool's, and the values reported to it.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use shoal_wire::backend;
+use shoal_wire::sqlstate;
+
 use super::login::{refused, LoggedIn, Outcome, Relayed, Request};
 use super::SessionError;
 use crate::app::App;
@@ -15,10 +21,6 @@ use crate::route::Routed;
 use crate::seam::Features as _;
 use crate::server::ServerError;
 use crate::Plugged;
-use shoal_wire::backend;
-use shoal_wire::sqlstate;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// Where an authenticated client goes.
 pub(super) enum Destination {
