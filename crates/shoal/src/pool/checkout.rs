@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::{
     pg_fence, CheckoutError, Idle, Lease, Opening, Pool, ServerInfo, ServerTracker, ServerWait,
     WaitCancel, Waiting,
@@ -45,7 +43,7 @@ impl Pool {
                 if let Some(e) = self.shed() {
                     return Err(e);
                 }
-                let started = Instant::now();
+                let started = clock::mono_us();
                 let counted = Waiting::new(&self.stats.waiting);
                 let waiting = counted.0.load(Ordering::Relaxed);
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
@@ -57,7 +55,7 @@ impl Pool {
                 )
                 .await;
                 drop(counted);
-                let waited = started.elapsed().as_micros() as u64;
+                let waited = clock::mono_us().saturating_sub(started);
                 self.stats.queue_delay_us.store(waited, Ordering::Relaxed);
                 match r {
                     Err(_) => {
@@ -115,6 +113,8 @@ impl Pool {
             None => {
                 let cancelled = cancel.begin();
                 let r = tokio::select! {
+                    // In order: no random draw per wait.
+                    biased;
                     r = self.checkout_for(client) => r.map_err(ServerWait::Checkout),
                     _ = cancelled => Err(ServerWait::Cancelled),
                 };
