@@ -13,6 +13,7 @@ use std::collections::HashMap;
 pub use crate::server::{forward, CancelTarget};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use subtle::ConstantTimeEq;
@@ -20,10 +21,15 @@ use subtle::ConstantTimeEq;
 #[derive(Default)]
 struct SlotState {
     target: Option<CancelTarget>,
-    in_flight: u32,
-    /// Set while the client's query waits for a server: a cancel ends the wait. Boxed: a
-    /// wait is rare and brief, and the 8 bytes saved keep every client's slot at 128 bytes.
-    waiting: Option<Box<tokio::sync::oneshot::Sender<()>>>,
+    /// Capped: a client's cancels beyond it are not forwarded.
+    in_flight: u16,
+    /// The task of the client's query waiting for a server, once its wait was polled: a
+    /// cancel ends the wait (see [`WaitCancelled`]).
+    waker: Option<Waker>,
+    /// The client's query is waiting for a server.
+    waiting: bool,
+    /// A cancel ended the wait.
+    wait_cancelled: bool,
     /// The client has a request in progress that has no server yet (checkout done, session
     /// being prepared): a cancel is remembered, and the request is answered as cancelled
     /// instead of being sent (see [`CancelSlot::set`]).
@@ -96,7 +102,7 @@ impl CancelSlot {
         let s = self.lock();
         if s.target.is_some() {
             "active"
-        } else if s.waiting.is_some() {
+        } else if s.waiting {
             "waiting"
         } else {
             "idle"
@@ -155,16 +161,24 @@ impl CancelSlot {
         s.in_flight == 0
     }
 
-    /// The client's query is about to wait for a server; the receiver fires if a cancel
-    /// arrives meanwhile.
-    pub fn begin_wait(&self) -> tokio::sync::oneshot::Receiver<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.lock().waiting = Some(Box::new(tx));
-        rx
+    /// The client's query is about to wait for a server; [`WaitCancelled`] completes if a
+    /// cancel arrives meanwhile. (Nothing is allocated: the wait is on the path of every
+    /// query that finds the pool busy.)
+    pub fn begin_wait(&self) -> WaitCancelled<'_> {
+        let mut s = self.lock();
+        s.waiting = true;
+        s.wait_cancelled = false;
+        WaitCancelled(self)
     }
 
     pub fn end_wait(&self) {
-        self.lock().waiting = None;
+        let waker = {
+            let mut s = self.lock();
+            s.waiting = false;
+            s.wait_cancelled = false;
+            s.waker.take()
+        };
+        drop(waker);
     }
 
     /// Counts a cancel in flight for as long as the returned guard lives, so that even a
@@ -173,7 +187,7 @@ impl CancelSlot {
     fn begin(&self) -> Option<(CancelTarget, u16, InFlight<'_>)> {
         let mut s = self.lock();
         let t = s.target?;
-        s.in_flight += 1;
+        s.in_flight = s.in_flight.checked_add(1)?;
         Some((t, s.turn, InFlight(self)))
     }
 
@@ -181,7 +195,7 @@ impl CancelSlot {
     fn begin_again(&self, turn: u16) -> Option<(CancelTarget, InFlight<'_>)> {
         let mut s = self.lock();
         let t = s.target.filter(|_| s.turn == turn)?;
-        s.in_flight += 1;
+        s.in_flight = s.in_flight.checked_add(1)?;
         Some((t, InFlight(self)))
     }
 }
@@ -221,6 +235,26 @@ async fn follow_up(slot: Arc<CancelSlot>, turn: u16) -> u32 {
         sent += 1;
     }
     sent
+}
+
+/// Completes when a cancel ends the client's wait for a server (see
+/// [`CancelSlot::begin_wait`]).
+pub struct WaitCancelled<'a>(&'a CancelSlot);
+
+impl std::future::Future for WaitCancelled<'_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.0.lock();
+        if s.wait_cancelled {
+            return Poll::Ready(());
+        }
+        match &mut s.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            w => *w = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
 }
 
 /// One cancel in flight to a slot's server.
@@ -378,13 +412,19 @@ impl CancelRegistry {
         };
         let Some((target, turn, in_flight)) = slot.begin() else {
             let mut s = slot.lock();
-            if let Some(waiting) = s.waiting.take() {
+            if s.waiting {
                 tracing::debug!("cancel request for a query waiting for a server");
-                let _ = waiting.send(());
+                s.waiting = false;
+                s.wait_cancelled = true;
                 // The wait may end with a server all the same (it came at the same moment,
                 // and the wait took it): the request is then answered as cancelled when its
                 // server is named, never sent.
                 s.pending = s.busy;
+                let waker = s.waker.take();
+                drop(s);
+                if let Some(w) = waker {
+                    w.wake();
+                }
             } else if s.busy {
                 s.pending = true;
             } else {
@@ -401,9 +441,9 @@ impl CancelRegistry {
 
 /// A client's cancel ends its wait for a server (see [`crate::pool::Pool::prepared_server`]).
 impl crate::pool::WaitCancel for CancelSlot {
-    type Cancelled = tokio::sync::oneshot::Receiver<()>;
+    type Cancelled<'a> = WaitCancelled<'a>;
 
-    fn begin(&self) -> Self::Cancelled {
+    fn begin(&self) -> WaitCancelled<'_> {
         self.begin_wait()
     }
 
@@ -468,11 +508,7 @@ mod tests {
     async fn a_cancel_before_the_server_is_named_cancels_the_request_not_the_server() {
         let registry = Arc::new(CancelRegistry::default());
         let reg = registry.register(None, ClientInfo::default());
-        let target = CancelTarget {
-            addr: "127.0.0.1:9".parse().unwrap(),
-            process_id: 7,
-            secret_key: 9,
-        };
+        let target = CancelTarget::new("127.0.0.1:9".parse().unwrap(), 7, 9);
         reg.slot.mark_busy();
         // The cancel arrives while the request has no server yet: remembered, not sent.
         registry.cancel(reg.process_id(), reg.secret_key()).await;
@@ -498,27 +534,58 @@ mod tests {
         let registry = Arc::new(CancelRegistry::default());
         let reg = registry.register(None, ClientInfo::default());
         reg.slot.mark_busy();
-        let cancelled = reg.slot.begin_wait();
-        registry.cancel(reg.process_id(), reg.secret_key()).await;
         // The wait ended with a server: the signal is never looked at.
-        drop(cancelled);
+        let _unlooked = reg.slot.begin_wait();
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
         reg.slot.end_wait();
-        let target = CancelTarget {
-            addr: "127.0.0.1:9".parse().unwrap(),
-            process_id: 7,
-            secret_key: 9,
-        };
+        let target = CancelTarget::new("127.0.0.1:9".parse().unwrap(), 7, 9);
         assert!(!reg.slot.set(target), "the request is reported cancelled");
         // A cancel that did end the wait leaves nothing behind for the next request.
         reg.slot.mark_busy();
         let cancelled = reg.slot.begin_wait();
         registry.cancel(reg.process_id(), reg.secret_key()).await;
-        assert!(cancelled.await.is_ok(), "the wait was told");
+        crate::timer::timeout(Duration::from_secs(5), cancelled)
+            .await
+            .expect("the wait was told");
         reg.slot.end_wait();
         reg.slot.not_busy();
         reg.slot.mark_busy();
         assert!(reg.slot.set(target), "the next request runs");
         reg.slot.clear().await;
+    }
+
+    /// A wait already asleep (its waker in the slot) is woken by the cancel, from another
+    /// task, and the slot keeps no waker once the wait ends.
+    #[tokio::test]
+    async fn a_cancel_wakes_a_sleeping_wait_for_a_server() {
+        let registry = Arc::new(CancelRegistry::default());
+        let reg = registry.register(None, ClientInfo::default());
+        reg.slot.mark_busy();
+        let slot = reg.slot.clone();
+        let (asleep_tx, asleep) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let mut wait = Box::pin(slot.begin_wait());
+            let mut asleep_tx = Some(asleep_tx);
+            std::future::poll_fn(|cx| {
+                let r = std::future::Future::poll(wait.as_mut(), cx);
+                if let Some(tx) = asleep_tx.take() {
+                    assert!(r.is_pending(), "no cancel yet");
+                    let _ = tx.send(());
+                }
+                r
+            })
+            .await;
+            slot.end_wait();
+        });
+        asleep.await.expect("the wait was polled");
+        assert_eq!(reg.slot.state(), "waiting");
+        registry.cancel(reg.process_id(), reg.secret_key()).await;
+        crate::timer::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the cancel woke the wait")
+            .expect("waiter");
+        assert!(reg.slot.lock().waker.is_none());
+        assert_eq!(reg.slot.state(), "idle");
     }
 
     /// A stand-in server that counts the cancel requests it gets (each: read, then closed).
@@ -536,11 +603,7 @@ mod tests {
                 }
             }
         });
-        let target = CancelTarget {
-            addr,
-            process_id: 7,
-            secret_key: 9,
-        };
+        let target = CancelTarget::new(addr, 7, 9);
         (target, count, task)
     }
 
@@ -594,11 +657,7 @@ mod tests {
         });
         let registry = Arc::new(CancelRegistry::default());
         let reg = registry.register(None, ClientInfo::default());
-        assert!(reg.slot.set(CancelTarget {
-            addr,
-            process_id: 1,
-            secret_key: 2,
-        }));
+        assert!(reg.slot.set(CancelTarget::new(addr, 1, 2)));
         let abandoned = crate::timer::timeout(
             Duration::from_millis(100),
             registry.cancel(reg.process_id(), reg.secret_key()),

@@ -22,6 +22,49 @@ async fn cancel_stops_a_running_query() {
     c.simple_query("SELECT 1").await.unwrap();
 }
 
+/// A client waiting for a server in a full pool is let go by its cancel at once (57014), not
+/// when a server frees up; the client holding the server sees nothing of it, and the
+/// cancelled client's connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_ends_a_wait_for_a_server() {
+    let db = unique_db("fault");
+    let shoal = shoal_for(
+        &db,
+        "[pool]\npool_size = 1\nquery_wait_timeout = \"60s\"\n[admin]\nusers = [\"admin\"]\n\
+         [users.admin]\npassword = \"admin-secret\"\n",
+    );
+    let holder = shoal.connect(&db).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = shoal.connect(&db).await;
+    let token = waiter.cancel_token();
+    let query = tokio::spawn(async move {
+        let r = waiter.simple_query("SELECT 2").await;
+        (waiter, r)
+    });
+    let waiting = || async {
+        let (cols, rows) = console_rows(&shoal, "SHOW POOLS").await;
+        let at = cols
+            .iter()
+            .position(|c| c == "cl_waiting")
+            .expect("cl_waiting");
+        rows.iter().any(|r| r[at] == "1")
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !waiting().await {
+        assert!(std::time::Instant::now() < until, "the client never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let (waiter, r) = tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("the cancel ended the wait before a server freed up")
+        .unwrap();
+    assert_eq!(code(&r.expect_err("cancelled")), "57014");
+    holder.batch_execute("SELECT 3; COMMIT").await.unwrap();
+    let rows = simple_rows(&waiter, "SELECT 4").await;
+    assert_eq!(rows, vec!["4"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stress_never_hits_the_wrong_query() {
     let db = unique_db("fault");

@@ -74,8 +74,10 @@ pub enum CheckoutError {
 /// when the wait begins (its future completes on a cancel), [`WaitCancel::end`] as soon as
 /// it ends, before the server is prepared.
 pub trait WaitCancel {
-    type Cancelled: std::future::Future;
-    fn begin(&self) -> Self::Cancelled;
+    type Cancelled<'a>: std::future::Future
+    where
+        Self: 'a;
+    fn begin(&self) -> Self::Cancelled<'_>;
     fn end(&self);
 }
 
@@ -83,8 +85,8 @@ pub trait WaitCancel {
 pub struct NoCancel;
 
 impl WaitCancel for NoCancel {
-    type Cancelled = std::future::Pending<()>;
-    fn begin(&self) -> Self::Cancelled {
+    type Cancelled<'a> = std::future::Pending<()>;
+    fn begin(&self) -> Self::Cancelled<'_> {
         std::future::pending()
     }
     fn end(&self) {}

@@ -507,11 +507,7 @@ impl ServerConn {
 
     /// Where a CancelRequest for this server's running query goes.
     pub fn cancel_target(&self) -> CancelTarget {
-        CancelTarget {
-            addr: self.addr,
-            process_id: self.process_id,
-            secret_key: self.secret_key,
-        }
+        CancelTarget::new(self.addr, self.process_id, self.secret_key)
     }
 
     /// Sends Terminate and closes; errors are irrelevant at this point.
