@@ -178,6 +178,7 @@ impl CancelSlot {
             s.wait_cancelled = false;
             s.waker.take()
         };
+        // Outside the lock: dropping a waker runs its runtime's code.
         drop(waker);
     }
 

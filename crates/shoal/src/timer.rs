@@ -41,8 +41,8 @@ struct Queue {
 /// slot and leaves its heap entry behind, stale, to be skipped when it comes to the top or
 /// swept out once stale entries outnumber live ones. Timers of one duration are created in
 /// deadline order, so an insertion usually stops at its first comparison. (An ordered map
-/// cost ~700 instructions for each timer set and dropped, node allocations included: a
-/// tenth of a select-only transaction that waited for a server.)
+/// cost ~560 instructions for each timer set and dropped, node allocations and rebalancing
+/// included; this costs ~230: docs/benchmark-notes.md, "the wait for a server".)
 struct State {
     heap: BinaryHeap<Reverse<Entry>>,
     slots: Vec<Slot>,
@@ -137,16 +137,17 @@ async fn drive(watched: AsyncFd<QueueFd>) {
     }
 }
 
-impl State {
-    fn live(&self, e: &Entry) -> bool {
-        let s = &self.slots[e.slot as usize];
-        s.generation == e.generation && !s.fired
-    }
+/// Whether a heap entry's timer still waits (its slot not freed or reused, not fired).
+fn is_live(slots: &[Slot], e: &Entry) -> bool {
+    let s = &slots[e.slot as usize];
+    s.generation == e.generation && !s.fired
+}
 
+impl State {
     /// The earliest live deadline, stale entries above it dropped on the way.
     fn next(&mut self) -> Option<Instant> {
         while let Some(Reverse(top)) = self.heap.peek() {
-            if self.live(top) {
+            if is_live(&self.slots, top) {
                 return Some(top.deadline);
             }
             self.heap.pop();
@@ -170,10 +171,7 @@ impl State {
         self.free.push(key.slot);
         if self.stale > SWEEP_MIN && self.stale > self.heap.len() / 2 {
             let slots = &self.slots;
-            self.heap.retain(|Reverse(e)| {
-                let s = &slots[e.slot as usize];
-                s.generation == e.generation && !s.fired
-            });
+            self.heap.retain(|Reverse(e)| is_live(slots, e));
             self.stale = 0;
         }
     }
@@ -252,8 +250,8 @@ impl Queue {
                 let Some(Reverse(e)) = s.heap.pop() else {
                     break;
                 };
-                let slot = &mut s.slots[e.slot as usize];
-                if slot.generation == e.generation && !slot.fired {
+                if is_live(&s.slots, &e) {
+                    let slot = &mut s.slots[e.slot as usize];
                     slot.fired = true;
                     due.extend(slot.waker.take());
                 } else {
