@@ -580,6 +580,11 @@ mod tests {
         });
         asleep.await.expect("the wait was polled");
         assert_eq!(reg.slot.state(), "waiting");
+        // A cancel with the wrong secret (someone guessing keys) ends nothing.
+        let wrong = reg.secret_key().wrapping_add(1);
+        assert!(!registry.cancel(reg.process_id(), wrong).await);
+        assert_eq!(reg.slot.state(), "waiting");
+        assert!(!waiter.is_finished());
         registry.cancel(reg.process_id(), reg.secret_key()).await;
         crate::timer::timeout(Duration::from_secs(5), waiter)
             .await
