@@ -33,13 +33,13 @@ impl Pool {
         if !self.fence.may_open() {
             return Err(CheckoutError::Fenced(self.name.clone()));
         }
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(p) => {
+        let permit = match self.permits.try_acquire() {
+            Some(p) => {
                 self.metrics.wait.observe_us(0);
                 self.no_queue();
                 p
             }
-            Err(_) => {
+            None => {
                 if let Some(e) = self.shed() {
                     return Err(e);
                 }
@@ -49,11 +49,8 @@ impl Pool {
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
                     tracing::warn!(pool = %self.name, size = self.size(), waiting, "pool exhausted: clients are waiting for a server");
                 }
-                let r = crate::timer::timeout(
-                    self.settings.wait_timeout,
-                    self.permits.clone().acquire_owned(),
-                )
-                .await;
+                let r =
+                    crate::timer::timeout(self.settings.wait_timeout, self.permits.acquire()).await;
                 drop(counted);
                 let waited = clock::mono_us().saturating_sub(started);
                 self.stats.queue_delay_us.store(waited, Ordering::Relaxed);
@@ -76,23 +73,13 @@ impl Pool {
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         let opening = match self.pop_idle(client, true) {
-            Idle::Server(conn) => {
-                return Ok(Lease {
-                    conn: Some(conn),
-                    _permit: permit,
-                    pool: self.clone(),
-                })
-            }
+            Idle::Server(conn) => return Ok(Lease::new(self, conn, permit)),
             Idle::Open(opening) => opening,
             // Not given to a reserving checkout; opened as one would be, should it come.
             Idle::Nothing => self.open_beyond_room(),
         };
         let conn = Box::pin(self.connect(opening)).await?;
-        Ok(Lease {
-            conn: Some(conn),
-            _permit: permit,
-            pool: self.clone(),
-        })
+        Ok(Lease::new(self, conn, permit))
     }
 
     /// A server ready for a client: checked out (at once when one is idle, else waiting
@@ -272,18 +259,14 @@ impl Pool {
         if self.paused.load(Ordering::Relaxed) || !self.fence.may_open() {
             return None;
         }
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        let permit = self.permits.try_acquire()?;
         let Idle::Server(conn) = self.pop_idle(client, false) else {
             return None;
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         self.metrics.wait.observe_us(0);
         self.no_queue();
-        Some(Lease {
-            conn: Some(conn),
-            _permit: permit,
-            pool: self.clone(),
-        })
+        Some(Lease::new(self, conn, permit))
     }
 
     /// Opens a server in the room `opening` took.
@@ -384,7 +367,7 @@ impl Pool {
 
     /// Returns a healthy, idle (status `I`, nothing pending) server to the pool.
     pub fn checkin(&self, mut lease: Lease) {
-        let Some(mut conn) = lease.conn.take() else {
+        let Some(mut conn) = lease.take_conn() else {
             return;
         };
         conn.last_used = clock::now_ms();

@@ -5,18 +5,16 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
-
+use super::permits::Permit;
 use super::Pool;
 use crate::disposition::{decide, CloseReason, Disposition, ServerState};
 use crate::server::{ServerConn, ServerError};
 
 /// A checked-out server. Dropping it without [`Pool::checkin`] closes the connection (a
-/// broken or abandoned server is never reused) and frees the permit.
+/// broken or abandoned server is never reused); either way it gives its pool permit back.
 pub struct Lease {
-    pub(super) conn: Option<Box<ServerConn>>,
-    pub(super) _permit: OwnedSemaphorePermit,
-    pub(super) pool: Arc<Pool>,
+    conn: Option<Box<ServerConn>>,
+    pool: Arc<Pool>,
 }
 
 impl std::ops::Deref for Lease {
@@ -50,6 +48,20 @@ pub struct Leaving {
 }
 
 impl Lease {
+    /// `conn` for a client, holding `permit` of `pool`'s until dropped.
+    pub(super) fn new(pool: &Arc<Pool>, conn: Box<ServerConn>, permit: Permit<'_>) -> Lease {
+        permit.keep();
+        Lease {
+            conn: Some(conn),
+            pool: pool.clone(),
+        }
+    }
+
+    /// The server, taken for checkin (the permit stays until the lease drops).
+    pub(super) fn take_conn(&mut self) -> Option<Box<ServerConn>> {
+        self.conn.take()
+    }
+
     /// The pool the server belongs to (a replica's, when a transaction reads there).
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
@@ -121,5 +133,8 @@ impl Drop for Lease {
             tracing::debug!(pool = %self.pool.name, server = conn.id, "discarding server connection");
             tokio::spawn(conn.close());
         }
+        // After the connection is idle again (checkin), so the waiter handed the permit
+        // finds it.
+        self.pool.permits.release();
     }
 }

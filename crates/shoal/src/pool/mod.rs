@@ -17,6 +17,7 @@ mod failures;
 mod fence;
 mod idle;
 mod lease;
+mod permits;
 pub mod pg_fence;
 mod slow;
 mod upkeep;
@@ -25,14 +26,13 @@ pub use addons::{AddOns, Plug, PoolAddOns};
 pub use fence::{Fence, LeaseClock};
 use idle::IdleList;
 pub use lease::{Lease, Leaving};
+use permits::Permits;
 pub use slow::SlowQuery;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-
-use tokio::sync::Semaphore;
 
 use crate::clock;
 use crate::config::PoolSettings;
@@ -174,7 +174,7 @@ pub struct Pool {
     pub route_key: (String, String),
     pub settings: PoolSettings,
     pub upstream: Upstream,
-    permits: Arc<Semaphore>,
+    permits: Permits,
     /// Idle servers per shard (one list unless the per-core data plane runs): a server goes
     /// back to the shard whose runtime polls its socket, and checkouts look there first.
     idle: Box<[Mutex<IdleList>]>,
@@ -300,7 +300,7 @@ impl Pool {
             me: me.clone(),
             name,
             route_key,
-            permits: Arc::new(Semaphore::new(settings.size)),
+            permits: Permits::new(settings.size),
             size: AtomicUsize::new(settings.size),
             ended: std::sync::OnceLock::new(),
             client_fds: Default::default(),
@@ -516,7 +516,7 @@ impl Pool {
 
     /// Servers held by clients (or being opened for them) now.
     pub fn in_use(&self) -> usize {
-        self.size().saturating_sub(self.permits.available_permits())
+        self.size().saturating_sub(self.permits.available())
     }
 
     /// Servers idle in the pool now.

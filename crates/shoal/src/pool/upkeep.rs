@@ -50,7 +50,7 @@ impl Pool {
         while self.fence.may_open()
             && self.stats.servers.load(Ordering::Relaxed) < self.settings.min_size
         {
-            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let Some(permit) = self.permits.try_acquire() else {
                 break;
             };
             if !self.reserve_server() {
@@ -76,15 +76,9 @@ impl Pool {
     pub async fn resize(self: &Arc<Self>, new: usize) {
         let old = self.size.swap(new, Ordering::Relaxed);
         if new > old {
-            self.permits.add_permits(new - old);
+            self.permits.add(new - old);
         } else if new < old {
-            let permits = self.permits.clone();
-            let delta = (old - new) as u32;
-            tokio::spawn(async move {
-                if let Ok(p) = permits.acquire_many_owned(delta).await {
-                    p.forget();
-                }
-            });
+            self.permits.shrink(old - new);
             let surplus = self
                 .stats
                 .servers

@@ -1,0 +1,397 @@
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use proptest::prelude::*;
+
+use super::{Acquire, Closed, Permits};
+
+/// Counts its wake-ups.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// An acquire polled by hand, with a waker that counts.
+struct Waiting<'a> {
+    fut: Acquire<'a>,
+    woken: Arc<Count>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(permits: &'a Permits) -> Self {
+        Waiting {
+            fut: permits.acquire(),
+            woken: Arc::default(),
+        }
+    }
+
+    /// Polls once: `Some(true)` granted (the permit kept), `Some(false)` closed, `None` waiting.
+    fn poll(&mut self) -> Option<bool> {
+        let waker = Waker::from(self.woken.clone());
+        match Pin::new(&mut self.fut).poll(&mut Context::from_waker(&waker)) {
+            Poll::Ready(Ok(p)) => {
+                p.keep();
+                Some(true)
+            }
+            Poll::Ready(Err(Closed)) => Some(false),
+            Poll::Pending => None,
+        }
+    }
+
+    fn wakes(&self) -> usize {
+        self.woken.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn free_permits_are_taken_and_given_back_without_queueing() {
+    let p = Permits::new(2);
+    let a = p.try_acquire().expect("a free permit");
+    let b = p.try_acquire().expect("a second");
+    assert!(p.try_acquire().is_none());
+    assert_eq!(p.available(), 0);
+    drop(a);
+    assert_eq!(p.available(), 1);
+    b.keep();
+    p.release();
+    assert_eq!(p.available(), 2);
+}
+
+#[test]
+fn waiters_are_served_in_order_and_newcomers_cannot_jump_the_queue() {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    let mut w: Vec<_> = (0..3).map(|_| Waiting::new(&p)).collect();
+    for x in &mut w {
+        assert_eq!(x.poll(), None);
+    }
+    p.release();
+    assert_eq!(w[0].wakes(), 1, "the first waiter is woken");
+    assert_eq!(w[1].wakes() + w[2].wakes(), 0);
+    // The permit went to the first waiter, not back to the free count.
+    assert!(p.try_acquire().is_none());
+    assert_eq!(p.available(), 0);
+    // Polled out of order: only the first one has it.
+    assert_eq!(w[2].poll(), None);
+    assert_eq!(w[1].poll(), None);
+    assert_eq!(w[0].poll(), Some(true));
+    p.release();
+    assert_eq!(w[1].poll(), Some(true));
+    p.release();
+    assert_eq!(w[2].poll(), Some(true));
+    p.release();
+    assert_eq!(p.available(), 1);
+    assert!(
+        p.try_acquire().is_some(),
+        "no queue left: the fast path again"
+    );
+}
+
+#[test]
+fn a_waiter_that_leaves_the_queue_is_skipped() {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    let mut a = Waiting::new(&p);
+    let mut b = Waiting::new(&p);
+    assert_eq!(a.poll(), None);
+    assert_eq!(b.poll(), None);
+    drop(a);
+    p.release();
+    assert_eq!(b.wakes(), 1);
+    assert_eq!(b.poll(), Some(true));
+    p.release();
+    assert_eq!(p.available(), 1);
+}
+
+#[test]
+fn a_permit_given_to_a_waiter_that_left_goes_to_the_next() {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    let mut a = Waiting::new(&p);
+    let mut b = Waiting::new(&p);
+    assert_eq!(a.poll(), None);
+    assert_eq!(b.poll(), None);
+    p.release();
+    assert_eq!(a.wakes(), 1);
+    // `a` timed out before it saw its permit: it is passed on, not lost.
+    drop(a);
+    assert_eq!(b.wakes(), 1);
+    assert_eq!(b.poll(), Some(true));
+    p.release();
+    // And with nobody left to pass it to, it is free again.
+    let mut c = Waiting::new(&p);
+    p.try_acquire().unwrap().keep();
+    assert_eq!(c.poll(), None);
+    p.release();
+    drop(c);
+    assert_eq!(p.available(), 1);
+    assert!(p.try_acquire().is_some());
+}
+
+#[test]
+fn closing_ends_every_wait_and_refuses_later_ones() {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    let mut a = Waiting::new(&p);
+    assert_eq!(a.poll(), None);
+    p.close();
+    assert_eq!(a.wakes(), 1);
+    assert_eq!(a.poll(), Some(false));
+    assert_eq!(Waiting::new(&p).poll(), Some(false));
+    // A permit held when the pool closed is still given back without harm.
+    p.release();
+    assert!(p.try_acquire().is_none());
+    assert_eq!(Waiting::new(&p).poll(), Some(false));
+}
+
+#[test]
+fn a_shrink_takes_free_permits_at_once_and_the_rest_as_they_come_back() {
+    let p = Permits::new(3);
+    let held: Vec<_> = (0..2).map(|_| p.try_acquire().unwrap()).collect();
+    // From 3 to 1 with 2 held: the free one goes now, one more when given back.
+    p.shrink(2);
+    assert_eq!(p.available(), 0);
+    let mut w = Waiting::new(&p);
+    assert_eq!(w.poll(), None);
+    drop(held);
+    // The first permit back paid the shrink; the second went to the waiter.
+    assert_eq!(w.poll(), Some(true));
+    assert_eq!(p.available(), 0);
+    p.release();
+    assert_eq!(p.available(), 1);
+    assert!(p.try_acquire().is_some());
+}
+
+#[test]
+fn growing_pays_a_shrink_first_then_the_waiters_then_the_free_count() {
+    let p = Permits::new(2);
+    p.try_acquire().unwrap().keep();
+    p.try_acquire().unwrap().keep();
+    p.shrink(1);
+    let mut a = Waiting::new(&p);
+    let mut b = Waiting::new(&p);
+    assert_eq!(a.poll(), None);
+    assert_eq!(b.poll(), None);
+    p.add(4);
+    assert_eq!(a.poll(), Some(true));
+    assert_eq!(b.poll(), Some(true));
+    assert_eq!(p.available(), 1);
+}
+
+/// Many threads taking, giving back and abandoning waits: never more holders than permits,
+/// and every permit back at the end.
+#[test]
+fn permits_hold_under_contention_with_abandoned_waits() {
+    const PERMITS: usize = 3;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_time()
+        .build()
+        .unwrap();
+    let p = Arc::new(Permits::new(PERMITS));
+    let holding = Arc::new(AtomicUsize::new(0));
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (p, holding) = (p.clone(), holding.clone());
+                tokio::spawn(async move {
+                    for i in 0..2_000u32 {
+                        let permit = if (i + t) % 7 == 0 {
+                            // Abandoned now and then, granted or not.
+                            match crate::timer::timeout(
+                                std::time::Duration::from_micros(1),
+                                p.acquire(),
+                            )
+                            .await
+                            {
+                                Ok(r) => r.unwrap(),
+                                Err(_) => continue,
+                            }
+                        } else {
+                            p.acquire().await.unwrap()
+                        };
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
+                        tokio::task::yield_now().await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    assert_eq!(p.available(), PERMITS);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    TryAcquire,
+    Join,
+    Poll(usize),
+    Leave(usize),
+    Release,
+    Shrink(usize),
+    Add(usize),
+    Close,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => Just(Op::TryAcquire),
+        4 => Just(Op::Join),
+        3 => (0..8usize).prop_map(Op::Poll),
+        2 => (0..8usize).prop_map(Op::Leave),
+        4 => Just(Op::Release),
+        1 => (0..3usize).prop_map(Op::Shrink),
+        1 => (0..3usize).prop_map(Op::Add),
+        1 => Just(Op::Close),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Seen {
+    Queued,
+    Granted,
+    Closed,
+}
+
+/// A waiter the model follows: its future (gone once done with), what the model says of it,
+/// and the wake-ups it is owed.
+struct Followed<'a> {
+    w: Option<Waiting<'a>>,
+    seen: Seen,
+    wakes: usize,
+}
+
+/// What the permits should do, written as plainly as possible.
+#[derive(Default)]
+struct Model {
+    free: usize,
+    owed: usize,
+    closed: bool,
+    held: usize,
+    queue: VecDeque<usize>,
+}
+
+impl Model {
+    fn give_back(&mut self, waiters: &mut [Followed<'_>]) {
+        if self.owed > 0 {
+            self.owed -= 1;
+        } else if let Some(i) = self.queue.pop_front() {
+            waiters[i].seen = Seen::Granted;
+            waiters[i].wakes += 1;
+        } else {
+            self.free += 1;
+        }
+    }
+}
+
+proptest! {
+    /// Any sequence of takes, waits, abandoned waits, give-backs, shrinks, growths and a
+    /// close: the permits do what a plain FIFO model does, wake exactly the waiters the
+    /// model serves, and never lose or make up a permit.
+    #[test]
+    fn permits_follow_a_plain_fifo_model(start in 0..4usize, ops in proptest::collection::vec(op(), 0..80)) {
+        let p = Permits::new(start);
+        let mut m = Model { free: start, ..Model::default() };
+        let mut waiters: Vec<Followed<'_>> = Vec::new();
+        for op in ops {
+            match op {
+                Op::TryAcquire => {
+                    let can = !m.closed && m.queue.is_empty() && m.owed == 0 && m.free > 0;
+                    prop_assert_eq!(p.try_acquire().map(|x| x.keep()).is_some(), can);
+                    if can {
+                        m.free -= 1;
+                        m.held += 1;
+                    }
+                }
+                Op::Join => {
+                    let mut w = Waiting::new(&p);
+                    let got = w.poll();
+                    if m.closed {
+                        prop_assert_eq!(got, Some(false));
+                    } else if m.queue.is_empty() && m.owed == 0 && m.free > 0 {
+                        prop_assert_eq!(got, Some(true));
+                        m.free -= 1;
+                        m.held += 1;
+                    } else {
+                        prop_assert_eq!(got, None);
+                        m.queue.push_back(waiters.len());
+                        waiters.push(Followed { w: Some(w), seen: Seen::Queued, wakes: 0 });
+                    }
+                }
+                Op::Poll(i) => {
+                    let Some(f) = waiters.get_mut(i) else { continue };
+                    let Some(w) = f.w.as_mut() else { continue };
+                    let got = w.poll();
+                    match f.seen {
+                        Seen::Queued => prop_assert_eq!(got, None),
+                        Seen::Granted => {
+                            prop_assert_eq!(got, Some(true));
+                            m.held += 1;
+                        }
+                        Seen::Closed => prop_assert_eq!(got, Some(false)),
+                    }
+                    if got.is_some() {
+                        f.w = None;
+                    }
+                }
+                Op::Leave(i) => {
+                    let Some(f) = waiters.get_mut(i) else { continue };
+                    if f.w.take().is_none() {
+                        continue;
+                    }
+                    match f.seen {
+                        Seen::Queued => m.queue.retain(|&q| q != i),
+                        Seen::Granted => m.give_back(&mut waiters),
+                        Seen::Closed => {}
+                    }
+                }
+                Op::Release => {
+                    if m.held > 0 {
+                        m.held -= 1;
+                        p.release();
+                        m.give_back(&mut waiters);
+                    }
+                }
+                Op::Shrink(n) => {
+                    p.shrink(n);
+                    let take = m.free.min(n);
+                    m.free -= take;
+                    m.owed += n - take;
+                }
+                Op::Add(n) => {
+                    p.add(n);
+                    for _ in 0..n {
+                        m.give_back(&mut waiters);
+                    }
+                }
+                Op::Close => {
+                    p.close();
+                    m.closed = true;
+                    for i in m.queue.drain(..) {
+                        waiters[i].seen = Seen::Closed;
+                        waiters[i].wakes += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(p.available(), m.free);
+            for f in &waiters {
+                if let Some(w) = &f.w {
+                    prop_assert_eq!(w.wakes(), f.wakes);
+                }
+            }
+        }
+    }
+}
