@@ -372,11 +372,19 @@ async fn pool_wait_is_bounded_by_query_wait_timeout() {
     let app = app(&fake, "query_wait_timeout = 0.2");
     let pool = pool_of(&app);
     let _held = pool.checkout().await.unwrap();
-    let e = pool
-        .checkout()
+    let started = std::time::Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(10), pool.checkout())
         .await
+        .expect("the wait ends")
         .err()
         .expect("no server for the second");
+    // Not before the timeout; after it by at most a quarter of it (the upkeep's sweep), with
+    // room for a loaded machine.
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
     assert!(
         matches!(e, CheckoutError::WaitTimeout { size: 1, .. }),
         "{e}"

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::permits::Refused;
 use super::{
     pg_fence, CheckoutError, Idle, Lease, Opening, Pool, ServerInfo, ServerTracker, ServerWait,
     WaitCancel, Waiting,
@@ -49,21 +50,27 @@ impl Pool {
                 if Self::may_warn(&self.last_exhausted_warning, 10_000) {
                     tracing::warn!(pool = %self.name, size = self.size(), waiting, "pool exhausted: clients are waiting for a server");
                 }
-                let r =
-                    crate::timer::timeout(self.settings.wait_timeout, self.permits.acquire()).await;
+                let timeout = self.settings.wait_timeout;
+                // No timeout means no waiting (as a timer of zero would).
+                let r = if timeout.is_zero() {
+                    Err(Refused::TimedOut)
+                } else {
+                    let deadline = started.saturating_add(timeout.as_micros() as u64);
+                    self.permits.acquire(deadline).await
+                };
                 drop(counted);
                 let waited = clock::mono_us().saturating_sub(started);
                 self.stats.queue_delay_us.store(waited, Ordering::Relaxed);
                 match r {
-                    Err(_) => {
+                    Err(Refused::TimedOut) => {
                         return Err(CheckoutError::WaitTimeout {
                             pool: self.name.clone(),
-                            waited: self.settings.wait_timeout,
+                            waited: timeout,
                             size: self.size(),
                         })
                     }
-                    Ok(Err(_)) => return Err(CheckoutError::Closed(self.name.clone())),
-                    Ok(Ok(p)) => {
+                    Err(Refused::Closed) => return Err(CheckoutError::Closed(self.name.clone())),
+                    Ok(p) => {
                         self.stats.wait_micros.fetch_add(waited, Ordering::Relaxed);
                         self.metrics.wait.observe_us(waited);
                         p

@@ -9,6 +9,11 @@
 //! the permits are closed; a release then hands its permit straight to the first waiter, so a
 //! client arriving meanwhile cannot take it ahead of the queue. (~350 instructions less per
 //! transaction that waits: docs/benchmark-notes.md, "the wait for a server".)
+//!
+//! A waiter's deadline lives in the queue too: [`Permits::expire`], called by the pool's
+//! upkeep on a tick, ends the waits past theirs. A timer per wait, set and dropped again in
+//! nearly every wait (the server comes first), cost ~300 instructions a wait; the price is
+//! that a wait ends up to one tick after its deadline.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -47,14 +52,24 @@ struct Queue {
 
 enum Waiter {
     Vacant,
-    Queued(Waker),
+    /// Waiting; `deadline` in [`crate::clock::mono_us`] microseconds.
+    Queued {
+        waker: Waker,
+        deadline: u64,
+    },
     Granted,
+    TimedOut,
     Closed,
 }
 
-/// The permits were closed (the pool ended).
+/// Why an acquire ended without a permit.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Closed;
+pub(super) enum Refused {
+    /// Its deadline passed first (see [`Permits::expire`]).
+    TimedOut,
+    /// The permits were closed (the pool ended).
+    Closed,
+}
 
 /// A permit taken; given back when dropped, unless [`Permit::keep`] hands it to its holder.
 #[must_use]
@@ -103,13 +118,42 @@ impl Permits {
         }
     }
 
-    /// Waits in line for a permit. Dropping the future leaves the line (or passes on a
-    /// permit it was given and did not see).
-    pub(super) fn acquire(&self) -> Acquire<'_> {
+    /// Waits in line for a permit until `deadline` ([`crate::clock::mono_us`]; enforced by
+    /// [`Permits::expire`]). Dropping the future leaves the line (or passes on a permit it
+    /// was given and did not see).
+    pub(super) fn acquire(&self, deadline: u64) -> Acquire<'_> {
         Acquire {
             permits: self,
+            deadline,
             slot: None,
         }
+    }
+
+    /// Ends the waits whose deadline is before `now`: they are told [`Refused::TimedOut`].
+    /// Waiters queue in arrival order with deadlines a fixed time after, so only the front
+    /// of the queue is looked at. Nobody queueing, this is one atomic load.
+    pub(super) fn expire(&self, now: u64) {
+        if self.state.load(Ordering::Acquire) & SLOW == 0 {
+            return;
+        }
+        let mut wakers = Vec::new();
+        {
+            let mut q = self.lock();
+            while let Some(&slot) = q.order.front() {
+                match &q.slots[slot] {
+                    Waiter::Queued { deadline, .. } if *deadline < now => {}
+                    _ => break,
+                }
+                q.order.pop_front();
+                if let Waiter::Queued { waker, .. } =
+                    std::mem::replace(&mut q.slots[slot], Waiter::TimedOut)
+                {
+                    wakers.push(waker);
+                }
+            }
+            self.settle(&q);
+        }
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     /// Gives a permit back: to the first waiter, to a shrink that is owed one, or free.
@@ -159,8 +203,8 @@ impl Permits {
         self.settle(&q);
     }
 
-    /// No more permits for anyone: waiters are told [`Closed`] at once, and so is every
-    /// later acquire. Permits held now are given back as usual.
+    /// No more permits for anyone: waiters are told [`Refused::Closed`] at once, and so is
+    /// every later acquire. Permits held now are given back as usual.
     pub(super) fn close(&self) {
         let mut wakers = Vec::new();
         {
@@ -168,8 +212,10 @@ impl Permits {
             q.closed = true;
             self.state.fetch_or(SLOW, Ordering::AcqRel);
             while let Some(slot) = q.order.pop_front() {
-                if let Waiter::Queued(w) = std::mem::replace(&mut q.slots[slot], Waiter::Closed) {
-                    wakers.push(w);
+                if let Waiter::Queued { waker, .. } =
+                    std::mem::replace(&mut q.slots[slot], Waiter::Closed)
+                {
+                    wakers.push(waker);
                 }
             }
         }
@@ -187,8 +233,10 @@ impl Permits {
         if q.owed > 0 {
             q.owed -= 1;
         } else if let Some(slot) = q.order.pop_front() {
-            if let Waiter::Queued(w) = std::mem::replace(&mut q.slots[slot], Waiter::Granted) {
-                woken = Some(w);
+            if let Waiter::Queued { waker, .. } =
+                std::mem::replace(&mut q.slots[slot], Waiter::Granted)
+            {
+                woken = Some(waker);
             }
         } else {
             self.state.fetch_add(ONE, Ordering::AcqRel);
@@ -208,12 +256,13 @@ impl Permits {
 /// The future of [`Permits::acquire`].
 pub(super) struct Acquire<'a> {
     permits: &'a Permits,
+    deadline: u64,
     /// Its place in the queue, once it queues.
     slot: Option<usize>,
 }
 
 impl<'a> Future for Acquire<'a> {
-    type Output = Result<Permit<'a>, Closed>;
+    type Output = Result<Permit<'a>, Refused>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let permits = self.permits;
@@ -221,25 +270,26 @@ impl<'a> Future for Acquire<'a> {
             if let Some(p) = permits.try_acquire() {
                 return Poll::Ready(Ok(p));
             }
-            return match permits.join(&mut permits.lock(), cx.waker()) {
+            return match permits.join(&mut permits.lock(), cx.waker(), self.deadline) {
                 Ok(None) => Poll::Ready(Ok(Permit(permits))),
                 Ok(Some(slot)) => {
                     self.slot = Some(slot);
                     Poll::Pending
                 }
-                Err(Closed) => Poll::Ready(Err(Closed)),
+                Err(refused) => Poll::Ready(Err(refused)),
             };
         };
         let mut q = permits.lock();
         let outcome = match &mut q.slots[slot] {
-            Waiter::Queued(w) => {
-                if !w.will_wake(cx.waker()) {
-                    w.clone_from(cx.waker());
+            Waiter::Queued { waker, .. } => {
+                if !waker.will_wake(cx.waker()) {
+                    waker.clone_from(cx.waker());
                 }
                 return Poll::Pending;
             }
             Waiter::Granted => Ok(Permit(permits)),
-            Waiter::Closed => Err(Closed),
+            Waiter::TimedOut => Err(Refused::TimedOut),
+            Waiter::Closed => Err(Refused::Closed),
             Waiter::Vacant => unreachable!("a waiter's slot is vacated only by the waiter"),
         };
         q.vacate(slot);
@@ -252,9 +302,9 @@ impl<'a> Future for Acquire<'a> {
 impl Permits {
     /// The first poll of an acquire, under the lock: a free permit if nobody queues, else a
     /// place at the end of the queue.
-    fn join(&self, q: &mut Queue, waker: &Waker) -> Result<Option<usize>, Closed> {
+    fn join(&self, q: &mut Queue, waker: &Waker, deadline: u64) -> Result<Option<usize>, Refused> {
         if q.closed {
-            return Err(Closed);
+            return Err(Refused::Closed);
         }
         if q.order.is_empty() {
             // Nobody queues, so `SLOW` is clear (or set only for a debt, with no free
@@ -277,7 +327,10 @@ impl Permits {
                 }
             }
         }
-        let entry = Waiter::Queued(waker.clone());
+        let entry = Waiter::Queued {
+            waker: waker.clone(),
+            deadline,
+        };
         let slot = match q.free.pop() {
             Some(slot) => {
                 q.slots[slot] = entry;
@@ -308,7 +361,7 @@ impl Drop for Acquire<'_> {
         let permits = self.permits;
         let mut q = permits.lock();
         let waker = match q.slots[slot] {
-            Waiter::Queued(_) => {
+            Waiter::Queued { .. } => {
                 if let Some(i) = q.order.iter().position(|&s| s == slot) {
                     q.order.remove(i);
                 }
@@ -321,7 +374,7 @@ impl Drop for Acquire<'_> {
                 q.vacate(slot);
                 permits.release_locked(&mut q)
             }
-            Waiter::Closed | Waiter::Vacant => {
+            Waiter::TimedOut | Waiter::Closed | Waiter::Vacant => {
                 q.vacate(slot);
                 None
             }

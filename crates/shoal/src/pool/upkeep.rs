@@ -122,22 +122,56 @@ impl Pool {
     }
 }
 
-/// The reaper: one task per pool on a coarse one-second tick; it ends with the pool. Every
-/// `stats_period` seconds it also logs the pool's counters.
+/// The reaper: one task per pool; it ends with the pool. Every tick it ends the waits past
+/// `query_wait_timeout` (see `Permits::expire`); every second it closes servers idle too long
+/// or past their lifetime and keeps `min_pool_size` warm, waits still ending meanwhile (a
+/// connect can take seconds); every `stats_period` seconds it logs the pool's counters.
 pub(super) async fn reap(pool: Weak<Pool>) {
-    let mut tick = crate::timer::interval(Duration::from_secs(1));
-    let mut seconds = 0u64;
+    let Some(period) = pool
+        .upgrade()
+        .map(|p| sweep_period(p.settings.wait_timeout))
+    else {
+        return;
+    };
+    let per_second = (Duration::from_secs(1).as_micros() / period.as_micros()).max(1) as u64;
+    let mut tick = crate::timer::interval(period);
+    let (mut ticks, mut seconds) = (0u64, 0u64);
     let mut last = StatsSnapshot::default();
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        pool.maintain().await;
+        pool.permits.expire(clock::mono_us());
+        ticks += 1;
+        if (ticks - 1) % per_second != 0 {
+            continue;
+        }
+        let sweeping = async {
+            loop {
+                tick.tick().await;
+                pool.permits.expire(clock::mono_us());
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = pool.maintain() => {}
+            _ = sweeping => {}
+        }
         seconds += 1;
         let period = pool.settings.stats_period.max(1);
         if seconds.is_multiple_of(period) {
             last = pool.log_stats(last, period);
         }
     }
+}
+
+/// How often waits are checked against `query_wait_timeout`: a quarter of it, so a wait ends
+/// at most a quarter late, within 10 ms and one second.
+fn sweep_period(wait_timeout: Duration) -> Duration {
+    if wait_timeout.is_zero() {
+        // Nobody waits (see `Pool::checkout_for`).
+        return Duration::from_secs(1);
+    }
+    (wait_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Cumulative counters at the last stats log line.

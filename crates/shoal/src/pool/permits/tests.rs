@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use proptest::prelude::*;
 
-use super::{Acquire, Closed, Permits};
+use super::{Acquire, Permits, Refused};
 
 /// Counts its wake-ups.
 #[derive(Default)]
@@ -27,23 +27,31 @@ struct Waiting<'a> {
 
 impl<'a> Waiting<'a> {
     fn new(permits: &'a Permits) -> Self {
+        Self::until(permits, u64::MAX)
+    }
+
+    fn until(permits: &'a Permits, deadline: u64) -> Self {
         Waiting {
-            fut: permits.acquire(),
+            fut: permits.acquire(deadline),
             woken: Arc::default(),
         }
     }
 
     /// Polls once: `Some(true)` granted (the permit kept), `Some(false)` closed, `None` waiting.
     fn poll(&mut self) -> Option<bool> {
-        let waker = Waker::from(self.woken.clone());
-        match Pin::new(&mut self.fut).poll(&mut Context::from_waker(&waker)) {
-            Poll::Ready(Ok(p)) => {
-                p.keep();
-                Some(true)
-            }
-            Poll::Ready(Err(Closed)) => Some(false),
+        match self.outcome() {
+            Poll::Ready(Ok(())) => Some(true),
+            Poll::Ready(Err(Refused::Closed)) => Some(false),
+            Poll::Ready(Err(Refused::TimedOut)) => panic!("timed out"),
             Poll::Pending => None,
         }
+    }
+
+    fn outcome(&mut self) -> Poll<Result<(), Refused>> {
+        let waker = Waker::from(self.woken.clone());
+        Pin::new(&mut self.fut)
+            .poll(&mut Context::from_waker(&waker))
+            .map_ok(|p| p.keep())
     }
 
     fn wakes(&self) -> usize {
@@ -153,6 +161,38 @@ fn closing_ends_every_wait_and_refuses_later_ones() {
 }
 
 #[test]
+fn expiry_ends_the_waits_past_their_deadline_first_in_line_first() {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    // Nobody waits: nothing to do.
+    p.expire(u64::MAX);
+    assert_eq!(p.available(), 0);
+    let mut a = Waiting::until(&p, 100);
+    let mut b = Waiting::until(&p, 200);
+    let mut c = Waiting::until(&p, 300);
+    for w in [&mut a, &mut b, &mut c] {
+        assert_eq!(w.poll(), None);
+    }
+    p.expire(100);
+    assert_eq!(a.wakes(), 0, "a deadline not yet past");
+    p.expire(250);
+    assert_eq!((a.wakes(), b.wakes(), c.wakes()), (1, 1, 0));
+    assert_eq!(a.outcome(), Poll::Ready(Err(Refused::TimedOut)));
+    assert_eq!(b.outcome(), Poll::Ready(Err(Refused::TimedOut)));
+    // The permit given back goes to the one still in line, not to those that gave up.
+    p.release();
+    assert_eq!(c.wakes(), 1);
+    assert_eq!(c.poll(), Some(true));
+    p.release();
+    p.expire(u64::MAX);
+    assert_eq!(p.available(), 1);
+    assert!(
+        p.try_acquire().is_some(),
+        "no queue left: the fast path again"
+    );
+}
+
+#[test]
 fn a_shrink_takes_free_permits_at_once_and_the_rest_as_they_come_back() {
     let p = Permits::new(3);
     let held: Vec<_> = (0..2).map(|_| p.try_acquire().unwrap()).collect();
@@ -198,6 +238,16 @@ fn permits_hold_under_contention_with_abandoned_waits() {
         .unwrap();
     let p = Arc::new(Permits::new(PERMITS));
     let holding = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let sweeper = {
+        let (p, done) = (p.clone(), done.clone());
+        std::thread::spawn(move || {
+            while done.load(Ordering::SeqCst) == 0 {
+                p.expire(crate::clock::mono_us());
+                std::thread::yield_now();
+            }
+        })
+    };
     rt.block_on(async {
         let tasks: Vec<_> = (0..8)
             .map(|t| {
@@ -208,15 +258,22 @@ fn permits_hold_under_contention_with_abandoned_waits() {
                             // Abandoned now and then, granted or not.
                             match crate::timer::timeout(
                                 std::time::Duration::from_micros(1),
-                                p.acquire(),
+                                p.acquire(u64::MAX),
                             )
                             .await
                             {
                                 Ok(r) => r.unwrap(),
                                 Err(_) => continue,
                             }
+                        } else if i % 5 == 0 {
+                            // Given up on by the sweep, now and then.
+                            match p.acquire(crate::clock::mono_us()).await {
+                                Ok(permit) => permit,
+                                Err(Refused::TimedOut) => continue,
+                                Err(Refused::Closed) => unreachable!("never closed"),
+                            }
                         } else {
-                            p.acquire().await.unwrap()
+                            p.acquire(u64::MAX).await.unwrap()
                         };
                         let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                         assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
@@ -231,6 +288,8 @@ fn permits_hold_under_contention_with_abandoned_waits() {
             t.await.unwrap();
         }
     });
+    done.store(1, Ordering::SeqCst);
+    sweeper.join().unwrap();
     assert_eq!(p.available(), PERMITS);
 }
 
@@ -244,6 +303,9 @@ enum Op {
     Shrink(usize),
     Add(usize),
     Close,
+    /// Expire the waits with a deadline before this (a waiter's deadline is its join's
+    /// number).
+    Expire(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -256,6 +318,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3usize).prop_map(Op::Shrink),
         1 => (0..3usize).prop_map(Op::Add),
         1 => Just(Op::Close),
+        1 => (0..40usize).prop_map(Op::Expire),
     ]
 }
 
@@ -264,12 +327,14 @@ enum Seen {
     Queued,
     Granted,
     Closed,
+    TimedOut,
 }
 
 /// A waiter the model follows: its future (gone once done with), what the model says of it,
 /// and the wake-ups it is owed.
 struct Followed<'a> {
     w: Option<Waiting<'a>>,
+    joined: u64,
     seen: Seen,
     wakes: usize,
 }
@@ -306,6 +371,7 @@ proptest! {
         let p = Permits::new(start);
         let mut m = Model { free: start, ..Model::default() };
         let mut waiters: Vec<Followed<'_>> = Vec::new();
+        let mut joins = 0u64;
         for op in ops {
             match op {
                 Op::TryAcquire => {
@@ -317,7 +383,8 @@ proptest! {
                     }
                 }
                 Op::Join => {
-                    let mut w = Waiting::new(&p);
+                    let mut w = Waiting::until(&p, joins);
+                    joins += 1;
                     let got = w.poll();
                     if m.closed {
                         prop_assert_eq!(got, Some(false));
@@ -328,22 +395,25 @@ proptest! {
                     } else {
                         prop_assert_eq!(got, None);
                         m.queue.push_back(waiters.len());
-                        waiters.push(Followed { w: Some(w), seen: Seen::Queued, wakes: 0 });
+                        waiters.push(Followed { w: Some(w), joined: joins - 1, seen: Seen::Queued, wakes: 0 });
                     }
                 }
                 Op::Poll(i) => {
                     let Some(f) = waiters.get_mut(i) else { continue };
                     let Some(w) = f.w.as_mut() else { continue };
-                    let got = w.poll();
+                    let got = w.outcome();
                     match f.seen {
-                        Seen::Queued => prop_assert_eq!(got, None),
+                        Seen::Queued => prop_assert_eq!(&got, &Poll::Pending),
                         Seen::Granted => {
-                            prop_assert_eq!(got, Some(true));
+                            prop_assert_eq!(&got, &Poll::Ready(Ok(())));
                             m.held += 1;
                         }
-                        Seen::Closed => prop_assert_eq!(got, Some(false)),
+                        Seen::Closed => prop_assert_eq!(&got, &Poll::Ready(Err(Refused::Closed))),
+                        Seen::TimedOut => {
+                            prop_assert_eq!(&got, &Poll::Ready(Err(Refused::TimedOut)))
+                        }
                     }
-                    if got.is_some() {
+                    if got.is_ready() {
                         f.w = None;
                     }
                 }
@@ -355,7 +425,7 @@ proptest! {
                     match f.seen {
                         Seen::Queued => m.queue.retain(|&q| q != i),
                         Seen::Granted => m.give_back(&mut waiters),
-                        Seen::Closed => {}
+                        Seen::Closed | Seen::TimedOut => {}
                     }
                 }
                 Op::Release => {
@@ -375,6 +445,18 @@ proptest! {
                     p.add(n);
                     for _ in 0..n {
                         m.give_back(&mut waiters);
+                    }
+                }
+                Op::Expire(now) => {
+                    p.expire(now as u64);
+                    // Joins are numbered in queue order, so the front is the oldest.
+                    while let Some(&i) = m.queue.front() {
+                        if waiters[i].joined >= now as u64 {
+                            break;
+                        }
+                        m.queue.pop_front();
+                        waiters[i].seen = Seen::TimedOut;
+                        waiters[i].wakes += 1;
                     }
                 }
                 Op::Close => {
