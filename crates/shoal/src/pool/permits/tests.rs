@@ -59,6 +59,13 @@ impl<'a> Waiting<'a> {
     }
 }
 
+/// One permit, held (its holder gives it back with `release`): whoever comes next waits.
+fn taken_pool_of_one() -> Permits {
+    let p = Permits::new(1);
+    p.try_acquire().unwrap().keep();
+    p
+}
+
 #[test]
 fn free_permits_are_taken_and_given_back_without_queueing() {
     let p = Permits::new(2);
@@ -75,8 +82,7 @@ fn free_permits_are_taken_and_given_back_without_queueing() {
 
 #[test]
 fn waiters_are_served_in_order_and_newcomers_cannot_jump_the_queue() {
-    let p = Permits::new(1);
-    p.try_acquire().unwrap().keep();
+    let p = taken_pool_of_one();
     let mut w: Vec<_> = (0..3).map(|_| Waiting::new(&p)).collect();
     for x in &mut w {
         assert_eq!(x.poll(), None);
@@ -105,8 +111,7 @@ fn waiters_are_served_in_order_and_newcomers_cannot_jump_the_queue() {
 
 #[test]
 fn a_waiter_that_leaves_the_queue_is_skipped() {
-    let p = Permits::new(1);
-    p.try_acquire().unwrap().keep();
+    let p = taken_pool_of_one();
     let mut a = Waiting::new(&p);
     let mut b = Waiting::new(&p);
     assert_eq!(a.poll(), None);
@@ -121,8 +126,7 @@ fn a_waiter_that_leaves_the_queue_is_skipped() {
 
 #[test]
 fn a_permit_given_to_a_waiter_that_left_goes_to_the_next() {
-    let p = Permits::new(1);
-    p.try_acquire().unwrap().keep();
+    let p = taken_pool_of_one();
     let mut a = Waiting::new(&p);
     let mut b = Waiting::new(&p);
     assert_eq!(a.poll(), None);
@@ -146,8 +150,7 @@ fn a_permit_given_to_a_waiter_that_left_goes_to_the_next() {
 
 #[test]
 fn closing_ends_every_wait_and_refuses_later_ones() {
-    let p = Permits::new(1);
-    p.try_acquire().unwrap().keep();
+    let p = taken_pool_of_one();
     let mut a = Waiting::new(&p);
     assert_eq!(a.poll(), None);
     p.close();
@@ -162,8 +165,7 @@ fn closing_ends_every_wait_and_refuses_later_ones() {
 
 #[test]
 fn expiry_ends_the_waits_past_their_deadline_first_in_line_first() {
-    let p = Permits::new(1);
-    p.try_acquire().unwrap().keep();
+    let p = taken_pool_of_one();
     // Nobody waits: nothing to do.
     p.expire(u64::MAX);
     assert_eq!(p.available(), 0);
