@@ -93,11 +93,36 @@ fn pg_command(program: &Path) -> Command {
     }
 }
 
+/// A port free now, for a process under test to listen on, chosen below the kernel's
+/// ephemeral range. A port from that range, once released here, can be handed straight back
+/// to a `bind(…:0)` of the process under test (a Shoal listening on port 0 for SQL once took
+/// the realtime port a test had picked) or become the local end of an outgoing connection.
+/// Below the range only this function hands ports out, each once per test process.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const LOWEST: usize = 12_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<usize>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOWEST);
+    if span < 1_000 {
+        return TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+    }
+    // Test processes of one run start from different places, so two of them running at
+    // once rarely try the same ports; within a process the counter never repeats one.
+    let start = std::process::id() as usize * 7_919;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOWEST + (start + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range from {LOWEST}");
 }
 
 static CLUSTERS: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
