@@ -31,8 +31,13 @@ impl<'a> Waiting<'a> {
     }
 
     fn until(permits: &'a Permits, deadline: u64) -> Self {
+        Self::on(permits, deadline, 0)
+    }
+
+    /// Waits in `shard`'s line.
+    fn on(permits: &'a Permits, deadline: u64, shard: usize) -> Self {
         Waiting {
-            fut: permits.acquire(deadline),
+            fut: permits.acquire_on(deadline, shard),
             woken: Arc::default(),
         }
     }
@@ -195,6 +200,60 @@ fn expiry_ends_the_waits_past_their_deadline_first_in_line_first() {
 }
 
 #[test]
+fn a_permit_given_back_on_a_shard_goes_to_its_own_waiter_if_it_came_soon_enough() {
+    // Half of those waiting may have joined between the first anywhere and a shard's own.
+    let p = Permits::with_share(1, 2);
+    p.try_acquire().unwrap().keep();
+    let mut a = Waiting::on(&p, 100, 0);
+    let mut b = Waiting::on(&p, 101, 1);
+    let mut c = Waiting::on(&p, 102, 1);
+    for w in [&mut a, &mut b, &mut c] {
+        assert_eq!(w.poll(), None);
+    }
+    // Given back on shard 1: its first waiter came right after `a` (1 <= 3 / 2).
+    p.release_on(1);
+    assert_eq!((a.wakes(), b.wakes(), c.wakes()), (0, 1, 0));
+    assert_eq!(b.poll(), Some(true));
+    // On a shard nobody waits on: the first anywhere.
+    p.release_on(2);
+    assert_eq!((a.wakes(), c.wakes()), (1, 0));
+    assert_eq!(a.poll(), Some(true));
+    p.release_on(0);
+    assert_eq!(c.poll(), Some(true));
+    p.release_on(1);
+    assert_eq!(p.available(), 1);
+}
+
+#[test]
+fn an_older_waiter_elsewhere_is_served_first_when_too_many_came_between() {
+    let p = Permits::with_share(1, 2);
+    p.try_acquire().unwrap().keep();
+    let mut a = Waiting::on(&p, 100, 0);
+    let mut x = Waiting::on(&p, 101, 0);
+    let mut b = Waiting::on(&p, 111, 1);
+    for w in [&mut a, &mut x, &mut b] {
+        assert_eq!(w.poll(), None);
+    }
+    p.release_on(1);
+    assert_eq!(
+        (a.wakes(), b.wakes()),
+        (1, 0),
+        "two came before b: more than 3 / 2"
+    );
+    assert_eq!(a.poll(), Some(true));
+    drop(x);
+    // Growing the pool is no shard's give-back: first come, first served.
+    let mut c = Waiting::on(&p, 112, 0);
+    assert_eq!(c.poll(), None);
+    p.add(1);
+    assert_eq!((b.wakes(), c.wakes()), (1, 0));
+    assert_eq!(b.poll(), Some(true));
+    // Expiry looks at every line.
+    p.expire(200);
+    assert_eq!(c.outcome(), Poll::Ready(Err(Refused::TimedOut)));
+}
+
+#[test]
 fn a_shrink_takes_free_permits_at_once_and_the_rest_as_they_come_back() {
     let p = Permits::new(3);
     let held: Vec<_> = (0..2).map(|_| p.try_acquire().unwrap()).collect();
@@ -298,10 +357,12 @@ fn permits_hold_under_contention_with_abandoned_waits() {
 #[derive(Debug, Clone)]
 enum Op {
     TryAcquire,
-    Join,
+    /// Queue on this shard.
+    Join(usize),
     Poll(usize),
     Leave(usize),
-    Release,
+    /// Give back on this shard.
+    Release(usize),
     Shrink(usize),
     Add(usize),
     Close,
@@ -313,10 +374,10 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => Just(Op::TryAcquire),
-        4 => Just(Op::Join),
+        4 => (0..3usize).prop_map(Op::Join),
         3 => (0..8usize).prop_map(Op::Poll),
         2 => (0..8usize).prop_map(Op::Leave),
-        4 => Just(Op::Release),
+        4 => (0..3usize).prop_map(Op::Release),
         1 => (0..3usize).prop_map(Op::Shrink),
         1 => (0..3usize).prop_map(Op::Add),
         1 => Just(Op::Close),
@@ -337,6 +398,8 @@ enum Seen {
 struct Followed<'a> {
     w: Option<Waiting<'a>>,
     joined: u64,
+    ticket: u64,
+    shard: usize,
     seen: Seen,
     wakes: usize,
 }
@@ -344,18 +407,33 @@ struct Followed<'a> {
 /// What the permits should do, written as plainly as possible.
 #[derive(Default)]
 struct Model {
+    /// Waiters queued so far (a waiter's ticket is their count when it queued).
+    tickets: u64,
     free: usize,
     owed: usize,
     closed: bool,
     held: usize,
+    /// Every queued waiter, in order of arrival.
     queue: VecDeque<usize>,
+    share: usize,
 }
 
 impl Model {
-    fn give_back(&mut self, waiters: &mut [Followed<'_>]) {
+    /// A permit given back on `shard` (`None`: by no client): to the first waiter of that
+    /// shard if at most a `share`th of those waiting queued between it and the first of
+    /// all, else to the first of all.
+    fn give_back(&mut self, shard: Option<usize>, waiters: &mut [Followed<'_>]) {
+        let first = self.queue.front().map(|&i| waiters[i].ticket);
+        let local = shard.and_then(|s| self.queue.iter().position(|&i| waiters[i].shard == s));
+        let window = (self.queue.len() / self.share) as u64;
+        let pick = match (first, local) {
+            (Some(f), Some(at)) if waiters[self.queue[at]].ticket - f <= window => Some(at),
+            (Some(_), _) => Some(0),
+            (None, _) => None,
+        };
         if self.owed > 0 {
             self.owed -= 1;
-        } else if let Some(i) = self.queue.pop_front() {
+        } else if let Some(i) = pick.and_then(|at| self.queue.remove(at)) {
             waiters[i].seen = Seen::Granted;
             waiters[i].wakes += 1;
         } else {
@@ -369,9 +447,13 @@ proptest! {
     /// close: the permits do what a plain FIFO model does, wake exactly the waiters the
     /// model serves, and never lose or make up a permit.
     #[test]
-    fn permits_follow_a_plain_fifo_model(start in 0..4usize, ops in proptest::collection::vec(op(), 0..80)) {
-        let p = Permits::new(start);
-        let mut m = Model { free: start, ..Model::default() };
+    fn permits_follow_a_plain_model(
+        start in 0..4usize,
+        share in 1..5usize,
+        ops in proptest::collection::vec(op(), 0..80),
+    ) {
+        let p = Permits::with_share(start, share);
+        let mut m = Model { free: start, share, ..Model::default() };
         let mut waiters: Vec<Followed<'_>> = Vec::new();
         let mut joins = 0u64;
         for op in ops {
@@ -384,8 +466,8 @@ proptest! {
                         m.held += 1;
                     }
                 }
-                Op::Join => {
-                    let mut w = Waiting::until(&p, joins);
+                Op::Join(shard) => {
+                    let mut w = Waiting::on(&p, joins, shard);
                     joins += 1;
                     let got = w.poll();
                     if m.closed {
@@ -397,7 +479,15 @@ proptest! {
                     } else {
                         prop_assert_eq!(got, None);
                         m.queue.push_back(waiters.len());
-                        waiters.push(Followed { w: Some(w), joined: joins - 1, seen: Seen::Queued, wakes: 0 });
+                        m.tickets += 1;
+                        waiters.push(Followed {
+                            w: Some(w),
+                            joined: joins - 1,
+                            ticket: m.tickets,
+                            shard,
+                            seen: Seen::Queued,
+                            wakes: 0,
+                        });
                     }
                 }
                 Op::Poll(i) => {
@@ -426,15 +516,19 @@ proptest! {
                     }
                     match f.seen {
                         Seen::Queued => m.queue.retain(|&q| q != i),
-                        Seen::Granted => m.give_back(&mut waiters),
+                        // Passed on as if given back where the waiter was.
+                        Seen::Granted => {
+                            let shard = waiters[i].shard;
+                            m.give_back(Some(shard), &mut waiters)
+                        }
                         Seen::Closed | Seen::TimedOut => {}
                     }
                 }
-                Op::Release => {
+                Op::Release(shard) => {
                     if m.held > 0 {
                         m.held -= 1;
-                        p.release();
-                        m.give_back(&mut waiters);
+                        p.release_on(shard);
+                        m.give_back(Some(shard), &mut waiters);
                     }
                 }
                 Op::Shrink(n) => {
@@ -446,20 +540,19 @@ proptest! {
                 Op::Add(n) => {
                     p.add(n);
                     for _ in 0..n {
-                        m.give_back(&mut waiters);
+                        m.give_back(None, &mut waiters);
                     }
                 }
                 Op::Expire(now) => {
                     p.expire(now as u64);
-                    // Joins are numbered in queue order, so the front is the oldest.
-                    while let Some(&i) = m.queue.front() {
-                        if waiters[i].joined >= now as u64 {
-                            break;
+                    // A waiter's deadline is its join's number.
+                    for &i in &m.queue {
+                        if waiters[i].joined < now as u64 {
+                            waiters[i].seen = Seen::TimedOut;
+                            waiters[i].wakes += 1;
                         }
-                        m.queue.pop_front();
-                        waiters[i].seen = Seen::TimedOut;
-                        waiters[i].wakes += 1;
                     }
+                    m.queue.retain(|&i| waiters[i].joined >= now as u64);
                 }
                 Op::Close => {
                     p.close();
