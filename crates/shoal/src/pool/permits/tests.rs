@@ -287,17 +287,18 @@ fn growing_pays_a_shrink_first_then_the_waiters_then_the_free_count() {
     assert_eq!(p.available(), 1);
 }
 
-/// Many threads taking, giving back and abandoning waits: never more holders than permits,
-/// and every permit back at the end.
+/// Many threads taking, giving back and abandoning waits, in three shards' lines and giving
+/// back on any of them: never more holders than permits, and every permit back at the end.
 #[test]
 fn permits_hold_under_contention_with_abandoned_waits() {
     const PERMITS: usize = 3;
+    const SHARDS: usize = 3;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_time()
         .build()
         .unwrap();
-    let p = Arc::new(Permits::new(PERMITS));
+    let p = Arc::new(Permits::with_share(PERMITS, 2));
     let holding = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let sweeper = {
@@ -314,12 +315,13 @@ fn permits_hold_under_contention_with_abandoned_waits() {
             .map(|t| {
                 let (p, holding) = (p.clone(), holding.clone());
                 tokio::spawn(async move {
+                    let line = t as usize % SHARDS;
                     for i in 0..2_000u32 {
                         let permit = if (i + t) % 7 == 0 {
                             // Abandoned now and then, granted or not.
                             match crate::timer::timeout(
                                 std::time::Duration::from_micros(1),
-                                p.acquire(u64::MAX),
+                                p.acquire_on(u64::MAX, line),
                             )
                             .await
                             {
@@ -328,19 +330,20 @@ fn permits_hold_under_contention_with_abandoned_waits() {
                             }
                         } else if i % 5 == 0 {
                             // Given up on by the sweep, now and then.
-                            match p.acquire(crate::clock::mono_us()).await {
+                            match p.acquire_on(crate::clock::mono_us(), line).await {
                                 Ok(permit) => permit,
                                 Err(Refused::TimedOut) => continue,
                                 Err(Refused::Closed) => unreachable!("never closed"),
                             }
                         } else {
-                            p.acquire(u64::MAX).await.unwrap()
+                            p.acquire_on(u64::MAX, line).await.unwrap()
                         };
                         let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                         assert!(now <= PERMITS, "{now} holders of {PERMITS} permits");
                         tokio::task::yield_now().await;
                         holding.fetch_sub(1, Ordering::SeqCst);
-                        drop(permit);
+                        permit.keep();
+                        p.release_on((t + i) as usize % SHARDS);
                     }
                 })
             })
