@@ -9,11 +9,13 @@ use crate::app::App;
 /// PostgreSQL refuse (`55006 database is being accessed by other users`), so they are closed
 /// first. PostgreSQL waits a few seconds for other sessions to leave, which is enough for
 /// them to go.
+#[inline(always)]
 pub fn database_command(app: &App, query_body: &[u8], enc: ClientEncoding) {
     database_command_text(app, query_body, enc)
 }
 
 /// [`database_command`] for a Parse (its statement name comes before the text).
+#[inline(always)]
 pub fn database_command_parsed(app: &App, parse_body: &[u8], enc: ClientEncoding) {
     let mut r = Reader::new(parse_body);
     if r.cstr_bytes().is_ok() {
@@ -21,14 +23,19 @@ pub fn database_command_parsed(app: &App, parse_body: &[u8], enc: ClientEncoding
     }
 }
 
+/// Inlined into the relay: most queries start with another letter, decided without a call.
+#[inline(always)]
 fn database_command_text(app: &App, query_body: &[u8], enc: ClientEncoding) {
-    // Most queries start with another letter: decided without reading the first word.
     if query_body
         .first()
         .is_some_and(|&b| b.is_ascii_alphabetic() && !matches!(b | 0x20, b'd' | b'a'))
     {
         return;
     }
+    database_command_named(app, query_body, enc)
+}
+
+fn database_command_named(app: &App, query_body: &[u8], enc: ClientEncoding) {
     if !sql::FirstWord::of(query_body).is_any(&[b"drop", b"alter"]) {
         return;
     }

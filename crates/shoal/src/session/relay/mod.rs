@@ -585,9 +585,16 @@ impl Overdue {
         }
     }
 
-    /// Times the request that started at `start` while one is running.
+    /// Times the request that started at `start` while one is running. Asked at every step
+    /// of the relay: a pool without the cap pays one comparison, not a call.
+    #[inline(always)]
     fn arm(&mut self, start: Option<u64>, running: bool) {
-        let Some(limit) = self.limit else { return };
+        if let Some(limit) = self.limit {
+            self.arm_capped(limit, start, running);
+        }
+    }
+
+    fn arm_capped(&mut self, limit: std::time::Duration, start: Option<u64>, running: bool) {
         match start {
             Some(t) if running && self.fired != Some(t) => {
                 if self.timer.as_ref().map(|w| w.0) != Some(t) {
