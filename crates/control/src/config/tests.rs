@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn no_env(_: &str) -> Option<String> {

@@ -1,4 +1,3 @@
-
 use super::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 

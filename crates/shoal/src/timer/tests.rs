@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A runtime like a shard's: I/O only, with this module's timers.

@@ -1,4 +1,3 @@
-
 #[test]
 fn a_cleartext_password_checks_against_the_verifier() {
     let v = Verifier::from_password("pencil");

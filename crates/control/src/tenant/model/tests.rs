@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn supavisor_json() -> serde_json::Value {

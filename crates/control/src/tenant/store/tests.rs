@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// The embedded store in `dir`, with a key made there.

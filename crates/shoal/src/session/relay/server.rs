@@ -383,3 +383,45 @@ fn ready_for_query(
         Plugged::schema_changed(side.pool);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::plain_tag;
+
+    #[test]
+    fn only_the_tags_of_plain_reads_and_writes_skip_the_checks() {
+        for tag in [
+            &b"SELECT 1\0"[..],
+            b"INSERT 0 1\0",
+            b"UPDATE 3\0",
+            b"DELETE 0\0",
+            b"MERGE 2\0",
+            b"FETCH 10\0",
+            b"MOVE 1\0",
+            b"COPY 5\0",
+        ] {
+            assert!(plain_tag(tag), "{}", String::from_utf8_lossy(tag));
+        }
+        // Each of these changes what the session or its prepared statements hold.
+        for tag in [
+            &b"SET\0"[..],
+            b"SAVEPOINT\0",
+            b"RELEASE\0",
+            b"ROLLBACK\0",
+            b"COMMIT\0",
+            b"RESET\0",
+            b"DISCARD ALL\0",
+            b"DEALLOCATE\0",
+            b"CREATE TABLE\0",
+            b"ALTER TABLE\0",
+            b"DROP TABLE\0",
+            b"COMMENT\0",
+            b"LISTEN\0",
+            b"UNLISTEN\0",
+            b"SEL",
+            b"",
+        ] {
+            assert!(!plain_tag(tag), "{}", String::from_utf8_lossy(tag));
+        }
+    }
+}
